@@ -1,0 +1,185 @@
+#include "client/client.h"
+
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/logging.h"
+#include "paramd/v1/data.grpc.pb.h"
+
+namespace paramd {
+namespace {
+
+// Runs one unary RPC with a deadline and converts its status.
+template <typename Call>
+absl::Status Unary(Deadline deadline, Call&& call) {
+  grpc::ClientContext context;
+  context.set_deadline(deadline);
+  return FromGrpcStatus(call(&context));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options.max_message_bytes);
+  args.SetMaxSendMessageSize(options.max_message_bytes);
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(options.address, grpc::InsecureChannelCredentials(), args);
+  if (!channel->WaitForConnected(std::chrono::system_clock::now() + options.connect_timeout)) {
+    return absl::UnavailableError(absl::StrCat("no paramd answered at ", options.address,
+                                               " within ", options.connect_timeout.count(),
+                                               " ms; is the daemon running there?"));
+  }
+  return std::unique_ptr<Client>(new Client(options, std::move(channel)));
+}
+
+Client::Client(const ClientOptions& options, std::shared_ptr<grpc::Channel> channel)
+    : options_(options),
+      channel_(std::move(channel)),
+      control_(v1::Control::NewStub(channel_)),
+      data_(v1::Data::NewStub(channel_)) {}
+
+Deadline Client::NextDeadline() const {
+  return std::chrono::system_clock::now() + options_.rpc_timeout;
+}
+
+absl::Status Client::Retry(const std::function<absl::Status()>& attempt) const {
+  std::chrono::milliseconds backoff{50};
+  absl::Status status;
+  for (int i = 0; i < std::max(1, options_.max_attempts); ++i) {
+    if (i > 0) {
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min(backoff * 2, std::chrono::milliseconds{2000});
+    }
+    status = attempt();
+    // A draining daemon answers UNAVAILABLE too; its message says so and a retry cannot help.
+    const bool draining = absl::StrContains(status.message(), "draining");
+    if (status.code() != absl::StatusCode::kUnavailable || draining) break;
+  }
+  return status;
+}
+
+absl::Status Client::NeedTransport() const {
+  if (transport_ == nullptr) {
+    return absl::FailedPreconditionError("call Register before pushing or pulling");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::RegisterResponse> Client::Register(const v1::RegisterRequest& request) {
+  v1::RegisterResponse response;
+  absl::Status status = Retry([&] {
+    return Unary(NextDeadline(), [&](grpc::ClientContext* context) {
+      return control_->Register(context, request, &response);
+    });
+  });
+  if (!status.ok()) return status;
+  if (transport_ == nullptr) {
+    TransportContext context{channel_, response.max_chunk_bytes()};
+    std::string reason;
+    absl::StatusOr<std::unique_ptr<Transport>> transport =
+        ChooseTransport(options_.transport, context, &reason);
+    if (!transport.ok()) return transport.status();
+    transport_ = *std::move(transport);
+    transport_reason_ = reason;
+    PARAMD_LOG(INFO) << "job " << request.job() << " rank " << request.rank() << ": transport "
+                     << transport_->name() << " (" << reason << ")";
+  }
+  return response;
+}
+
+absl::Status Client::UploadInitialWeights(const std::string& job,
+                                          std::span<const PushItem> items) {
+  if (absl::Status s = NeedTransport(); !s.ok()) return s;
+  PushTarget target{job, 0, 0, v1::PUSH_KIND_INITIAL_WEIGHTS};
+  return Retry([&] { return transport_->Push(target, items, NextDeadline()); });
+}
+
+absl::Status Client::PushGradients(const std::string& job, int32_t rank, int64_t step,
+                                   std::span<const PushItem> items) {
+  if (absl::Status s = NeedTransport(); !s.ok()) return s;
+  PushTarget target{job, rank, step, v1::PUSH_KIND_GRADIENT};
+  return Retry([&] { return transport_->Push(target, items, NextDeadline()); });
+}
+
+absl::StatusOr<v1::CommitResponse> Client::Commit(const std::string& job, int32_t rank,
+                                                  int64_t step, std::optional<double> lr,
+                                                  std::optional<double> grad_scale) {
+  v1::CommitRequest request;
+  request.set_job(job);
+  request.set_rank(rank);
+  request.set_step(step);
+  if (lr) request.set_lr(*lr);
+  if (grad_scale) request.set_grad_scale(*grad_scale);
+  v1::CommitResponse response;
+  absl::Status status = Retry([&] {
+    return Unary(NextDeadline(), [&](grpc::ClientContext* context) {
+      return data_->Commit(context, request, &response);
+    });
+  });
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::Status Client::Pull(const PullTarget& target, std::chrono::milliseconds timeout,
+                          Pulled* out) {
+  if (absl::Status s = NeedTransport(); !s.ok()) return s;
+  const Deadline deadline = std::chrono::system_clock::now() + timeout;
+  return Retry([&] { return transport_->Pull(target, deadline, out); });
+}
+
+absl::StatusOr<v1::StatusResponse> Client::Status(const std::string& job) {
+  v1::StatusRequest request;
+  request.set_job(job);
+  v1::StatusResponse response;
+  absl::Status status = Retry([&] {
+    return Unary(NextDeadline(), [&](grpc::ClientContext* context) {
+      return control_->Status(context, request, &response);
+    });
+  });
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::StatusOr<v1::GetLayoutResponse> Client::GetLayout(const std::string& job) {
+  v1::GetLayoutRequest request;
+  request.set_job(job);
+  v1::GetLayoutResponse response;
+  absl::Status status = Retry([&] {
+    return Unary(NextDeadline(), [&](grpc::ClientContext* context) {
+      return control_->GetLayout(context, request, &response);
+    });
+  });
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::StatusOr<v1::SetHyperparamsResponse> Client::SetHyperparams(
+    const v1::SetHyperparamsRequest& request) {
+  v1::SetHyperparamsResponse response;
+  absl::Status status = Retry([&] {
+    return Unary(NextDeadline(), [&](grpc::ClientContext* context) {
+      return control_->SetHyperparams(context, request, &response);
+    });
+  });
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::StatusOr<v1::DrainResponse> Client::Drain() {
+  v1::DrainResponse response;
+  absl::Status status = Retry([&] {
+    return Unary(NextDeadline(), [&](grpc::ClientContext* context) {
+      return control_->Drain(context, v1::DrainRequest(), &response);
+    });
+  });
+  if (!status.ok()) return status;
+  return response;
+}
+
+}  // namespace paramd

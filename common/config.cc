@@ -1,0 +1,128 @@
+#include "common/config.h"
+
+#include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/text_format.h>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+
+namespace paramd {
+namespace {
+
+constexpr int64_t kKiB = 1024;
+constexpr int64_t kMiB = 1024 * kKiB;
+// Room for a message's fields beside its payload.
+constexpr int64_t kEnvelopeBytes = 64 * kKiB;
+
+// Collects parse errors with their line and column.
+class ErrorCollector : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, int column, const std::string& message) override {
+    absl::StrAppend(&text_, text_.empty() ? "" : "; ", "line ", line + 1, " column ", column + 1,
+                    ": ", message);
+  }
+  const std::string& text() const { return text_; }
+
+ private:
+  std::string text_;
+};
+
+absl::Status CheckHostPort(const std::string& field, const std::string& value) {
+  const size_t colon = value.rfind(':');
+  uint32_t port = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(value.substr(colon + 1), &port) || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config field ", field, " = \"", value, "\" is not \"host:port\" with a port in 0..65535"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckRange(const std::string& field, int64_t value, int64_t lo, int64_t hi) {
+  if (value < lo || value > hi) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config field ", field, " = ", value, " is outside [", lo, ", ", hi, "]"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<v1::DaemonConfig> ParseConfigText(const std::string& text) {
+  v1::DaemonConfig config;
+  google::protobuf::TextFormat::Parser parser;
+  ErrorCollector errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(text, &config)) {
+    return absl::InvalidArgumentError(absl::StrCat("config is not a valid paramd.v1.DaemonConfig: ",
+                                                   errors.text()));
+  }
+  return config;
+}
+
+absl::StatusOr<v1::DaemonConfig> LoadConfigFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open config file ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  auto config = ParseConfigText(text.str());
+  if (!config.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", config.status().message()));
+  }
+  return config;
+}
+
+v1::DaemonConfig WithDefaults(v1::DaemonConfig c) {
+  if (c.listen().empty()) c.set_listen("127.0.0.1:50051");
+  if (c.backend().empty()) c.set_backend("cpu");
+  if (!c.has_metrics_listen()) c.set_metrics_listen("127.0.0.1:9464");
+  if (c.step_threads() == 0) {
+    c.set_step_threads(static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency())));
+  }
+  if (c.max_chunk_bytes() == 0) c.set_max_chunk_bytes(4 * kMiB);
+  if (c.max_message_bytes() == 0) c.set_max_message_bytes(c.max_chunk_bytes() + kEnvelopeBytes);
+  if (c.max_tensors_per_job() == 0) c.set_max_tensors_per_job(65536);
+  if (c.max_jobs() == 0) c.set_max_jobs(64);
+  if (c.pull_chunk_bytes() == 0) c.set_pull_chunk_bytes(std::min(1 * kMiB, c.max_chunk_bytes()));
+  if (c.log_level().empty()) c.set_log_level("info");
+  return c;
+}
+
+absl::Status ValidateConfig(const v1::DaemonConfig& c) {
+  if (absl::Status s = CheckHostPort("listen", c.listen()); !s.ok()) return s;
+  if (!c.metrics_listen().empty()) {
+    if (absl::Status s = CheckHostPort("metrics_listen", c.metrics_listen()); !s.ok()) return s;
+  }
+  if (c.backend() != "cpu") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config field backend = \"", c.backend(),
+        "\" is not available in this build; available: \"cpu\""));
+  }
+  for (const absl::Status& s : {
+           CheckRange("step_threads", c.step_threads(), 1, 1024),
+           CheckRange("max_chunk_bytes", c.max_chunk_bytes(), 4 * kKiB, 64 * kMiB),
+           CheckRange("max_message_bytes", c.max_message_bytes(),
+                      c.max_chunk_bytes() + kEnvelopeBytes, 1024 * kMiB),
+           CheckRange("max_tensors_per_job", c.max_tensors_per_job(), 1, 1 << 24),
+           CheckRange("max_jobs", c.max_jobs(), 1, 1 << 16),
+           CheckRange("max_job_bytes", c.max_job_bytes(), 0, int64_t{1} << 50),
+           CheckRange("pull_chunk_bytes", c.pull_chunk_bytes(), 4 * kKiB,
+                      c.max_message_bytes() - kEnvelopeBytes),
+       }) {
+    if (!s.ok()) return s;
+  }
+  LogLevel level;
+  if (!ParseLogLevel(c.log_level(), &level)) {
+    return absl::InvalidArgumentError(absl::StrCat("config field log_level = \"", c.log_level(),
+                                                   "\" is not one of debug, info, warning, error"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace paramd

@@ -1,0 +1,25 @@
+// The daemon's typed configuration: read once at start from the text format of
+// paramd.v1.DaemonConfig, overridden by flags, defaults applied, validated. Absent -> default;
+// present but invalid -> an error naming the field.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "paramd/v1/config.pb.h"
+
+namespace paramd {
+
+// Parses a config file's text. Unknown fields and syntax errors are INVALID_ARGUMENT.
+absl::StatusOr<v1::DaemonConfig> ParseConfigText(const std::string& text);
+
+// Reads and parses a config file.
+absl::StatusOr<v1::DaemonConfig> LoadConfigFile(const std::string& path);
+
+// Fills every absent field with its default (documented in config.proto).
+v1::DaemonConfig WithDefaults(v1::DaemonConfig config);
+
+// Checks a config with defaults applied. INVALID_ARGUMENT names the offending field.
+absl::Status ValidateConfig(const v1::DaemonConfig& config);
+
+}  // namespace paramd

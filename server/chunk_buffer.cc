@@ -1,0 +1,48 @@
+#include "server/chunk_buffer.h"
+
+#include <cstring>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+
+namespace paramd {
+
+void ChunkBuffer::Reset(int64_t bytes) {
+  // resize keeps the capacity, so a slot reused step after step allocates once.
+  bytes_.resize(static_cast<size_t>(bytes));
+  chunks_.clear();
+  received_ = 0;
+}
+
+absl::StatusOr<ChunkBuffer::Stored> ChunkBuffer::Store(int64_t offset, std::string_view data) {
+  const int64_t length = static_cast<int64_t>(data.size());
+  // The stored chunk starting at or before `offset`, and the one after it.
+  auto next = chunks_.upper_bound(offset);
+  if (next != chunks_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first == offset && prev->second == length) {
+      if (std::memcmp(bytes_.data() + offset, data.data(), data.size()) == 0) {
+        return Stored::kDuplicate;
+      }
+      return absl::FailedPreconditionError(absl::StrCat(
+          "a different chunk of ", length, " bytes at offset ", offset,
+          " was already pushed for this step; pushes are idempotent only for identical bytes"));
+    }
+    if (prev->first + prev->second > offset) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "chunk [", offset, ", ", offset + length, ") overlaps the stored chunk [", prev->first,
+          ", ", prev->first + prev->second, "); re-send chunks at their original boundaries"));
+    }
+  }
+  if (next != chunks_.end() && next->first < offset + length) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "chunk [", offset, ", ", offset + length, ") overlaps the stored chunk [", next->first, ", ",
+        next->first + next->second, "); re-send chunks at their original boundaries"));
+  }
+  std::memcpy(bytes_.data() + offset, data.data(), data.size());
+  chunks_.emplace(offset, length);
+  received_ += length;
+  return Stored::kNew;
+}
+
+}  // namespace paramd

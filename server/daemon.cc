@@ -1,0 +1,96 @@
+#include "server/daemon.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "server/cpu_backend.h"
+
+namespace paramd {
+
+inline constexpr char kDaemonVersion[] = "0.1.0";
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const v1::DaemonConfig& config) {
+  std::unique_ptr<Backend> backend;
+  if (config.backend() == "cpu") {
+    backend = std::make_unique<CpuBackend>(config.step_threads());
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("backend \"", config.backend(), "\" is not available in this build"));
+  }
+  return std::unique_ptr<Daemon>(new Daemon(config, std::move(backend)));
+}
+
+Daemon::Daemon(const v1::DaemonConfig& config, std::unique_ptr<Backend> backend)
+    : config_(config),
+      backend_(std::move(backend)),
+      backend_name_(backend_->name()),
+      metrics_(std::make_unique<Metrics>()) {
+  RegistryLimits limits;
+  limits.max_jobs = config.max_jobs();
+  limits.max_tensors_per_job = config.max_tensors_per_job();
+  limits.max_job_bytes = config.max_job_bytes();
+  limits.max_chunk_bytes = config.max_chunk_bytes();
+  registry_ = std::make_unique<JobRegistry>(backend_.get(), limits);
+}
+
+Daemon::~Daemon() { executor_.WaitIdle(); }
+
+absl::Status Daemon::CheckServing() const {
+  if (draining()) {
+    return absl::UnavailableError(
+        "the daemon is draining (Drain or a shutdown signal); no new work is accepted");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::RegisterResponse> Daemon::Register(const v1::RegisterRequest& request) {
+  absl::StatusOr<v1::RegisterResponse> response = registry_->Register(request);
+  if (response.ok()) {
+    PARAMD_LOG(INFO) << "job " << request.job() << ": rank " << request.rank() << " of "
+                     << request.world_size() << " registered (" << request.tensors_size()
+                     << " tensors)";
+    UpdateGauges();
+  }
+  return response;
+}
+
+void Daemon::StartStep(std::shared_ptr<Job> job, StepWork work) {
+  executor_.Submit([this, job = std::move(job), work] {
+    const StepReport report = job->RunStep(work);
+    metrics_->StepDone(job->name(), report.seconds, report.elements);
+    PARAMD_LOG(DEBUG) << "job " << job->name() << ": step " << report.step << " took "
+                      << report.seconds * 1e3 << " ms";
+    UpdateGauges();
+  });
+}
+
+void Daemon::UpdateGauges() {
+  int64_t state = 0, served = 0, slots = 0;
+  const auto jobs = registry_->Jobs();
+  for (const auto& job : jobs) {
+    const v1::JobStatus s = job->Status();
+    state += s.state_bytes();
+    served += s.served_bytes();
+    slots += s.slot_bytes();
+  }
+  metrics_->SetJobs(static_cast<int>(jobs.size()));
+  metrics_->SetTrainers(registry_->trainers());
+  metrics_->SetStateBytes("state", state);
+  metrics_->SetStateBytes("served", served);
+  metrics_->SetStateBytes("slots", slots);
+}
+
+v1::StatusResponse Daemon::Status(const std::string& job) const {
+  v1::StatusResponse response;
+  response.set_daemon_version(kDaemonVersion);
+  response.set_backend(backend_name_);
+  response.add_transports("inline");
+  response.set_draining(draining());
+  response.set_uptime_seconds(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count());
+  for (const auto& j : registry_->Jobs()) {
+    if (job.empty() || j->name() == job) *response.add_jobs() = j->Status();
+  }
+  return response;
+}
+
+}  // namespace paramd

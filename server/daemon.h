@@ -1,0 +1,60 @@
+// The daemon's core without gRPC: backend, jobs, step executor and metrics, and the few rules
+// that span jobs (draining). The gRPC services are thin wrappers over it.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "paramd/v1/config.pb.h"
+#include "paramd/v1/control.pb.h"
+#include "server/backend.h"
+#include "server/metrics.h"
+#include "server/registry.h"
+#include "server/step_executor.h"
+
+namespace paramd {
+
+class Daemon {
+ public:
+  // `config` has defaults applied and is valid.
+  static absl::StatusOr<std::unique_ptr<Daemon>> Create(const v1::DaemonConfig& config);
+  ~Daemon();
+
+  const v1::DaemonConfig& config() const { return config_; }
+  JobRegistry& registry() { return *registry_; }
+  Metrics& metrics() { return *metrics_; }
+  const std::string& backend_name() const { return backend_name_; }
+
+  // UNAVAILABLE once draining, else OK. Every RPC asks first.
+  absl::Status CheckServing() const;
+  void Drain() { draining_.store(true); }
+  bool draining() const { return draining_.load(); }
+
+  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
+  // Queues a step a commit completed; it runs after the job's earlier steps.
+  void StartStep(std::shared_ptr<Job> job, StepWork work);
+  // Steps queued or running.
+  int pending_steps() const { return executor_.pending(); }
+  // Blocks until no step is queued or running.
+  void WaitForSteps() { executor_.WaitIdle(); }
+
+  v1::StatusResponse Status(const std::string& job) const;
+
+ private:
+  Daemon(const v1::DaemonConfig& config, std::unique_ptr<Backend> backend);
+  void UpdateGauges();
+
+  const v1::DaemonConfig config_;
+  const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+  std::unique_ptr<Backend> backend_;
+  std::string backend_name_;
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<JobRegistry> registry_;
+  std::atomic<bool> draining_{false};
+  StepExecutor executor_;  // last: joins its thread before the jobs and backend go away
+};
+
+}  // namespace paramd

@@ -1,0 +1,243 @@
+#include "server/data_service.h"
+
+#include <algorithm>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+
+namespace paramd {
+namespace {
+
+constexpr char kTransport[] = "inline";
+
+void CountError(Daemon* daemon, const char* method, const absl::Status& status) {
+  if (status.ok()) return;
+  daemon->metrics().RpcError(method, static_cast<int>(status.code()));
+  PARAMD_LOG(DEBUG) << method << " failed: " << status;
+}
+
+// Reads chunks one at a time and stores each on arrival; the first bad one ends the stream.
+class PushReactor final : public grpc::ServerReadReactor<v1::PushChunk> {
+ public:
+  PushReactor(Daemon* daemon, v1::PushResponse* response) : daemon_(daemon), response_(response) {
+    StartRead(&chunk_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client finished writing (or the call ended)
+      End(absl::OkStatus());
+      return;
+    }
+    absl::Status status = Store();
+    if (!status.ok()) {
+      End(status);
+      return;
+    }
+    StartRead(&chunk_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status Store() {
+    PARAMD_RETURN_IF_ERROR(daemon_->CheckServing());
+    const int64_t limit = daemon_->config().max_chunk_bytes();
+    if (static_cast<int64_t>(chunk_.data().size()) > limit) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "chunk of ", chunk_.data().size(), " bytes exceeds this daemon's max_chunk_bytes (",
+          limit, "); split pushes into chunks of at most that size"));
+    }
+    if (job_ == nullptr || job_->name() != chunk_.job()) {
+      absl::StatusOr<std::shared_ptr<Job>> job = daemon_->registry().Find(chunk_.job());
+      if (!job.ok()) return job.status();
+      job_ = *std::move(job);
+    }
+    absl::StatusOr<ChunkBuffer::Stored> stored = job_->Push(chunk_);
+    if (!stored.ok()) {
+      return absl::Status(stored.status().code(),
+                          absl::StrCat(stored.status().message(), " (tensor \"", chunk_.tensor(),
+                                       "\", rank ", chunk_.rank(), ", step ", chunk_.step(), ")"));
+    }
+    if (*stored == ChunkBuffer::Stored::kNew) {
+      response_->set_chunks_stored(response_->chunks_stored() + 1);
+      daemon_->metrics().Pushed(kTransport, static_cast<int64_t>(chunk_.data().size()));
+    } else {
+      response_->set_chunks_duplicate(response_->chunks_duplicate() + 1);
+    }
+    return absl::OkStatus();
+  }
+
+  void End(const absl::Status& status) {
+    CountError(daemon_, "Push", status);
+    Finish(ToGrpcStatus(status));
+  }
+
+  Daemon* const daemon_;
+  v1::PushResponse* const response_;
+  v1::PushChunk chunk_;
+  std::shared_ptr<Job> job_;
+};
+
+// Waits for the version (without holding a thread), then streams a header and the bytes of the
+// served version it leases: the shared pointer keeps those bytes alive and unchanged.
+class PullReactor final : public grpc::ServerWriteReactor<v1::PullChunk> {
+ public:
+  PullReactor(Daemon* daemon, const v1::PullRequest* request) : daemon_(daemon) {
+    absl::Status status = Prepare(*request);
+    if (!status.ok()) {
+      End(status);
+      return;
+    }
+    bool ready = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      waiter_ = job_->AddWaiter(tensor_, min_version_, [this] { OnVersionReady(); });
+      ready = waiter_ == 0;
+      waiting_ = !ready;
+    }
+    if (ready) Begin();
+  }
+
+  void OnCancel() override {
+    bool finish = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      cancelled_ = true;
+      // If the waiter already fired, OnVersionReady is on its way and finishes the call.
+      finish = waiting_ && job_->RemoveWaiter(waiter_);
+      if (finish) waiting_ = false;
+    }
+    if (finish) End(absl::CancelledError("pull cancelled or its deadline passed while waiting"));
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      End(absl::CancelledError("the puller went away"));
+      return;
+    }
+    WriteNext();
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status Prepare(const v1::PullRequest& request) {
+    PARAMD_RETURN_IF_ERROR(daemon_->CheckServing());
+    absl::StatusOr<std::shared_ptr<Job>> job = daemon_->registry().Find(request.job());
+    if (!job.ok()) return job.status();
+    job_ = *std::move(job);
+    absl::StatusOr<int> tensor = job_->TensorIndex(request.tensor());
+    if (!tensor.ok()) return tensor.status();
+    tensor_ = *tensor;
+    PARAMD_RETURN_IF_ERROR(job_->CheckServes(request.format()));
+    format_ = FormatKey{request.format().recipe(),
+                        request.format().direction() == v1::DIRECTION_UNSPECIFIED
+                            ? v1::DIRECTION_ROWWISE
+                            : request.format().direction()};
+    min_version_ = request.min_version();
+    return absl::OkStatus();
+  }
+
+  void OnVersionReady() {
+    bool cancelled;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      waiting_ = false;
+      cancelled = cancelled_;
+    }
+    if (cancelled) {
+      End(absl::CancelledError("pull cancelled while waiting"));
+      return;
+    }
+    Begin();
+  }
+
+  void Begin() {
+    served_ = job_->Served(tensor_, min_version_);
+    bytes_ = served_->Find(format_);
+    v1::PullHeader* header = message_.mutable_header();
+    header->set_version(served_->version);
+    const v1::JobStatus status = job_->Status();
+    header->set_rows(status.tensors(tensor_).rows());
+    header->set_cols(status.tensors(tensor_).cols());
+    header->mutable_format()->set_recipe(format_.recipe);
+    header->mutable_format()->set_direction(format_.direction);
+    header->set_data_bytes(static_cast<int64_t>(bytes_->size()));
+    header->set_skipped(served_->skipped);
+    StartWrite(&message_);
+  }
+
+  void WriteNext() {
+    const int64_t size = static_cast<int64_t>(bytes_->size());
+    if (offset_ >= size) {
+      daemon_->metrics().Pulled(kTransport, size);
+      End(absl::OkStatus());
+      return;
+    }
+    const int64_t length = std::min(size - offset_, daemon_->config().pull_chunk_bytes());
+    message_.set_data(bytes_->data() + offset_, static_cast<size_t>(length));
+    offset_ += length;
+    StartWrite(&message_);
+  }
+
+  void End(const absl::Status& status) {
+    CountError(daemon_, "Pull", status);
+    Finish(ToGrpcStatus(status));
+  }
+
+  Daemon* const daemon_;
+  std::shared_ptr<Job> job_;
+  int tensor_ = 0;
+  FormatKey format_;
+  int64_t min_version_ = 0;
+
+  std::mutex mu_;  // the waiting phase: OnCancel against OnVersionReady
+  uint64_t waiter_ = 0;
+  bool waiting_ = false;
+  bool cancelled_ = false;
+
+  std::shared_ptr<const ServedTensor> served_;  // the lease
+  const std::vector<uint8_t>* bytes_ = nullptr;
+  int64_t offset_ = 0;
+  v1::PullChunk message_;
+};
+
+}  // namespace
+
+grpc::ServerReadReactor<v1::PushChunk>* DataService::Push(grpc::CallbackServerContext* context,
+                                                          v1::PushResponse* response) {
+  return new PushReactor(daemon_, response);
+}
+
+grpc::ServerUnaryReactor* DataService::Commit(grpc::CallbackServerContext* context,
+                                              const v1::CommitRequest* request,
+                                              v1::CommitResponse* response) {
+  absl::Status status = daemon_->CheckServing();
+  if (status.ok()) {
+    absl::StatusOr<std::shared_ptr<Job>> job = daemon_->registry().Find(request->job());
+    status = job.status();
+    if (job.ok()) {
+      absl::StatusOr<CommitOutcome> outcome = (*job)->Commit(*request);
+      status = outcome.status();
+      if (outcome.ok()) {
+        response->set_committed_ranks(outcome->committed_ranks);
+        response->set_step_started(outcome->step_started);
+        if (outcome->work) daemon_->StartStep(*job, *outcome->work);
+      }
+    }
+  }
+  CountError(daemon_, "Commit", status);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+grpc::ServerWriteReactor<v1::PullChunk>* DataService::Pull(grpc::CallbackServerContext* context,
+                                                           const v1::PullRequest* request) {
+  return new PullReactor(daemon_, request);
+}
+
+}  // namespace paramd

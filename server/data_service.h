@@ -1,0 +1,26 @@
+// gRPC Data service: the daemon's end of the `inline` transport (gradient chunks in Push
+// messages, served bytes in Pull messages) and Commit, which every transport uses.
+#pragma once
+
+#include "paramd/v1/data.grpc.pb.h"
+#include "server/daemon.h"
+
+namespace paramd {
+
+class DataService final : public v1::Data::CallbackService {
+ public:
+  explicit DataService(Daemon* daemon) : daemon_(daemon) {}
+
+  grpc::ServerReadReactor<v1::PushChunk>* Push(grpc::CallbackServerContext* context,
+                                               v1::PushResponse* response) override;
+  grpc::ServerUnaryReactor* Commit(grpc::CallbackServerContext* context,
+                                   const v1::CommitRequest* request,
+                                   v1::CommitResponse* response) override;
+  grpc::ServerWriteReactor<v1::PullChunk>* Pull(grpc::CallbackServerContext* context,
+                                                const v1::PullRequest* request) override;
+
+ private:
+  Daemon* const daemon_;
+};
+
+}  // namespace paramd

@@ -1,0 +1,468 @@
+#include "server/job.h"
+
+#include <google/protobuf/util/message_differencer.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/logging.h"
+#include "server/registration.h"
+
+namespace paramd {
+namespace {
+
+// Initial weights must be finite and below 2^127 in magnitude (DESIGN.md §3).
+constexpr float kMaxInitialMagnitude = 1.7014118346046923e38f;  // 2^127
+
+absl::Status CheckInitialWeights(const std::string& tensor, int64_t offset, std::string_view data) {
+  const size_t n = data.size() / sizeof(float);
+  for (size_t i = 0; i < n; ++i) {
+    float x;
+    std::memcpy(&x, data.data() + i * sizeof(float), sizeof(float));
+    if (!(std::fabs(x) < kMaxInitialMagnitude)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "initial weight ", offset / 4 + static_cast<int64_t>(i), " of tensor \"", tensor,
+          "\" is ", x, "; initial weights must be finite and below 2^127 in magnitude"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Job::Job(const v1::RegisterRequest& spec, Backend* backend)
+    : name_(spec.job()),
+      world_size_(spec.world_size()),
+      spec_(NormalizedSpec(spec)),
+      formats_(ServedFormats(spec_)),
+      backend_(backend) {
+  hyper_ = spec_.hyperparams();
+  last_commit_.assign(static_cast<size_t>(world_size_), -1);
+  tensors_.resize(static_cast<size_t>(spec_.tensors_size()));
+  collecting_.resize(tensors_.size());
+  for (int i = 0; i < spec_.tensors_size(); ++i) {
+    Tensor& t = tensors_[static_cast<size_t>(i)];
+    t.spec = spec_.tensors(i);
+    t.elements = t.spec.rows() * t.spec.cols();
+    t.grad_bytes = t.elements * ElementBytes(t.spec.grad_type());
+    tensor_index_.emplace(t.spec.name(), i);
+    collecting_[static_cast<size_t>(i)].resize(static_cast<size_t>(world_size_));
+  }
+}
+
+Job::~Job() = default;
+
+absl::StatusOr<v1::RegisterResponse> Job::Register(const v1::RegisterRequest& request,
+                                                   int64_t max_chunk_bytes) {
+  const v1::RegisterRequest normalized = NormalizedSpec(request);
+  google::protobuf::util::MessageDifferencer differ;
+  std::string diff;
+  differ.ReportDifferencesToString(&diff);
+  if (!differ.Compare(spec_, normalized)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job \"", name_, "\" is already registered with a different description; "
+                     "every rank must register the same job (differences, registered -> this "
+                     "request): ",
+                     diff));
+  }
+  absl::MutexLock lock(&mu_);
+  registered_.insert(request.rank());
+  v1::RegisterResponse response;
+  response.set_next_step(next_step_);
+  response.set_version(initialized_tensors_ == static_cast<int64_t>(tensors_.size())
+                           ? next_step_
+                           : -1);
+  response.set_max_chunk_bytes(max_chunk_bytes);
+  return response;
+}
+
+absl::StatusOr<int> Job::TensorIndex(const std::string& name) const {
+  auto it = tensor_index_.find(name);
+  if (it == tensor_index_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("job \"", name_, "\" has no tensor \"", name, "\""));
+  }
+  return it->second;
+}
+
+absl::Status Job::CheckServes(const v1::ServeFormat& format) const {
+  FormatKey key{format.recipe(), format.direction() == v1::DIRECTION_UNSPECIFIED
+                                     ? v1::DIRECTION_ROWWISE
+                                     : format.direction()};
+  for (const FormatKey& f : formats_) {
+    if (f == key) return absl::OkStatus();
+  }
+  std::vector<std::string> names;
+  for (const FormatKey& f : formats_) names.push_back(FormatName(f));
+  return absl::InvalidArgumentError(absl::StrCat("job \"", name_, "\" does not serve ",
+                                                 FormatName(key), "; it serves ",
+                                                 absl::StrJoin(names, ", "),
+                                                 " (formats are chosen at Register)"));
+}
+
+absl::Status Job::CheckRank(int32_t rank) const {
+  if (rank < 0 || rank >= world_size_) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is outside [0, ", world_size_,
+                                                   ") of job \"", name_, "\""));
+  }
+  if (!registered_.contains(rank)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank, " has not registered job \"", name_, "\"; call Register first"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ChunkBuffer::Stored> Job::Push(const v1::PushChunk& chunk) {
+  std::vector<std::function<void()>> wake;
+  absl::StatusOr<ChunkBuffer::Stored> stored;
+  {
+    absl::MutexLock lock(&mu_);
+    stored = PushLocked(chunk, &wake);
+  }
+  for (auto& w : wake) w();
+  return stored;
+}
+
+absl::StatusOr<ChunkBuffer::Stored> Job::PushLocked(const v1::PushChunk& chunk,
+                                                    std::vector<std::function<void()>>* wake) {
+  absl::StatusOr<int> index = TensorIndex(chunk.tensor());
+  if (!index.ok()) return index.status();
+  if (absl::Status s = CheckRank(chunk.rank()); !s.ok()) return s;
+  Tensor& t = tensors_[static_cast<size_t>(*index)];
+  const bool weights = chunk.kind() == v1::PUSH_KIND_INITIAL_WEIGHTS;
+  const int64_t total = weights ? t.elements * 4 : t.grad_bytes;
+  const int64_t element = weights ? 4 : ElementBytes(t.spec.grad_type());
+  const int64_t length = static_cast<int64_t>(chunk.data().size());
+  if (length == 0 || chunk.offset() < 0 || chunk.offset() % element != 0 ||
+      length % element != 0 || chunk.offset() > total - length) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk [", chunk.offset(), ", ", chunk.offset() + length, ") does not fit tensor \"",
+        t.spec.name(), "\" of ", total, " bytes (", t.spec.rows(), "x", t.spec.cols(), " ",
+        weights ? "fp32 weights" : v1::ElementType_Name(t.spec.grad_type()),
+        "); offsets and sizes must be multiples of ", element, " bytes inside the tensor"));
+  }
+  return weights ? PushWeights(t, chunk, wake) : PushGradient(t, chunk);
+}
+
+absl::StatusOr<ChunkBuffer::Stored> Job::PushWeights(Tensor& t, const v1::PushChunk& chunk,
+                                                     std::vector<std::function<void()>>* wake) {
+  if (chunk.rank() != 0 || chunk.step() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "initial weights come from rank 0 at step 0; got rank ", chunk.rank(), " step ",
+        chunk.step()));
+  }
+  if (t.state != nullptr) {
+    // Identical bytes before any step are a retry of the upload; anything else would overwrite
+    // the state.
+    const std::vector<uint8_t>* fp32 = t.served->Find(FormatKey{});
+    if (applied_steps_ == 0 && next_step_ == 0 &&
+        std::memcmp(fp32->data() + chunk.offset(), chunk.data().data(), chunk.data().size()) == 0) {
+      return ChunkBuffer::Stored::kDuplicate;
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat("initial weights of tensor \"", t.spec.name(),
+                     "\" were already uploaded (published version ", t.served->version,
+                     "); the daemon keeps its state, restart the job under a new name to reset it"));
+  }
+  if (absl::Status s = CheckInitialWeights(t.spec.name(), chunk.offset(), chunk.data()); !s.ok()) {
+    return s;
+  }
+  if (t.upload == nullptr) {
+    t.upload = std::make_unique<ChunkBuffer>();
+    t.upload->Reset(t.elements * 4);
+  }
+  absl::StatusOr<ChunkBuffer::Stored> stored = t.upload->Store(chunk.offset(), chunk.data());
+  if (!stored.ok() || !t.upload->complete()) return stored;
+
+  std::shared_ptr<ServedTensor> served = FreshServed(t);
+  served->version = 0;
+  absl::StatusOr<std::unique_ptr<TensorState>> state = backend_->CreateState(
+      std::span<const float>(reinterpret_cast<const float*>(t.upload->data()),
+                             static_cast<size_t>(t.elements)),
+      served.get());
+  if (!state.ok()) return state.status();
+  t.state = std::move(*state);
+  t.upload.reset();
+  ++initialized_tensors_;
+  Publish(static_cast<int>(&t - tensors_.data()), std::move(served), wake);
+  return stored;
+}
+
+absl::StatusOr<ChunkBuffer::Stored> Job::PushGradient(Tensor& t, const v1::PushChunk& chunk) {
+  if (t.state == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "tensor \"", t.spec.name(),
+        "\" has no initial weights yet; rank 0 uploads them (PUSH_KIND_INITIAL_WEIGHTS) first"));
+  }
+  if (chunk.step() < next_step_) {
+    return absl::FailedPreconditionError(absl::StrCat("step ", chunk.step(), " of job \"", name_,
+                                                      "\" is stale: the job collects step ",
+                                                      next_step_, " now"));
+  }
+  if (chunk.step() > next_step_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", chunk.step(), " of job \"", name_, "\" is ahead of the step it collects (",
+        next_step_, "); every rank commits step ", next_step_, " first"));
+  }
+  if (commits_.contains(chunk.rank())) {
+    return absl::FailedPreconditionError(absl::StrCat("rank ", chunk.rank(), " already committed step ",
+                                                      chunk.step(), "; its gradients are final"));
+  }
+  const size_t index = static_cast<size_t>(&t - tensors_.data());
+  ChunkBuffer& slot = collecting_[index][static_cast<size_t>(chunk.rank())];
+  if (slot.size() != t.grad_bytes) slot.Reset(t.grad_bytes);
+  return slot.Store(chunk.offset(), chunk.data());
+}
+
+absl::StatusOr<CommitOutcome> Job::Commit(const v1::CommitRequest& request) {
+  if (request.has_lr() && !(std::isfinite(request.lr()) && request.lr() > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lr = ", request.lr(), " must be finite and > 0"));
+  }
+  if (request.has_grad_scale() &&
+      !(std::isfinite(request.grad_scale()) && request.grad_scale() > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("grad_scale = ", request.grad_scale(), " must be finite and > 0"));
+  }
+  RankCommit mine;
+  if (request.has_lr()) mine.lr = request.lr();
+  mine.grad_scale = request.has_grad_scale() ? request.grad_scale() : 1.0;
+
+  absl::MutexLock lock(&mu_);
+  const int32_t rank = request.rank();
+  if (absl::Status s = CheckRank(rank); !s.ok()) return s;
+  if (request.step() < next_step_) {
+    if (last_commit_[static_cast<size_t>(rank)] >= request.step()) {
+      return CommitOutcome{world_size_, false, std::nullopt};  // a retry of a commit that landed
+    }
+    return absl::FailedPreconditionError(absl::StrCat("step ", request.step(), " of job \"", name_,
+                                                      "\" is stale: the job collects step ",
+                                                      next_step_, " now"));
+  }
+  if (request.step() > next_step_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", request.step(), " of job \"", name_, "\" is ahead of the step it collects (",
+        next_step_, ")"));
+  }
+  if (initialized_tensors_ != static_cast<int64_t>(tensors_.size())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job \"", name_, "\" has initial weights for ", initialized_tensors_, " of ",
+        tensors_.size(), " tensors; rank 0 uploads all of them before the first commit"));
+  }
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const ChunkBuffer& slot = collecting_[i][static_cast<size_t>(rank)];
+    const int64_t received = slot.size() == tensors_[i].grad_bytes ? slot.received() : 0;
+    if (received != tensors_[i].grad_bytes) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", rank, " commits step ", request.step(), " but tensor \"",
+          tensors_[i].spec.name(), "\" has ", received, " of ", tensors_[i].grad_bytes,
+          " gradient bytes; push every chunk of every tensor before committing"));
+    }
+  }
+  for (const auto& [other, theirs] : commits_) {
+    if (theirs.lr != mine.lr || theirs.grad_scale != mine.grad_scale) {
+      auto lr_text = [](const std::optional<double>& lr) {
+        return lr ? absl::StrCat(*lr) : std::string("none");
+      };
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank, " commits step ", request.step(), " with lr ", lr_text(mine.lr),
+          " and grad_scale ", mine.grad_scale, " but rank ", other, " committed lr ",
+          lr_text(theirs.lr), " and grad_scale ", theirs.grad_scale,
+          "; every rank must send the same values for a step"));
+    }
+  }
+  commits_[rank] = mine;
+  CommitOutcome outcome;
+  outcome.committed_ranks = static_cast<int>(commits_.size());
+  if (outcome.committed_ranks < world_size_) return outcome;
+
+  // The last rank: hand the step's slots over and open the next step.
+  outcome.step_started = true;
+  outcome.work = StepWork{next_step_, mine.lr, mine.grad_scale};
+  taken_.emplace(next_step_, std::move(collecting_));
+  if (!spare_slot_sets_.empty()) {
+    collecting_ = std::move(spare_slot_sets_.back());
+    spare_slot_sets_.pop_back();
+  } else {
+    collecting_.assign(tensors_.size(), std::vector<ChunkBuffer>(static_cast<size_t>(world_size_)));
+  }
+  for (auto& per_tensor : collecting_) {
+    for (ChunkBuffer& slot : per_tensor) slot.Reset(slot.size());
+  }
+  for (int64_t& last : last_commit_) last = next_step_;
+  commits_.clear();
+  ++next_step_;
+  return outcome;
+}
+
+std::shared_ptr<ServedTensor> Job::FreshServed(Tensor& t) const {
+  std::shared_ptr<ServedTensor> served;
+  // The previous spare is free once no reader holds it (the job's own reference is the last one).
+  if (t.spare != nullptr && t.spare.use_count() == 1) {
+    served = std::move(t.spare);
+  } else {
+    served = std::make_shared<ServedTensor>();
+    for (const FormatKey& f : formats_) {
+      served->formats.emplace_back(
+          f, std::vector<uint8_t>(static_cast<size_t>(t.elements * ServedElementBytes(f.recipe))));
+    }
+  }
+  served->skipped = false;
+  return served;
+}
+
+StepReport Job::RunStep(const StepWork& work) {
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<TensorStep> steps;
+  std::vector<std::shared_ptr<ServedTensor>> outputs;
+  kernels::AdamwScalars scalars;
+  float grad_scale;
+  {
+    absl::MutexLock lock(&mu_);
+    SlotSet& slots = taken_.at(work.step);
+    kernels::AdamwHyper hyper{work.lr.value_or(hyper_.lr()), hyper_.beta1(), hyper_.beta2(),
+                              hyper_.eps(), hyper_.weight_decay()};
+    scalars = kernels::MakeAdamwScalars(hyper, applied_steps_ + 1);
+    grad_scale = static_cast<float>(work.grad_scale);
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      Tensor& t = tensors_[i];
+      outputs.push_back(FreshServed(t));
+      TensorStep step;
+      step.state = t.state.get();
+      step.slot_type = t.spec.grad_type() == v1::ELEMENT_TYPE_BF16 ? kernels::SlotType::kBf16
+                                                                   : kernels::SlotType::kFp32;
+      for (const ChunkBuffer& slot : slots[i]) step.slots.push_back(slot.data());
+      step.out = outputs.back().get();
+      steps.push_back(std::move(step));
+    }
+  }
+  // The state and the taken slots belong to this step alone while it runs.
+  // The backend's state buffers were allocated at registration; a step that fails leaves them
+  // half-updated, which no status could repair.
+  const absl::Status status = backend_->Step(std::span<TensorStep>(steps), scalars, grad_scale);
+  PARAMD_CHECK(status.ok()) << "step " << work.step << " of job " << name_ << ": " << status;
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  std::vector<std::function<void()>> wake;
+  StepReport report{work.step, seconds, 0};
+  {
+    absl::MutexLock lock(&mu_);
+    ++applied_steps_;
+    last_step_seconds_ = seconds;
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      outputs[i]->version = work.step + 1;
+      report.elements += tensors_[i].elements;
+      Publish(static_cast<int>(i), std::move(outputs[i]), &wake);
+    }
+    spare_slot_sets_.push_back(std::move(taken_.at(work.step)));
+    taken_.erase(work.step);
+  }
+  for (auto& w : wake) w();
+  return report;
+}
+
+void Job::Publish(int tensor, std::shared_ptr<const ServedTensor> served,
+                  std::vector<std::function<void()>>* wake) {
+  Tensor& t = tensors_[static_cast<size_t>(tensor)];
+  // The retired version becomes the spare: its buffers are reused once its readers let go.
+  t.spare = std::const_pointer_cast<ServedTensor>(std::move(t.served));
+  t.served = std::move(served);
+  for (auto it = waiters_.begin(); it != waiters_.end();) {
+    if (it->second.tensor == tensor && it->second.min_version <= t.served->version) {
+      wake->push_back(std::move(it->second.wake));
+      it = waiters_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+std::shared_ptr<const ServedTensor> Job::Served(int tensor, int64_t min_version) const {
+  absl::MutexLock lock(&mu_);
+  const auto& served = tensors_[static_cast<size_t>(tensor)].served;
+  if (served != nullptr && served->version >= min_version) return served;
+  return nullptr;
+}
+
+uint64_t Job::AddWaiter(int tensor, int64_t min_version, std::function<void()> wake) {
+  absl::MutexLock lock(&mu_);
+  const auto& served = tensors_[static_cast<size_t>(tensor)].served;
+  if (served != nullptr && served->version >= min_version) return 0;
+  const uint64_t id = next_waiter_++;
+  waiters_.emplace(id, Waiter{tensor, min_version, std::move(wake)});
+  return id;
+}
+
+bool Job::RemoveWaiter(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  return waiters_.erase(id) > 0;
+}
+
+absl::StatusOr<v1::AdamwHyperparams> Job::SetHyperparams(const v1::SetHyperparamsRequest& request) {
+  if (request.has_lr() && !(std::isfinite(request.lr()) && request.lr() > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lr = ", request.lr(), " must be finite and > 0"));
+  }
+  if (request.has_weight_decay() &&
+      !(std::isfinite(request.weight_decay()) && request.weight_decay() >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weight_decay = ", request.weight_decay(), " must be finite and >= 0"));
+  }
+  absl::MutexLock lock(&mu_);
+  if (request.has_lr()) hyper_.set_lr(request.lr());
+  if (request.has_weight_decay()) hyper_.set_weight_decay(request.weight_decay());
+  return hyper_;
+}
+
+int Job::registered_ranks() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(registered_.size());
+}
+
+v1::JobStatus Job::Status() const {
+  absl::MutexLock lock(&mu_);
+  v1::JobStatus s;
+  s.set_name(name_);
+  s.set_world_size(world_size_);
+  for (int32_t r : registered_) s.add_registered_ranks(r);
+  s.set_next_step(next_step_);
+  s.set_applied_steps(applied_steps_);
+  for (const auto& entry : commits_) s.add_committed_ranks(entry.first);
+  *s.mutable_hyperparams() = hyper_;
+  *s.mutable_state_policy() = spec_.state_policy();
+  *s.mutable_serve() = spec_.serve();
+  int64_t state_bytes = 0;
+  int64_t served_bytes = 0;
+  for (const Tensor& t : tensors_) {
+    v1::TensorStatus* ts = s.add_tensors();
+    ts->set_name(t.spec.name());
+    ts->set_rows(t.spec.rows());
+    ts->set_cols(t.spec.cols());
+    ts->set_grad_type(t.spec.grad_type());
+    ts->set_version(t.served ? t.served->version : -1);
+    ts->set_state_bytes(t.state ? t.state->state_bytes() : 0);
+    state_bytes += ts->state_bytes();
+    if (t.served) served_bytes += t.served->bytes();
+    if (t.spare) served_bytes += t.spare->bytes();
+  }
+  int64_t slot_bytes = 0;
+  auto count = [&slot_bytes](const SlotSet& set) {
+    for (const auto& per_tensor : set) {
+      for (const ChunkBuffer& slot : per_tensor) slot_bytes += slot.capacity();
+    }
+  };
+  count(collecting_);
+  for (const auto& entry : taken_) count(entry.second);
+  for (const SlotSet& set : spare_slot_sets_) count(set);
+  s.set_state_bytes(state_bytes);
+  s.set_slot_bytes(slot_bytes);
+  s.set_served_bytes(served_bytes);
+  s.set_last_step_seconds(last_step_seconds_);
+  return s;
+}
+
+}  // namespace paramd

@@ -1,0 +1,146 @@
+// One training job on this daemon: its tensors and their state, the gradient slots of the step
+// being collected, the ranks' commits, the published versions and the pulls waiting for them.
+// Plain C++ (no gRPC): the services validate, count and dispatch here. Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <shared_mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/fused_step.h"
+#include "paramd/v1/control.pb.h"
+#include "paramd/v1/data.pb.h"
+#include "server/backend.h"
+#include "server/chunk_buffer.h"
+
+namespace paramd {
+
+// The work of one step, taken from the job when its last rank commits; run by the step executor.
+struct StepWork {
+  int64_t step = 0;
+  std::optional<double> lr;
+  double grad_scale = 1.0;
+};
+
+// What a commit did.
+struct CommitOutcome {
+  int committed_ranks = 0;
+  bool step_started = false;
+  std::optional<StepWork> work;  // set when this commit completed the step
+};
+
+// Facts about one finished step, for metrics and logs.
+struct StepReport {
+  int64_t step = 0;
+  double seconds = 0;
+  int64_t elements = 0;
+};
+
+class Job {
+ public:
+  // `spec` is a validated registration (server/registration.h); its rank is ignored.
+  Job(const v1::RegisterRequest& spec, Backend* backend);
+  ~Job();
+
+  const std::string& name() const { return name_; }
+  int world_size() const { return world_size_; }
+
+  // Registers one rank. A description that differs from the job's is FAILED_PRECONDITION.
+  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request,
+                                                int64_t max_chunk_bytes);
+
+  // Stores one pushed chunk (gradient or initial weights); see data.proto for the rules.
+  absl::StatusOr<ChunkBuffer::Stored> Push(const v1::PushChunk& chunk);
+
+  // Records a rank's commit of a step; the last one returns the step's work.
+  absl::StatusOr<CommitOutcome> Commit(const v1::CommitRequest& request);
+
+  // Runs a step taken by Commit on the backend and publishes its versions. Called by the step
+  // executor, one step of a job at a time, in step order.
+  StepReport RunStep(const StepWork& work);
+
+  // The newest served bytes when their version is >= min_version, else null.
+  std::shared_ptr<const ServedTensor> Served(int tensor, int64_t min_version) const;
+  // Calls `wake` once (outside the job's lock) when `tensor` reaches `min_version`, unless removed
+  // first. Returns 0 when the version is already there (then `wake` is not kept).
+  uint64_t AddWaiter(int tensor, int64_t min_version, std::function<void()> wake);
+  // True when the waiter was removed before it fired.
+  bool RemoveWaiter(uint64_t id);
+
+  // Index of a tensor by name, or NOT_FOUND.
+  absl::StatusOr<int> TensorIndex(const std::string& name) const;
+  // INVALID_ARGUMENT when the job does not serve `format`.
+  absl::Status CheckServes(const v1::ServeFormat& format) const;
+
+  absl::StatusOr<v1::AdamwHyperparams> SetHyperparams(const v1::SetHyperparamsRequest& request);
+  v1::JobStatus Status() const;
+  int registered_ranks() const;
+
+ private:
+  struct Tensor {
+    v1::TensorSpec spec;
+    int64_t elements = 0;
+    int64_t grad_bytes = 0;
+    std::unique_ptr<TensorState> state;       // null until the initial weights arrived
+    std::unique_ptr<ChunkBuffer> upload;      // initial weights while they arrive
+    std::shared_ptr<const ServedTensor> served;  // newest published version
+    std::shared_ptr<ServedTensor> spare;      // a retired version's buffers, reused when unleased
+  };
+  using SlotSet = std::vector<std::vector<ChunkBuffer>>;  // [tensor][rank]
+  struct RankCommit {
+    std::optional<double> lr;
+    double grad_scale = 1.0;
+  };
+  struct Waiter {
+    int tensor;
+    int64_t min_version;
+    std::function<void()> wake;
+  };
+
+  absl::Status CheckRank(int32_t rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<ChunkBuffer::Stored> PushLocked(const v1::PushChunk& chunk,
+                                                 std::vector<std::function<void()>>* wake)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<ChunkBuffer::Stored> PushWeights(Tensor& t, const v1::PushChunk& chunk,
+                                                  std::vector<std::function<void()>>* wake)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<ChunkBuffer::Stored> PushGradient(Tensor& t, const v1::PushChunk& chunk)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::shared_ptr<ServedTensor> FreshServed(Tensor& t) const;
+  void Publish(int tensor, std::shared_ptr<const ServedTensor> served,
+               std::vector<std::function<void()>>* wake);
+
+  const std::string name_;
+  const int world_size_;
+  const v1::RegisterRequest spec_;  // the registration every rank must repeat (rank cleared)
+  const std::vector<FormatKey> formats_;  // served formats, fp32 first
+  Backend* const backend_;
+
+  mutable absl::Mutex mu_;
+  std::vector<Tensor> tensors_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int> tensor_index_;  // immutable after construction
+  std::set<int32_t> registered_ ABSL_GUARDED_BY(mu_);
+  v1::AdamwHyperparams hyper_ ABSL_GUARDED_BY(mu_);
+  int64_t next_step_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t applied_steps_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t initialized_tensors_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<int32_t, RankCommit> commits_ ABSL_GUARDED_BY(mu_);  // for next_step_
+  std::vector<int64_t> last_commit_ ABSL_GUARDED_BY(mu_);       // per rank, -1 = none
+  SlotSet collecting_ ABSL_GUARDED_BY(mu_);  // gradients of next_step_
+  // Slots of steps handed to the executor, by step; their buffers are reused once a step ran.
+  std::map<int64_t, SlotSet> taken_ ABSL_GUARDED_BY(mu_);
+  std::vector<SlotSet> spare_slot_sets_ ABSL_GUARDED_BY(mu_);
+  double last_step_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_waiter_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+}  // namespace paramd

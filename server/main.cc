@@ -1,0 +1,72 @@
+// paramd: parses flags, loads the config, starts the server, waits for SIGTERM or SIGINT.
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "common/config.h"
+#include "common/logging.h"
+#include "server/server.h"
+
+ABSL_FLAG(std::string, config, "", "Config file: text format of paramd.v1.DaemonConfig");
+ABSL_FLAG(std::string, listen, "", "gRPC address host:port (overrides the config)");
+ABSL_FLAG(std::string, backend, "", "cpu or cuda:N (overrides the config)");
+ABSL_FLAG(std::string, metrics_listen, "-",
+          "Prometheus address host:port, or \"\" to disable (overrides the config)");
+ABSL_FLAG(int, step_threads, 0, "Threads of the cpu backend's step (overrides the config)");
+ABSL_FLAG(std::string, log_level, "", "debug, info, warning or error (overrides the config)");
+ABSL_FLAG(std::string, address_file, "",
+          "Write the bound gRPC address here once serving (overrides the config)");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("paramd --config=FILE [--listen=HOST:PORT] [--backend=cpu]");
+  absl::ParseCommandLine(argc, argv);
+
+  paramd::v1::DaemonConfig config;
+  if (const std::string path = absl::GetFlag(FLAGS_config); !path.empty()) {
+    absl::StatusOr<paramd::v1::DaemonConfig> loaded = paramd::LoadConfigFile(path);
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "paramd: %s\n", std::string(loaded.status().message()).c_str());
+      return 2;
+    }
+    config = *std::move(loaded);
+  }
+  if (!absl::GetFlag(FLAGS_listen).empty()) config.set_listen(absl::GetFlag(FLAGS_listen));
+  if (!absl::GetFlag(FLAGS_backend).empty()) config.set_backend(absl::GetFlag(FLAGS_backend));
+  if (absl::GetFlag(FLAGS_metrics_listen) != "-") {
+    config.set_metrics_listen(absl::GetFlag(FLAGS_metrics_listen));
+  }
+  if (absl::GetFlag(FLAGS_step_threads) != 0) {
+    config.set_step_threads(absl::GetFlag(FLAGS_step_threads));
+  }
+  if (!absl::GetFlag(FLAGS_log_level).empty()) config.set_log_level(absl::GetFlag(FLAGS_log_level));
+  if (!absl::GetFlag(FLAGS_address_file).empty()) {
+    config.set_address_file(absl::GetFlag(FLAGS_address_file));
+  }
+
+  // Signals are taken synchronously by this thread; every other thread inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  absl::StatusOr<std::unique_ptr<paramd::Server>> server = paramd::Server::Start(config);
+  if (!server.ok()) {
+    std::fprintf(stderr, "paramd: %s\n", server.status().ToString().c_str());
+    return server.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  if (!config.address_file().empty()) {
+    const std::string tmp = config.address_file() + ".tmp";
+    std::ofstream(tmp) << (*server)->address() << "\n";
+    std::rename(tmp.c_str(), config.address_file().c_str());
+  }
+  int signal = 0;
+  sigwait(&signals, &signal);
+  PARAMD_LOG(INFO) << "signal " << signal << ": finishing the running step, then stopping";
+  (*server)->Shutdown();
+  return 0;
+}

@@ -1,0 +1,111 @@
+#include "server/metrics.h"
+
+#include <grpcpp/support/status.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace paramd {
+namespace {
+
+// Step durations from 100 us to about 100 s.
+prometheus::Histogram::BucketBoundaries StepBuckets() {
+  prometheus::Histogram::BucketBoundaries bounds;
+  for (double b = 1e-4; b < 200; b *= 2.5) bounds.push_back(b);
+  return bounds;
+}
+
+const char* CodeName(int code) {
+  static constexpr const char* kNames[] = {
+      "OK",           "CANCELLED",          "UNKNOWN",           "INVALID_ARGUMENT",
+      "DEADLINE_EXCEEDED", "NOT_FOUND",     "ALREADY_EXISTS",    "PERMISSION_DENIED",
+      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",    "OUT_OF_RANGE",
+      "UNIMPLEMENTED", "INTERNAL",          "UNAVAILABLE",       "DATA_LOSS",
+      "UNAUTHENTICATED"};
+  return code >= 0 && code <= 16 ? kNames[code] : "UNKNOWN";
+}
+
+}  // namespace
+
+Metrics::Metrics()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      step_seconds_(prometheus::BuildHistogram()
+                        .Name("paramd_step_duration_seconds")
+                        .Help("Time from a step's start to the publication of its versions")
+                        .Register(*registry_)),
+      steps_(prometheus::BuildCounter()
+                 .Name("paramd_steps_total")
+                 .Help("Steps run, by job and outcome (applied or skipped)")
+                 .Register(*registry_)),
+      stepped_elements_(prometheus::BuildCounter()
+                            .Name("paramd_stepped_elements_total")
+                            .Help("Parameters updated by steps, by job")
+                            .Register(*registry_)),
+      pushed_bytes_(prometheus::BuildCounter()
+                        .Name("paramd_pushed_bytes_total")
+                        .Help("Gradient and initial-weight bytes received, by transport")
+                        .Register(*registry_)),
+      pulled_bytes_(prometheus::BuildCounter()
+                        .Name("paramd_pulled_bytes_total")
+                        .Help("Served weight bytes sent, by transport")
+                        .Register(*registry_)),
+      rpc_errors_(prometheus::BuildCounter()
+                      .Name("paramd_rpc_errors_total")
+                      .Help("RPCs that ended with an error, by method and gRPC status code")
+                      .Register(*registry_)),
+      trainers_(prometheus::BuildGauge()
+                    .Name("paramd_trainers_attached")
+                    .Help("Registered trainer ranks over all jobs")
+                    .Register(*registry_)
+                    .Add({})),
+      jobs_(prometheus::BuildGauge()
+                .Name("paramd_jobs")
+                .Help("Jobs held by the daemon")
+                .Register(*registry_)
+                .Add({})),
+      state_bytes_(prometheus::BuildGauge()
+                       .Name("paramd_state_bytes")
+                       .Help("Bytes held, by kind (state, served, slots)")
+                       .Register(*registry_)) {}
+
+Metrics::~Metrics() = default;
+
+absl::StatusOr<std::string> Metrics::Serve(const std::string& address) {
+  try {
+    // civetweb reports bind failures by throwing; this is the one place they are caught.
+    exposer_ = std::make_unique<prometheus::Exposer>(address, /*num_threads=*/1);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
+  }
+  exposer_->RegisterCollectable(registry_);
+  const std::vector<int> ports = exposer_->GetListeningPorts();
+  const std::string host = address.substr(0, address.rfind(':'));
+  return absl::StrCat(host, ":", ports.empty() ? 0 : ports.front());
+}
+
+void Metrics::StepDone(const std::string& job, double seconds, int64_t elements) {
+  step_seconds_.Add({{"job", job}}, StepBuckets()).Observe(seconds);
+  steps_.Add({{"job", job}, {"outcome", "applied"}}).Increment();
+  stepped_elements_.Add({{"job", job}}).Increment(static_cast<double>(elements));
+}
+
+void Metrics::Pushed(const std::string& transport, int64_t bytes) {
+  pushed_bytes_.Add({{"transport", transport}}).Increment(static_cast<double>(bytes));
+}
+
+void Metrics::Pulled(const std::string& transport, int64_t bytes) {
+  pulled_bytes_.Add({{"transport", transport}}).Increment(static_cast<double>(bytes));
+}
+
+void Metrics::RpcError(const std::string& method, int code) {
+  rpc_errors_.Add({{"method", method}, {"code", CodeName(code)}}).Increment();
+}
+
+void Metrics::SetTrainers(int trainers) { trainers_.Set(trainers); }
+void Metrics::SetJobs(int jobs) { jobs_.Set(jobs); }
+
+void Metrics::SetStateBytes(const std::string& kind, int64_t bytes) {
+  state_bytes_.Add({{"kind", kind}}).Set(static_cast<double>(bytes));
+}
+
+}  // namespace paramd

@@ -1,0 +1,51 @@
+// Every metric the daemon exports, defined in this one place (prometheus-cpp, prefix `paramd_`,
+// units in the names). The exposer serves them at http://<metrics_listen>/metrics.
+#pragma once
+
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace paramd {
+
+class Metrics {
+ public:
+  Metrics();
+  ~Metrics();
+
+  // Serves /metrics on `address` ("host:port", port 0 picks one). Returns the bound address.
+  absl::StatusOr<std::string> Serve(const std::string& address);
+
+  void StepDone(const std::string& job, double seconds, int64_t elements);
+  void Pushed(const std::string& transport, int64_t bytes);
+  void Pulled(const std::string& transport, int64_t bytes);
+  void RpcError(const std::string& method, int code);
+  void SetTrainers(int trainers);
+  void SetJobs(int jobs);
+  void SetStateBytes(const std::string& kind, int64_t bytes);
+
+  prometheus::Registry& registry() { return *registry_; }
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  prometheus::Family<prometheus::Histogram>& step_seconds_;
+  prometheus::Family<prometheus::Counter>& steps_;
+  prometheus::Family<prometheus::Counter>& stepped_elements_;
+  prometheus::Family<prometheus::Counter>& pushed_bytes_;
+  prometheus::Family<prometheus::Counter>& pulled_bytes_;
+  prometheus::Family<prometheus::Counter>& rpc_errors_;
+  prometheus::Gauge& trainers_;
+  prometheus::Gauge& jobs_;
+  prometheus::Family<prometheus::Gauge>& state_bytes_;
+};
+
+}  // namespace paramd

@@ -1,0 +1,78 @@
+#include "server/registry.h"
+
+#include "absl/strings/str_cat.h"
+#include "server/registration.h"
+
+namespace paramd {
+
+int64_t JobRegistry::JobBytes(const v1::RegisterRequest& spec) {
+  const std::vector<FormatKey> formats = ServedFormats(spec);
+  int64_t bytes = 0;
+  for (const v1::TensorSpec& t : spec.tensors()) {
+    const int64_t n = t.rows() * t.cols();
+    int64_t per_element = 12;  // fp32 master, exp_avg, exp_avg_sq
+    for (const FormatKey& f : formats) per_element += 2 * ServedElementBytes(f.recipe);
+    per_element += 2 * int64_t{spec.world_size()} * ElementBytes(t.grad_type());
+    bytes += n * per_element;
+  }
+  return bytes;
+}
+
+absl::StatusOr<v1::RegisterResponse> JobRegistry::Register(const v1::RegisterRequest& request) {
+  if (absl::Status s = ValidateRegistration(request); !s.ok()) return s;
+  std::shared_ptr<Job> job;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(request.job());
+    if (it != jobs_.end()) {
+      job = it->second;
+    } else {
+      if (static_cast<int>(jobs_.size()) >= limits_.max_jobs) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "this daemon holds ", jobs_.size(), " jobs, its max_jobs limit; raise max_jobs or "
+            "run the job on another daemon"));
+      }
+      if (request.tensors_size() > limits_.max_tensors_per_job) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("job \"", request.job(), "\" has ", request.tensors_size(),
+                         " tensors; this daemon's max_tensors_per_job is ",
+                         limits_.max_tensors_per_job));
+      }
+      const int64_t bytes = JobBytes(request);
+      if (limits_.max_job_bytes > 0 && bytes > limits_.max_job_bytes) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "job \"", request.job(), "\" needs up to ", bytes,
+            " bytes of state, served formats and slots; this daemon's max_job_bytes is ",
+            limits_.max_job_bytes));
+      }
+      job = std::make_shared<Job>(request, backend_);
+      jobs_.emplace(request.job(), job);
+    }
+  }
+  return job->Register(request, limits_.max_chunk_bytes);
+}
+
+absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Find(const std::string& name) const {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(name);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("no job \"", name, "\" on this daemon; trainers call Register first"));
+  }
+  return it->second;
+}
+
+std::vector<std::shared_ptr<Job>> JobRegistry::Jobs() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (const auto& entry : jobs_) jobs.push_back(entry.second);
+  return jobs;
+}
+
+int JobRegistry::trainers() const {
+  int total = 0;
+  for (const auto& job : Jobs()) total += job->registered_ranks();
+  return total;
+}
+
+}  // namespace paramd

@@ -1,0 +1,45 @@
+// The daemon's jobs by name, with the limits that bound them.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "server/job.h"
+
+namespace paramd {
+
+struct RegistryLimits {
+  int max_jobs = 64;
+  int max_tensors_per_job = 65536;
+  int64_t max_job_bytes = 0;  // 0 = unlimited
+  int64_t max_chunk_bytes = 4 << 20;
+};
+
+class JobRegistry {
+ public:
+  JobRegistry(Backend* backend, RegistryLimits limits) : backend_(backend), limits_(limits) {}
+
+  // Validates the request, creates the job on its first registration, registers the rank.
+  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
+  // The job, or NOT_FOUND naming it.
+  absl::StatusOr<std::shared_ptr<Job>> Find(const std::string& name) const;
+  std::vector<std::shared_ptr<Job>> Jobs() const;
+  // Registered ranks over all jobs.
+  int trainers() const;
+
+  // Bytes a job of this description holds at most: state, served formats (current and retired
+  // version) and gradient slots (collecting and running step).
+  static int64_t JobBytes(const v1::RegisterRequest& spec);
+
+ private:
+  Backend* const backend_;
+  const RegistryLimits limits_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace paramd

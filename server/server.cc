@@ -1,0 +1,79 @@
+#include "server/server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server_builder.h>
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "common/config.h"
+#include "common/logging.h"
+#include "server/control_service.h"
+#include "server/data_service.h"
+
+namespace paramd {
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(const v1::DaemonConfig& raw_config) {
+  const v1::DaemonConfig config = WithDefaults(raw_config);
+  if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
+  LogLevel level = LogLevel::kInfo;
+  ParseLogLevel(config.log_level(), &level);
+  SetLogLevel(level);
+
+  std::unique_ptr<Server> server(new Server());
+  absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Create(config);
+  if (!daemon.ok()) return daemon.status();
+  server->daemon_ = *std::move(daemon);
+  server->control_ = std::make_unique<ControlService>(server->daemon_.get());
+  server->data_ = std::make_unique<DataService>(server->daemon_.get());
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(config.listen(), grpc::InsecureServerCredentials(), &server->port_);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_message_bytes()));
+  builder.SetMaxSendMessageSize(static_cast<int>(config.max_message_bytes()));
+  builder.RegisterService(server->control_.get());
+  builder.RegisterService(server->data_.get());
+  server->grpc_ = builder.BuildAndStart();
+  if (server->grpc_ == nullptr || server->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", config.listen(), " (address in use, or not an address of this host)"));
+  }
+  const std::string host = config.listen().substr(0, config.listen().rfind(':'));
+  server->address_ = absl::StrCat(host, ":", server->port_);
+  server->control_->set_address(server->address_);
+  server->grpc_->GetHealthCheckService()->SetServingStatus(true);
+
+  if (!config.metrics_listen().empty()) {
+    absl::StatusOr<std::string> metrics = server->daemon_->metrics().Serve(config.metrics_listen());
+    if (!metrics.ok()) return metrics.status();
+    server->metrics_address_ = *metrics;
+  }
+  PARAMD_LOG(INFO) << "paramd serving on " << server->address_ << " (backend "
+                   << server->daemon_->backend_name() << ", metrics "
+                   << (server->metrics_address_.empty() ? std::string("off")
+                                                        : "http://" + server->metrics_address_ +
+                                                              "/metrics")
+                   << ")";
+  return server;
+}
+
+Server::~Server() { Shutdown(); }
+
+void Server::Shutdown() {
+  if (stopped_) return;
+  stopped_ = true;
+  daemon_->Drain();
+  grpc_->GetHealthCheckService()->SetServingStatus(false);
+  daemon_->WaitForSteps();
+  // Open streams get a few seconds to finish (pulls of the last version), then are cancelled.
+  grpc_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  PARAMD_LOG(INFO) << "paramd stopped";
+}
+
+void Server::Wait() { grpc_->Wait(); }
+
+}  // namespace paramd

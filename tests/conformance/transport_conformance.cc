@@ -1,0 +1,258 @@
+#include "tests/conformance/transport_conformance.h"
+
+#include <grpcpp/create_channel.h>
+
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "common/grpc_status.h"
+#include "reference/adamw_reference.h"
+
+namespace paramd::testing {
+namespace {
+
+v1::TensorSpec Spec(const std::string& name, int64_t rows, int64_t cols,
+                    v1::ElementType type = v1::ELEMENT_TYPE_FP32) {
+  v1::TensorSpec spec;
+  spec.set_name(name);
+  spec.set_rows(rows);
+  spec.set_cols(cols);
+  spec.set_grad_type(type);
+  return spec;
+}
+
+std::vector<float> Random(size_t n, uint32_t seed, float scale) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+std::span<const std::byte> Bytes(const std::vector<float>& v) {
+  return std::as_bytes(std::span<const float>(v));
+}
+
+std::vector<float> Floats(const Pulled& pulled) {
+  std::vector<float> v(pulled.data.size() / sizeof(float));
+  std::memcpy(v.data(), pulled.data.data(), pulled.data.size());
+  return v;
+}
+
+PullTarget Target(const std::string& job, const std::string& tensor, int64_t version,
+                  v1::Recipe recipe = v1::RECIPE_FP32) {
+  PullTarget target{job, tensor, {}, version};
+  target.format.set_recipe(recipe);
+  return target;
+}
+
+}  // namespace
+
+void TransportConformanceTest::SetUp() {
+  v1::DaemonConfig config;
+  config.set_listen("127.0.0.1:0");
+  config.set_metrics_listen("");
+  config.set_step_threads(2);
+  config.set_max_chunk_bytes(kChunkBytes);
+  config.set_log_level("warning");
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(config);
+  ASSERT_TRUE(server.ok()) << server.status();
+  server_ = *std::move(server);
+  channel_ = grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
+  control_ = v1::Control::NewStub(channel_);
+  data_ = v1::Data::NewStub(channel_);
+  TransportContext context{channel_, kChunkBytes};
+  for (const TransportEntry& entry : Transports()) {
+    if (entry.name != GetParam()) continue;
+    if (std::string why = entry.why_not_viable(context); !why.empty()) {
+      GTEST_SKIP() << "transport " << GetParam() << " is not viable here: " << why;
+    }
+    absl::StatusOr<std::unique_ptr<Transport>> transport = entry.make(context);
+    ASSERT_TRUE(transport.ok()) << transport.status();
+    transport_ = *std::move(transport);
+  }
+  ASSERT_NE(transport_, nullptr) << "no transport named " << GetParam();
+  hyper_.set_lr(1e-2);
+  hyper_.set_beta1(0.9);
+  hyper_.set_beta2(0.999);
+  hyper_.set_eps(1e-8);
+  hyper_.set_weight_decay(0.01);
+}
+
+void TransportConformanceTest::TearDown() {
+  transport_.reset();
+  if (server_) server_->Shutdown();
+}
+
+Deadline TransportConformanceTest::Soon() const {
+  return std::chrono::system_clock::now() + std::chrono::seconds(30);
+}
+
+void TransportConformanceTest::Register(const std::string& job,
+                                        const std::vector<v1::TensorSpec>& tensors,
+                                        int world_size, const std::vector<v1::ServeFormat>& serve) {
+  for (int rank = 0; rank < world_size; ++rank) {
+    v1::RegisterRequest request;
+    request.set_job(job);
+    request.set_rank(rank);
+    request.set_world_size(world_size);
+    for (const auto& t : tensors) *request.add_tensors() = t;
+    for (const auto& f : serve) *request.add_serve() = f;
+    *request.mutable_hyperparams() = hyper_;
+    grpc::ClientContext context;
+    v1::RegisterResponse response;
+    grpc::Status status = control_->Register(&context, request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+}
+
+absl::Status TransportConformanceTest::Commit(const std::string& job, int rank, int64_t step,
+                                              double grad_scale) {
+  v1::CommitRequest request;
+  request.set_job(job);
+  request.set_rank(rank);
+  request.set_step(step);
+  request.set_grad_scale(grad_scale);
+  grpc::ClientContext context;
+  v1::CommitResponse response;
+  return FromGrpcStatus(data_->Commit(&context, request, &response));
+}
+
+TEST_P(TransportConformanceTest, InitialWeightsComeBackUnchangedAsVersionZero) {
+  Register("w", {Spec("a", 3, 5), Spec("b", 1, 1)}, 1);
+  const std::vector<float> a = Random(15, 1, 1.0f), b = {42.0f};
+  const PushItem items[] = {{"a", Bytes(a)}, {"b", Bytes(b)}};
+  ASSERT_TRUE(transport_->Push({"w", 0, 0, v1::PUSH_KIND_INITIAL_WEIGHTS}, items, Soon()).ok());
+  Pulled pulled;
+  ASSERT_TRUE(transport_->Pull(Target("w", "a", 0), Soon(), &pulled).ok());
+  EXPECT_EQ(pulled.header.version(), 0);
+  EXPECT_EQ(pulled.header.rows(), 3);
+  EXPECT_EQ(pulled.header.cols(), 5);
+  EXPECT_EQ(Floats(pulled), a);
+  ASSERT_TRUE(transport_->Pull(Target("w", "b", 0), Soon(), &pulled).ok());
+  EXPECT_EQ(Floats(pulled), b);
+}
+
+TEST_P(TransportConformanceTest, PushedGradientsOfEveryRankGiveTheReferenceStep) {
+  constexpr int kRanks = 3;
+  constexpr size_t kN = 1000;
+  Register("g", {Spec("t", 10, 100)}, kRanks);
+  std::vector<float> p = Random(kN, 2, 0.02f);
+  const PushItem init[] = {{"t", Bytes(p)}};
+  ASSERT_TRUE(transport_->Push({"g", 0, 0, v1::PUSH_KIND_INITIAL_WEIGHTS}, init, Soon()).ok());
+  std::vector<float> m(kN, 0.0f), v(kN, 0.0f);
+  const reference::Hyper hyper{hyper_.lr(), hyper_.beta1(), hyper_.beta2(), hyper_.eps(),
+                               hyper_.weight_decay()};
+  for (int64_t step = 0; step < 3; ++step) {
+    std::vector<std::vector<float>> grads;
+    for (int r = 0; r < kRanks; ++r) grads.push_back(Random(kN, 100 + 10 * step + r, 1e-3f));
+    for (int r = kRanks - 1; r >= 0; --r) {  // arrival order must not matter
+      const PushItem items[] = {{"t", Bytes(grads[r])}};
+      ASSERT_TRUE(transport_->Push({"g", r, step, v1::PUSH_KIND_GRADIENT}, items, Soon()).ok());
+      ASSERT_TRUE(Commit("g", r, step, 1.0 / kRanks).ok());
+    }
+    std::vector<const float*> slots;
+    for (const auto& g : grads) slots.push_back(g.data());
+    std::vector<float> gs(kN);
+    for (size_t i = 0; i < kN; ++i) {
+      gs[i] = reference::SumSlotsFp32(slots.data(), kRanks, i) * static_cast<float>(1.0 / kRanks);
+    }
+    reference::AdamwStepFp32(hyper, step + 1, gs.data(), p.data(), m.data(), v.data(), kN);
+    Pulled pulled;
+    ASSERT_TRUE(transport_->Pull(Target("g", "t", step + 1), Soon(), &pulled).ok());
+    EXPECT_EQ(pulled.header.version(), step + 1);
+    ASSERT_EQ(pulled.data.size(), kN * sizeof(float));
+    EXPECT_EQ(std::memcmp(pulled.data.data(), p.data(), pulled.data.size()), 0)
+        << "step " << step << " differs from the reference";
+  }
+}
+
+TEST_P(TransportConformanceTest, LargeTensorsCrossInManyChunksExactly) {
+  // 3 MiB + 4 bytes: dozens of chunks and a ragged last one.
+  constexpr int64_t kCols = (3 << 20) / 4 + 1;
+  Register("big", {Spec("t", 1, kCols)}, 1);
+  const std::vector<float> p = Random(kCols, 3, 1.0f);
+  const PushItem items[] = {{"t", Bytes(p)}};
+  ASSERT_TRUE(transport_->Push({"big", 0, 0, v1::PUSH_KIND_INITIAL_WEIGHTS}, items, Soon()).ok());
+  Pulled pulled;
+  ASSERT_TRUE(transport_->Pull(Target("big", "t", 0), Soon(), &pulled).ok());
+  EXPECT_EQ(Floats(pulled), p);
+}
+
+TEST_P(TransportConformanceTest, PullWaitsUntilTheVersionIsPublished) {
+  Register("wait", {Spec("t", 1, 64)}, 1);
+  const std::vector<float> p = Random(64, 4, 1.0f), g = Random(64, 5, 1.0f);
+  const PushItem init[] = {{"t", Bytes(p)}};
+  ASSERT_TRUE(transport_->Push({"wait", 0, 0, v1::PUSH_KIND_INITIAL_WEIGHTS}, init, Soon()).ok());
+  Pulled pulled;
+  absl::Status pull_status;
+  std::thread puller([&] { pull_status = transport_->Pull(Target("wait", "t", 1), Soon(), &pulled); });
+  const PushItem items[] = {{"t", Bytes(g)}};
+  ASSERT_TRUE(transport_->Push({"wait", 0, 0, v1::PUSH_KIND_GRADIENT}, items, Soon()).ok());
+  ASSERT_TRUE(Commit("wait", 0, 0).ok());
+  puller.join();
+  ASSERT_TRUE(pull_status.ok()) << pull_status;
+  EXPECT_EQ(pulled.header.version(), 1);
+  EXPECT_NE(Floats(pulled), p);
+}
+
+TEST_P(TransportConformanceTest, PullOfAVersionThatNeverComesEndsAtTheDeadline) {
+  Register("late", {Spec("t", 1, 8)}, 1);
+  const std::vector<float> p(8, 1.0f);
+  const PushItem init[] = {{"t", Bytes(p)}};
+  ASSERT_TRUE(transport_->Push({"late", 0, 0, v1::PUSH_KIND_INITIAL_WEIGHTS}, init, Soon()).ok());
+  Pulled pulled;
+  const absl::Status status = transport_->Pull(
+      Target("late", "t", 5), std::chrono::system_clock::now() + std::chrono::milliseconds(200),
+      &pulled);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+}
+
+TEST_P(TransportConformanceTest, RepeatedPushIsAcknowledgedAndADifferentOneRefused) {
+  Register("idem", {Spec("t", 1, 256)}, 1);
+  const std::vector<float> p = Random(256, 6, 1.0f), g = Random(256, 7, 1.0f);
+  std::vector<float> other = g;
+  other[100] += 1.0f;
+  const PushItem init[] = {{"t", Bytes(p)}};
+  ASSERT_TRUE(transport_->Push({"idem", 0, 0, v1::PUSH_KIND_INITIAL_WEIGHTS}, init, Soon()).ok());
+  const PushItem same[] = {{"t", Bytes(g)}};
+  const PushItem changed[] = {{"t", Bytes(other)}};
+  const PushTarget target{"idem", 0, 0, v1::PUSH_KIND_GRADIENT};
+  ASSERT_TRUE(transport_->Push(target, same, Soon()).ok());
+  EXPECT_TRUE(transport_->Push(target, same, Soon()).ok());
+  EXPECT_EQ(transport_->Push(target, changed, Soon()).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(Commit("idem", 0, 0).ok());
+}
+
+TEST_P(TransportConformanceTest, Bf16GradientsAndBf16WeightsCrossIntact) {
+  v1::ServeFormat bf16;
+  bf16.set_recipe(v1::RECIPE_BF16);
+  Register("half", {Spec("t", 7, 13, v1::ELEMENT_TYPE_BF16)}, 1, {bf16});
+  const std::vector<float> p = Random(91, 8, 1.0f);
+  const PushItem init[] = {{"t", Bytes(p)}};
+  ASSERT_TRUE(transport_->Push({"half", 0, 0, v1::PUSH_KIND_INITIAL_WEIGHTS}, init, Soon()).ok());
+  Pulled pulled;
+  ASSERT_TRUE(transport_->Pull(Target("half", "t", 0, v1::RECIPE_BF16), Soon(), &pulled).ok());
+  ASSERT_EQ(pulled.data.size(), 91 * sizeof(uint16_t));
+  std::vector<uint16_t> served(91);
+  std::memcpy(served.data(), pulled.data.data(), pulled.data.size());
+  for (size_t i = 0; i < 91; ++i) EXPECT_EQ(served[i], reference::Bf16FromFloat(p[i])) << i;
+
+  std::vector<uint16_t> grad(91);
+  for (size_t i = 0; i < 91; ++i) grad[i] = reference::Bf16FromFloat(0.01f * static_cast<float>(i));
+  const PushItem items[] = {{"t", std::as_bytes(std::span<const uint16_t>(grad))}};
+  ASSERT_TRUE(transport_->Push({"half", 0, 0, v1::PUSH_KIND_GRADIENT}, items, Soon()).ok());
+  ASSERT_TRUE(Commit("half", 0, 0).ok());
+  std::vector<float> expected = p, m(91, 0.0f), v(91, 0.0f), gs(91);
+  std::vector<const uint16_t*> slots = {grad.data()};
+  for (size_t i = 0; i < 91; ++i) gs[i] = reference::SumSlotsBf16(slots.data(), 1, i);
+  reference::AdamwStepFp32({hyper_.lr(), hyper_.beta1(), hyper_.beta2(), hyper_.eps(),
+                            hyper_.weight_decay()},
+                           1, gs.data(), expected.data(), m.data(), v.data(), 91);
+  ASSERT_TRUE(transport_->Pull(Target("half", "t", 1), Soon(), &pulled).ok());
+  EXPECT_EQ(Floats(pulled), expected);
+}
+
+}  // namespace paramd::testing

@@ -1,0 +1,41 @@
+// The behaviour every transport shares, written once against paramd::Transport and instantiated
+// per transport in a few lines (see inline_test.cc). A real daemon runs in-process on a free
+// loopback port; the transport under test moves the bytes; Commit travels over gRPC as always.
+// A transport that is not viable here skips with its reason.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "paramd/v1/control.grpc.pb.h"
+#include "paramd/v1/data.grpc.pb.h"
+#include "server/server.h"
+#include "transport/transport.h"
+
+namespace paramd::testing {
+
+class TransportConformanceTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  static constexpr int64_t kChunkBytes = 64 << 10;
+
+  void SetUp() override;
+  void TearDown() override;
+
+  // Registers `job` (one rank per entry of `ranks`, world size ranks.size()).
+  void Register(const std::string& job, const std::vector<v1::TensorSpec>& tensors,
+                int world_size, const std::vector<v1::ServeFormat>& serve = {});
+  absl::Status Commit(const std::string& job, int rank, int64_t step, double grad_scale = 1.0);
+  Deadline Soon() const;
+
+  std::unique_ptr<Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Control::Stub> control_;
+  std::unique_ptr<v1::Data::Stub> data_;
+  std::unique_ptr<Transport> transport_;
+  v1::AdamwHyperparams hyper_;
+};
+
+}  // namespace paramd::testing

@@ -1,0 +1,299 @@
+// The fp32 policy of FusedStepCpu: bit-identical to the independent reference (DESIGN.md §3) and
+// across every CPU code path.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cfloat>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/fused_step.h"
+#include "reference/adamw_reference.h"
+#include "tests/unit/kernels/kernels_test_util.h"
+
+namespace paramd::kernels {
+namespace {
+
+using testing::Describe;
+using testing::FirstBitMismatch;
+
+// A job's gradient slots of one tensor, in either slot type.
+struct Slots {
+  SlotType type = SlotType::kFp32;
+  std::vector<std::vector<float>> fp32;
+  std::vector<std::vector<uint16_t>> bf16;
+  std::vector<const void*> ptrs;
+
+  // g0 * grad_scale of element i, computed by the reference.
+  float ScaledGrad(size_t i, float grad_scale) const {
+    const int num = static_cast<int>(ptrs.size());
+    const float g0 =
+        type == SlotType::kFp32
+            ? reference::SumSlotsFp32(reinterpret_cast<const float* const*>(ptrs.data()), num, i)
+            : reference::SumSlotsBf16(reinterpret_cast<const uint16_t* const*>(ptrs.data()), num,
+                                      i);
+    return g0 * grad_scale;
+  }
+};
+
+Slots RandomSlots(std::mt19937_64& rng, SlotType type, int num_slots, size_t n) {
+  Slots s;
+  s.type = type;
+  for (int r = 0; r < num_slots; ++r) {
+    std::vector<float> values = testing::RandomFloats(rng, n);
+    if (type == SlotType::kFp32) {
+      s.fp32.push_back(std::move(values));
+      s.ptrs.push_back(s.fp32.back().data());
+    } else {
+      std::vector<uint16_t> codes(n);
+      for (size_t i = 0; i < n; ++i) codes[i] = reference::Bf16FromFloat(values[i]);
+      s.bf16.push_back(std::move(codes));
+      s.ptrs.push_back(s.bf16.back().data());
+    }
+  }
+  return s;
+}
+
+// One tensor's state plus its served outputs.
+struct State {
+  std::vector<float> p, m, v, out_fp32;
+  std::vector<uint16_t> out_bf16;
+
+  explicit State(size_t n) : p(n), m(n), v(n), out_fp32(n), out_bf16(n) {}
+
+  FusedStepArgs Args(const Slots& slots, float grad_scale, const AdamwScalars& scalars) {
+    FusedStepArgs a;
+    a.slots = slots.ptrs.data();
+    a.num_slots = static_cast<int>(slots.ptrs.size());
+    a.slot_type = slots.type;
+    a.grad_scale = grad_scale;
+    a.scalars = scalars;
+    a.master = p.data();
+    a.exp_avg = m.data();
+    a.exp_avg_sq = v.data();
+    a.out_fp32 = out_fp32.data();
+    a.out_bf16 = out_bf16.data();
+    return a;
+  }
+};
+
+reference::Hyper ToReference(const AdamwHyper& h) {
+  return {h.lr, h.beta1, h.beta2, h.eps, h.weight_decay};
+}
+
+void ExpectSameBits(const State& got, const State& want, const std::string& context) {
+  const size_t n = want.p.size();
+  int64_t i = FirstBitMismatch(got.p.data(), want.p.data(), n);
+  EXPECT_EQ(i, -1) << context << Describe(" master", got.p.data(), want.p.data(), i);
+  i = FirstBitMismatch(got.m.data(), want.m.data(), n);
+  EXPECT_EQ(i, -1) << context << Describe(" exp_avg", got.m.data(), want.m.data(), i);
+  i = FirstBitMismatch(got.v.data(), want.v.data(), n);
+  EXPECT_EQ(i, -1) << context << Describe(" exp_avg_sq", got.v.data(), want.v.data(), i);
+  i = FirstBitMismatch(got.out_fp32.data(), want.out_fp32.data(), n);
+  EXPECT_EQ(i, -1) << context << Describe(" out_fp32", got.out_fp32.data(), want.out_fp32.data(), i);
+  i = FirstBitMismatch(got.out_bf16.data(), want.out_bf16.data(), n);
+  EXPECT_EQ(i, -1) << context << Describe(" out_bf16", got.out_bf16.data(), want.out_bf16.data(), i);
+}
+
+// --- (a) the fp32 policy against the reference ---------------------------------------------------
+
+using ReferenceCase = std::tuple<int64_t /*n*/, int /*num_slots*/, SlotType>;
+
+class FusedStepCpuMatchesReference : public ::testing::TestWithParam<ReferenceCase> {};
+
+TEST_P(FusedStepCpuMatchesReference, BitForBitOverManySteps) {
+  const auto [n, num_slots, slot_type] = GetParam();
+  const size_t un = static_cast<size_t>(n);
+  constexpr int kSteps = 6;
+  // 1 / (world_size * loss_scale), rounded once to FP32 as the host does.
+  const float grad_scale = static_cast<float>(1.0 / (3.0 * 1024.0));
+  const AdamwHyper hyper = testing::AccuracySetupHyper();
+  std::mt19937_64 rng(static_cast<uint64_t>(n) * 131 + num_slots * 7 + static_cast<int>(slot_type));
+  // The pool splits the tensor into odd-sized blocks, so block edges fall inside vectors.
+  ThreadPool pool(3);
+  constexpr int64_t kOddGrain = 1237;
+
+  State kernel(un), ref(un);
+  kernel.p = testing::NormalFloats(rng, un, 0.02);
+  ref.p = kernel.p;
+  std::vector<float> gs(un);
+  for (int64_t k = 1; k <= kSteps; ++k) {
+    const Slots slots = RandomSlots(rng, slot_type, num_slots, un);
+    const FusedStepArgs args = kernel.Args(slots, grad_scale, MakeAdamwScalars(hyper, k));
+    pool.ParallelFor(n, kOddGrain, [&](int64_t begin, int64_t end) {
+      const KStatus st = FusedStepCpu(args, begin, end);
+      ASSERT_TRUE(st.ok()) << st.message();
+    });
+
+    for (size_t i = 0; i < un; ++i) gs[i] = slots.ScaledGrad(i, grad_scale);
+    reference::AdamwStepFp32(ToReference(hyper), k, gs.data(), ref.p.data(), ref.m.data(),
+                             ref.v.data(), un);
+    ref.out_fp32 = ref.p;
+    for (size_t i = 0; i < un; ++i) ref.out_bf16[i] = reference::Bf16FromFloat(ref.p[i]);
+    ExpectSameBits(kernel, ref, "step k=" + std::to_string(k) + ":");
+    if (HasFailure()) return;
+  }
+}
+
+std::string ReferenceCaseName(const ::testing::TestParamInfo<ReferenceCase>& info) {
+  const auto [n, num_slots, slot_type] = info.param;
+  return "n" + std::to_string(n) + "_" + std::to_string(num_slots) +
+         (slot_type == SlotType::kFp32 ? "Fp32Slots" : "Bf16Slots");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    SizesSlotsAndTypes, FusedStepCpuMatchesReference,
+    ::testing::Combine(::testing::Values<int64_t>(1, 2, 3, 7, 8, 15, 16, 17, 31, 33, 101, 1021,
+                                                  4099, 65537, 100003),
+                       ::testing::Values(1, 2, 3, 4),
+                       ::testing::Values(SlotType::kFp32, SlotType::kBf16)),
+    ReferenceCaseName);
+
+// --- (b) every dispatch path against the scalar path ---------------------------------------------
+
+// Masters that stress the cast and the update: signed zeros, subnormals, BF16 ties, values at the
+// edge of BF16's range, and ordinary weights.
+float EdgeMaster(std::mt19937_64& rng) {
+  std::uniform_int_distribution<int> kind(0, 9);
+  std::uniform_int_distribution<uint32_t> bits;
+  const uint32_t sign = bits(rng) & 0x80000000u;
+  switch (kind(rng)) {
+    case 0:
+      return std::bit_cast<float>(sign);  // +-0
+    case 1:
+      return std::bit_cast<float>(sign | (bits(rng) & 0x007FFFFFu));  // subnormal
+    case 2:
+      return std::bit_cast<float>(sign | (bits(rng) & 0x7F7F0000u) | 0x8000u);  // a BF16 tie
+    case 3:
+      return std::bit_cast<float>(sign | (0x7F7F0000u + (bits(rng) & 0xFFFFu)));  // near FLT_MAX
+    default:
+      return testing::NormalFloats(rng, 1, 0.02)[0];
+  }
+}
+
+class CpuPathTest : public ::testing::TestWithParam<CpuPath> {
+ protected:
+  void SetUp() override {
+    if (!CpuPathSupported(GetParam())) {
+      GTEST_SKIP() << "this CPU cannot run the " << CpuPathName(GetParam()) << " path";
+    }
+  }
+};
+
+TEST_P(CpuPathTest, GivesTheSameBitsAsTheScalarPath) {
+  const CpuPath path = GetParam();
+  std::mt19937_64 rng(42);
+  std::vector<int64_t> sizes;
+  for (int64_t n = 1; n <= 48; ++n) sizes.push_back(n);
+  sizes.insert(sizes.end(), {1000, 65536 + 13});
+  const std::vector<std::pair<int, SlotType>> slot_mixes = {
+      {1, SlotType::kFp32}, {3, SlotType::kFp32}, {2, SlotType::kBf16}, {4, SlotType::kBf16}};
+  AdamwHyper hyper = testing::AccuracySetupHyper();
+
+  for (const int64_t n : sizes) {
+    for (const auto& [num_slots, slot_type] : slot_mixes) {
+      const size_t un = static_cast<size_t>(n);
+      State scalar(un);
+      for (size_t i = 0; i < un; ++i) {
+        scalar.p[i] = EdgeMaster(rng);
+        scalar.m[i] = testing::WideRangeValue(rng);
+        scalar.v[i] = std::abs(testing::WideRangeValue(rng));
+      }
+      State vector = scalar;
+      for (int64_t k : {1, 2, 1000}) {
+        const Slots slots = RandomSlots(rng, slot_type, num_slots, un);
+        const float grad_scale = k == 2 ? 1.0f : 0.37f;
+        const AdamwScalars scalars = MakeAdamwScalars(hyper, k);
+        ASSERT_TRUE(FusedStepCpu(scalar.Args(slots, grad_scale, scalars), 0, n, CpuPath::kScalar)
+                        .ok());
+        // Two ranges, so the vector path also starts at an unaligned element.
+        const int64_t split = std::min<int64_t>(n, 3);
+        const FusedStepArgs args = vector.Args(slots, grad_scale, scalars);
+        ASSERT_TRUE(FusedStepCpu(args, 0, split, path).ok());
+        ASSERT_TRUE(FusedStepCpu(args, split, n, path).ok());
+        ExpectSameBits(vector, scalar,
+                       "n=" + std::to_string(n) + " slots=" + std::to_string(num_slots) +
+                           " k=" + std::to_string(k) + ":");
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(VectorPaths, CpuPathTest,
+                         ::testing::Values(CpuPath::kAvx2, CpuPath::kAvx512),
+                         [](const ::testing::TestParamInfo<CpuPath>& info) {
+                           return std::string(CpuPathName(info.param));
+                         });
+
+// --- dispatch and argument checks ----------------------------------------------------------------
+
+TEST(FusedStepCpuTest, AutoPicksTheWidestSupportedPath) {
+  const CpuPath best = BestCpuPath();
+  EXPECT_TRUE(CpuPathSupported(best));
+  if (CpuPathSupported(CpuPath::kAvx512)) {
+    EXPECT_EQ(best, CpuPath::kAvx512);
+  } else if (CpuPathSupported(CpuPath::kAvx2)) {
+    EXPECT_EQ(best, CpuPath::kAvx2);
+  } else {
+    EXPECT_EQ(best, CpuPath::kScalar);
+  }
+}
+
+TEST(FusedStepCpuTest, RejectsBadArgumentsWithoutTouchingState) {
+  State s(4);
+  s.p = {1, 2, 3, 4};
+  std::vector<float> grad(4, 1.0f);
+  const void* slot = grad.data();
+  FusedStepArgs good;
+  good.slots = &slot;
+  good.num_slots = 1;
+  good.scalars = MakeAdamwScalars(testing::AccuracySetupHyper(), 1);
+  good.master = s.p.data();
+  good.exp_avg = s.m.data();
+  good.exp_avg_sq = s.v.data();
+
+  EXPECT_EQ(FusedStepCpu(good, 2, 1).code(), Code::kInvalidArgument);
+  EXPECT_EQ(FusedStepCpu(good, -1, 2).code(), Code::kInvalidArgument);
+  FusedStepArgs bad = good;
+  bad.num_slots = 0;
+  EXPECT_EQ(FusedStepCpu(bad, 0, 4).code(), Code::kInvalidArgument);
+  bad = good;
+  bad.exp_avg_sq = nullptr;
+  EXPECT_EQ(FusedStepCpu(bad, 0, 4).code(), Code::kInvalidArgument);
+  const void* null_slot = nullptr;
+  bad = good;
+  bad.slots = &null_slot;
+  EXPECT_EQ(FusedStepCpu(bad, 0, 4).code(), Code::kInvalidArgument);
+  EXPECT_EQ(s.p, (std::vector<float>{1, 2, 3, 4}));
+
+  EXPECT_TRUE(FusedStepCpu(good, 0, 0).ok()) << "an empty range is a no-op";
+  EXPECT_TRUE(FusedStepCpu(good, 0, 4).ok());
+}
+
+TEST(MakeAdamwScalarsTest, RoundsDoubleFormulasOnceToFp32) {
+  AdamwHyper h;
+  h.lr = 3e-4;
+  h.beta1 = 0.9;
+  h.beta2 = 0.95;
+  h.eps = 1e-8;
+  h.weight_decay = 0.1;
+  const AdamwScalars s = MakeAdamwScalars(h, 7);
+  EXPECT_EQ(s.beta1, 0.9f);
+  EXPECT_EQ(s.beta2, 0.95f);
+  EXPECT_EQ(s.c1, static_cast<float>(1.0 - 0.9));
+  EXPECT_EQ(s.c2, static_cast<float>(1.0 - 0.95));
+  EXPECT_EQ(s.eps, 1e-8f);
+  EXPECT_EQ(s.decay, static_cast<float>(1.0 - 3e-4 * 0.1));
+  EXPECT_EQ(s.step_size, static_cast<float>(3e-4 / (1.0 - std::pow(0.9, 7.0))));
+  EXPECT_EQ(s.bc2, static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(0.95, 7.0))));
+}
+
+}  // namespace
+}  // namespace paramd::kernels

@@ -1,0 +1,174 @@
+// paramctl: the operator's CLI for a running daemon.
+//   paramctl [--address=HOST:PORT] [--json] status [JOB]
+//   paramctl [--address=HOST:PORT] [--json] tensors JOB
+//   paramctl [--address=HOST:PORT] [--json] set-lr JOB LR
+//   paramctl [--address=HOST:PORT] [--json] drain
+#include <google/protobuf/util/json_util.h>
+
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "client/client.h"
+
+ABSL_FLAG(std::string, address, "127.0.0.1:50051", "Daemon address host:port");
+ABSL_FLAG(bool, json, false, "Print the daemon's answer as JSON");
+ABSL_FLAG(int, timeout_ms, 10000, "Deadline of each call, milliseconds");
+
+namespace paramd {
+namespace {
+
+constexpr char kUsage[] =
+    "paramctl [--address=HOST:PORT] [--json] COMMAND\n"
+    "commands:\n"
+    "  status [JOB]     daemon, jobs, steps, versions, memory\n"
+    "  tensors JOB      the job's tensors with shape, version and state bytes\n"
+    "  set-lr JOB LR    the learning rate used by commits that carry none\n"
+    "  drain            refuse new work; running steps complete\n";
+
+std::string Bytes(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024 && unit < 4) {
+    value /= 1024;
+    ++unit;
+  }
+  return absl::StrFormat(unit == 0 ? "%.0f %s" : "%.1f %s", value, units[unit]);
+}
+
+std::string PolicyName(const v1::StatePolicy& p) {
+  auto tail = [](const std::string& name) { return name.substr(name.rfind('_') + 1); };
+  return absl::StrCat("master ", tail(v1::MasterType_Name(p.master())), ", exp_avg ",
+                      tail(v1::MomentType_Name(p.exp_avg())), ", exp_avg_sq ",
+                      tail(v1::MomentType_Name(p.exp_avg_sq())));
+}
+
+int PrintJson(const google::protobuf::Message& message) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  google::protobuf::util::MessageToJsonString(message, &json, options);
+  std::cout << json;
+  return 0;
+}
+
+int Fail(const absl::Status& status) {
+  std::cerr << "paramctl: " << absl::StatusCodeToString(status.code()) << ": " << status.message()
+            << "\n";
+  return 1;
+}
+
+int Status(Client& client, const std::string& job) {
+  absl::StatusOr<v1::StatusResponse> status = client.Status(job);
+  if (!status.ok()) return Fail(status.status());
+  if (absl::GetFlag(FLAGS_json)) return PrintJson(*status);
+  std::cout << absl::StrFormat("paramd %s  backend %s  transports %s  up %.0f s%s\n",
+                               status->daemon_version(), status->backend(),
+                               absl::StrJoin(status->transports(), ","), status->uptime_seconds(),
+                               status->draining() ? "  DRAINING" : "");
+  if (status->jobs().empty()) std::cout << "no jobs\n";
+  for (const v1::JobStatus& j : status->jobs()) {
+    std::cout << absl::StrFormat(
+        "job %s: %d/%d ranks registered, next step %d (%d/%d committed), %d applied, "
+        "last step %.2f ms\n",
+        j.name(), j.registered_ranks_size(), j.world_size(), j.next_step(),
+        j.committed_ranks_size(), j.world_size(), j.applied_steps(), j.last_step_seconds() * 1e3);
+    std::cout << absl::StrFormat("  lr %g  betas %g/%g  eps %g  weight_decay %g\n",
+                                 j.hyperparams().lr(), j.hyperparams().beta1(),
+                                 j.hyperparams().beta2(), j.hyperparams().eps(),
+                                 j.hyperparams().weight_decay());
+    std::cout << absl::StrFormat("  state %s (%s), served %s, slots %s, %d tensors\n",
+                                 Bytes(j.state_bytes()), PolicyName(j.state_policy()),
+                                 Bytes(j.served_bytes()), Bytes(j.slot_bytes()), j.tensors_size());
+  }
+  return 0;
+}
+
+int Tensors(Client& client, const std::string& job) {
+  absl::StatusOr<v1::StatusResponse> status = client.Status(job);
+  if (!status.ok()) return Fail(status.status());
+  const v1::JobStatus& j = status->jobs(0);
+  if (absl::GetFlag(FLAGS_json)) return PrintJson(j);
+  std::cout << absl::StrFormat("%-40s %14s %6s %8s %12s\n", "tensor", "shape", "grad", "version",
+                               "state");
+  for (const v1::TensorStatus& t : j.tensors()) {
+    const std::string grad = v1::ElementType_Name(t.grad_type());
+    std::cout << absl::StrFormat("%-40s %14s %6s %8d %12s\n", t.name(),
+                                 absl::StrCat(t.rows(), "x", t.cols()),
+                                 grad.substr(grad.rfind('_') + 1), t.version(),
+                                 Bytes(t.state_bytes()));
+  }
+  return 0;
+}
+
+int SetLr(Client& client, const std::string& job, const std::string& text) {
+  double lr = 0;
+  if (!absl::SimpleAtod(text, &lr)) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("\"", text, "\" is not a number")));
+  }
+  v1::SetHyperparamsRequest request;
+  request.set_job(job);
+  request.set_lr(lr);
+  absl::StatusOr<v1::SetHyperparamsResponse> response = client.SetHyperparams(request);
+  if (!response.ok()) return Fail(response.status());
+  if (absl::GetFlag(FLAGS_json)) return PrintJson(*response);
+  std::cout << absl::StrFormat("job %s: lr %g from the next step\n", job,
+                               response->hyperparams().lr());
+  return 0;
+}
+
+int Drain(Client& client) {
+  absl::StatusOr<v1::DrainResponse> response = client.Drain();
+  if (!response.ok()) return Fail(response.status());
+  if (absl::GetFlag(FLAGS_json)) return PrintJson(*response);
+  std::cout << absl::StrFormat("draining; %d step(s) still running\n", response->running_steps());
+  return 0;
+}
+
+int Run(const std::vector<char*>& args) {
+  if (args.size() < 2) {
+    std::cerr << kUsage;
+    return 2;
+  }
+  const std::string command = args[1];
+  auto arg = [&](size_t i) { return i < args.size() ? std::string(args[i]) : std::string(); };
+  const size_t wanted = command == "status" || command == "drain" ? 0
+                        : command == "tensors"                    ? 1
+                        : command == "set-lr"                     ? 2
+                                                                  : 99;
+  const bool optional_job = command == "status";
+  if (wanted == 99 || args.size() - 2 > wanted + (optional_job ? 1 : 0) ||
+      args.size() - 2 < wanted) {
+    std::cerr << kUsage;
+    return 2;
+  }
+  ClientOptions options;
+  options.address = absl::GetFlag(FLAGS_address);
+  options.rpc_timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_timeout_ms));
+  options.connect_timeout = options.rpc_timeout;
+  options.max_attempts = 1;
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+  if (!client.ok()) return Fail(client.status());
+  if (command == "status") return Status(**client, arg(2));
+  if (command == "tensors") return Tensors(**client, arg(2));
+  if (command == "set-lr") return SetLr(**client, arg(2), arg(3));
+  return Drain(**client);
+}
+
+}  // namespace
+}  // namespace paramd
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(paramd::kUsage);
+  return paramd::Run(absl::ParseCommandLine(argc, argv));
+}

@@ -1,0 +1,96 @@
+#include "transport/inline.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "paramd/v1/data.grpc.pb.h"
+
+namespace paramd {
+namespace {
+
+class InlineTransport final : public Transport {
+ public:
+  explicit InlineTransport(const TransportContext& context)
+      : stub_(v1::Data::NewStub(context.channel)), max_chunk_bytes_(context.max_chunk_bytes) {}
+
+  std::string name() const override { return "inline"; }
+
+  absl::Status Push(const PushTarget& target, std::span<const PushItem> items,
+                    Deadline deadline) override {
+    grpc::ClientContext context;
+    context.set_deadline(deadline);
+    v1::PushResponse response;
+    std::unique_ptr<grpc::ClientWriter<v1::PushChunk>> writer =
+        stub_->Push(&context, &response);
+    v1::PushChunk chunk;
+    chunk.set_job(target.job);
+    chunk.set_rank(target.rank);
+    chunk.set_step(target.step);
+    chunk.set_kind(target.kind);
+    bool open = true;
+    for (const PushItem& item : items) {
+      chunk.set_tensor(item.tensor);
+      const int64_t size = static_cast<int64_t>(item.data.size());
+      for (int64_t offset = 0; open && offset < size; offset += max_chunk_bytes_) {
+        const int64_t length = std::min(max_chunk_bytes_, size - offset);
+        chunk.set_offset(offset);
+        chunk.set_data(reinterpret_cast<const char*>(item.data.data()) + offset,
+                       static_cast<size_t>(length));
+        // A failed write means the daemon ended the stream; Finish says why.
+        open = writer->Write(chunk);
+      }
+    }
+    if (open) writer->WritesDone();
+    return FromGrpcStatus(writer->Finish());
+  }
+
+  absl::Status Pull(const PullTarget& target, Deadline deadline, Pulled* out) override {
+    grpc::ClientContext context;
+    context.set_deadline(deadline);
+    v1::PullRequest request;
+    request.set_job(target.job);
+    request.set_tensor(target.tensor);
+    *request.mutable_format() = target.format;
+    request.set_min_version(target.min_version);
+    std::unique_ptr<grpc::ClientReader<v1::PullChunk>> reader = stub_->Pull(&context, request);
+    v1::PullChunk chunk;
+    bool have_header = false;
+    int64_t filled = 0;
+    while (reader->Read(&chunk)) {
+      if (chunk.has_header()) {
+        out->header = chunk.header();
+        out->data.resize(static_cast<size_t>(out->header.data_bytes()));
+        have_header = true;
+        continue;
+      }
+      const int64_t length = static_cast<int64_t>(chunk.data().size());
+      if (!have_header || filled + length > static_cast<int64_t>(out->data.size())) {
+        context.TryCancel();
+        reader->Finish();
+        return absl::DataLossError("pull stream sent data beyond its header's size");
+      }
+      std::memcpy(out->data.data() + filled, chunk.data().data(), chunk.data().size());
+      filled += length;
+    }
+    absl::Status status = FromGrpcStatus(reader->Finish());
+    if (status.ok() && (!have_header || filled != static_cast<int64_t>(out->data.size()))) {
+      return absl::DataLossError(absl::StrCat("pull of ", target.tensor, " ended after ", filled,
+                                              " of ", out->data.size(), " bytes"));
+    }
+    return status;
+  }
+
+ private:
+  std::unique_ptr<v1::Data::Stub> stub_;
+  const int64_t max_chunk_bytes_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> MakeInlineTransport(const TransportContext& context) {
+  return std::make_unique<InlineTransport>(context);
+}
+
+}  // namespace paramd

@@ -1,0 +1,83 @@
+// How bytes move between a trainer and the daemon (DESIGN.md §6). A transport's public face is a
+// viability check and a factory in the table below; the client picks the first viable one unless
+// told which to use. Commit always travels over gRPC (Data.Commit), whatever moved the bytes.
+#pragma once
+
+#include <grpcpp/channel.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "paramd/v1/data.pb.h"
+#include "paramd/v1/types.pb.h"
+
+namespace paramd {
+
+using Deadline = std::chrono::system_clock::time_point;
+
+// One tensor's bytes to push: a gradient of `step`, or rank 0's initial FP32 weights.
+struct PushItem {
+  std::string tensor;
+  std::span<const std::byte> data;
+};
+
+struct PushTarget {
+  std::string job;
+  int32_t rank = 0;
+  int64_t step = 0;
+  v1::PushKind kind = v1::PUSH_KIND_GRADIENT;
+};
+
+struct PullTarget {
+  std::string job;
+  std::string tensor;
+  v1::ServeFormat format;
+  int64_t min_version = 0;
+};
+
+// What a pull delivered: the header, and the bytes in `data`.
+struct Pulled {
+  v1::PullHeader header;
+  std::vector<std::byte> data;
+};
+
+// The trainer's end of a transport.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual std::string name() const = 0;
+  // Pushes the items. Safe to retry after a failure: pushes are idempotent.
+  virtual absl::Status Push(const PushTarget& target, std::span<const PushItem> items,
+                            Deadline deadline) = 0;
+  // Waits for `target.min_version` (or the deadline) and copies the served bytes into `out`.
+  virtual absl::Status Pull(const PullTarget& target, Deadline deadline, Pulled* out) = 0;
+};
+
+// What a transport needs to start and to judge whether it can work with a daemon.
+struct TransportContext {
+  std::shared_ptr<grpc::Channel> channel;
+  int64_t max_chunk_bytes = 4 << 20;  // from RegisterResponse
+};
+
+struct TransportEntry {
+  const char* name;
+  // Empty when viable, else the reason it is not.
+  std::function<std::string(const TransportContext&)> why_not_viable;
+  std::function<absl::StatusOr<std::unique_ptr<Transport>>(const TransportContext&)> make;
+};
+
+// Every compiled-in transport, in DESIGN.md §6's preference order.
+const std::vector<TransportEntry>& Transports();
+
+// The transport `name` ("auto" = the first viable one). `reason` says why it was chosen.
+absl::StatusOr<std::unique_ptr<Transport>> ChooseTransport(const std::string& name,
+                                                           const TransportContext& context,
+                                                           std::string* reason);
+
+}  // namespace paramd
