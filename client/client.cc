@@ -93,8 +93,7 @@ absl::StatusOr<v1::RegisterResponse> Client::Register(const v1::RegisterRequest&
   return response;
 }
 
-absl::Status Client::UploadInitialWeights(const std::string& job,
-                                          std::span<const PushItem> items) {
+absl::Status Client::UploadInitialWeights(const std::string& job, std::span<const PushItem> items) {
   if (absl::Status s = NeedTransport(); !s.ok()) return s;
   PushTarget target{job, 0, 0, v1::PUSH_KIND_INITIAL_WEIGHTS};
   return Retry([&] { return transport_->Push(target, items, NextDeadline()); });

@@ -60,8 +60,8 @@ absl::StatusOr<v1::DaemonConfig> ParseConfigText(const std::string& text) {
   ErrorCollector errors;
   parser.RecordErrorsTo(&errors);
   if (!parser.ParseFromString(text, &config)) {
-    return absl::InvalidArgumentError(absl::StrCat("config is not a valid paramd.v1.DaemonConfig: ",
-                                                   errors.text()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config is not a valid paramd.v1.DaemonConfig: ", errors.text()));
   }
   return config;
 }
@@ -100,9 +100,9 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
     if (absl::Status s = CheckHostPort("metrics_listen", c.metrics_listen()); !s.ok()) return s;
   }
   if (c.backend() != "cpu") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config field backend = \"", c.backend(),
-        "\" is not available in this build; available: \"cpu\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config field backend = \"", c.backend(),
+                     "\" is not available in this build; available: \"cpu\""));
   }
   for (const absl::Status& s : {
            CheckRange("step_threads", c.step_threads(), 1, 1024),

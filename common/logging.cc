@@ -4,8 +4,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
 #include <cstring>
+#include <ctime>
 
 namespace paramd {
 namespace {
@@ -23,11 +23,16 @@ void SetLogLevel(LogLevel level) { g_level.store(level); }
 LogLevel GetLogLevel() { return g_level.load(std::memory_order_relaxed); }
 
 bool ParseLogLevel(std::string_view text, LogLevel* level) {
-  if (text == "debug") *level = LogLevel::kDebug;
-  else if (text == "info") *level = LogLevel::kInfo;
-  else if (text == "warning") *level = LogLevel::kWarning;
-  else if (text == "error") *level = LogLevel::kError;
-  else return false;
+  if (text == "debug")
+    *level = LogLevel::kDebug;
+  else if (text == "info")
+    *level = LogLevel::kInfo;
+  else if (text == "warning")
+    *level = LogLevel::kWarning;
+  else if (text == "error")
+    *level = LogLevel::kError;
+  else
+    return false;
   return true;
 }
 

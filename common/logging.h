@@ -42,14 +42,14 @@ struct LogVoidify {
 #define PARAMD_LOG_LEVEL_ERROR ::paramd::LogLevel::kError
 #define PARAMD_LOG_LEVEL_FATAL ::paramd::LogLevel::kFatal
 
-#define PARAMD_LOG(level)                                           \
-  (PARAMD_LOG_LEVEL_##level < ::paramd::GetLogLevel())              \
-      ? (void)0                                                     \
-      : ::paramd::LogVoidify() &                                    \
+#define PARAMD_LOG(level)                              \
+  (PARAMD_LOG_LEVEL_##level < ::paramd::GetLogLevel()) \
+      ? (void)0                                        \
+      : ::paramd::LogVoidify() &                       \
             ::paramd::LogMessage(PARAMD_LOG_LEVEL_##level, __FILE__, __LINE__).stream()
 
-#define PARAMD_CHECK(cond)                                                            \
-  (cond) ? (void)0                                                                    \
-         : ::paramd::LogVoidify() &                                                   \
+#define PARAMD_CHECK(cond)                                                                   \
+  (cond) ? (void)0                                                                           \
+         : ::paramd::LogVoidify() &                                                          \
                ::paramd::LogMessage(::paramd::LogLevel::kFatal, __FILE__, __LINE__).stream() \
                    << "Check failed: " #cond " "

@@ -8,11 +8,11 @@
 #define PARAMD_CONCAT_(a, b) PARAMD_CONCAT_INNER_(a, b)
 
 // Returns the status of `expr` from the enclosing function when it is not OK.
-#define PARAMD_RETURN_IF_ERROR(expr)                 \
-  do {                                               \
-    if (absl::Status _st = (expr); !_st.ok()) {      \
-      return _st;                                    \
-    }                                                \
+#define PARAMD_RETURN_IF_ERROR(expr)            \
+  do {                                          \
+    if (absl::Status _st = (expr); !_st.ok()) { \
+      return _st;                               \
+    }                                           \
   } while (0)
 
 // `lhs = value of expr`, or returns its status from the enclosing function.

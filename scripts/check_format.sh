@@ -6,7 +6,7 @@ cd "$root"
 mapfile -t files < <(git ls-files -co --exclude-standard -- '*.h' '*.cc' '*.cu' '*.cuh')
 [ ${#files[@]} -gt 0 ] || exit 0
 if ! clang-format --dry-run -Werror "${files[@]}" 2>/tmp/paramd-format.$$; then
-  grep -E '^[^ ].*warning' /tmp/paramd-format.$$ | cut -d: -f1 | sort -u | sed 's/^/not formatted: /'
+  grep -E '^[^ ].*(warning|error):' /tmp/paramd-format.$$ | cut -d: -f1 | sort -u | sed 's/^/not formatted: /'
   rm -f /tmp/paramd-format.$$
   echo "check_format: run clang-format -i on the files above"
   exit 1

@@ -58,7 +58,7 @@ class Backend {
   virtual std::string name() const = 0;
   // Creates a tensor's state from its initial FP32 weights and fills `out` (version 0's bytes).
   virtual absl::StatusOr<std::unique_ptr<TensorState>> CreateState(std::span<const float> initial,
-                                                                    ServedTensor* out) = 0;
+                                                                   ServedTensor* out) = 0;
   // Runs one step over the tensors, in order, with the job-wide scalars.
   virtual absl::Status Step(std::span<TensorStep> tensors, const kernels::AdamwScalars& scalars,
                             float grad_scale) = 0;

@@ -36,8 +36,8 @@ absl::StatusOr<ChunkBuffer::Stored> ChunkBuffer::Store(int64_t offset, std::stri
   }
   if (next != chunks_.end() && next->first < offset + length) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "chunk [", offset, ", ", offset + length, ") overlaps the stored chunk [", next->first, ", ",
-        next->first + next->second, "); re-send chunks at their original boundaries"));
+        "chunk [", offset, ", ", offset + length, ") overlaps the stored chunk [", next->first,
+        ", ", next->first + next->second, "); re-send chunks at their original boundaries"));
   }
   std::memcpy(bytes_.data() + offset, data.data(), data.size());
   chunks_.emplace(offset, length);

@@ -29,7 +29,8 @@ class CpuTensorState : public TensorState {
 void BindOutputs(ServedTensor* out, kernels::FusedStepArgs* args) {
   for (auto& [format, bytes] : out->formats) {
     if (format.recipe == v1::RECIPE_FP32) args->out_fp32 = reinterpret_cast<float*>(bytes.data());
-    if (format.recipe == v1::RECIPE_BF16) args->out_bf16 = reinterpret_cast<uint16_t*>(bytes.data());
+    if (format.recipe == v1::RECIPE_BF16)
+      args->out_bf16 = reinterpret_cast<uint16_t*>(bytes.data());
   }
 }
 

@@ -16,7 +16,7 @@ class CpuBackend : public Backend {
 
   std::string name() const override { return "cpu"; }
   absl::StatusOr<std::unique_ptr<TensorState>> CreateState(std::span<const float> initial,
-                                                            ServedTensor* out) override;
+                                                           ServedTensor* out) override;
   absl::Status Step(std::span<TensorStep> tensors, const kernels::AdamwScalars& scalars,
                     float grad_scale) override;
 

@@ -63,7 +63,8 @@ absl::StatusOr<v1::RegisterResponse> Job::Register(const v1::RegisterRequest& re
   differ.ReportDifferencesToString(&diff);
   if (!differ.Compare(spec_, normalized)) {
     return absl::FailedPreconditionError(
-        absl::StrCat("job \"", name_, "\" is already registered with a different description; "
+        absl::StrCat("job \"", name_,
+                     "\" is already registered with a different description; "
                      "every rank must register the same job (differences, registered -> this "
                      "request): ",
                      diff));
@@ -72,9 +73,8 @@ absl::StatusOr<v1::RegisterResponse> Job::Register(const v1::RegisterRequest& re
   registered_.insert(request.rank());
   v1::RegisterResponse response;
   response.set_next_step(next_step_);
-  response.set_version(initialized_tensors_ == static_cast<int64_t>(tensors_.size())
-                           ? next_step_
-                           : -1);
+  response.set_version(initialized_tensors_ == static_cast<int64_t>(tensors_.size()) ? next_step_
+                                                                                     : -1);
   response.set_max_chunk_bytes(max_chunk_bytes);
   return response;
 }
@@ -82,8 +82,7 @@ absl::StatusOr<v1::RegisterResponse> Job::Register(const v1::RegisterRequest& re
 absl::StatusOr<int> Job::TensorIndex(const std::string& name) const {
   auto it = tensor_index_.find(name);
   if (it == tensor_index_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("job \"", name_, "\" has no tensor \"", name, "\""));
+    return absl::NotFoundError(absl::StrCat("job \"", name_, "\" has no tensor \"", name, "\""));
   }
   return it->second;
 }
@@ -97,20 +96,19 @@ absl::Status Job::CheckServes(const v1::ServeFormat& format) const {
   }
   std::vector<std::string> names;
   for (const FormatKey& f : formats_) names.push_back(FormatName(f));
-  return absl::InvalidArgumentError(absl::StrCat("job \"", name_, "\" does not serve ",
-                                                 FormatName(key), "; it serves ",
-                                                 absl::StrJoin(names, ", "),
-                                                 " (formats are chosen at Register)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("job \"", name_, "\" does not serve ", FormatName(key), "; it serves ",
+                   absl::StrJoin(names, ", "), " (formats are chosen at Register)"));
 }
 
 absl::Status Job::CheckRank(int32_t rank) const {
   if (rank < 0 || rank >= world_size_) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is outside [0, ", world_size_,
-                                                   ") of job \"", name_, "\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " is outside [0, ", world_size_, ") of job \"", name_, "\""));
   }
   if (!registered_.contains(rank)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("rank ", rank, " has not registered job \"", name_, "\"; call Register first"));
+    return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " has not registered job \"",
+                                                      name_, "\"; call Register first"));
   }
   return absl::OkStatus();
 }
@@ -136,8 +134,8 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushLocked(const v1::PushChunk& chunk,
   const int64_t total = weights ? t.elements * 4 : t.grad_bytes;
   const int64_t element = weights ? 4 : ElementBytes(t.spec.grad_type());
   const int64_t length = static_cast<int64_t>(chunk.data().size());
-  if (length == 0 || chunk.offset() < 0 || chunk.offset() % element != 0 ||
-      length % element != 0 || chunk.offset() > total - length) {
+  if (length == 0 || chunk.offset() < 0 || chunk.offset() % element != 0 || length % element != 0 ||
+      chunk.offset() > total - length) {
     return absl::InvalidArgumentError(absl::StrCat(
         "chunk [", chunk.offset(), ", ", chunk.offset() + length, ") does not fit tensor \"",
         t.spec.name(), "\" of ", total, " bytes (", t.spec.rows(), "x", t.spec.cols(), " ",
@@ -150,9 +148,9 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushLocked(const v1::PushChunk& chunk,
 absl::StatusOr<ChunkBuffer::Stored> Job::PushWeights(Tensor& t, const v1::PushChunk& chunk,
                                                      std::vector<std::function<void()>>* wake) {
   if (chunk.rank() != 0 || chunk.step() != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "initial weights come from rank 0 at step 0; got rank ", chunk.rank(), " step ",
-        chunk.step()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("initial weights come from rank 0 at step 0; got rank ", chunk.rank(),
+                     " step ", chunk.step()));
   }
   if (t.state != nullptr) {
     // Identical bytes before any step are a retry of the upload; anything else would overwrite
@@ -162,10 +160,10 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushWeights(Tensor& t, const v1::PushCh
         std::memcmp(fp32->data() + chunk.offset(), chunk.data().data(), chunk.data().size()) == 0) {
       return ChunkBuffer::Stored::kDuplicate;
     }
-    return absl::FailedPreconditionError(
-        absl::StrCat("initial weights of tensor \"", t.spec.name(),
-                     "\" were already uploaded (published version ", t.served->version,
-                     "); the daemon keeps its state, restart the job under a new name to reset it"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "initial weights of tensor \"", t.spec.name(),
+        "\" were already uploaded (published version ", t.served->version,
+        "); the daemon keeps its state, restart the job under a new name to reset it"));
   }
   if (absl::Status s = CheckInitialWeights(t.spec.name(), chunk.offset(), chunk.data()); !s.ok()) {
     return s;
@@ -179,10 +177,10 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushWeights(Tensor& t, const v1::PushCh
 
   std::shared_ptr<ServedTensor> served = FreshServed(t);
   served->version = 0;
-  absl::StatusOr<std::unique_ptr<TensorState>> state = backend_->CreateState(
-      std::span<const float>(reinterpret_cast<const float*>(t.upload->data()),
-                             static_cast<size_t>(t.elements)),
-      served.get());
+  absl::StatusOr<std::unique_ptr<TensorState>> state =
+      backend_->CreateState(std::span<const float>(reinterpret_cast<const float*>(t.upload->data()),
+                                                   static_cast<size_t>(t.elements)),
+                            served.get());
   if (!state.ok()) return state.status();
   t.state = std::move(*state);
   t.upload.reset();
@@ -208,8 +206,9 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushGradient(Tensor& t, const v1::PushC
         next_step_, "); every rank commits step ", next_step_, " first"));
   }
   if (commits_.contains(chunk.rank())) {
-    return absl::FailedPreconditionError(absl::StrCat("rank ", chunk.rank(), " already committed step ",
-                                                      chunk.step(), "; its gradients are final"));
+    return absl::FailedPreconditionError(absl::StrCat("rank ", chunk.rank(),
+                                                      " already committed step ", chunk.step(),
+                                                      "; its gradients are final"));
   }
   const size_t index = static_cast<size_t>(&t - tensors_.data());
   ChunkBuffer& slot = collecting_[index][static_cast<size_t>(chunk.rank())];
@@ -243,9 +242,9 @@ absl::StatusOr<CommitOutcome> Job::Commit(const v1::CommitRequest& request) {
                                                       next_step_, " now"));
   }
   if (request.step() > next_step_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "step ", request.step(), " of job \"", name_, "\" is ahead of the step it collects (",
-        next_step_, ")"));
+    return absl::FailedPreconditionError(absl::StrCat("step ", request.step(), " of job \"", name_,
+                                                      "\" is ahead of the step it collects (",
+                                                      next_step_, ")"));
   }
   if (initialized_tensors_ != static_cast<int64_t>(tensors_.size())) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -256,10 +255,10 @@ absl::StatusOr<CommitOutcome> Job::Commit(const v1::CommitRequest& request) {
     const ChunkBuffer& slot = collecting_[i][static_cast<size_t>(rank)];
     const int64_t received = slot.size() == tensors_[i].grad_bytes ? slot.received() : 0;
     if (received != tensors_[i].grad_bytes) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "rank ", rank, " commits step ", request.step(), " but tensor \"",
-          tensors_[i].spec.name(), "\" has ", received, " of ", tensors_[i].grad_bytes,
-          " gradient bytes; push every chunk of every tensor before committing"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("rank ", rank, " commits step ", request.step(), " but tensor \"",
+                       tensors_[i].spec.name(), "\" has ", received, " of ", tensors_[i].grad_bytes,
+                       " gradient bytes; push every chunk of every tensor before committing"));
     }
   }
   for (const auto& [other, theirs] : commits_) {
@@ -267,11 +266,11 @@ absl::StatusOr<CommitOutcome> Job::Commit(const v1::CommitRequest& request) {
       auto lr_text = [](const std::optional<double>& lr) {
         return lr ? absl::StrCat(*lr) : std::string("none");
       };
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rank ", rank, " commits step ", request.step(), " with lr ", lr_text(mine.lr),
-          " and grad_scale ", mine.grad_scale, " but rank ", other, " committed lr ",
-          lr_text(theirs.lr), " and grad_scale ", theirs.grad_scale,
-          "; every rank must send the same values for a step"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", rank, " commits step ", request.step(), " with lr ",
+                       lr_text(mine.lr), " and grad_scale ", mine.grad_scale, " but rank ", other,
+                       " committed lr ", lr_text(theirs.lr), " and grad_scale ", theirs.grad_scale,
+                       "; every rank must send the same values for a step"));
     }
   }
   commits_[rank] = mine;

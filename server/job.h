@@ -89,10 +89,10 @@ class Job {
     v1::TensorSpec spec;
     int64_t elements = 0;
     int64_t grad_bytes = 0;
-    std::unique_ptr<TensorState> state;       // null until the initial weights arrived
-    std::unique_ptr<ChunkBuffer> upload;      // initial weights while they arrive
+    std::unique_ptr<TensorState> state;          // null until the initial weights arrived
+    std::unique_ptr<ChunkBuffer> upload;         // initial weights while they arrive
     std::shared_ptr<const ServedTensor> served;  // newest published version
-    std::shared_ptr<ServedTensor> spare;      // a retired version's buffers, reused when unleased
+    std::shared_ptr<ServedTensor> spare;  // a retired version's buffers, reused when unleased
   };
   using SlotSet = std::vector<std::vector<ChunkBuffer>>;  // [tensor][rank]
   struct RankCommit {
@@ -120,7 +120,7 @@ class Job {
 
   const std::string name_;
   const int world_size_;
-  const v1::RegisterRequest spec_;  // the registration every rank must repeat (rank cleared)
+  const v1::RegisterRequest spec_;        // the registration every rank must repeat (rank cleared)
   const std::vector<FormatKey> formats_;  // served formats, fp32 first
   Backend* const backend_;
 
@@ -134,7 +134,7 @@ class Job {
   int64_t initialized_tensors_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int32_t, RankCommit> commits_ ABSL_GUARDED_BY(mu_);  // for next_step_
   std::vector<int64_t> last_commit_ ABSL_GUARDED_BY(mu_);       // per rank, -1 = none
-  SlotSet collecting_ ABSL_GUARDED_BY(mu_);  // gradients of next_step_
+  SlotSet collecting_ ABSL_GUARDED_BY(mu_);                     // gradients of next_step_
   // Slots of steps handed to the executor, by step; their buffers are reused once a step ran.
   std::map<int64_t, SlotSet> taken_ ABSL_GUARDED_BY(mu_);
   std::vector<SlotSet> spare_slot_sets_ ABSL_GUARDED_BY(mu_);

@@ -51,8 +51,8 @@ int64_t ElementBytes(v1::ElementType type) {
 
 absl::Status ValidateRegistration(const v1::RegisterRequest& r) {
   if (!ValidName(r.job(), 128, false)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "job name \"", r.job(), "\" must be 1 to 128 characters of [A-Za-z0-9_.-]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("job name \"", r.job(), "\" must be 1 to 128 characters of [A-Za-z0-9_.-]"));
   }
   if (r.world_size() < 1 || r.world_size() > kMaxWorldSize) {
     return absl::InvalidArgumentError(
@@ -103,9 +103,9 @@ absl::Status ValidateRegistration(const v1::RegisterRequest& r) {
                                                    "supported: RECIPE_FP32, RECIPE_BF16"));
     }
     if (f.direction() == v1::DIRECTION_COLUMNWISE) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "serve recipe ", v1::Recipe_Name(f.recipe()),
-          " has no columnwise direction; only block-scaled FP8 recipes have one"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("serve recipe ", v1::Recipe_Name(f.recipe()),
+                       " has no columnwise direction; only block-scaled FP8 recipes have one"));
     }
   }
   if (r.push_mode() != v1::PUSH_MODE_UNSPECIFIED && r.push_mode() != v1::PUSH_MODE_FULL) {

@@ -28,15 +28,15 @@ absl::StatusOr<v1::RegisterResponse> JobRegistry::Register(const v1::RegisterReq
       job = it->second;
     } else {
       if (static_cast<int>(jobs_.size()) >= limits_.max_jobs) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "this daemon holds ", jobs_.size(), " jobs, its max_jobs limit; raise max_jobs or "
-            "run the job on another daemon"));
+        return absl::ResourceExhaustedError(
+            absl::StrCat("this daemon holds ", jobs_.size(),
+                         " jobs, its max_jobs limit; raise max_jobs or "
+                         "run the job on another daemon"));
       }
       if (request.tensors_size() > limits_.max_tensors_per_job) {
-        return absl::ResourceExhaustedError(
-            absl::StrCat("job \"", request.job(), "\" has ", request.tensors_size(),
-                         " tensors; this daemon's max_tensors_per_job is ",
-                         limits_.max_tensors_per_job));
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "job \"", request.job(), "\" has ", request.tensors_size(),
+            " tensors; this daemon's max_tensors_per_job is ", limits_.max_tensors_per_job));
       }
       const int64_t bytes = JobBytes(request);
       if (limits_.max_job_bytes > 0 && bytes > limits_.max_job_bytes) {

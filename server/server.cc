@@ -54,9 +54,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const v1::DaemonConfig& ra
   }
   PARAMD_LOG(INFO) << "paramd serving on " << server->address_ << " (backend "
                    << server->daemon_->backend_name() << ", metrics "
-                   << (server->metrics_address_.empty() ? std::string("off")
-                                                        : "http://" + server->metrics_address_ +
-                                                              "/metrics")
+                   << (server->metrics_address_.empty()
+                           ? std::string("off")
+                           : "http://" + server->metrics_address_ + "/metrics")
                    << ")";
   return server;
 }

@@ -25,7 +25,8 @@ int StepExecutor::pending() const {
 void StepExecutor::WaitIdle() {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
-      +[](StepExecutor* e) ABSL_NO_THREAD_SAFETY_ANALYSIS { return e->queue_.empty() && e->running_ == 0; },
+      +[](StepExecutor* e)
+           ABSL_NO_THREAD_SAFETY_ANALYSIS { return e->queue_.empty() && e->running_ == 0; },
       this));
 }
 
@@ -35,7 +36,8 @@ void StepExecutor::Loop() {
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
-          +[](StepExecutor* e) ABSL_NO_THREAD_SAFETY_ANALYSIS { return e->stop_ || !e->queue_.empty(); },
+          +[](StepExecutor* e)
+               ABSL_NO_THREAD_SAFETY_ANALYSIS { return e->stop_ || !e->queue_.empty(); },
           this));
       if (queue_.empty()) return;  // stopping, nothing left
       step = std::move(queue_.front());

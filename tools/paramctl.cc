@@ -103,10 +103,9 @@ int Tensors(Client& client, const std::string& job) {
                                "state");
   for (const v1::TensorStatus& t : j.tensors()) {
     const std::string grad = v1::ElementType_Name(t.grad_type());
-    std::cout << absl::StrFormat("%-40s %14s %6s %8d %12s\n", t.name(),
-                                 absl::StrCat(t.rows(), "x", t.cols()),
-                                 grad.substr(grad.rfind('_') + 1), t.version(),
-                                 Bytes(t.state_bytes()));
+    std::cout << absl::StrFormat(
+        "%-40s %14s %6s %8d %12s\n", t.name(), absl::StrCat(t.rows(), "x", t.cols()),
+        grad.substr(grad.rfind('_') + 1), t.version(), Bytes(t.state_bytes()));
   }
   return 0;
 }

@@ -22,8 +22,7 @@ class InlineTransport final : public Transport {
     grpc::ClientContext context;
     context.set_deadline(deadline);
     v1::PushResponse response;
-    std::unique_ptr<grpc::ClientWriter<v1::PushChunk>> writer =
-        stub_->Push(&context, &response);
+    std::unique_ptr<grpc::ClientWriter<v1::PushChunk>> writer = stub_->Push(&context, &response);
     v1::PushChunk chunk;
     chunk.set_job(target.job);
     chunk.set_rank(target.rank);

@@ -35,8 +35,8 @@ absl::StatusOr<std::unique_ptr<Transport>> ChooseTransport(const std::string& na
   }
   std::string known;
   for (const TransportEntry& entry : Transports()) absl::StrAppend(&known, " ", entry.name);
-  return absl::InvalidArgumentError(absl::StrCat("unknown transport \"", name,
-                                                 "\"; known: auto", known));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown transport \"", name, "\"; known: auto", known));
 }
 
 }  // namespace paramd

@@ -26,8 +26,8 @@ Params ReplayReference(const TrainSettings& s) {
       for (size_t i = 0; i < n; ++i) {
         gs[i] = reference::SumSlotsFp32(slots.data(), s.world_size, i) * grad_scale;
       }
-      reference::AdamwStepFp32(hyper, step + 1, gs.data(), p.tensor(t)->data(),
-                               m.tensor(t)->data(), v.tensor(t)->data(), n);
+      reference::AdamwStepFp32(hyper, step + 1, gs.data(), p.tensor(t)->data(), m.tensor(t)->data(),
+                               v.tensor(t)->data(), n);
     }
   }
   return p;

@@ -119,7 +119,8 @@ int Main() {
   Params params = InitialParams(s.seed);
   if (rank == 0) {
     std::vector<PushItem> items;
-    for (int t = 0; t < kNumTensors; ++t) items.push_back({kShapes[t].name, Bytes(*params.tensor(t))});
+    for (int t = 0; t < kNumTensors; ++t)
+      items.push_back({kShapes[t].name, Bytes(*params.tensor(t))});
     if (absl::Status st = client.UploadInitialWeights(job, items); !st.ok()) {
       return Fail("upload initial weights", st);
     }
@@ -135,12 +136,13 @@ int Main() {
     const auto start = std::chrono::steady_clock::now();
     const float loss = LossAndGradient(params, MakeBatch(s.seed, step, rank), &grad);
     std::vector<PushItem> items;
-    for (int t = 0; t < kNumTensors; ++t) items.push_back({kShapes[t].name, Bytes(*grad.tensor(t))});
+    for (int t = 0; t < kNumTensors; ++t)
+      items.push_back({kShapes[t].name, Bytes(*grad.tensor(t))});
     if (absl::Status st = client.PushGradients(job, rank, step, items); !st.ok()) {
       return Fail("push", st);
     }
-    absl::StatusOr<v1::CommitResponse> committed = client.Commit(
-        job, rank, step, LearningRate(s.lr, step, s.steps), 1.0 / s.world_size);
+    absl::StatusOr<v1::CommitResponse> committed =
+        client.Commit(job, rank, step, LearningRate(s.lr, step, s.steps), 1.0 / s.world_size);
     if (!committed.ok()) return Fail("commit", committed.status());
     if (absl::Status st = PullAll(client, job, step + 1, v1::RECIPE_FP32, &pulled); !st.ok()) {
       return Fail("pull", st);
@@ -148,7 +150,8 @@ int Main() {
     Unpack(pulled, &params);
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    if (rank == 0) std::printf("step %4lld  loss %.6f  step_ms %.3f\n", static_cast<long long>(step), loss, ms);
+    if (rank == 0)
+      std::printf("step %4lld  loss %.6f  step_ms %.3f\n", static_cast<long long>(step), loss, ms);
   }
   if (rank != 0 || !absl::GetFlag(FLAGS_check)) return 0;
 
@@ -159,16 +162,19 @@ int Main() {
   const Params reference = ReplayReference(s);
   const int64_t mismatches = Compare(params, bf16, reference);
   int64_t values = 0;
-  for (int t = 0; t < kNumTensors; ++t) values += 2 * static_cast<int64_t>(params.tensor(t)->size());
+  for (int t = 0; t < kNumTensors; ++t)
+    values += 2 * static_cast<int64_t>(params.tensor(t)->size());
   if (mismatches != 0) {
-    std::printf("check FAILED: %lld of %lld served values (fp32 and bf16) differ from the local "
-                "reference\n",
-                static_cast<long long>(mismatches), static_cast<long long>(values));
+    std::printf(
+        "check FAILED: %lld of %lld served values (fp32 and bf16) differ from the local "
+        "reference\n",
+        static_cast<long long>(mismatches), static_cast<long long>(values));
     return 1;
   }
-  std::printf("check passed: all %lld served values (fp32 and bf16) after %lld steps are "
-              "bit-identical to the local reference\n",
-              static_cast<long long>(values), static_cast<long long>(s.steps));
+  std::printf(
+      "check passed: all %lld served values (fp32 and bf16) after %lld steps are "
+      "bit-identical to the local reference\n",
+      static_cast<long long>(values), static_cast<long long>(s.steps));
   return 0;
 }
 

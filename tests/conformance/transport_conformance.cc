@@ -90,8 +90,8 @@ Deadline TransportConformanceTest::Soon() const {
 }
 
 void TransportConformanceTest::Register(const std::string& job,
-                                        const std::vector<v1::TensorSpec>& tensors,
-                                        int world_size, const std::vector<v1::ServeFormat>& serve) {
+                                        const std::vector<v1::TensorSpec>& tensors, int world_size,
+                                        const std::vector<v1::ServeFormat>& serve) {
   for (int rank = 0; rank < world_size; ++rank) {
     v1::RegisterRequest request;
     request.set_job(job);
@@ -187,7 +187,8 @@ TEST_P(TransportConformanceTest, PullWaitsUntilTheVersionIsPublished) {
   ASSERT_TRUE(transport_->Push({"wait", 0, 0, v1::PUSH_KIND_INITIAL_WEIGHTS}, init, Soon()).ok());
   Pulled pulled;
   absl::Status pull_status;
-  std::thread puller([&] { pull_status = transport_->Pull(Target("wait", "t", 1), Soon(), &pulled); });
+  std::thread puller(
+      [&] { pull_status = transport_->Pull(Target("wait", "t", 1), Soon(), &pulled); });
   const PushItem items[] = {{"t", Bytes(g)}};
   ASSERT_TRUE(transport_->Push({"wait", 0, 0, v1::PUSH_KIND_GRADIENT}, items, Soon()).ok());
   ASSERT_TRUE(Commit("wait", 0, 0).ok());
@@ -203,9 +204,9 @@ TEST_P(TransportConformanceTest, PullOfAVersionThatNeverComesEndsAtTheDeadline) 
   const PushItem init[] = {{"t", Bytes(p)}};
   ASSERT_TRUE(transport_->Push({"late", 0, 0, v1::PUSH_KIND_INITIAL_WEIGHTS}, init, Soon()).ok());
   Pulled pulled;
-  const absl::Status status = transport_->Pull(
-      Target("late", "t", 5), std::chrono::system_clock::now() + std::chrono::milliseconds(200),
-      &pulled);
+  const absl::Status status =
+      transport_->Pull(Target("late", "t", 5),
+                       std::chrono::system_clock::now() + std::chrono::milliseconds(200), &pulled);
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
 }
 
@@ -248,9 +249,9 @@ TEST_P(TransportConformanceTest, Bf16GradientsAndBf16WeightsCrossIntact) {
   std::vector<float> expected = p, m(91, 0.0f), v(91, 0.0f), gs(91);
   std::vector<const uint16_t*> slots = {grad.data()};
   for (size_t i = 0; i < 91; ++i) gs[i] = reference::SumSlotsBf16(slots.data(), 1, i);
-  reference::AdamwStepFp32({hyper_.lr(), hyper_.beta1(), hyper_.beta2(), hyper_.eps(),
-                            hyper_.weight_decay()},
-                           1, gs.data(), expected.data(), m.data(), v.data(), 91);
+  reference::AdamwStepFp32(
+      {hyper_.lr(), hyper_.beta1(), hyper_.beta2(), hyper_.eps(), hyper_.weight_decay()}, 1,
+      gs.data(), expected.data(), m.data(), v.data(), 91);
   ASSERT_TRUE(transport_->Pull(Target("half", "t", 1), Soon(), &pulled).ok());
   EXPECT_EQ(Floats(pulled), expected);
 }

@@ -25,8 +25,8 @@ class TransportConformanceTest : public ::testing::TestWithParam<std::string> {
   void TearDown() override;
 
   // Registers `job` (one rank per entry of `ranks`, world size ranks.size()).
-  void Register(const std::string& job, const std::vector<v1::TensorSpec>& tensors,
-                int world_size, const std::vector<v1::ServeFormat>& serve = {});
+  void Register(const std::string& job, const std::vector<v1::TensorSpec>& tensors, int world_size,
+                const std::vector<v1::ServeFormat>& serve = {});
   absl::Status Commit(const std::string& job, int rank, int64_t step, double grad_scale = 1.0);
   Deadline Soon() const;
 
