@@ -25,15 +25,16 @@ struct AdamwHyper {
 struct AdamwScalars {
   float beta1;
   float beta2;
-  float c1;         // 1 - beta1
-  float c2;         // 1 - beta2
+  float c1;  // 1 - beta1
+  float c2;  // 1 - beta2
   float eps;
   float decay;      // 1 - lr * weight_decay
   float step_size;  // lr / (1 - beta1^k)
   float bc2;        // 1 / sqrt(1 - beta2^k)
 };
 
-// `k` is the count of applied steps including this one (>= 1).
+// `k` is the count of applied steps including this one (>= 1). beta^k is std::pow(beta, k) in
+// double; every formula is evaluated in double and rounded once to FP32.
 AdamwScalars MakeAdamwScalars(const AdamwHyper& hyper, int64_t k);
 
 // One tensor's step over the element range [begin, end). Pointers address the whole tensor.
@@ -43,17 +44,25 @@ struct FusedStepArgs {
   SlotType slot_type = SlotType::kFp32;
   float grad_scale = 1.0f;  // rounded once to FP32 on the host
   AdamwScalars scalars{};
-  float* master = nullptr;      // fp32 master, updated in place
-  float* exp_avg = nullptr;     // fp32, updated in place
-  float* exp_avg_sq = nullptr;  // fp32, updated in place
-  float* out_fp32 = nullptr;    // optional: served fp32 copy of the new master
-  uint16_t* out_bf16 = nullptr; // optional: served bf16 (round to nearest even, saturating)
+  float* master = nullptr;       // fp32 master, updated in place
+  float* exp_avg = nullptr;      // fp32, updated in place
+  float* exp_avg_sq = nullptr;   // fp32, updated in place
+  float* out_fp32 = nullptr;     // optional: served fp32 copy of the new master
+  uint16_t* out_bf16 = nullptr;  // optional: served bf16 (round to nearest even, saturating)
 };
 
 // Which code path a CPU kernel takes. kAuto picks the widest the CPU supports.
 enum class CpuPath { kAuto, kScalar, kAvx2, kAvx512 };
 
-// Runs the step on [begin, end). Every path gives identical bits.
+// Runs the step on elements [begin, end) of the tensor, per element exactly the sequence of
+// DESIGN.md §2-§3: g0 = ((s0 + s1) + s2) ... over the slots in FP32 (BF16 slots widened first),
+// g = g0 * grad_scale, then the AdamW update, then the served copies. Every path gives identical
+// bits, equal to paramd::reference's. No alignment is required; outputs must not overlap inputs.
+// Disjoint ranges of one tensor may run concurrently on several threads (ThreadPool::ParallelFor
+// in kernels/cpu/thread_pool.h). On ranges of 4096 elements or more the vector paths write the
+// served outputs with non-temporal stores and fence them before returning. Returns
+// kInvalidArgument for a bad range or missing buffers (nothing is written), kUnimplemented for a
+// path this CPU cannot run.
 KStatus FusedStepCpu(const FusedStepArgs& args, int64_t begin, int64_t end,
                      CpuPath path = CpuPath::kAuto);
 

@@ -1,5 +1,5 @@
-// The small status kernels return. kernels/ depends on nothing but the standard library and CUDA, so
-// it carries its own; the server converts it to absl::Status in one place.
+// The small status kernels return. kernels/ depends on nothing but the standard library and CUDA,
+// so it carries its own; the server converts it to absl::Status in one place.
 #pragma once
 
 #include <string>

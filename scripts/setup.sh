@@ -6,7 +6,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git curl ca-certificates
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev grpc-proto
   libucx-dev ucx-utils prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
-  clang-format iperf3
+  clang-format iperf3 prometheus python3
 )
 missing=()
 for p in "${packages[@]}"; do

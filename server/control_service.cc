@@ -74,7 +74,6 @@ grpc::ServerUnaryReactor* ControlService::Status(grpc::CallbackServerContext* co
 grpc::ServerUnaryReactor* ControlService::Drain(grpc::CallbackServerContext* context,
                                                 const v1::DrainRequest* request,
                                                 v1::DrainResponse* response) {
-  if (!daemon_->draining()) PARAMD_LOG(INFO) << "draining: new work is refused from now on";
   daemon_->Drain();
   response->set_running_steps(daemon_->pending_steps());
   return Finish(context, "Drain", absl::OkStatus());

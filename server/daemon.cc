@@ -34,6 +34,12 @@ Daemon::Daemon(const v1::DaemonConfig& config, std::unique_ptr<Backend> backend)
 
 Daemon::~Daemon() { executor_.WaitIdle(); }
 
+void Daemon::Drain() {
+  if (draining_.exchange(true)) return;
+  PARAMD_LOG(INFO) << "draining: new work is refused from now on";
+  if (drain_listener_) drain_listener_();
+}
+
 absl::Status Daemon::CheckServing() const {
   if (draining()) {
     return absl::UnavailableError(

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -30,7 +31,10 @@ class Daemon {
 
   // UNAVAILABLE once draining, else OK. Every RPC asks first.
   absl::Status CheckServing() const;
-  void Drain() { draining_.store(true); }
+  // Refuses new work from now on; the first call runs the drain listener (health goes
+  // NOT_SERVING).
+  void Drain();
+  void set_drain_listener(std::function<void()> listener) { drain_listener_ = std::move(listener); }
   bool draining() const { return draining_.load(); }
 
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
@@ -54,6 +58,7 @@ class Daemon {
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<JobRegistry> registry_;
   std::atomic<bool> draining_{false};
+  std::function<void()> drain_listener_;
   StepExecutor executor_;  // last: joins its thread before the jobs and backend go away
 };
 

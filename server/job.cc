@@ -2,9 +2,11 @@
 
 #include <google/protobuf/util/message_differencer.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -73,8 +75,10 @@ absl::StatusOr<v1::RegisterResponse> Job::Register(const v1::RegisterRequest& re
   registered_.insert(request.rank());
   v1::RegisterResponse response;
   response.set_next_step(next_step_);
-  response.set_version(initialized_tensors_ == static_cast<int64_t>(tensors_.size()) ? next_step_
-                                                                                     : -1);
+  // The version every tensor has published: a step taken but still running has not published yet.
+  int64_t version = std::numeric_limits<int64_t>::max();
+  for (const Tensor& t : tensors_) version = std::min(version, t.served ? t.served->version : -1);
+  response.set_version(version);
   response.set_max_chunk_bytes(max_chunk_bytes);
   return response;
 }
@@ -205,13 +209,20 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushGradient(Tensor& t, const v1::PushC
         "step ", chunk.step(), " of job \"", name_, "\" is ahead of the step it collects (",
         next_step_, "); every rank commits step ", next_step_, " first"));
   }
-  if (commits_.contains(chunk.rank())) {
-    return absl::FailedPreconditionError(absl::StrCat("rank ", chunk.rank(),
-                                                      " already committed step ", chunk.step(),
-                                                      "; its gradients are final"));
-  }
   const size_t index = static_cast<size_t>(&t - tensors_.data());
   ChunkBuffer& slot = collecting_[index][static_cast<size_t>(chunk.rank())];
+  if (commits_.contains(chunk.rank())) {
+    // The rank's slots are complete, so a chunk is either an identical re-send (a retry, or a
+    // restarted trainer pushing again: acknowledged) or a change to committed gradients.
+    absl::StatusOr<ChunkBuffer::Stored> stored = slot.Store(chunk.offset(), chunk.data());
+    if (stored.ok()) {
+      PARAMD_CHECK(*stored == ChunkBuffer::Stored::kDuplicate);
+      return stored;
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", chunk.rank(), " already committed step ", chunk.step(),
+                     "; its gradients are final: ", stored.status().message()));
+  }
   if (slot.size() != t.grad_bytes) slot.Reset(t.grad_bytes);
   return slot.Store(chunk.offset(), chunk.data());
 }
@@ -234,7 +245,9 @@ absl::StatusOr<CommitOutcome> Job::Commit(const v1::CommitRequest& request) {
   const int32_t rank = request.rank();
   if (absl::Status s = CheckRank(rank); !s.ok()) return s;
   if (request.step() < next_step_) {
-    if (last_commit_[static_cast<size_t>(rank)] >= request.step()) {
+    // Only the step taken last can be retried: a rank commits step t + 1 after its commit of t
+    // returned, so an older step is not a retry.
+    if (request.step() >= 0 && last_commit_[static_cast<size_t>(rank)] == request.step()) {
       return CommitOutcome{world_size_, false, std::nullopt};  // a retry of a commit that landed
     }
     return absl::FailedPreconditionError(absl::StrCat("step ", request.step(), " of job \"", name_,

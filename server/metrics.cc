@@ -95,9 +95,9 @@ absl::StatusOr<std::string> Metrics::Serve(const std::string& address) {
 }
 
 void Metrics::StepDone(const std::string& job, double seconds, int64_t elements) {
-  step_seconds_.Add({{"job", job}}, StepBuckets()).Observe(seconds);
-  steps_.Add({{"job", job}, {"outcome", "applied"}}).Increment();
-  stepped_elements_.Add({{"job", job}}).Increment(static_cast<double>(elements));
+  step_seconds_.Add({{"training_job", job}}, StepBuckets()).Observe(seconds);
+  steps_.Add({{"training_job", job}, {"outcome", "applied"}}).Increment();
+  stepped_elements_.Add({{"training_job", job}}).Increment(static_cast<double>(elements));
 }
 
 void Metrics::Pushed(const std::string& transport, int64_t bytes) {

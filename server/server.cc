@@ -45,7 +45,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const v1::DaemonConfig& ra
   const std::string host = config.listen().substr(0, config.listen().rfind(':'));
   server->address_ = absl::StrCat(host, ":", server->port_);
   server->control_->set_address(server->address_);
-  server->grpc_->GetHealthCheckService()->SetServingStatus(true);
+  grpc::HealthCheckServiceInterface* health = server->grpc_->GetHealthCheckService();
+  health->SetServingStatus(true);
+  server->daemon_->set_drain_listener([health] { health->SetServingStatus(false); });
 
   if (!config.metrics_listen().empty()) {
     absl::StatusOr<std::string> metrics = server->daemon_->metrics().Serve(config.metrics_listen());
@@ -67,7 +69,6 @@ void Server::Shutdown() {
   if (stopped_) return;
   stopped_ = true;
   daemon_->Drain();
-  grpc_->GetHealthCheckService()->SetServingStatus(false);
   daemon_->WaitForSteps();
   // Open streams get a few seconds to finish (pulls of the last version), then are cancelled.
   grpc_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));

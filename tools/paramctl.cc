@@ -41,7 +41,8 @@ std::string Bytes(int64_t bytes) {
     value /= 1024;
     ++unit;
   }
-  return absl::StrFormat(unit == 0 ? "%.0f %s" : "%.1f %s", value, units[unit]);
+  if (unit == 0) return absl::StrFormat("%d B", bytes);
+  return absl::StrFormat("%.1f %s", value, units[unit]);
 }
 
 std::string PolicyName(const v1::StatePolicy& p) {

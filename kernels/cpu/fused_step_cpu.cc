@@ -94,9 +94,8 @@ KStatus FusedStepCpu(const FusedStepArgs& args, int64_t begin, int64_t end, CpuP
   if (KStatus st = Validate(args, begin, end); !st.ok()) return st;
   if (path == CpuPath::kAuto) path = BestCpuPath();
   if (!CpuPathSupported(path)) {
-    return KStatus(Code::kUnimplemented,
-                   std::string("FusedStepCpu: this CPU cannot run the ") + CpuPathName(path) +
-                       " path");
+    return KStatus(Code::kUnimplemented, std::string("FusedStepCpu: this CPU cannot run the ") +
+                                             CpuPathName(path) + " path");
   }
   if (begin == end) return KStatus::Ok();
   switch (path) {

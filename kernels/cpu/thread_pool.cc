@@ -1,13 +1,19 @@
 #include "kernels/cpu/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 namespace paramd::kernels {
 namespace {
 
-// Spins this many polls before sleeping on the atomic: back-to-back loops (one per tensor of a
-// step) then dispatch without a system call.
-constexpr int kSpinPolls = 4000;
+// How long a waiting thread polls before it sleeps on the atomic: long enough that back-to-back
+// loops (one per tensor of a step) dispatch without a futex wake-up, short enough that an idle
+// pool gives its cores back at once. The poll yields now and then, so a pool with more threads
+// than cores still makes progress. Measured on 2 cores: about 1.3 us per ParallelFor of 2 blocks
+// with 2 threads, 2.8 us with 4 threads (polling without yielding: 0.6 us and 36 us).
+constexpr auto kSpinTime = std::chrono::microseconds(20);
+constexpr int kPollsPerCheck = 256;
 
 // The pool whose loop this thread is running, so a nested ParallelFor runs inline instead of
 // deadlocking on run_mutex_.
@@ -15,8 +21,13 @@ thread_local const ThreadPool* tls_running_pool = nullptr;
 
 template <typename T>
 void SpinThenWait(const std::atomic<T>& a, T old) {
-  for (int i = 0; i < kSpinPolls; ++i) {
+  const auto deadline = std::chrono::steady_clock::now() + kSpinTime;
+  for (int polls = 1;; ++polls) {
     if (a.load(std::memory_order_acquire) != old) return;
+    if (polls % kPollsPerCheck == 0) {
+      if (std::chrono::steady_clock::now() >= deadline) break;
+      std::this_thread::yield();
+    }
   }
   while (a.load(std::memory_order_acquire) == old) a.wait(old, std::memory_order_acquire);
 }
@@ -26,7 +37,10 @@ void SpinThenWait(const std::atomic<T>& a, T old) {
 ThreadPool::ThreadPool(int num_threads) {
   const int workers = std::max(num_threads, 1) - 1;
   workers_.reserve(workers);
-  for (int i = 0; i < workers; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  // Workers start from the generation as it is now: reading it in the new thread instead could
+  // miss a bump made before the thread ran (a destructor racing the start would then hang).
+  const uint32_t start = generation_.load(std::memory_order_relaxed);
+  for (int i = 0; i < workers; ++i) workers_.emplace_back([this, start] { WorkerLoop(start); });
 }
 
 ThreadPool::~ThreadPool() {
@@ -77,9 +91,8 @@ void ThreadPool::RunBlocks() {
   }
 }
 
-void ThreadPool::WorkerLoop() {
+void ThreadPool::WorkerLoop(uint32_t seen) {
   tls_running_pool = this;
-  uint32_t seen = generation_.load(std::memory_order_acquire);
   for (;;) {
     SpinThenWait(generation_, seen);
     seen = generation_.load(std::memory_order_acquire);

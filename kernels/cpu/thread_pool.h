@@ -33,7 +33,8 @@ class ThreadPool {
   template <typename Fn>
   void ParallelFor(int64_t n, int64_t grain, Fn&& fn) {
     using F = std::remove_reference_t<Fn>;
-    Run(n, grain,
+    Run(
+        n, grain,
         [](void* ctx, int64_t begin, int64_t end) { (*static_cast<F*>(ctx))(begin, end); },
         const_cast<void*>(static_cast<const void*>(&fn)));
   }
@@ -42,7 +43,7 @@ class ThreadPool {
   using BlockFn = void (*)(void* ctx, int64_t begin, int64_t end);
 
   void Run(int64_t n, int64_t grain, BlockFn fn, void* ctx);
-  void WorkerLoop();
+  void WorkerLoop(uint32_t seen_generation);
   void RunBlocks();  // takes blocks of the current loop until none is left
 
   std::vector<std::thread> workers_;
@@ -57,7 +58,7 @@ class ThreadPool {
   int64_t num_blocks_ = 0;
   std::atomic<int64_t> next_block_{0};
 
-  std::atomic<uint32_t> generation_{0};  // bumped once per loop, and once to stop
+  std::atomic<uint32_t> generation_{0};    // bumped once per loop, and once to stop
   std::atomic<uint32_t> busy_workers_{0};  // workers that have not finished the current loop
   bool stop_ = false;                      // written before the final generation bump
 };

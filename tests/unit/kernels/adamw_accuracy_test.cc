@@ -18,8 +18,7 @@ TEST(AdamwAccuracyTest, Fp32PolicyStaysWithinTheBarOfFloat64After1000Steps) {
   constexpr size_t kWeights = 8192;
   constexpr int kSteps = 1000;
   const AdamwHyper hyper = testing::AccuracySetupHyper();
-  const reference::Hyper hyper64{hyper.lr, hyper.beta1, hyper.beta2, hyper.eps,
-                                 hyper.weight_decay};
+  const reference::Hyper hyper64{hyper.lr, hyper.beta1, hyper.beta2, hyper.eps, hyper.weight_decay};
   std::mt19937_64 rng(2026);
   std::normal_distribution<double> normal(0.0, 1.0);
 
@@ -56,8 +55,9 @@ TEST(AdamwAccuracyTest, Fp32PolicyStaysWithinTheBarOfFloat64After1000Steps) {
     norm2 += p64[i] * p64[i];
   }
   const double rel = std::sqrt(diff2 / norm2);
-  std::printf("fp32 policy vs float64 AdamW after %d steps: ||p - p64|| / ||p64|| = %.3e (bar %.0e)\n",
-              kSteps, rel, testing::Tolerances::kFp32PolicyVsFloat64);
+  std::printf(
+      "fp32 policy vs float64 AdamW after %d steps: ||p - p64|| / ||p64|| = %.3e (bar %.0e)\n",
+      kSteps, rel, testing::Tolerances::kFp32PolicyVsFloat64);
   RecordProperty("norm_relative_error", std::to_string(rel));
   EXPECT_LT(rel, testing::Tolerances::kFp32PolicyVsFloat64);
 }

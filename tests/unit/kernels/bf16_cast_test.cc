@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <ostream>
 #include <random>
 #include <vector>
 
@@ -16,6 +17,10 @@
 #include "reference/adamw_reference.h"
 
 namespace paramd::kernels {
+
+// Readable test parameters in GoogleTest output (found by argument-dependent lookup).
+void PrintTo(CpuPath p, std::ostream* os) { *os << CpuPathName(p); }
+
 namespace {
 
 float FromBits(uint32_t b) { return std::bit_cast<float>(b); }
@@ -142,7 +147,8 @@ TEST_P(VectorCastTest, MatchesTheOracleOnManyBitPatterns) {
   a.out_bf16 = out.data();
   // An odd length leaves a tail for the masked or scalar remainder.
   ASSERT_TRUE(FusedStepCpu(a, 0, static_cast<int64_t>(n) - 5, GetParam()).ok());
-  ASSERT_TRUE(FusedStepCpu(a, static_cast<int64_t>(n) - 5, static_cast<int64_t>(n), GetParam()).ok());
+  ASSERT_TRUE(
+      FusedStepCpu(a, static_cast<int64_t>(n) - 5, static_cast<int64_t>(n), GetParam()).ok());
   int failures = 0;
   for (size_t i = 0; i < n; ++i) {
     if (out[i] != OracleBf16(input[i])) {

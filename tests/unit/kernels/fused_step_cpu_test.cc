@@ -4,9 +4,10 @@
 
 #include <algorithm>
 #include <bit>
-#include <cmath>
 #include <cfloat>
+#include <cmath>
 #include <cstdint>
+#include <ostream>
 #include <random>
 #include <string>
 #include <tuple>
@@ -18,6 +19,11 @@
 #include "tests/unit/kernels/kernels_test_util.h"
 
 namespace paramd::kernels {
+
+// Readable test parameters in GoogleTest output (found by argument-dependent lookup).
+void PrintTo(SlotType t, std::ostream* os) { *os << (t == SlotType::kFp32 ? "fp32" : "bf16"); }
+void PrintTo(CpuPath p, std::ostream* os) { *os << CpuPathName(p); }
+
 namespace {
 
 using testing::Describe;
@@ -60,14 +66,34 @@ Slots RandomSlots(std::mt19937_64& rng, SlotType type, int num_slots, size_t n) 
   return s;
 }
 
-// One tensor's state plus its served outputs.
+// Which served outputs a case asks for.
+enum class Outputs { kBoth, kFp32Only, kBf16Only };
+
+// One tensor's state plus its served outputs. The outputs sit at an element offset inside padded
+// buffers, so their alignment (which decides the vector paths' streaming stores) varies by case.
 struct State {
-  std::vector<float> p, m, v, out_fp32;
-  std::vector<uint16_t> out_bf16;
+  std::vector<float> p, m, v;
+  std::vector<float> fp32_buffer;
+  std::vector<uint16_t> bf16_buffer;
+  size_t fp32_shift = 0;
+  size_t bf16_shift = 0;
 
-  explicit State(size_t n) : p(n), m(n), v(n), out_fp32(n), out_bf16(n) {}
+  State(size_t n, size_t fp32_shift_in, size_t bf16_shift_in)
+      : p(n),
+        m(n),
+        v(n),
+        fp32_buffer(n + 16),
+        bf16_buffer(n + 32),
+        fp32_shift(fp32_shift_in % 16),
+        bf16_shift(bf16_shift_in % 32) {}
 
-  FusedStepArgs Args(const Slots& slots, float grad_scale, const AdamwScalars& scalars) {
+  float* out_fp32() { return fp32_buffer.data() + fp32_shift; }
+  const float* out_fp32() const { return fp32_buffer.data() + fp32_shift; }
+  uint16_t* out_bf16() { return bf16_buffer.data() + bf16_shift; }
+  const uint16_t* out_bf16() const { return bf16_buffer.data() + bf16_shift; }
+
+  FusedStepArgs Args(const Slots& slots, float grad_scale, const AdamwScalars& scalars,
+                     Outputs outputs = Outputs::kBoth) {
     FusedStepArgs a;
     a.slots = slots.ptrs.data();
     a.num_slots = static_cast<int>(slots.ptrs.size());
@@ -77,8 +103,8 @@ struct State {
     a.master = p.data();
     a.exp_avg = m.data();
     a.exp_avg_sq = v.data();
-    a.out_fp32 = out_fp32.data();
-    a.out_bf16 = out_bf16.data();
+    a.out_fp32 = outputs == Outputs::kBf16Only ? nullptr : out_fp32();
+    a.out_bf16 = outputs == Outputs::kFp32Only ? nullptr : out_bf16();
     return a;
   }
 };
@@ -95,10 +121,10 @@ void ExpectSameBits(const State& got, const State& want, const std::string& cont
   EXPECT_EQ(i, -1) << context << Describe(" exp_avg", got.m.data(), want.m.data(), i);
   i = FirstBitMismatch(got.v.data(), want.v.data(), n);
   EXPECT_EQ(i, -1) << context << Describe(" exp_avg_sq", got.v.data(), want.v.data(), i);
-  i = FirstBitMismatch(got.out_fp32.data(), want.out_fp32.data(), n);
-  EXPECT_EQ(i, -1) << context << Describe(" out_fp32", got.out_fp32.data(), want.out_fp32.data(), i);
-  i = FirstBitMismatch(got.out_bf16.data(), want.out_bf16.data(), n);
-  EXPECT_EQ(i, -1) << context << Describe(" out_bf16", got.out_bf16.data(), want.out_bf16.data(), i);
+  i = FirstBitMismatch(got.out_fp32(), want.out_fp32(), n);
+  EXPECT_EQ(i, -1) << context << Describe(" out_fp32", got.out_fp32(), want.out_fp32(), i);
+  i = FirstBitMismatch(got.out_bf16(), want.out_bf16(), n);
+  EXPECT_EQ(i, -1) << context << Describe(" out_bf16", got.out_bf16(), want.out_bf16(), i);
 }
 
 // --- (a) the fp32 policy against the reference ---------------------------------------------------
@@ -115,11 +141,12 @@ TEST_P(FusedStepCpuMatchesReference, BitForBitOverManySteps) {
   const float grad_scale = static_cast<float>(1.0 / (3.0 * 1024.0));
   const AdamwHyper hyper = testing::AccuracySetupHyper();
   std::mt19937_64 rng(static_cast<uint64_t>(n) * 131 + num_slots * 7 + static_cast<int>(slot_type));
-  // The pool splits the tensor into odd-sized blocks, so block edges fall inside vectors.
+  // The pool splits the tensor into odd-sized blocks, so block edges fall inside vectors and the
+  // long blocks' streaming stores start unaligned.
   ThreadPool pool(3);
-  constexpr int64_t kOddGrain = 1237;
+  constexpr int64_t kOddGrain = 5003;
 
-  State kernel(un), ref(un);
+  State kernel(un, un % 7, un % 13), ref(un, 0, 0);
   kernel.p = testing::NormalFloats(rng, un, 0.02);
   ref.p = kernel.p;
   std::vector<float> gs(un);
@@ -134,8 +161,8 @@ TEST_P(FusedStepCpuMatchesReference, BitForBitOverManySteps) {
     for (size_t i = 0; i < un; ++i) gs[i] = slots.ScaledGrad(i, grad_scale);
     reference::AdamwStepFp32(ToReference(hyper), k, gs.data(), ref.p.data(), ref.m.data(),
                              ref.v.data(), un);
-    ref.out_fp32 = ref.p;
-    for (size_t i = 0; i < un; ++i) ref.out_bf16[i] = reference::Bf16FromFloat(ref.p[i]);
+    std::copy(ref.p.begin(), ref.p.end(), ref.out_fp32());
+    for (size_t i = 0; i < un; ++i) ref.out_bf16()[i] = reference::Bf16FromFloat(ref.p[i]);
     ExpectSameBits(kernel, ref, "step k=" + std::to_string(k) + ":");
     if (HasFailure()) return;
   }
@@ -147,13 +174,13 @@ std::string ReferenceCaseName(const ::testing::TestParamInfo<ReferenceCase>& inf
          (slot_type == SlotType::kFp32 ? "Fp32Slots" : "Bf16Slots");
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    SizesSlotsAndTypes, FusedStepCpuMatchesReference,
-    ::testing::Combine(::testing::Values<int64_t>(1, 2, 3, 7, 8, 15, 16, 17, 31, 33, 101, 1021,
-                                                  4099, 65537, 100003),
-                       ::testing::Values(1, 2, 3, 4),
-                       ::testing::Values(SlotType::kFp32, SlotType::kBf16)),
-    ReferenceCaseName);
+INSTANTIATE_TEST_SUITE_P(SizesSlotsAndTypes, FusedStepCpuMatchesReference,
+                         ::testing::Combine(::testing::Values<int64_t>(1, 2, 3, 7, 8, 15, 16, 17,
+                                                                       31, 33, 101, 1021, 4099,
+                                                                       65537, 100003),
+                                            ::testing::Values(1, 2, 3, 4),
+                                            ::testing::Values(SlotType::kFp32, SlotType::kBf16)),
+                         ReferenceCaseName);
 
 // --- (b) every dispatch path against the scalar path ---------------------------------------------
 
@@ -191,15 +218,17 @@ TEST_P(CpuPathTest, GivesTheSameBitsAsTheScalarPath) {
   std::mt19937_64 rng(42);
   std::vector<int64_t> sizes;
   for (int64_t n = 1; n <= 48; ++n) sizes.push_back(n);
-  sizes.insert(sizes.end(), {1000, 65536 + 13});
+  sizes.insert(sizes.end(), {1000, 4096 + 7, 3 * 4096 + 5, 65536 + 13});
   const std::vector<std::pair<int, SlotType>> slot_mixes = {
       {1, SlotType::kFp32}, {3, SlotType::kFp32}, {2, SlotType::kBf16}, {4, SlotType::kBf16}};
   AdamwHyper hyper = testing::AccuracySetupHyper();
 
+  std::uniform_int_distribution<size_t> shift(0, 31);
   for (const int64_t n : sizes) {
     for (const auto& [num_slots, slot_type] : slot_mixes) {
       const size_t un = static_cast<size_t>(n);
-      State scalar(un);
+      const Outputs outputs = static_cast<Outputs>((n + num_slots) % 3);
+      State scalar(un, shift(rng), shift(rng));
       for (size_t i = 0; i < un; ++i) {
         scalar.p[i] = EdgeMaster(rng);
         scalar.m[i] = testing::WideRangeValue(rng);
@@ -210,15 +239,19 @@ TEST_P(CpuPathTest, GivesTheSameBitsAsTheScalarPath) {
         const Slots slots = RandomSlots(rng, slot_type, num_slots, un);
         const float grad_scale = k == 2 ? 1.0f : 0.37f;
         const AdamwScalars scalars = MakeAdamwScalars(hyper, k);
-        ASSERT_TRUE(FusedStepCpu(scalar.Args(slots, grad_scale, scalars), 0, n, CpuPath::kScalar)
-                        .ok());
-        // Two ranges, so the vector path also starts at an unaligned element.
-        const int64_t split = std::min<int64_t>(n, 3);
-        const FusedStepArgs args = vector.Args(slots, grad_scale, scalars);
-        ASSERT_TRUE(FusedStepCpu(args, 0, split, path).ok());
-        ASSERT_TRUE(FusedStepCpu(args, split, n, path).ok());
+        ASSERT_TRUE(
+            FusedStepCpu(scalar.Args(slots, grad_scale, scalars, outputs), 0, n, CpuPath::kScalar)
+                .ok());
+        // Three ranges, so the vector path also starts at unaligned elements.
+        const int64_t split1 = std::min<int64_t>(n, 3);
+        const int64_t split2 = std::max(split1, n / 2 + 1);
+        const FusedStepArgs args = vector.Args(slots, grad_scale, scalars, outputs);
+        ASSERT_TRUE(FusedStepCpu(args, 0, split1, path).ok());
+        ASSERT_TRUE(FusedStepCpu(args, split1, split2, path).ok());
+        ASSERT_TRUE(FusedStepCpu(args, split2, n, path).ok());
         ExpectSameBits(vector, scalar,
                        "n=" + std::to_string(n) + " slots=" + std::to_string(num_slots) +
+                           " outputs=" + std::to_string(static_cast<int>(outputs)) +
                            " k=" + std::to_string(k) + ":");
         if (HasFailure()) return;
       }
@@ -247,7 +280,7 @@ TEST(FusedStepCpuTest, AutoPicksTheWidestSupportedPath) {
 }
 
 TEST(FusedStepCpuTest, RejectsBadArgumentsWithoutTouchingState) {
-  State s(4);
+  State s(4, 0, 0);
   s.p = {1, 2, 3, 4};
   std::vector<float> grad(4, 1.0f);
   const void* slot = grad.data();

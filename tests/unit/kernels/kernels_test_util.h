@@ -51,8 +51,8 @@ inline int64_t FirstBitMismatch(const uint16_t* a, const uint16_t* b, size_t n) 
 inline std::string Describe(const char* what, const float* got, const float* want, int64_t i) {
   if (i < 0) return "";
   std::ostringstream os;
-  os << what << "[" << i << "]: got " << got[i] << " (0x" << std::hex << Bits(got[i])
-     << "), want " << std::dec << want[i] << " (0x" << std::hex << Bits(want[i]) << ")";
+  os << what << "[" << i << "]: got " << got[i] << " (0x" << std::hex << Bits(got[i]) << "), want "
+     << std::dec << want[i] << " (0x" << std::hex << Bits(want[i]) << ")";
   return os.str();
 }
 

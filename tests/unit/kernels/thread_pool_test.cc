@@ -5,8 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <cstdint>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -29,8 +29,8 @@ void ExpectEachIndexOnce(ThreadPool& pool, int64_t n, int64_t grain) {
   });
   EXPECT_EQ(bad_blocks.load(), 0) << "n=" << n << " grain=" << grain;
   for (int64_t i = 0; i < n; ++i) {
-    ASSERT_EQ(hits[static_cast<size_t>(i)].load(), 1) << "index " << i << " n=" << n
-                                                      << " grain=" << grain;
+    ASSERT_EQ(hits[static_cast<size_t>(i)].load(), 1)
+        << "index " << i << " n=" << n << " grain=" << grain;
   }
 }
 
@@ -39,7 +39,8 @@ TEST(ThreadPoolTest, CoversEveryIndexExactlyOnce) {
     ThreadPool pool(threads);
     EXPECT_EQ(pool.num_threads(), threads);
     for (int64_t n : std::vector<int64_t>{0, 1, 2, 63, 64, 65, 1000, 100003}) {
-      for (int64_t grain : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{64}, int64_t{4096}, kDefaultGrain}) {
+      for (int64_t grain :
+           {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{64}, int64_t{4096}, kDefaultGrain}) {
         ExpectEachIndexOnce(pool, n, grain);
       }
     }

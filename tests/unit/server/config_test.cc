@@ -1,0 +1,194 @@
+// The daemon's config: text-format parse errors name their line and column, absent fields get
+// their documented defaults, and every invalid field is INVALID_ARGUMENT naming it (STYLE.md 14).
+#include "common/config.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "tests/unit/server/status_assertions.h"
+
+namespace paramd {
+namespace {
+
+using testing::HasStatus;
+
+constexpr int64_t kKiB = 1024;
+constexpr int64_t kMiB = 1024 * kKiB;
+constexpr auto kInvalid = absl::StatusCode::kInvalidArgument;
+
+TEST(ConfigTest, ParsesTheTextFormat) {
+  absl::StatusOr<v1::DaemonConfig> config = ParseConfigText(
+      "listen: \"0.0.0.0:7000\"\n"
+      "# comments are allowed\n"
+      "metrics_listen: \"\"\n"
+      "max_chunk_bytes: 8192\n"
+      "log_level: \"debug\"\n");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->listen(), "0.0.0.0:7000");
+  EXPECT_TRUE(config->has_metrics_listen());
+  EXPECT_EQ(config->metrics_listen(), "");
+  EXPECT_EQ(config->max_chunk_bytes(), 8192);
+  EXPECT_EQ(config->log_level(), "debug");
+}
+
+TEST(ConfigTest, EmptyTextIsAnEmptyConfig) {
+  absl::StatusOr<v1::DaemonConfig> config = ParseConfigText("");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_FALSE(config->has_metrics_listen());
+}
+
+TEST(ConfigTest, UnknownFieldIsInvalidArgumentNamingLineAndColumn) {
+  EXPECT_TRUE(HasStatus(ParseConfigText("listen: \"127.0.0.1:1\"\nmax_chunks: 3\n"), kInvalid,
+                        "line 2 column 1"));
+  EXPECT_TRUE(HasStatus(ParseConfigText("listen: \"127.0.0.1:1\"\nmax_chunks: 3\n"), kInvalid,
+                        "max_chunks"));
+}
+
+TEST(ConfigTest, SyntaxErrorIsInvalidArgumentNamingLineAndColumn) {
+  EXPECT_TRUE(HasStatus(ParseConfigText("\n\n  max_jobs: \"many\"\n"), kInvalid, "line 3 column"));
+  EXPECT_TRUE(HasStatus(ParseConfigText("listen: \"unterminated\n"), kInvalid, "line 1 column"));
+  EXPECT_TRUE(HasStatus(ParseConfigText("max_jobs: 3 }"), kInvalid, "line 1 column 13"));
+}
+
+TEST(ConfigTest, LoadConfigFileOfAMissingFileIsNotFound) {
+  EXPECT_TRUE(HasStatus(LoadConfigFile("/nonexistent/paramd.textproto"),
+                        absl::StatusCode::kNotFound, "/nonexistent/paramd.textproto"));
+}
+
+TEST(ConfigTest, WithDefaultsFillsEveryAbsentField) {
+  const v1::DaemonConfig c = WithDefaults(v1::DaemonConfig());
+  EXPECT_EQ(c.listen(), "127.0.0.1:50051");
+  EXPECT_EQ(c.backend(), "cpu");
+  EXPECT_EQ(c.metrics_listen(), "127.0.0.1:9464");
+  EXPECT_EQ(c.step_threads(),
+            static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency())));
+  EXPECT_EQ(c.max_chunk_bytes(), 4 * kMiB);
+  EXPECT_EQ(c.max_message_bytes(), 4 * kMiB + 64 * kKiB);
+  EXPECT_EQ(c.max_tensors_per_job(), 65536);
+  EXPECT_EQ(c.max_job_bytes(), 0);
+  EXPECT_EQ(c.max_jobs(), 64);
+  EXPECT_EQ(c.pull_chunk_bytes(), 1 * kMiB);
+  EXPECT_EQ(c.log_level(), "info");
+  EXPECT_EQ(c.address_file(), "");
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+}
+
+TEST(ConfigTest, WithDefaultsKeepsPresentFields) {
+  v1::DaemonConfig raw;
+  raw.set_listen("127.0.0.1:0");
+  raw.set_metrics_listen("");  // present and empty: metrics off
+  raw.set_step_threads(3);
+  raw.set_max_chunk_bytes(8192);
+  raw.set_log_level("error");
+  const v1::DaemonConfig c = WithDefaults(raw);
+  EXPECT_EQ(c.listen(), "127.0.0.1:0");
+  EXPECT_EQ(c.metrics_listen(), "");
+  EXPECT_EQ(c.step_threads(), 3);
+  EXPECT_EQ(c.max_chunk_bytes(), 8192);
+  EXPECT_EQ(c.max_message_bytes(), 8192 + 64 * kKiB);  // follows the chunk size
+  EXPECT_EQ(c.log_level(), "error");
+}
+
+// One invalid field: how to set it on a config with defaults applied, and the field's name.
+struct BadField {
+  std::string name;
+  std::function<void(v1::DaemonConfig&)> mutate;
+  std::string field;
+};
+
+class ConfigBadFieldTest : public ::testing::TestWithParam<BadField> {};
+
+TEST_P(ConfigBadFieldTest, IsInvalidArgumentNamingTheField) {
+  v1::DaemonConfig c = WithDefaults(v1::DaemonConfig());
+  GetParam().mutate(c);
+  EXPECT_TRUE(HasStatus(ValidateConfig(c), kInvalid,
+                        absl::StrCat("config field ", GetParam().field, " = ")));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryField, ConfigBadFieldTest,
+    ::testing::Values(
+        BadField{"ListenWithoutPort", [](v1::DaemonConfig& c) { c.set_listen("localhost"); },
+                 "listen"},
+        BadField{"ListenWithoutHost", [](v1::DaemonConfig& c) { c.set_listen(":50051"); },
+                 "listen"},
+        BadField{"ListenPortTooLarge", [](v1::DaemonConfig& c) { c.set_listen("127.0.0.1:65536"); },
+                 "listen"},
+        BadField{"ListenPortNotANumber",
+                 [](v1::DaemonConfig& c) { c.set_listen("127.0.0.1:http"); }, "listen"},
+        BadField{"MetricsListenWithoutPort",
+                 [](v1::DaemonConfig& c) { c.set_metrics_listen("127.0.0.1"); }, "metrics_listen"},
+        BadField{"UnknownBackend", [](v1::DaemonConfig& c) { c.set_backend("tpu"); }, "backend"},
+        BadField{"CudaBackendInACpuBuild", [](v1::DaemonConfig& c) { c.set_backend("cuda:0"); },
+                 "backend"},
+        BadField{"NegativeStepThreads", [](v1::DaemonConfig& c) { c.set_step_threads(-1); },
+                 "step_threads"},
+        BadField{"TooManyStepThreads", [](v1::DaemonConfig& c) { c.set_step_threads(1025); },
+                 "step_threads"},
+        BadField{"TinyChunks",
+                 [](v1::DaemonConfig& c) {
+                   c.set_max_chunk_bytes(4095);
+                   c.set_max_message_bytes(4095 + 64 * kKiB);
+                 },
+                 "max_chunk_bytes"},
+        BadField{"HugeChunks",
+                 [](v1::DaemonConfig& c) {
+                   c.set_max_chunk_bytes(64 * kMiB + 1);
+                   c.set_max_message_bytes(128 * kMiB);
+                 },
+                 "max_chunk_bytes"},
+        BadField{"MessageSmallerThanAChunk",
+                 [](v1::DaemonConfig& c) { c.set_max_message_bytes(4 * kMiB + 64 * kKiB - 1); },
+                 "max_message_bytes"},
+        BadField{"HugeMessages",
+                 [](v1::DaemonConfig& c) { c.set_max_message_bytes(1024 * kMiB + 1); },
+                 "max_message_bytes"},
+        BadField{"NegativeTensorsPerJob",
+                 [](v1::DaemonConfig& c) { c.set_max_tensors_per_job(-1); }, "max_tensors_per_job"},
+        BadField{"NegativeJobs", [](v1::DaemonConfig& c) { c.set_max_jobs(-5); }, "max_jobs"},
+        BadField{"TooManyJobs", [](v1::DaemonConfig& c) { c.set_max_jobs(65537); }, "max_jobs"},
+        BadField{"NegativeJobBytes", [](v1::DaemonConfig& c) { c.set_max_job_bytes(-1); },
+                 "max_job_bytes"},
+        BadField{"TinyPullChunks", [](v1::DaemonConfig& c) { c.set_pull_chunk_bytes(4095); },
+                 "pull_chunk_bytes"},
+        BadField{"PullChunksBeyondTheMessage",
+                 [](v1::DaemonConfig& c) { c.set_pull_chunk_bytes(4 * kMiB + 1); },
+                 "pull_chunk_bytes"},
+        BadField{"UnknownLogLevel", [](v1::DaemonConfig& c) { c.set_log_level("verbose"); },
+                 "log_level"}),
+    [](const ::testing::TestParamInfo<BadField>& info) { return info.param.name; });
+
+TEST(ConfigTest, AcceptsTheEdgesOfEveryRange) {
+  v1::DaemonConfig c = WithDefaults(v1::DaemonConfig());
+  c.set_listen("[::1]:0");
+  c.set_metrics_listen("0.0.0.0:65535");
+  c.set_step_threads(1024);
+  c.set_max_chunk_bytes(4 * kKiB);
+  c.set_max_message_bytes(4 * kKiB + 64 * kKiB);
+  c.set_pull_chunk_bytes(4 * kKiB);
+  c.set_max_tensors_per_job(1);
+  c.set_max_jobs(1);
+  c.set_max_job_bytes(int64_t{1} << 50);
+  c.set_log_level("warning");
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+}
+
+TEST(ConfigTest, TheExampleConfigParsesAndValidates) {
+  const std::filesystem::path path =
+      std::filesystem::path(PARAMD_SOURCE_DIR) / "deploy" / "paramd.example.textproto";
+  if (!std::filesystem::exists(path)) {
+    GTEST_SKIP() << path << " does not exist in this tree";
+  }
+  absl::StatusOr<v1::DaemonConfig> config = LoadConfigFile(path.string());
+  ASSERT_TRUE(config.ok()) << config.status();
+  const absl::Status valid = ValidateConfig(WithDefaults(*config));
+  EXPECT_TRUE(valid.ok()) << valid;
+}
+
+}  // namespace
+}  // namespace paramd
