@@ -100,6 +100,9 @@ struct BadField {
   std::function<void(v1::DaemonConfig&)> mutate;
   std::string field;
 };
+// Test output names the case, not the bytes of its function object.
+void PrintTo(const BadField& c, std::ostream* os) { *os << c.name; }
+
 
 class ConfigBadFieldTest : public ::testing::TestWithParam<BadField> {};
 

@@ -53,6 +53,9 @@ struct BadCase {
   absl::StatusCode code;
   std::string text;
 };
+// Test output names the case, not the bytes of its function object.
+void PrintTo(const BadCase& c, std::ostream* os) { *os << c.name; }
+
 
 class RegistrationBadInputTest : public ::testing::TestWithParam<BadCase> {};
 

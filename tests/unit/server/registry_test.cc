@@ -68,6 +68,9 @@ struct Mismatch {
   std::string name;
   std::function<void(v1::RegisterRequest&)> mutate;
 };
+// Test output names the case, not the bytes of its function object.
+void PrintTo(const Mismatch& c, std::ostream* os) { *os << c.name; }
+
 
 class JobRegistryMismatchTest : public JobRegistryTest,
                                 public ::testing::WithParamInterface<Mismatch> {};
