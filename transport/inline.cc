@@ -1,5 +1,8 @@
 #include "transport/inline.h"
 
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/slice.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -10,10 +13,33 @@
 namespace paramd {
 namespace {
 
+// The full name of Data.Push, for the raw-bytes writer below.
+constexpr char kPushMethod[] = "/paramd.v1.Data/Push";
+
+// A PushChunk on the wire, with its payload referenced rather than copied: the serialized header
+// fields, then field 7 (`data`, length-delimited) whose bytes are a slice over the caller's
+// memory. That memory outlives the call (Push returns after Finish), so no copy is needed.
+grpc::ByteBuffer EncodeChunk(const v1::PushChunk& header, const std::byte* data, size_t size) {
+  std::string head = header.SerializeAsString();
+  head.push_back(static_cast<char>((7 << 3) | 2));  // field 7, wire type 2
+  for (uint64_t v = size;; v >>= 7) {
+    if (v < 0x80) {
+      head.push_back(static_cast<char>(v));
+      break;
+    }
+    head.push_back(static_cast<char>((v & 0x7F) | 0x80));
+  }
+  grpc::Slice slices[2] = {grpc::Slice(head), grpc::Slice(data, size, grpc::Slice::STATIC_SLICE)};
+  return grpc::ByteBuffer(slices, 2);
+}
+
 class InlineTransport final : public Transport {
  public:
   explicit InlineTransport(const TransportContext& context)
-      : stub_(v1::Data::NewStub(context.channel)), max_chunk_bytes_(context.max_chunk_bytes) {}
+      : channel_(context.channel),
+        stub_(v1::Data::NewStub(context.channel)),
+        push_method_(kPushMethod, grpc::internal::RpcMethod::CLIENT_STREAMING, channel_),
+        max_chunk_bytes_(context.max_chunk_bytes) {}
 
   std::string name() const override { return "inline"; }
 
@@ -22,7 +48,9 @@ class InlineTransport final : public Transport {
     grpc::ClientContext context;
     context.set_deadline(deadline);
     v1::PushResponse response;
-    std::unique_ptr<grpc::ClientWriter<v1::PushChunk>> writer = stub_->Push(&context, &response);
+    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel_.get(), push_method_,
+                                                                      &context, &response));
     v1::PushChunk chunk;
     chunk.set_job(target.job);
     chunk.set_rank(target.rank);
@@ -35,10 +63,9 @@ class InlineTransport final : public Transport {
       for (int64_t offset = 0; open && offset < size; offset += max_chunk_bytes_) {
         const int64_t length = std::min(max_chunk_bytes_, size - offset);
         chunk.set_offset(offset);
-        chunk.set_data(reinterpret_cast<const char*>(item.data.data()) + offset,
-                       static_cast<size_t>(length));
         // A failed write means the daemon ended the stream; Finish says why.
-        open = writer->Write(chunk);
+        open = writer->Write(
+            EncodeChunk(chunk, item.data.data() + offset, static_cast<size_t>(length)));
       }
     }
     if (open) writer->WritesDone();
@@ -82,7 +109,9 @@ class InlineTransport final : public Transport {
   }
 
  private:
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Data::Stub> stub_;
+  const grpc::internal::RpcMethod push_method_;
   const int64_t max_chunk_bytes_;
 };
 
