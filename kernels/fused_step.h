@@ -1,16 +1,54 @@
 // The fused optimizer step: rank slots -> gradient -> AdamW -> new master and moments -> served
-// formats, in one pass over memory (DESIGN.md §2-§3). One header for every backend; `cpu/`
-// implements it here, `cuda/` on the GPU.
+// formats, in one pass over memory (DESIGN.md §2-§3), for every state policy. One header for every
+// backend; `cpu/` implements it here, `cuda/` on the GPU.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/formats.h"
 #include "kernels/status.h"
 
 namespace paramd::kernels {
 
 enum class SlotType { kFp32, kBf16 };
+
+// State policy (DESIGN.md §1, §3): the dtypes the daemon keeps for one tensor.
+enum class MasterType {
+  kFp32,           // float[numel]
+  kBf16Remainder,  // uint16_t served-BF16 halves[numel] + int16_t remainders[numel]
+  kFp16,           // uint16_t FP16 codes[numel], an unscaled nearest-even cast of each update
+};
+enum class MomentType {
+  kFp32,  // float[numel]
+  kBf16,  // uint16_t BF16 codes[numel], unscaled
+  kFp16,  // uint16_t FP16 codes[numel] + one scale per 128-element chunk, s = pow2(amax, 32768)
+  kFp8,   // uint8_t E4M3 codes[numel] + one scale per 128-element chunk, s = pow2(amax, 448)
+};
+enum class Rounding { kNearest, kStochastic };
+
+struct StatePolicy {
+  MasterType master = MasterType::kFp32;
+  MomentType exp_avg = MomentType::kFp32;
+  MomentType exp_avg_sq = MomentType::kFp32;
+  Rounding exp_avg_rounding = Rounding::kNearest;     // must be kNearest for kFp32
+  Rounding exp_avg_sq_rounding = Rounding::kNearest;  // must be kNearest for kFp32
+};
+
+// The policy with DESIGN.md §3's default rounding: stochastic for an fp8 exp_avg_sq (nearest
+// stalls it: its 0.1 % updates are below FP8's resolution), nearest elsewhere.
+constexpr StatePolicy MakeStatePolicy(MasterType master, MomentType exp_avg,
+                                      MomentType exp_avg_sq) {
+  return {master, exp_avg, exp_avg_sq, Rounding::kNearest,
+          exp_avg_sq == MomentType::kFp8 ? Rounding::kStochastic : Rounding::kNearest};
+}
+
+// Scaled moments keep one scale per chunk of this many elements of the flattened tensor.
+inline constexpr int64_t kChunkElements = 128;
+constexpr bool HasChunkScales(MomentType t) {
+  return t == MomentType::kFp16 || t == MomentType::kFp8;
+}
+constexpr int64_t NumChunks(int64_t numel) { return (numel + kChunkElements - 1) / kChunkElements; }
 
 // AdamW hyper-parameters as the job holds them (doubles).
 struct AdamwHyper {
@@ -37,18 +75,45 @@ struct AdamwScalars {
 // double; every formula is evaluated in double and rounded once to FP32.
 AdamwScalars MakeAdamwScalars(const AdamwHyper& hyper, int64_t k);
 
-// One tensor's step over the element range [begin, end). Pointers address the whole tensor.
+// Where the random bits of stochastic rounding come from (DESIGN.md §3, kernels/philox.h): Philox
+// 4x32-10 with key = seed and counter = (element index within the tensor, low and high 32 bits; k;
+// tensor_index). Word 0 rounds exp_avg, word 1 exp_avg_sq.
+struct RngStream {
+  uint64_t seed = 0;          // the job's seed
+  uint32_t k = 0;             // count of applied steps, the k of MakeAdamwScalars
+  uint32_t tensor_index = 0;  // the tensor's registration index in the job
+};
+
+// One tensor's step. Pointers address the whole tensor (element 0), whatever range a call runs.
+// State buffers are typed by `policy` (see MasterType / MomentType); scale arrays hold
+// NumChunks(numel) FP32 values 1 / s (powers of two), read before and rewritten by the step; a new
+// tensor starts with zero codes and scales 1.
 struct FusedStepArgs {
   const void* const* slots = nullptr;  // num_slots gradient buffers, rank order
   int num_slots = 0;
   SlotType slot_type = SlotType::kFp32;
   float grad_scale = 1.0f;  // rounded once to FP32 on the host
+  float clip = 1.0f;        // global-norm clip factor (kernels/step_rules.h); 1 = no clipping
   AdamwScalars scalars{};
-  float* master = nullptr;       // fp32 master, updated in place
-  float* exp_avg = nullptr;      // fp32, updated in place
-  float* exp_avg_sq = nullptr;   // fp32, updated in place
-  float* out_fp32 = nullptr;     // optional: served fp32 copy of the new master
-  uint16_t* out_bf16 = nullptr;  // optional: served bf16 (round to nearest even, saturating)
+  StatePolicy policy{};
+  RngStream rng{};    // only read when a moment rounds stochastically
+  int64_t numel = 0;  // elements of the whole tensor; required with chunk-scaled moments,
+                      // otherwise optional (0 = ranges not checked against it)
+
+  void* master = nullptr;                 // updated in place
+  int16_t* master_remainder = nullptr;    // kBf16Remainder only
+  void* exp_avg = nullptr;                // updated in place
+  float* exp_avg_scale_inv = nullptr;     // kFp16 / kFp8 exp_avg only
+  void* exp_avg_sq = nullptr;             // updated in place
+  float* exp_avg_sq_scale_inv = nullptr;  // kFp16 / kFp8 exp_avg_sq only
+
+  // Optional served copies of the new master, each computed from the stored master value (the
+  // FP16 value of an fp16 master, the reconstructed FP32 of bf16+remainder): FP32; BF16 (round to
+  // nearest even, saturating; for a bf16+remainder master its stored served half); FP16 (same
+  // rules as BF16).
+  float* out_fp32 = nullptr;
+  uint16_t* out_bf16 = nullptr;
+  uint16_t* out_fp16 = nullptr;
 };
 
 // Which code path a CPU kernel takes. kAuto picks the widest the CPU supports.
@@ -56,19 +121,63 @@ enum class CpuPath { kAuto, kScalar, kAvx2, kAvx512 };
 
 // Runs the step on elements [begin, end) of the tensor, per element exactly the sequence of
 // DESIGN.md §2-§3: g0 = ((s0 + s1) + s2) ... over the slots in FP32 (BF16 slots widened first),
-// g = g0 * grad_scale, then the AdamW update, then the served copies. Every path gives identical
-// bits, equal to paramd::reference's. No alignment is required; outputs must not overlap inputs.
-// Disjoint ranges of one tensor may run concurrently on several threads (ThreadPool::ParallelFor
-// in kernels/cpu/thread_pool.h). On ranges of 4096 elements or more the vector paths write the
-// served outputs with non-temporal stores and fence them before returning. Returns
-// kInvalidArgument for a bad range or missing buffers (nothing is written), kUnimplemented for a
-// path this CPU cannot run.
+// gs = g0 * grad_scale, g = gs * clip (skipped when clip == 1); moments dequantized as q * (1 / s);
+// the AdamW update in FP32; the master stored in its type; each moment re-quantized (a scaled one
+// with the scale of its new 128-element chunk, rounded as the policy says); then the served
+// copies. Every path gives identical bits, equal to paramd::reference's.
+//
+// Ranges: with chunk-scaled moments (HasChunkScales), `begin` must be a multiple of 128 and `end`
+// a multiple of 128 or numel, so a chunk is never split between calls. Disjoint ranges of one
+// tensor may run concurrently on several threads (ThreadPool::ParallelFor in
+// kernels/cpu/thread_pool.h with a grain that is a multiple of 128). No alignment is required;
+// outputs must not overlap inputs. On ranges of 4096 elements or more the vector paths write the
+// served outputs with non-temporal stores where aligned, and fence them before returning.
+//
+// `master_amax` (optional) receives the amax of the new stored master over [begin, end): NaN if any
+// is NaN, else the largest magnitude (0 for an empty range); combine calls with AmaxCombine
+// (kernels/formats.h), e.g. for the fp8_tensor scale of the second pass.
+//
+// Returns kInvalidArgument for a bad range or missing buffers (nothing is written), kUnimplemented
+// for a path this CPU cannot run.
 KStatus FusedStepCpu(const FusedStepArgs& args, int64_t begin, int64_t end,
-                     CpuPath path = CpuPath::kAuto);
+                     CpuPath path = CpuPath::kAuto, float* master_amax = nullptr);
+
+// Block serve formats (fp8_block, mxfp8 in kernels/recipes.h) are quantized per 128-row panel
+// while the panel's new master is still in cache: the step runs panel by panel over rows
+// [row_begin, row_end) of a [rows, cols] tensor (row_begin a multiple of 128; numel = rows * cols)
+// and calls panel_done(panel_row_begin, panel_row_end) after each. Returns the first error.
+template <typename PanelFn>
+KStatus FusedStepPanelsCpu(const FusedStepArgs& args, int64_t cols, int64_t row_begin,
+                           int64_t row_end, PanelFn&& panel_done, CpuPath path = CpuPath::kAuto,
+                           float* master_amax = nullptr);
 
 // The path kAuto resolves to on this CPU, and whether a path can run here.
 CpuPath BestCpuPath();
 bool CpuPathSupported(CpuPath path);
 const char* CpuPathName(CpuPath path);
+
+// ---- implementation of the template above ----
+
+template <typename PanelFn>
+KStatus FusedStepPanelsCpu(const FusedStepArgs& args, int64_t cols, int64_t row_begin,
+                           int64_t row_end, PanelFn&& panel_done, CpuPath path,
+                           float* master_amax) {
+  constexpr int64_t kPanelRows = 128;
+  if (cols < 1 || row_begin < 0 || row_end < row_begin || row_begin % kPanelRows != 0) {
+    return KStatus(Code::kInvalidArgument, "FusedStepPanelsCpu: bad panel rows or cols");
+  }
+  float amax = 0.0f;
+  for (int64_t r = row_begin; r < row_end; r += kPanelRows) {
+    const int64_t r_end = r + kPanelRows < row_end ? r + kPanelRows : row_end;
+    float panel_amax = 0.0f;
+    if (KStatus st = FusedStepCpu(args, r * cols, r_end * cols, path, &panel_amax); !st.ok()) {
+      return st;
+    }
+    amax = AmaxCombine(amax, panel_amax);
+    panel_done(r, r_end);
+  }
+  if (master_amax != nullptr) *master_amax = amax;
+  return KStatus::Ok();
+}
 
 }  // namespace paramd::kernels

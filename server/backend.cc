@@ -5,35 +5,69 @@
 namespace paramd {
 
 std::string FormatName(const FormatKey& format) {
-  std::string recipe = v1::Recipe_Name(format.recipe);
-  recipe = recipe.substr(recipe.find('_') + 1);  // RECIPE_BF16 -> BF16
-  for (char& c : recipe) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return format.direction == v1::DIRECTION_COLUMNWISE ? absl::StrCat(recipe, "/columnwise")
-                                                      : recipe;
+  return absl::StrCat(kernels::RecipeName(KernelRecipe(format.recipe)),
+                      format.direction == v1::DIRECTION_COLUMNWISE ? "/columnwise" : "");
 }
 
-int64_t ServedElementBytes(v1::Recipe recipe) {
+kernels::Recipe KernelRecipe(v1::Recipe recipe) {
   switch (recipe) {
-    case v1::RECIPE_FP32:
-      return 4;
     case v1::RECIPE_BF16:
+      return kernels::Recipe::kBf16;
     case v1::RECIPE_FP16:
-      return 2;
+      return kernels::Recipe::kFp16;
+    case v1::RECIPE_FP8_TENSOR:
+      return kernels::Recipe::kFp8Tensor;
+    case v1::RECIPE_FP8_DELAYED:
+      return kernels::Recipe::kFp8Delayed;
+    case v1::RECIPE_FP8_BLOCK:
+      return kernels::Recipe::kFp8Block;
+    case v1::RECIPE_MXFP8:
+      return kernels::Recipe::kMxfp8;
     default:
-      return 1;
+      return kernels::Recipe::kFp32;
   }
 }
 
-const std::vector<uint8_t>* ServedTensor::Find(const FormatKey& format) const {
-  for (const auto& [key, bytes] : formats) {
-    if (key == format) return &bytes;
+kernels::Direction KernelDirection(v1::Direction direction) {
+  return direction == v1::DIRECTION_COLUMNWISE ? kernels::Direction::kColumnwise
+                                               : kernels::Direction::kRowwise;
+}
+
+StateBytes PolicyStateBytes(const TensorInfo& info) {
+  const int64_t n = info.rows * info.cols;
+  auto moment = [n](kernels::MomentType type) {
+    switch (type) {
+      case kernels::MomentType::kFp32:
+        return 4 * n;
+      case kernels::MomentType::kBf16:
+      case kernels::MomentType::kFp16:
+        return 2 * n;
+      case kernels::MomentType::kFp8:
+        return n;
+    }
+    return 4 * n;
+  };
+  auto scales = [n](kernels::MomentType type) {
+    return kernels::HasChunkScales(type) ? 4 * kernels::NumChunks(n) : 0;
+  };
+  StateBytes bytes;
+  bytes.master = info.policy.master == kernels::MasterType::kFp16 ? 2 * n : 4 * n;
+  bytes.exp_avg = moment(info.policy.exp_avg);
+  bytes.exp_avg_sq = moment(info.policy.exp_avg_sq);
+  bytes.moment_scales = scales(info.policy.exp_avg) + scales(info.policy.exp_avg_sq);
+  return bytes;
+}
+
+const ServedFormat* ServedTensor::Find(const FormatKey& format) const {
+  for (const ServedFormat& f : formats) {
+    if (f.key == format) return &f;
   }
   return nullptr;
 }
 
 int64_t ServedTensor::bytes() const {
   int64_t total = 0;
-  for (const auto& entry : formats) total += static_cast<int64_t>(entry.second.size());
+  for (const ServedFormat& f : formats) total += static_cast<int64_t>(f.bytes.size());
   return total;
 }
 

@@ -10,6 +10,8 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/fused_step.h"
+#include "kernels/recipes.h"
+#include "paramd/v1/control.pb.h"
 #include "paramd/v1/types.pb.h"
 
 namespace paramd {
@@ -21,27 +23,58 @@ struct FormatKey {
   friend bool operator==(const FormatKey&, const FormatKey&) = default;
 };
 std::string FormatName(const FormatKey& format);
-// Bytes per element of a served recipe's data (fp32 4, bf16 2).
-int64_t ServedElementBytes(v1::Recipe recipe);
+kernels::Recipe KernelRecipe(v1::Recipe recipe);
+kernels::Direction KernelDirection(v1::Direction direction);
+
+// One served format of one version: its bytes (data, then scales) and how they are laid out.
+struct ServedFormat {
+  FormatKey key;
+  kernels::ServeBufferLayout layout;
+  std::vector<uint8_t> bytes;  // layout.data_bytes + layout.scale_bytes
+
+  uint8_t* data() { return bytes.data(); }
+  uint8_t* scales() { return bytes.data() + layout.data_bytes; }
+};
 
 // The served bytes of one version of one tensor. Immutable once published: a reader holding the
 // pointer holds a lease on that version; the next step writes other buffers.
 struct ServedTensor {
   int64_t version = -1;
   bool skipped = false;
-  std::vector<std::pair<FormatKey, std::vector<uint8_t>>> formats;
+  std::vector<ServedFormat> formats;  // FP32 first, then the job's formats in order
 
-  const std::vector<uint8_t>* Find(const FormatKey& format) const;
+  const ServedFormat* Find(const FormatKey& format) const;
   int64_t bytes() const;
 };
+
+// What a backend needs to know about one tensor of a job.
+struct TensorInfo {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  uint32_t index = 0;  // registration index in the job (stochastic rounding's counter)
+  kernels::StatePolicy policy;
+  int delayed_history = 16;  // fp8_delayed: amax history length
+  int delayed_margin = 0;    // fp8_delayed: margin
+};
+
+// Bytes of state by kind (proto StateBytes).
+struct StateBytes {
+  int64_t master = 0;
+  int64_t exp_avg = 0;
+  int64_t exp_avg_sq = 0;
+  int64_t moment_scales = 0;
+  int64_t total() const { return master + exp_avg + exp_avg_sq + moment_scales; }
+};
+
+// The bytes a tensor's state takes under its policy (DESIGN.md §10's formula: master, moments and
+// their per-chunk scales). Every backend allocates exactly this.
+StateBytes PolicyStateBytes(const TensorInfo& info);
 
 // One tensor's optimizer state on a backend.
 class TensorState {
  public:
   virtual ~TensorState() = default;
-  virtual int64_t elements() const = 0;
-  // Bytes of master weights and moments.
-  virtual int64_t state_bytes() const = 0;
+  virtual StateBytes state_bytes() const = 0;
 };
 
 // The inputs of one tensor's step.
@@ -52,16 +85,39 @@ struct TensorStep {
   ServedTensor* out = nullptr;  // formats already sized; the backend fills the bytes
 };
 
+// The job-wide scalars of one step.
+struct StepScalars {
+  kernels::AdamwScalars adamw{};
+  float grad_scale = 1.0f;
+  float clip = 1.0f;
+  uint64_t seed = 0;  // the job's seed (stochastic rounding)
+  int64_t k = 1;      // applied steps including this one
+};
+
+// The job-wide checks of a step's gradients (DESIGN.md §2): all finite, and the FP64 sums of
+// squares per 128-row block of each tensor, in tensor order then block order.
+struct GradientCheck {
+  bool finite = true;
+  std::vector<std::vector<double>> block_sums;  // [tensor][block]
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
   // Creates a tensor's state from its initial FP32 weights and fills `out` (version 0's bytes).
-  virtual absl::StatusOr<std::unique_ptr<TensorState>> CreateState(std::span<const float> initial,
+  virtual absl::StatusOr<std::unique_ptr<TensorState>> CreateState(const TensorInfo& info,
+                                                                   std::span<const float> initial,
                                                                    ServedTensor* out) = 0;
-  // Runs one step over the tensors, in order, with the job-wide scalars.
-  virtual absl::Status Step(std::span<TensorStep> tensors, const kernels::AdamwScalars& scalars,
-                            float grad_scale) = 0;
+  // Finiteness of the tensors' gradients (g0 * grad_scale and its square), and with `norms` their
+  // per-block sums of squares.
+  virtual absl::StatusOr<GradientCheck> CheckGradients(std::span<TensorStep> tensors,
+                                                       float grad_scale, bool norms) = 0;
+  // Runs one step over the tensors, in order.
+  virtual absl::Status Step(std::span<TensorStep> tensors, const StepScalars& scalars) = 0;
+  // A skipped step: the state stays, `out` re-serves the previous version's bytes (`previous`).
+  virtual absl::Status Reserve(std::span<TensorStep> tensors,
+                               std::span<const ServedTensor* const> previous) = 0;
 };
 
 }  // namespace paramd

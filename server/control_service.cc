@@ -33,7 +33,8 @@ grpc::ServerUnaryReactor* ControlService::GetLayout(grpc::CallbackServerContext*
                                                     v1::GetLayoutResponse* response) {
   absl::StatusOr<std::shared_ptr<Job>> job = daemon_->registry().Find(request->job());
   if (job.ok()) {
-    for (const v1::TensorStatus& t : (*job)->Status().tensors()) {
+    const v1::JobStatus status = (*job)->Status();
+    for (const v1::TensorStatus& t : status.tensors()) {
       v1::GetLayoutResponse::Placement* p = response->add_placements();
       p->set_tensor(t.name());
       p->set_daemon(address_);

@@ -1,37 +1,139 @@
 #include "server/cpu_backend.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cast.h"
+#include "kernels/formats.h"
+#include "kernels/step_rules.h"
 #include "server/kernel_status.h"
 
 namespace paramd {
 namespace {
 
+constexpr int64_t kPanelRows = kernels::kServePanelRows;
+// Elements per parallel block when a tensor has too few rows for panels: a multiple of the
+// 128-element chunk of scaled moments.
+constexpr int64_t kGrain = kernels::kDefaultGrain;
+
 class CpuTensorState : public TensorState {
  public:
-  explicit CpuTensorState(std::span<const float> initial)
-      : master(initial.begin(), initial.end()),
-        exp_avg(initial.size(), 0.0f),
-        exp_avg_sq(initial.size(), 0.0f) {}
-  int64_t elements() const override { return static_cast<int64_t>(master.size()); }
-  int64_t state_bytes() const override { return elements() * 12; }
+  explicit CpuTensorState(const TensorInfo& info) : info(info), n(info.rows * info.cols) {
+    const StateBytes bytes = PolicyStateBytes(info);
+    if (info.policy.master == kernels::MasterType::kBf16Remainder) {
+      master.resize(static_cast<size_t>(2 * n));
+      remainder.resize(static_cast<size_t>(n));
+    } else {
+      master.resize(static_cast<size_t>(bytes.master));
+    }
+    exp_avg.assign(static_cast<size_t>(bytes.exp_avg), 0);
+    exp_avg_sq.assign(static_cast<size_t>(bytes.exp_avg_sq), 0);
+    const size_t chunks = static_cast<size_t>(kernels::NumChunks(n));
+    if (kernels::HasChunkScales(info.policy.exp_avg)) exp_avg_scale_inv.assign(chunks, 1.0f);
+    if (kernels::HasChunkScales(info.policy.exp_avg_sq)) exp_avg_sq_scale_inv.assign(chunks, 1.0f);
+  }
 
-  std::vector<float> master;
-  std::vector<float> exp_avg;
-  std::vector<float> exp_avg_sq;
+  StateBytes state_bytes() const override { return PolicyStateBytes(info); }
+
+  const TensorInfo info;
+  const int64_t n;
+  std::vector<uint8_t> master;     // FP32, FP16 codes, or the served BF16 halves
+  std::vector<int16_t> remainder;  // bf16+remainder only
+  std::vector<uint8_t> exp_avg;
+  std::vector<uint8_t> exp_avg_sq;
+  std::vector<float> exp_avg_scale_inv;
+  std::vector<float> exp_avg_sq_scale_inv;
+  float tensor_scale = 1.0f;   // fp8_tensor: the previous step's scale
+  float delayed_scale = 1.0f;  // fp8_delayed: likewise
+  kernels::AmaxHistory history{16};
 };
 
-// Pointers into the served buffers the step writes.
-void BindOutputs(ServedTensor* out, kernels::FusedStepArgs* args) {
-  for (auto& [format, bytes] : out->formats) {
-    if (format.recipe == v1::RECIPE_FP32) args->out_fp32 = reinterpret_cast<float*>(bytes.data());
-    if (format.recipe == v1::RECIPE_BF16)
-      args->out_bf16 = reinterpret_cast<uint16_t*>(bytes.data());
+bool IsElementwise(const ServedFormat& f) {
+  return f.key.direction == v1::DIRECTION_ROWWISE &&
+         (f.key.recipe == v1::RECIPE_FP32 || f.key.recipe == v1::RECIPE_BF16 ||
+          f.key.recipe == v1::RECIPE_FP16);
+}
+
+bool IsPerTensor(const ServedFormat& f) {
+  return f.key.recipe == v1::RECIPE_FP8_TENSOR || f.key.recipe == v1::RECIPE_FP8_DELAYED;
+}
+
+ServedFormat& Fp32(ServedTensor* out) { return out->formats.front(); }  // always served, first
+
+kernels::ServeArgs ServeArgsFor(const CpuTensorState& s, ServedTensor* out, ServedFormat& f,
+                                float tensor_scale) {
+  kernels::ServeArgs args;
+  args.master = reinterpret_cast<const float*>(Fp32(out).data());
+  args.rows = s.info.rows;
+  args.cols = s.info.cols;
+  args.recipe = KernelRecipe(f.key.recipe);
+  args.direction = KernelDirection(f.key.direction);
+  args.tensor_scale = tensor_scale;
+  args.data = f.data();
+  args.scales = f.layout.scale_bytes > 0 ? f.scales() : nullptr;
+  return args;
+}
+
+// The BF16 a bf16+remainder master serves is its stored high half, not a fresh cast.
+void ServeBf16Halves(const CpuTensorState& s, ServedFormat& f, int64_t row_begin, int64_t row_end) {
+  const auto* hi = reinterpret_cast<const uint16_t*>(s.master.data());
+  auto* out = reinterpret_cast<uint16_t*>(f.data());
+  const int64_t rows = s.info.rows, cols = s.info.cols;
+  if (f.key.direction == v1::DIRECTION_ROWWISE) {
+    std::memcpy(out + row_begin * cols, hi + row_begin * cols,
+                static_cast<size_t>((row_end - row_begin) * cols) * sizeof(uint16_t));
+    return;
   }
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = hi[r * cols + c];
+  }
+}
+
+// Quantizes rows [row_begin, row_end) of every format computed from the FP32 copy (all but the
+// elementwise ones the step wrote, and the per-tensor ones, which need the whole tensor's amax).
+absl::Status ServeRows(const CpuTensorState& s, ServedTensor* out, int64_t row_begin,
+                       int64_t row_end) {
+  for (ServedFormat& f : out->formats) {
+    if (IsElementwise(f) || IsPerTensor(f)) continue;
+    if (f.key.recipe == v1::RECIPE_BF16 &&
+        s.info.policy.master == kernels::MasterType::kBf16Remainder) {
+      ServeBf16Halves(s, f, row_begin, row_end);
+      continue;
+    }
+    absl::Status st =
+        FromKernel(kernels::ServeQuantizeCpu(ServeArgsFor(s, out, f, 1.0f), row_begin, row_end));
+    if (!st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+kernels::FusedStepArgs StepArgs(CpuTensorState& s, const TensorStep& t, const StepScalars& k) {
+  kernels::FusedStepArgs args;
+  args.slots = t.slots.data();
+  args.num_slots = static_cast<int>(t.slots.size());
+  args.slot_type = t.slot_type;
+  args.grad_scale = k.grad_scale;
+  args.clip = k.clip;
+  args.scalars = k.adamw;
+  args.policy = s.info.policy;
+  args.rng = {k.seed, static_cast<uint32_t>(k.k), s.info.index};
+  args.numel = s.n;
+  args.master = s.master.data();
+  args.master_remainder = s.remainder.empty() ? nullptr : s.remainder.data();
+  args.exp_avg = s.exp_avg.data();
+  args.exp_avg_scale_inv = s.exp_avg_scale_inv.empty() ? nullptr : s.exp_avg_scale_inv.data();
+  args.exp_avg_sq = s.exp_avg_sq.data();
+  args.exp_avg_sq_scale_inv =
+      s.exp_avg_sq_scale_inv.empty() ? nullptr : s.exp_avg_sq_scale_inv.data();
+  for (ServedFormat& f : t.out->formats) {
+    if (!IsElementwise(f)) continue;
+    if (f.key.recipe == v1::RECIPE_FP32) args.out_fp32 = reinterpret_cast<float*>(f.data());
+    if (f.key.recipe == v1::RECIPE_BF16) args.out_bf16 = reinterpret_cast<uint16_t*>(f.data());
+    if (f.key.recipe == v1::RECIPE_FP16) args.out_fp16 = reinterpret_cast<uint16_t*>(f.data());
+  }
+  return args;
 }
 
 }  // namespace
@@ -39,53 +141,178 @@ void BindOutputs(ServedTensor* out, kernels::FusedStepArgs* args) {
 CpuBackend::CpuBackend(int threads) : pool_(threads) {}
 CpuBackend::~CpuBackend() = default;
 
-absl::StatusOr<std::unique_ptr<TensorState>> CpuBackend::CreateState(std::span<const float> initial,
+absl::StatusOr<std::unique_ptr<TensorState>> CpuBackend::CreateState(const TensorInfo& info,
+                                                                     std::span<const float> initial,
                                                                      ServedTensor* out) {
-  auto state = std::make_unique<CpuTensorState>(initial);
-  // Version 0 serves the initial weights; bf16 is their cast (one step with zero moments would
-  // change them, so the formats are filled directly).
-  for (auto& [format, bytes] : out->formats) {
-    if (format.recipe == v1::RECIPE_FP32) {
-      std::memcpy(bytes.data(), initial.data(), initial.size_bytes());
-    } else if (format.recipe == v1::RECIPE_BF16) {
-      auto* dst = reinterpret_cast<uint16_t*>(bytes.data());
-      pool_.ParallelFor(static_cast<int64_t>(initial.size()), kernels::kDefaultGrain,
-                        [&](int64_t begin, int64_t end) {
-                          for (int64_t i = begin; i < end; ++i) {
-                            dst[i] = kernels::Bf16FromFloat(initial[static_cast<size_t>(i)]);
-                          }
-                        });
-    } else {
-      return absl::UnimplementedError(
-          absl::StrCat("the cpu backend cannot serve ", FormatName(format), " yet"));
+  auto state = std::make_unique<CpuTensorState>(info);
+  state->history = kernels::AmaxHistory(info.delayed_history);
+  CpuTensorState& s = *state;
+  auto* fp32 = reinterpret_cast<float*>(Fp32(out).data());
+  const int64_t n = s.n;
+  // The stored master, and its FP32 value (what every format is computed from).
+  pool_.ParallelFor(n, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float x = initial[static_cast<size_t>(i)];
+      switch (info.policy.master) {
+        case kernels::MasterType::kFp32:
+          reinterpret_cast<float*>(s.master.data())[i] = x;
+          fp32[i] = x;
+          break;
+        case kernels::MasterType::kBf16Remainder: {
+          const kernels::Bf16Split split = kernels::SplitBf16Remainder(x);
+          reinterpret_cast<uint16_t*>(s.master.data())[i] = split.served;
+          s.remainder[static_cast<size_t>(i)] = split.remainder;
+          fp32[i] = x;
+          break;
+        }
+        case kernels::MasterType::kFp16: {
+          const uint16_t code = kernels::Fp16FromFloat(x);
+          reinterpret_cast<uint16_t*>(s.master.data())[i] = code;
+          fp32[i] = kernels::FloatFromFp16(code);
+          break;
+        }
+      }
     }
+  });
+  // Version 0: every format from the stored master.
+  for (ServedFormat& f : out->formats) {
+    if (f.key.recipe == v1::RECIPE_FP32 && f.key.direction == v1::DIRECTION_ROWWISE) continue;
+    if (f.key.recipe == v1::RECIPE_BF16 &&
+        info.policy.master == kernels::MasterType::kBf16Remainder) {
+      ServeBf16Halves(s, f, 0, info.rows);
+      continue;
+    }
+    float scale = 1.0f;
+    if (f.key.recipe == v1::RECIPE_FP8_TENSOR) {
+      scale = s.tensor_scale = kernels::NextFp8TensorScale(kernels::AmaxCpu(fp32, n), 1.0f).scale;
+    } else if (f.key.recipe == v1::RECIPE_FP8_DELAYED) {
+      // Empty history: scale 1; version 0 appends nothing.
+      scale = s.delayed_scale = s.history.NextScale(info.delayed_margin, 1.0f).scale;
+    }
+    absl::Status st =
+        FromKernel(kernels::ServeQuantizeCpu(ServeArgsFor(s, out, f, scale), 0, info.rows));
+    if (!st.ok()) return st;
   }
   return state;
 }
 
-absl::Status CpuBackend::Step(std::span<TensorStep> tensors, const kernels::AdamwScalars& scalars,
-                              float grad_scale) {
+absl::Status CpuBackend::Step(std::span<TensorStep> tensors, const StepScalars& scalars) {
   for (TensorStep& t : tensors) {
-    auto* state = static_cast<CpuTensorState*>(t.state);
-    kernels::FusedStepArgs args;
-    args.slots = t.slots.data();
-    args.num_slots = static_cast<int>(t.slots.size());
-    args.slot_type = t.slot_type;
-    args.grad_scale = grad_scale;
-    args.scalars = scalars;
-    args.master = state->master.data();
-    args.exp_avg = state->exp_avg.data();
-    args.exp_avg_sq = state->exp_avg_sq.data();
-    BindOutputs(t.out, &args);
-    std::atomic<bool> failed{false};
-    kernels::KStatus first_error;
-    pool_.ParallelFor(state->elements(), kernels::kDefaultGrain, [&](int64_t begin, int64_t end) {
-      kernels::KStatus s = kernels::FusedStepCpu(args, begin, end);
-      if (!s.ok() && !failed.exchange(true)) first_error = s;
-    });
-    if (failed.load()) return FromKernel(first_error);
+    auto& s = *static_cast<CpuTensorState*>(t.state);
+    const kernels::FusedStepArgs args = StepArgs(s, t, scalars);
+    const int64_t rows = s.info.rows, cols = s.info.cols;
+    // fp8_delayed's scale comes from earlier steps' amaxes: known now, so it is cast in the pass.
+    const float delayed = s.history.NextScale(s.info.delayed_margin, s.delayed_scale).scale;
+    absl::Status status;
+    absl::Mutex mu;
+    float amax = 0.0f;
+    auto fail = [&](absl::Status st) {
+      absl::MutexLock lock(&mu);
+      if (status.ok()) status = std::move(st);
+    };
+    auto add_amax = [&](float a) {
+      absl::MutexLock lock(&mu);
+      amax = kernels::AmaxCombine(amax, a);
+    };
+    const int64_t panels = (rows + kPanelRows - 1) / kPanelRows;
+    if (panels >= 2) {
+      // Panel by panel: the step, then the block formats of the panel while it is in cache.
+      pool_.ParallelFor(panels, 1, [&](int64_t p0, int64_t p1) {
+        for (int64_t p = p0; p < p1; ++p) {
+          const int64_t r0 = p * kPanelRows, r1 = std::min(rows, r0 + kPanelRows);
+          float panel_amax = 0.0f;
+          absl::Status st = FromKernel(kernels::FusedStepCpu(args, r0 * cols, r1 * cols,
+                                                             kernels::CpuPath::kAuto, &panel_amax));
+          if (st.ok()) st = ServeRows(s, t.out, r0, r1);
+          if (!st.ok()) return fail(std::move(st));
+          add_amax(panel_amax);
+        }
+      });
+    } else {
+      // Too few rows for panels: element blocks for the step, then the formats over all rows.
+      pool_.ParallelFor(s.n, kGrain, [&](int64_t begin, int64_t end) {
+        float block_amax = 0.0f;
+        absl::Status st = FromKernel(
+            kernels::FusedStepCpu(args, begin, end, kernels::CpuPath::kAuto, &block_amax));
+        if (!st.ok()) return fail(std::move(st));
+        add_amax(block_amax);
+      });
+      if (status.ok()) status = ServeRows(s, t.out, 0, rows);
+    }
+    if (!status.ok()) return status;
+    // The per-tensor formats: fp8_tensor needs this step's amax, so it is a second, lighter pass.
+    const float current = kernels::NextFp8TensorScale(amax, s.tensor_scale).scale;
+    for (ServedFormat& f : t.out->formats) {
+      if (!IsPerTensor(f)) continue;
+      const float scale = f.key.recipe == v1::RECIPE_FP8_TENSOR ? current : delayed;
+      const kernels::ServeArgs serve = ServeArgsFor(s, t.out, f, scale);
+      pool_.ParallelFor(panels, 1, [&](int64_t p0, int64_t p1) {
+        absl::Status st = FromKernel(
+            kernels::ServeQuantizeCpu(serve, p0 * kPanelRows, std::min(rows, p1 * kPanelRows)));
+        if (!st.ok()) fail(std::move(st));
+      });
+      if (!status.ok()) return status;
+    }
+    s.tensor_scale = current;
+    s.delayed_scale = delayed;
+    s.history.Append(amax);  // after the cast; a skipped step appends nothing
   }
   return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Reserve(std::span<TensorStep> tensors,
+                                 std::span<const ServedTensor* const> previous) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    for (size_t f = 0; f < tensors[i].out->formats.size(); ++f) {
+      std::vector<uint8_t>& to = tensors[i].out->formats[f].bytes;
+      const std::vector<uint8_t>& from = previous[i]->formats[f].bytes;
+      pool_.ParallelFor(
+          static_cast<int64_t>(to.size()), int64_t{1} << 20, [&](int64_t begin, int64_t end) {
+            std::memcpy(to.data() + begin, from.data() + begin, static_cast<size_t>(end - begin));
+          });
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<GradientCheck> CpuBackend::CheckGradients(std::span<TensorStep> tensors,
+                                                         float grad_scale, bool norms) {
+  GradientCheck check;
+  std::atomic<bool> finite{true};
+  absl::Status status;
+  absl::Mutex mu;
+  auto run = [&](kernels::KStatus st, bool block_finite) {
+    if (!block_finite) finite.store(false, std::memory_order_relaxed);
+    if (!st.ok()) {
+      absl::MutexLock lock(&mu);
+      if (status.ok()) status = FromKernel(st);
+    }
+  };
+  for (TensorStep& t : tensors) {
+    const auto& s = *static_cast<const CpuTensorState*>(t.state);
+    const kernels::GradSlots grad{t.slots.data(), static_cast<int>(t.slots.size()), t.slot_type,
+                                  grad_scale};
+    std::vector<double>& sums = check.block_sums.emplace_back();
+    if (norms) {
+      sums.assign(static_cast<size_t>(kernels::NumNormBlocks(s.info.rows)), 0.0);
+      pool_.ParallelFor(static_cast<int64_t>(sums.size()), 1, [&](int64_t b0, int64_t b1) {
+        // The kernel's status first: it writes block_finite, which `run` reads.
+        bool block_finite = true;
+        const kernels::KStatus st = kernels::GradBlockSumsCpu(grad, s.info.rows, s.info.cols, b0,
+                                                              b1, sums.data() + b0, &block_finite);
+        run(st, block_finite);
+      });
+    } else {
+      pool_.ParallelFor(s.n, kGrain, [&](int64_t begin, int64_t end) {
+        bool block_finite = true;
+        const kernels::KStatus st = kernels::GradFiniteCpu(grad, begin, end, &block_finite);
+        run(st, block_finite);
+      });
+    }
+    if (!status.ok()) return status;
+  }
+  check.finite = finite.load();
+  return check;
 }
 
 }  // namespace paramd

@@ -1,5 +1,6 @@
-// The `cpu` backend: FP32 master and moments in host memory; the fused step runs on a pool of
-// threads over cache-sized blocks of each tensor.
+// The `cpu` backend: master weights and moments in host memory in the job's state policy; the
+// fused step runs on a pool of threads, 128-row panel by panel, quantizing the block serve formats
+// of each panel right after updating it, while it is in cache.
 #pragma once
 
 #include <memory>
@@ -15,10 +16,14 @@ class CpuBackend : public Backend {
   ~CpuBackend() override;
 
   std::string name() const override { return "cpu"; }
-  absl::StatusOr<std::unique_ptr<TensorState>> CreateState(std::span<const float> initial,
+  absl::StatusOr<std::unique_ptr<TensorState>> CreateState(const TensorInfo& info,
+                                                           std::span<const float> initial,
                                                            ServedTensor* out) override;
-  absl::Status Step(std::span<TensorStep> tensors, const kernels::AdamwScalars& scalars,
-                    float grad_scale) override;
+  absl::StatusOr<GradientCheck> CheckGradients(std::span<TensorStep> tensors, float grad_scale,
+                                               bool norms) override;
+  absl::Status Step(std::span<TensorStep> tensors, const StepScalars& scalars) override;
+  absl::Status Reserve(std::span<TensorStep> tensors,
+                       std::span<const ServedTensor* const> previous) override;
 
  private:
   kernels::ThreadPool pool_;

@@ -62,9 +62,13 @@ absl::StatusOr<v1::RegisterResponse> Daemon::Register(const v1::RegisterRequest&
 void Daemon::StartStep(std::shared_ptr<Job> job, StepWork work) {
   executor_.Submit([this, job = std::move(job), work] {
     const StepReport report = job->RunStep(work);
-    metrics_->StepDone(job->name(), report.seconds, report.elements);
+    metrics_->StepDone(job->name(), report.seconds, report.elements, report.skipped);
+    if (report.skipped) {
+      PARAMD_LOG(WARNING) << "job " << job->name() << ": step " << report.step
+                          << " skipped: a gradient is not finite (weights re-served unchanged)";
+    }
     PARAMD_LOG(DEBUG) << "job " << job->name() << ": step " << report.step << " took "
-                      << report.seconds * 1e3 << " ms";
+                      << report.seconds * 1e3 << " ms, clip " << report.clip;
     UpdateGauges();
   });
 }

@@ -157,7 +157,8 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullChunk> {
 
   void Begin() {
     served_ = job_->Served(tensor_, min_version_);
-    bytes_ = served_->Find(format_);
+    const ServedFormat* format = served_->Find(format_);
+    bytes_ = &format->bytes;
     v1::PullHeader* header = message_.mutable_header();
     header->set_version(served_->version);
     const v1::JobStatus status = job_->Status();
@@ -165,8 +166,16 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullChunk> {
     header->set_cols(status.tensors(tensor_).cols());
     header->mutable_format()->set_recipe(format_.recipe);
     header->mutable_format()->set_direction(format_.direction);
-    header->set_data_bytes(static_cast<int64_t>(bytes_->size()));
+    header->set_data_bytes(format->layout.data_bytes);
     header->set_skipped(served_->skipped);
+    if (format->layout.scale_count > 0) {
+      header->set_scale_bytes(format->layout.scale_bytes);
+      header->set_scale_type(format->layout.scale_dtype == kernels::DType::kE8m0
+                                 ? v1::SCALE_TYPE_E8M0
+                                 : v1::SCALE_TYPE_FP32_INV);
+      header->add_scale_shape(format->layout.scale_rows);
+      header->add_scale_shape(format->layout.scale_cols);
+    }
     StartWrite(&message_);
   }
 

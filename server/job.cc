@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
+#include "kernels/step_rules.h"
 #include "server/registration.h"
 
 namespace paramd {
@@ -49,6 +50,7 @@ Job::Job(const v1::RegisterRequest& spec, Backend* backend)
     Tensor& t = tensors_[static_cast<size_t>(i)];
     t.spec = spec_.tensors(i);
     t.elements = t.spec.rows() * t.spec.cols();
+    t.info = TensorInfoOf(spec_, i);
     t.grad_bytes = t.elements * ElementBytes(t.spec.grad_type());
     tensor_index_.emplace(t.spec.name(), i);
     collecting_[static_cast<size_t>(i)].resize(static_cast<size_t>(world_size_));
@@ -159,9 +161,10 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushWeights(Tensor& t, const v1::PushCh
   if (t.state != nullptr) {
     // Identical bytes before any step are a retry of the upload; anything else would overwrite
     // the state.
-    const std::vector<uint8_t>* fp32 = t.served->Find(FormatKey{});
+    const ServedFormat* fp32 = t.served->Find(FormatKey{});
     if (applied_steps_ == 0 && next_step_ == 0 &&
-        std::memcmp(fp32->data() + chunk.offset(), chunk.data().data(), chunk.data().size()) == 0) {
+        std::memcmp(fp32->bytes.data() + chunk.offset(), chunk.data().data(),
+                    chunk.data().size()) == 0) {
       return ChunkBuffer::Stored::kDuplicate;
     }
     return absl::FailedPreconditionError(absl::StrCat(
@@ -182,7 +185,8 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushWeights(Tensor& t, const v1::PushCh
   std::shared_ptr<ServedTensor> served = FreshServed(t);
   served->version = 0;
   absl::StatusOr<std::unique_ptr<TensorState>> state =
-      backend_->CreateState(std::span<const float>(reinterpret_cast<const float*>(t.upload->data()),
+      backend_->CreateState(t.info,
+                            std::span<const float>(reinterpret_cast<const float*>(t.upload->data()),
                                                    static_cast<size_t>(t.elements)),
                             served.get());
   if (!state.ok()) return state.status();
@@ -318,8 +322,12 @@ std::shared_ptr<ServedTensor> Job::FreshServed(Tensor& t) const {
   } else {
     served = std::make_shared<ServedTensor>();
     for (const FormatKey& f : formats_) {
-      served->formats.emplace_back(
-          f, std::vector<uint8_t>(static_cast<size_t>(t.elements * ServedElementBytes(f.recipe))));
+      ServedFormat& format = served->formats.emplace_back();
+      format.key = f;
+      format.layout = kernels::ServeLayout(KernelRecipe(f.recipe), KernelDirection(f.direction),
+                                           t.spec.rows(), t.spec.cols());
+      format.bytes.resize(
+          static_cast<size_t>(format.layout.data_bytes + format.layout.scale_bytes));
     }
   }
   served->skipped = false;
@@ -330,18 +338,21 @@ StepReport Job::RunStep(const StepWork& work) {
   const auto start = std::chrono::steady_clock::now();
   std::vector<TensorStep> steps;
   std::vector<std::shared_ptr<ServedTensor>> outputs;
-  kernels::AdamwScalars scalars;
-  float grad_scale;
+  std::vector<const ServedTensor*> previous;
+  StepScalars scalars;
   {
     absl::MutexLock lock(&mu_);
     SlotSet& slots = taken_.at(work.step);
     kernels::AdamwHyper hyper{work.lr.value_or(hyper_.lr()), hyper_.beta1(), hyper_.beta2(),
                               hyper_.eps(), hyper_.weight_decay()};
-    scalars = kernels::MakeAdamwScalars(hyper, applied_steps_ + 1);
-    grad_scale = static_cast<float>(work.grad_scale);
+    scalars.k = applied_steps_ + 1;
+    scalars.adamw = kernels::MakeAdamwScalars(hyper, scalars.k);
+    scalars.grad_scale = static_cast<float>(work.grad_scale);
+    scalars.seed = spec_.seed();
     for (size_t i = 0; i < tensors_.size(); ++i) {
       Tensor& t = tensors_[i];
       outputs.push_back(FreshServed(t));
+      previous.push_back(t.served.get());  // stays published (alive) until this step publishes
       TensorStep step;
       step.state = t.state.get();
       step.slot_type = t.spec.grad_type() == v1::ELEMENT_TYPE_BF16 ? kernels::SlotType::kBf16
@@ -351,22 +362,48 @@ StepReport Job::RunStep(const StepWork& work) {
       steps.push_back(std::move(step));
     }
   }
-  // The state and the taken slots belong to this step alone while it runs.
-  // The backend's state buffers were allocated at registration; a step that fails leaves them
-  // half-updated, which no status could repair.
-  const absl::Status status = backend_->Step(std::span<TensorStep>(steps), scalars, grad_scale);
-  PARAMD_CHECK(status.ok()) << "step " << work.step << " of job " << name_ << ": " << status;
+  // The state and the taken slots belong to this step alone while it runs. The backend's buffers
+  // were allocated at registration; a step that fails leaves them half-updated, which no status
+  // could repair.
+  const std::span<TensorStep> all(steps);
+  const bool clipping = spec_.max_grad_norm() > 0;
+  absl::StatusOr<GradientCheck> check = backend_->CheckGradients(all, scalars.grad_scale, clipping);
+  PARAMD_CHECK(check.ok()) << "step " << work.step << " of job " << name_ << ": " << check.status();
+  const bool skipped = !check->finite;
+  if (skipped) {
+    const absl::Status status = backend_->Reserve(all, previous);
+    PARAMD_CHECK(status.ok()) << "step " << work.step << " of job " << name_ << ": " << status;
+  } else {
+    if (clipping) {
+      // Block sums one after another in registration order, then block order (DESIGN.md §2).
+      std::vector<double> blocks;
+      for (const std::vector<double>& tensor : check->block_sums) {
+        blocks.insert(blocks.end(), tensor.begin(), tensor.end());
+      }
+      scalars.clip = kernels::ClipFactor(
+          kernels::SumInOrder(blocks.data(), static_cast<int64_t>(blocks.size())),
+          spec_.max_grad_norm());
+    }
+    const absl::Status status = backend_->Step(all, scalars);
+    PARAMD_CHECK(status.ok()) << "step " << work.step << " of job " << name_ << ": " << status;
+  }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   std::vector<std::function<void()>> wake;
-  StepReport report{work.step, seconds, 0};
+  StepReport report{work.step, seconds, 0, skipped, scalars.clip};
   {
     absl::MutexLock lock(&mu_);
-    ++applied_steps_;
+    if (skipped) {
+      ++skipped_steps_;
+    } else {
+      ++applied_steps_;
+    }
     last_step_seconds_ = seconds;
+    last_clip_ = scalars.clip;
     for (size_t i = 0; i < tensors_.size(); ++i) {
       outputs[i]->version = work.step + 1;
+      outputs[i]->skipped = skipped;
       report.elements += tensors_[i].elements;
       Publish(static_cast<int>(i), std::move(outputs[i]), &wake);
     }
@@ -449,6 +486,7 @@ v1::JobStatus Job::Status() const {
   *s.mutable_serve() = spec_.serve();
   int64_t state_bytes = 0;
   int64_t served_bytes = 0;
+  StateBytes by_kind;
   for (const Tensor& t : tensors_) {
     v1::TensorStatus* ts = s.add_tensors();
     ts->set_name(t.spec.name());
@@ -456,8 +494,13 @@ v1::JobStatus Job::Status() const {
     ts->set_cols(t.spec.cols());
     ts->set_grad_type(t.spec.grad_type());
     ts->set_version(t.served ? t.served->version : -1);
-    ts->set_state_bytes(t.state ? t.state->state_bytes() : 0);
-    state_bytes += ts->state_bytes();
+    const StateBytes bytes = t.state ? t.state->state_bytes() : StateBytes{};
+    ts->set_state_bytes(bytes.total());
+    state_bytes += bytes.total();
+    by_kind.master += bytes.master;
+    by_kind.exp_avg += bytes.exp_avg;
+    by_kind.exp_avg_sq += bytes.exp_avg_sq;
+    by_kind.moment_scales += bytes.moment_scales;
     if (t.served) served_bytes += t.served->bytes();
     if (t.spare) served_bytes += t.spare->bytes();
   }
@@ -474,6 +517,14 @@ v1::JobStatus Job::Status() const {
   s.set_slot_bytes(slot_bytes);
   s.set_served_bytes(served_bytes);
   s.set_last_step_seconds(last_step_seconds_);
+  s.set_skipped_steps(skipped_steps_);
+  s.set_max_grad_norm(spec_.max_grad_norm());
+  s.set_last_clip(last_clip_);
+  v1::StateBytes* kinds = s.mutable_state_bytes_by_kind();
+  kinds->set_master(by_kind.master);
+  kinds->set_exp_avg(by_kind.exp_avg);
+  kinds->set_exp_avg_sq(by_kind.exp_avg_sq);
+  kinds->set_moment_scales(by_kind.moment_scales);
   return s;
 }
 

@@ -42,6 +42,8 @@ struct StepReport {
   int64_t step = 0;
   double seconds = 0;
   int64_t elements = 0;
+  bool skipped = false;  // a gradient was not finite: the state stayed, the version advanced
+  float clip = 1.0f;     // the global-norm clip factor applied
 };
 
 class Job {
@@ -87,6 +89,7 @@ class Job {
  private:
   struct Tensor {
     v1::TensorSpec spec;
+    TensorInfo info;  // shape, index and policy, for the backend
     int64_t elements = 0;
     int64_t grad_bytes = 0;
     std::unique_ptr<TensorState> state;          // null until the initial weights arrived
@@ -139,6 +142,8 @@ class Job {
   std::map<int64_t, SlotSet> taken_ ABSL_GUARDED_BY(mu_);
   std::vector<SlotSet> spare_slot_sets_ ABSL_GUARDED_BY(mu_);
   double last_step_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t skipped_steps_ ABSL_GUARDED_BY(mu_) = 0;
+  double last_clip_ ABSL_GUARDED_BY(mu_) = 1.0;
   std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   uint64_t next_waiter_ ABSL_GUARDED_BY(mu_) = 1;
 };

@@ -94,10 +94,12 @@ absl::StatusOr<std::string> Metrics::Serve(const std::string& address) {
   return absl::StrCat(host, ":", ports.empty() ? 0 : ports.front());
 }
 
-void Metrics::StepDone(const std::string& job, double seconds, int64_t elements) {
+void Metrics::StepDone(const std::string& job, double seconds, int64_t elements, bool skipped) {
   step_seconds_.Add({{"training_job", job}}, StepBuckets()).Observe(seconds);
-  steps_.Add({{"training_job", job}, {"outcome", "applied"}}).Increment();
-  stepped_elements_.Add({{"training_job", job}}).Increment(static_cast<double>(elements));
+  steps_.Add({{"training_job", job}, {"outcome", skipped ? "skipped" : "applied"}}).Increment();
+  if (!skipped) {
+    stepped_elements_.Add({{"training_job", job}}).Increment(static_cast<double>(elements));
+  }
 }
 
 void Metrics::Pushed(const std::string& transport, int64_t bytes) {

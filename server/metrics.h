@@ -24,7 +24,7 @@ class Metrics {
   // Serves /metrics on `address` ("host:port", port 0 picks one). Returns the bound address.
   absl::StatusOr<std::string> Serve(const std::string& address);
 
-  void StepDone(const std::string& job, double seconds, int64_t elements);
+  void StepDone(const std::string& job, double seconds, int64_t elements, bool skipped);
   void Pushed(const std::string& transport, int64_t bytes);
   void Pulled(const std::string& transport, int64_t bytes);
   void RpcError(const std::string& method, int code);

@@ -36,7 +36,102 @@ absl::Status CheckHyper(const v1::AdamwHyperparams& h) {
   return absl::OkStatus();
 }
 
+absl::Status CheckPolicy(const v1::StatePolicy& p) {
+  if (!v1::MasterType_IsValid(p.master())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("state_policy.master = ", p.master(), " is not a MasterType"));
+  }
+  struct Moment {
+    const char* name;
+    v1::MomentType type;
+    v1::Rounding rounding;
+  };
+  for (const Moment& m : {Moment{"exp_avg", p.exp_avg(), p.exp_avg_rounding()},
+                          Moment{"exp_avg_sq", p.exp_avg_sq(), p.exp_avg_sq_rounding()}}) {
+    if (!v1::MomentType_IsValid(m.type)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("state_policy.", m.name, " = ", m.type, " is not a MomentType"));
+    }
+    if (!v1::Rounding_IsValid(m.rounding)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("state_policy.", m.name, "_rounding = ", m.rounding, " is not a Rounding"));
+    }
+    const bool fp32 = m.type == v1::MOMENT_TYPE_UNSPECIFIED || m.type == v1::MOMENT_TYPE_FP32;
+    if (fp32 && m.rounding == v1::ROUNDING_STOCHASTIC) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "state_policy.", m.name, "_rounding is ROUNDING_STOCHASTIC but ", m.name,
+          " is FP32, which is not rounded; use a narrower moment type or nearest rounding"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckServeFormat(const v1::ServeFormat& f) {
+  if (f.recipe() == v1::RECIPE_UNSPECIFIED || !v1::Recipe_IsValid(f.recipe())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "serve recipe ", f.recipe(), " is not a Recipe (RECIPE_FP32 ... RECIPE_MXFP8)"));
+  }
+  if (!v1::Direction_IsValid(f.direction())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("serve direction ", f.direction(), " is not a Direction"));
+  }
+  if (f.recipe() != v1::RECIPE_FP8_DELAYED && (f.amax_history() != 0 || f.margin() != 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("serve ", v1::Recipe_Name(f.recipe()),
+                     " takes no amax_history or margin; they belong to RECIPE_FP8_DELAYED"));
+  }
+  if (f.amax_history() < 0 || f.amax_history() > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("amax_history = ", f.amax_history(), " must be in [1, 1024] (0 = 16)"));
+  }
+  if (f.margin() < 0 || f.margin() > 32) {
+    return absl::InvalidArgumentError(absl::StrCat("margin = ", f.margin(), " must be in [0, 32]"));
+  }
+  return absl::OkStatus();
+}
+
+kernels::MomentType KernelMoment(v1::MomentType type) {
+  switch (type) {
+    case v1::MOMENT_TYPE_BF16:
+      return kernels::MomentType::kBf16;
+    case v1::MOMENT_TYPE_FP16:
+      return kernels::MomentType::kFp16;
+    case v1::MOMENT_TYPE_FP8:
+      return kernels::MomentType::kFp8;
+    default:
+      return kernels::MomentType::kFp32;
+  }
+}
+
+kernels::Rounding KernelRounding(v1::Rounding rounding) {
+  return rounding == v1::ROUNDING_STOCHASTIC ? kernels::Rounding::kStochastic
+                                             : kernels::Rounding::kNearest;
+}
+
 }  // namespace
+
+TensorInfo TensorInfoOf(const v1::RegisterRequest& spec, int i) {
+  TensorInfo info;
+  info.rows = spec.tensors(i).rows();
+  info.cols = spec.tensors(i).cols();
+  info.index = static_cast<uint32_t>(i);
+  const v1::StatePolicy& p = spec.state_policy();
+  info.policy.master = p.master() == v1::MASTER_TYPE_BF16_REMAINDER
+                           ? kernels::MasterType::kBf16Remainder
+                       : p.master() == v1::MASTER_TYPE_FP16 ? kernels::MasterType::kFp16
+                                                            : kernels::MasterType::kFp32;
+  info.policy.exp_avg = KernelMoment(p.exp_avg());
+  info.policy.exp_avg_sq = KernelMoment(p.exp_avg_sq());
+  info.policy.exp_avg_rounding = KernelRounding(p.exp_avg_rounding());
+  info.policy.exp_avg_sq_rounding = KernelRounding(p.exp_avg_sq_rounding());
+  for (const v1::ServeFormat& f : spec.serve()) {
+    if (f.recipe() == v1::RECIPE_FP8_DELAYED) {
+      info.delayed_history = f.amax_history();
+      info.delayed_margin = f.margin();
+    }
+  }
+  return info;
+}
 
 int64_t ElementBytes(v1::ElementType type) {
   switch (type) {
@@ -85,28 +180,28 @@ absl::Status ValidateRegistration(const v1::RegisterRequest& r) {
     }
   }
   if (absl::Status s = CheckHyper(r.hyperparams()); !s.ok()) return s;
-  const v1::StatePolicy& p = r.state_policy();
-  const bool fp32_policy =
-      (p.master() == v1::MASTER_TYPE_UNSPECIFIED || p.master() == v1::MASTER_TYPE_FP32) &&
-      (p.exp_avg() == v1::MOMENT_TYPE_UNSPECIFIED || p.exp_avg() == v1::MOMENT_TYPE_FP32) &&
-      (p.exp_avg_sq() == v1::MOMENT_TYPE_UNSPECIFIED || p.exp_avg_sq() == v1::MOMENT_TYPE_FP32);
-  if (!fp32_policy) {
-    return absl::UnimplementedError(absl::StrCat(
-        "state policy {", p.ShortDebugString(),
-        "} is not supported by this daemon yet; use the fp32 policy (master, exp_avg and "
-        "exp_avg_sq FP32)"));
-  }
+  if (absl::Status s = CheckPolicy(r.state_policy()); !s.ok()) return s;
+  const v1::ServeFormat* delayed = nullptr;
   for (const v1::ServeFormat& f : r.serve()) {
-    if (f.recipe() != v1::RECIPE_FP32 && f.recipe() != v1::RECIPE_BF16) {
-      return absl::UnimplementedError(absl::StrCat("serve recipe ", v1::Recipe_Name(f.recipe()),
-                                                   " is not supported by this daemon yet; "
-                                                   "supported: RECIPE_FP32, RECIPE_BF16"));
+    if (absl::Status s = CheckServeFormat(f); !s.ok()) return s;
+    if (f.recipe() != v1::RECIPE_FP8_DELAYED) continue;
+    // A tensor keeps one amax history, shared by every fp8_delayed direction.
+    auto history = [](const v1::ServeFormat& g) {
+      return g.amax_history() == 0 ? 16 : g.amax_history();
+    };
+    if (delayed != nullptr &&
+        (history(f) != history(*delayed) || f.margin() != delayed->margin())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "serve RECIPE_FP8_DELAYED is listed with amax_history ", history(*delayed), " margin ",
+          delayed->margin(), " and with amax_history ", history(f), " margin ", f.margin(),
+          "; a tensor keeps one amax history for every fp8_delayed direction, so list the same "
+          "amax_history and margin"));
     }
-    if (f.direction() == v1::DIRECTION_COLUMNWISE) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("serve recipe ", v1::Recipe_Name(f.recipe()),
-                       " has no columnwise direction; only block-scaled FP8 recipes have one"));
-    }
+    delayed = &f;
+  }
+  if (!std::isfinite(r.max_grad_norm()) || r.max_grad_norm() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("max_grad_norm = ", r.max_grad_norm(),
+                                                   " must be finite and >= 0 (0 = no clipping)"));
   }
   if (r.push_mode() != v1::PUSH_MODE_UNSPECIFIED && r.push_mode() != v1::PUSH_MODE_FULL) {
     return absl::InvalidArgumentError(absl::StrCat("push_mode ", r.push_mode(), " is unknown"));
@@ -121,8 +216,17 @@ v1::RegisterRequest NormalizedSpec(const v1::RegisterRequest& request) {
   if (p->master() == v1::MASTER_TYPE_UNSPECIFIED) p->set_master(v1::MASTER_TYPE_FP32);
   if (p->exp_avg() == v1::MOMENT_TYPE_UNSPECIFIED) p->set_exp_avg(v1::MOMENT_TYPE_FP32);
   if (p->exp_avg_sq() == v1::MOMENT_TYPE_UNSPECIFIED) p->set_exp_avg_sq(v1::MOMENT_TYPE_FP32);
+  // DESIGN.md §3's default rounding: stochastic for an fp8 exp_avg_sq, nearest elsewhere.
+  if (p->exp_avg_rounding() == v1::ROUNDING_UNSPECIFIED) {
+    p->set_exp_avg_rounding(v1::ROUNDING_NEAREST);
+  }
+  if (p->exp_avg_sq_rounding() == v1::ROUNDING_UNSPECIFIED) {
+    p->set_exp_avg_sq_rounding(p->exp_avg_sq() == v1::MOMENT_TYPE_FP8 ? v1::ROUNDING_STOCHASTIC
+                                                                      : v1::ROUNDING_NEAREST);
+  }
   for (v1::ServeFormat& f : *spec.mutable_serve()) {
     if (f.direction() == v1::DIRECTION_UNSPECIFIED) f.set_direction(v1::DIRECTION_ROWWISE);
+    if (f.recipe() == v1::RECIPE_FP8_DELAYED && f.amax_history() == 0) f.set_amax_history(16);
   }
   if (spec.push_mode() == v1::PUSH_MODE_UNSPECIFIED) spec.set_push_mode(v1::PUSH_MODE_FULL);
   return spec;

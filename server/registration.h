@@ -1,5 +1,5 @@
-// Checks of a Register request on its own, before any job exists: names, shapes, ranges, and that
-// this build supports the state policy and serve formats asked for.
+// Checks of a Register request on its own, before any job exists: names, shapes, ranges, state
+// policy, rounding and serve formats.
 #pragma once
 
 #include <vector>
@@ -10,7 +10,7 @@
 
 namespace paramd {
 
-// INVALID_ARGUMENT or UNIMPLEMENTED with a message naming the field.
+// INVALID_ARGUMENT with a message naming the field.
 absl::Status ValidateRegistration(const v1::RegisterRequest& request);
 
 // The job description every rank must repeat: the request with its rank cleared and every
@@ -19,6 +19,9 @@ v1::RegisterRequest NormalizedSpec(const v1::RegisterRequest& request);
 
 // The formats a job serves: fp32 first, then the requested ones in order, without repeats.
 std::vector<FormatKey> ServedFormats(const v1::RegisterRequest& spec);
+
+// What the backend needs to know of tensor `i` of a normalized job description (NormalizedSpec).
+TensorInfo TensorInfoOf(const v1::RegisterRequest& spec, int i);
 
 // Bytes per element of a gradient type (fp32 4, bf16 2).
 int64_t ElementBytes(v1::ElementType type);

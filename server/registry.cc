@@ -6,14 +6,19 @@
 namespace paramd {
 
 int64_t JobRegistry::JobBytes(const v1::RegisterRequest& spec) {
-  const std::vector<FormatKey> formats = ServedFormats(spec);
+  const v1::RegisterRequest normalized = NormalizedSpec(spec);
+  const std::vector<FormatKey> formats = ServedFormats(normalized);
   int64_t bytes = 0;
-  for (const v1::TensorSpec& t : spec.tensors()) {
-    const int64_t n = t.rows() * t.cols();
-    int64_t per_element = 12;  // fp32 master, exp_avg, exp_avg_sq
-    for (const FormatKey& f : formats) per_element += 2 * ServedElementBytes(f.recipe);
-    per_element += 2 * int64_t{spec.world_size()} * ElementBytes(t.grad_type());
-    bytes += n * per_element;
+  for (int i = 0; i < normalized.tensors_size(); ++i) {
+    const v1::TensorSpec& t = normalized.tensors(i);
+    bytes += PolicyStateBytes(TensorInfoOf(normalized, i)).total();
+    for (const FormatKey& f : formats) {
+      const kernels::ServeBufferLayout layout = kernels::ServeLayout(
+          KernelRecipe(f.recipe), KernelDirection(f.direction), t.rows(), t.cols());
+      bytes += 2 * (layout.data_bytes + layout.scale_bytes);  // current and retired version
+    }
+    // Slots of the step being collected and of the running step.
+    bytes += 2 * int64_t{spec.world_size()} * t.rows() * t.cols() * ElementBytes(t.grad_type());
   }
   return bytes;
 }

@@ -87,7 +87,7 @@ class InlineTransport final : public Transport {
     while (reader->Read(&chunk)) {
       if (chunk.has_header()) {
         out->header = chunk.header();
-        out->data.resize(static_cast<size_t>(out->header.data_bytes()));
+        out->data.resize(static_cast<size_t>(out->header.data_bytes() + out->header.scale_bytes()));
         have_header = true;
         continue;
       }

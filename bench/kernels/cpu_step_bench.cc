@@ -1,21 +1,25 @@
-// paramd_cpu_step_bench: the CPU fused step (fp32 policy, one fp32 gradient slot, serving bf16)
-// against this machine's own memory ceiling, measured in the same run (DESIGN.md §10).
+// paramd_cpu_step_bench: the CPU fused step of every state policy (one fp32 gradient slot) against
+// this machine's own memory ceiling, measured in the same run (DESIGN.md §10).
 //
-// Ceiling = the fastest of (a) multithreaded memcpy, counted read + write, and (b) a vectorized
-// loop with the step's own access pattern and no arithmetic: read grad 4 B, read + write p, m, v 24
-// B, write bf16 2 B = 30 B per element; once plainly, once with a streaming (non-temporal) store
-// for the write-only bf16 output, and once also with the step's software prefetch of its inputs
-// (what the step itself does). The step is reported in elements/s and in bytes/s at the same 30 B
-// per element, and as a ratio to the ceiling. The last line is JSON for scripts.
+// Per policy: the step in elements/s and in bytes/s of the policy's compulsory bytes (each stream
+// read once, each written once, chunk scales included), and as a ratio to the ceiling = the fastest
+// of (a) multithreaded memcpy, counted read + write, and (b) a vectorized loop with the policy's
+// own access pattern and no arithmetic (every stream read and written as the step does, with a
+// streaming store for the write-only served output, with and without the step's prefetch).
+// Policies that serve FP8 quantize it with kernels/recipes.h panel by panel inside the step's
+// range (FusedStepPanelsCpu), while the panel is in cache. A table, or with --json one JSON line
+// per policy for scripts.
 //
 //   paramd_cpu_step_bench [--threads N] [--n ELEMENTS] [--reps R] [--grain G]
-//                         [--path auto|scalar|avx2|avx512] [--json]
+//                         [--path auto|scalar|avx2|avx512] [--policy NAME[,NAME...]|all] [--json]
+//                         [--list]
 
-// GCC 12 reports its own _mm512_undefined_*() placeholders as maybe-uninitialized (a known false
-// positive of the AVX-512 intrinsic headers), so that warning is off for them.
+// GCC 12 reports its own _mm512_undefined_*() placeholders as (maybe-)uninitialized (a known false
+// positive of the AVX-512 intrinsic headers), so those warnings are off for them.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #include <immintrin.h>
 #if defined(__GNUC__) && !defined(__clang__)
@@ -31,15 +35,55 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/fused_step.h"
+#include "kernels/recipes.h"
 
 namespace paramd::kernels {
 namespace {
 
-constexpr double kStepBytesPerElement = 30.0;
+// What a benchmarked policy keeps and serves.
+enum class Serve { kBf16, kFp16, kFp8Block };
+
+struct BenchPolicy {
+  const char* name;
+  StatePolicy policy;
+  Serve serve;
+  const char* what;
+};
+
+StatePolicy AllNearest(StatePolicy p) {
+  p.exp_avg_rounding = p.exp_avg_sq_rounding = Rounding::kNearest;
+  return p;
+}
+
+const std::vector<BenchPolicy>& Policies() {
+  static const std::vector<BenchPolicy> policies = {
+      {"fp32", MakeStatePolicy(MasterType::kFp32, MomentType::kFp32, MomentType::kFp32),
+       Serve::kBf16, "fp32 master+moments, serve bf16"},
+      {"bf16rem", MakeStatePolicy(MasterType::kBf16Remainder, MomentType::kFp32, MomentType::kFp32),
+       Serve::kBf16, "bf16+remainder master, fp32 moments, serve bf16"},
+      {"fp16master", MakeStatePolicy(MasterType::kFp16, MomentType::kFp32, MomentType::kFp32),
+       Serve::kFp16, "fp16 master, fp32 moments, serve fp16"},
+      {"fp16moments", MakeStatePolicy(MasterType::kFp32, MomentType::kFp16, MomentType::kFp16),
+       Serve::kBf16, "fp32 master, block fp16 moments, serve bf16"},
+      {"bf16moments", MakeStatePolicy(MasterType::kFp32, MomentType::kBf16, MomentType::kBf16),
+       Serve::kBf16, "fp32 master, bf16 moments, serve bf16"},
+      {"fp8m_fp16v", MakeStatePolicy(MasterType::kFp32, MomentType::kFp8, MomentType::kFp16),
+       Serve::kFp8Block, "fp32 master, fp8 m, fp16 v, serve fp8_block"},
+      {"fp8", MakeStatePolicy(MasterType::kFp32, MomentType::kFp8, MomentType::kFp8),
+       Serve::kFp8Block, "fp32 master, fp8 m+v (v stochastic), serve fp8_block"},
+      {"fp8_nearest",
+       AllNearest(MakeStatePolicy(MasterType::kFp32, MomentType::kFp8, MomentType::kFp8)),
+       Serve::kFp8Block, "as fp8, all nearest (no Philox)"},
+      {"fp8_servebf16", MakeStatePolicy(MasterType::kFp32, MomentType::kFp8, MomentType::kFp8),
+       Serve::kBf16, "as fp8, serve bf16 in the pass (no recipe)"},
+  };
+  return policies;
+}
 
 struct Options {
   int threads = std::max(1u, std::thread::hardware_concurrency());
@@ -47,15 +91,36 @@ struct Options {
   int reps = 7;
   int64_t grain = kDefaultGrain;
   CpuPath path = CpuPath::kAuto;
+  std::vector<const BenchPolicy*> policies;
   bool json_only = false;
 };
 
 [[noreturn]] void Usage(const char* why) {
   std::fprintf(stderr,
                "%s\nusage: paramd_cpu_step_bench [--threads N] [--n ELEMENTS] [--reps R] "
-               "[--grain G] [--path auto|scalar|avx2|avx512] [--json]\n",
+               "[--grain G] [--path auto|scalar|avx2|avx512] [--policy NAME[,NAME...]|all] "
+               "[--json] [--list]\n",
                why);
   std::exit(2);
+}
+
+std::vector<const BenchPolicy*> ParsePolicies(const std::string& list) {
+  std::vector<const BenchPolicy*> out;
+  size_t start = 0;
+  while (start <= list.size()) {
+    const size_t comma = std::min(list.find(',', start), list.size());
+    const std::string name = list.substr(start, comma - start);
+    bool found = false;
+    for (const BenchPolicy& p : Policies()) {
+      if (name == "all" || name == p.name) {
+        out.push_back(&p);
+        found = true;
+      }
+    }
+    if (!found) Usage(("unknown policy " + name + " (--list shows them)").c_str());
+    start = comma + 1;
+  }
+  return out;
 }
 
 Options ParseFlags(int argc, char** argv) {
@@ -86,93 +151,120 @@ Options ParseFlags(int argc, char** argv) {
         o.path = CpuPath::kAvx512;
       else
         Usage(("unknown path " + p).c_str());
+    } else if (flag == "--policy") {
+      o.policies = ParsePolicies(value());
     } else if (flag == "--json") {
       o.json_only = true;
+    } else if (flag == "--list") {
+      for (const BenchPolicy& p : Policies()) std::printf("%-14s %s\n", p.name, p.what);
+      std::exit(0);
     } else {
       Usage(("unknown flag " + flag).c_str());
     }
   }
   if (o.threads < 1 || o.n < 1 || o.reps < 1 || o.grain < 1) Usage("values must be positive");
+  // Chunk-scaled moments and 128-row panels: whole chunks per block, whole panels per tensor.
+  o.grain = (o.grain + kChunkElements - 1) / kChunkElements * kChunkElements;
+  o.n = (o.n + (int64_t{128} << 12) - 1) / (int64_t{128} << 12) * (int64_t{128} << 12);
+  if (o.policies.empty()) o.policies = ParsePolicies("all");
   return o;
 }
 
-// A 2 MiB-aligned buffer, backed by huge pages where the kernel allows (same for every loop here).
-template <typename T>
-T* AllocateLarge(int64_t count) {
-  constexpr size_t kAlign = size_t{2} << 20;
-  const size_t bytes = (static_cast<size_t>(count) * sizeof(T) + kAlign - 1) / kAlign * kAlign;
-  void* p = std::aligned_alloc(kAlign, bytes);
-  if (p == nullptr) Usage("out of memory");
-  madvise(p, bytes, MADV_HUGEPAGE);
-  return static_cast<T*>(p);
-}
+// A 2 MiB-aligned buffer, backed by huge pages where the kernel allows; freed at scope exit.
+class Buffer {
+ public:
+  Buffer() = default;
+  explicit Buffer(size_t bytes) {
+    constexpr size_t kAlign = size_t{2} << 20;
+    bytes_ = std::max<size_t>((bytes + kAlign - 1) / kAlign * kAlign, kAlign);
+    p_ = std::aligned_alloc(kAlign, bytes_);
+    if (p_ == nullptr) Usage("out of memory");
+    madvise(p_, bytes_, MADV_HUGEPAGE);
+  }
+  Buffer(Buffer&& o) noexcept : p_(o.p_), bytes_(o.bytes_) { o.p_ = nullptr; }
+  Buffer& operator=(Buffer&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  ~Buffer() { std::free(p_); }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+  size_t bytes() const { return bytes_; }
 
-// The step's access pattern without its arithmetic: every stream is read and written exactly as
-// the fused step does (the values rotate between p, m and v so no store is redundant). Whole
-// vectors only: the few elements past the last multiple of 16 (or 8) are not moved.
-// Pattern loop variants: a plain loop, a streaming store of the bf16 output, and streaming plus the
-// step's prefetch distance.
-enum class Pattern { kPlain, kStream, kStreamPrefetch };
-constexpr int64_t kPrefetchAhead = 512;  // as kernels/cpu/fused_step_paths.h
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
 
-inline void Prefetch(const float* g, const float* p, const float* m, const float* v, int64_t i) {
-  __builtin_prefetch(g + i, 0, 3);
-  __builtin_prefetch(p + i, 0, 3);
-  __builtin_prefetch(m + i, 0, 3);
-  __builtin_prefetch(v + i, 0, 3);
-}
+// One stream of the step's access pattern: bytes per element (scales: 4 per 128 elements, given
+// as 4 / 128), and whether the step reads it, writes it, or both.
+struct Stream {
+  char* base;
+  double bytes_per_element;
+  bool read;
+  bool write;
+};
 
-// Streaming needs out + begin 32-byte aligned (buffers are 2 MiB aligned, blocks multiples of 16).
-template <Pattern kPattern>
-__attribute__((target("avx512f"))) void PatternAvx512(const float* g, float* p, float* m, float* v,
-                                                      uint16_t* out, int64_t begin, int64_t end) {
-  constexpr bool kStream = kPattern != Pattern::kPlain;
-  for (int64_t i = begin; i + 16 <= end; i += 16) {
-    if (kPattern == Pattern::kStreamPrefetch && i + kPrefetchAhead < end) {
-      Prefetch(g, p, m, v, i + kPrefetchAhead);
-    }
-    const __m512 gv = _mm512_loadu_ps(g + i);
-    const __m512 pv = _mm512_loadu_ps(p + i);
-    const __m512 mv = _mm512_loadu_ps(m + i);
-    const __m512 vv = _mm512_loadu_ps(v + i);
-    _mm512_storeu_ps(p + i, mv);
-    _mm512_storeu_ps(m + i, vv);
-    _mm512_storeu_ps(v + i, pv);
-    const __m256i codes = _mm512_cvtepi32_epi16(_mm512_castps_si512(gv));
-    if constexpr (kStream) {
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i), codes);
-    } else {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), codes);
+// The access pattern without arithmetic, per 128-element chunk: each stream's lines loaded and/or
+// stored as the step does (stored values are the loaded ones, or for write-only streams a loaded
+// vector, with a streaming store). Scale streams move one float per chunk.
+template <bool kPrefetch>
+__attribute__((target("avx512f"))) void PatternAvx512(const std::vector<Stream>& streams,
+                                                      int64_t begin, int64_t end) {
+  for (int64_t c = begin; c < end; c += kChunkElements) {
+    __m512 last = _mm512_setzero_ps();
+    for (const Stream& s : streams) {
+      if (s.bytes_per_element < 1.0) {  // a scale per chunk
+        float* p = reinterpret_cast<float*>(s.base) + c / kChunkElements;
+        if (s.write) *p = s.read ? *p : 1.0f;
+        continue;
+      }
+      const int64_t bytes = static_cast<int64_t>(s.bytes_per_element) * kChunkElements;
+      char* p = s.base + static_cast<int64_t>(s.bytes_per_element) * c;
+      if (kPrefetch && s.read && c + 512 < end) {
+        for (int64_t b = 0; b < bytes; b += 64) {
+          __builtin_prefetch(p + static_cast<int64_t>(s.bytes_per_element) * 512 + b, 0, 3);
+        }
+      }
+      for (int64_t b = 0; b < bytes; b += 64) {
+        if (s.read) last = _mm512_load_ps(reinterpret_cast<const float*>(p + b));
+        if (s.write && s.read) _mm512_store_ps(reinterpret_cast<float*>(p + b), last);
+        if (s.write && !s.read) _mm512_stream_ps(reinterpret_cast<float*>(p + b), last);
+      }
     }
   }
-  if constexpr (kStream) _mm_sfence();
+  _mm_sfence();
 }
 
-template <Pattern kPattern>
-__attribute__((target("avx2"))) void PatternAvx2(const float* g, float* p, float* m, float* v,
-                                                 uint16_t* out, int64_t begin, int64_t end) {
-  constexpr bool kStream = kPattern != Pattern::kPlain;
-  for (int64_t i = begin; i + 8 <= end; i += 8) {
-    if (kPattern == Pattern::kStreamPrefetch && i + kPrefetchAhead < end) {
-      Prefetch(g, p, m, v, i + kPrefetchAhead);
-    }
-    const __m256i gv = _mm256_castps_si256(_mm256_loadu_ps(g + i));
-    const __m256 pv = _mm256_loadu_ps(p + i);
-    const __m256 mv = _mm256_loadu_ps(m + i);
-    const __m256 vv = _mm256_loadu_ps(v + i);
-    _mm256_storeu_ps(p + i, mv);
-    _mm256_storeu_ps(m + i, vv);
-    _mm256_storeu_ps(v + i, pv);
-    const __m256i low = _mm256_srli_epi32(_mm256_slli_epi32(gv, 16), 16);
-    const __m128i codes =
-        _mm_packus_epi32(_mm256_castsi256_si128(low), _mm256_extracti128_si256(low, 1));
-    if constexpr (kStream) {
-      _mm_stream_si128(reinterpret_cast<__m128i*>(out + i), codes);
-    } else {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), codes);
+template <bool kPrefetch>
+__attribute__((target("avx2"))) void PatternAvx2(const std::vector<Stream>& streams, int64_t begin,
+                                                 int64_t end) {
+  for (int64_t c = begin; c < end; c += kChunkElements) {
+    __m256 last = _mm256_setzero_ps();
+    for (const Stream& s : streams) {
+      if (s.bytes_per_element < 1.0) {
+        float* p = reinterpret_cast<float*>(s.base) + c / kChunkElements;
+        if (s.write) *p = s.read ? *p : 1.0f;
+        continue;
+      }
+      const int64_t bytes = static_cast<int64_t>(s.bytes_per_element) * kChunkElements;
+      char* p = s.base + static_cast<int64_t>(s.bytes_per_element) * c;
+      if (kPrefetch && s.read && c + 512 < end) {
+        for (int64_t b = 0; b < bytes; b += 64) {
+          __builtin_prefetch(p + static_cast<int64_t>(s.bytes_per_element) * 512 + b, 0, 3);
+        }
+      }
+      for (int64_t b = 0; b < bytes; b += 32) {
+        if (s.read) last = _mm256_load_ps(reinterpret_cast<const float*>(p + b));
+        if (s.write && s.read) _mm256_store_ps(reinterpret_cast<float*>(p + b), last);
+        if (s.write && !s.read) _mm256_stream_ps(reinterpret_cast<float*>(p + b), last);
+      }
     }
   }
-  if constexpr (kStream) _mm_sfence();
+  _mm_sfence();
 }
 
 template <typename Fn>
@@ -182,140 +274,274 @@ double Seconds(Fn&& fn) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+double Best(const std::vector<double>& t) { return *std::min_element(t.begin(), t.end()); }
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
 
-int Main(int argc, char** argv) {
-  const Options o = ParseFlags(argc, argv);
-  const int64_t n = o.n;
-  const CpuPath path = o.path == CpuPath::kAuto ? BestCpuPath() : o.path;
-  if (!CpuPathSupported(path)) Usage("this CPU cannot run the requested path");
-  ThreadPool pool(o.threads);
+int64_t MomentBytes(MomentType t) {
+  return t == MomentType::kFp32 ? 4 : t == MomentType::kFp8 ? 1 : 2;
+}
 
-  float* grad = AllocateLarge<float>(n);
-  float* p = AllocateLarge<float>(n);
-  float* m = AllocateLarge<float>(n);
-  float* v = AllocateLarge<float>(n);
-  uint16_t* out = AllocateLarge<uint16_t>(n);
-  // memcpy moves 8 B per element each way, so its buffers are as large as the step's own.
-  const int64_t copy_bytes = n * 8;
-  char* src = AllocateLarge<char>(copy_bytes);
-  char* dst = AllocateLarge<char>(copy_bytes);
+// One policy's tensor: state, gradient, served output; its streams for the pattern loop.
+struct PolicyBuffers {
+  Buffer grad, master, remainder, m, v, m_scale, v_scale, out, out_scale;
+  std::vector<Stream> streams;
+  double bytes_per_element = 0.0;
+  ServeArgs serve;  // fp8 serve formats
 
-  // First touch on the threads that later use the memory, with finite, step-like values.
-  pool.ParallelFor(n, o.grain, [&](int64_t b, int64_t e) {
-    uint32_t x = static_cast<uint32_t>(b) * 2654435761u + 1;
-    for (int64_t i = b; i < e; ++i) {
+  void Add(const Buffer& b, double bytes, bool read, bool write) {
+    streams.push_back({b.as<char>(), bytes, read, write});
+    bytes_per_element += bytes * ((read ? 1 : 0) + (write ? 1 : 0));
+  }
+};
+
+PolicyBuffers Allocate(const BenchPolicy& bp, int64_t n, int64_t cols) {
+  const StatePolicy& p = bp.policy;
+  PolicyBuffers b;
+  const size_t un = static_cast<size_t>(n);
+  const size_t chunks = static_cast<size_t>(NumChunks(n));
+  b.grad = Buffer(un * 4);
+  b.Add(b.grad, 4, true, false);
+  b.master = Buffer(un * (p.master == MasterType::kFp32 ? 4 : 2));
+  b.Add(b.master, p.master == MasterType::kFp32 ? 4 : 2, true, true);
+  if (p.master == MasterType::kBf16Remainder) {
+    b.remainder = Buffer(un * 2);
+    b.Add(b.remainder, 2, true, true);
+  }
+  b.m = Buffer(un * static_cast<size_t>(MomentBytes(p.exp_avg)));
+  b.Add(b.m, static_cast<double>(MomentBytes(p.exp_avg)), true, true);
+  b.v = Buffer(un * static_cast<size_t>(MomentBytes(p.exp_avg_sq)));
+  b.Add(b.v, static_cast<double>(MomentBytes(p.exp_avg_sq)), true, true);
+  if (HasChunkScales(p.exp_avg)) {
+    b.m_scale = Buffer(chunks * 4);
+    b.Add(b.m_scale, 4.0 / kChunkElements, true, true);
+  }
+  if (HasChunkScales(p.exp_avg_sq)) {
+    b.v_scale = Buffer(chunks * 4);
+    b.Add(b.v_scale, 4.0 / kChunkElements, true, true);
+  }
+  if (bp.serve == Serve::kFp8Block) {
+    const ServeBufferLayout layout =
+        ServeLayout(Recipe::kFp8Block, Direction::kRowwise, n / cols, cols);
+    b.out = Buffer(static_cast<size_t>(layout.data_bytes));
+    b.out_scale = Buffer(static_cast<size_t>(layout.scale_bytes));
+    b.Add(b.out, 1, false, true);
+    b.bytes_per_element += static_cast<double>(layout.scale_bytes) / static_cast<double>(n);
+    b.serve.rows = n / cols;
+    b.serve.cols = cols;
+    b.serve.recipe = Recipe::kFp8Block;
+    b.serve.direction = Direction::kRowwise;
+    b.serve.data = b.out.as<void>();
+    b.serve.scales = b.out_scale.as<void>();
+    b.serve.master = b.master.as<const float>();
+  } else {
+    b.out = Buffer(un * 2);
+    b.Add(b.out, 2, false, true);
+  }
+  return b;
+}
+
+// Finite, step-like values, written on the threads that later use the memory (first touch).
+void Fill(const BenchPolicy& bp, PolicyBuffers& b, ThreadPool& pool, int64_t n, int64_t grain) {
+  const StatePolicy& p = bp.policy;
+  pool.ParallelFor(n, grain, [&](int64_t begin, int64_t end) {
+    uint32_t x = static_cast<uint32_t>(begin) * 2654435761u + 1;
+    for (int64_t i = begin; i < end; ++i) {
       x ^= x << 13, x ^= x >> 17, x ^= x << 5;
       const float u = static_cast<float>(x >> 8) * (1.0f / 16777216.0f) - 0.5f;
-      grad[i] = 2e-3f * u;
-      p[i] = 0.04f * u;
-      m[i] = 1e-4f * u;
-      v[i] = 1e-7f * (u + 0.5f);
-      out[i] = 0;
+      b.grad.as<float>()[i] = 2e-3f * u;
+      switch (p.master) {
+        case MasterType::kFp32:
+          b.master.as<float>()[i] = 0.04f * u;
+          break;
+        case MasterType::kBf16Remainder: {
+          const Bf16Split s = SplitBf16Remainder(0.04f * u);
+          b.master.as<uint16_t>()[i] = s.served;
+          b.remainder.as<int16_t>()[i] = s.remainder;
+          break;
+        }
+        case MasterType::kFp16:
+          b.master.as<uint16_t>()[i] = Fp16FromFloat(0.04f * u);
+          break;
+      }
+      for (auto [type, buf, value] : {std::tuple{p.exp_avg, &b.m, 1e-4f * u},
+                                      std::tuple{p.exp_avg_sq, &b.v, 1e-7f * (u + 0.5f)}}) {
+        switch (type) {
+          case MomentType::kFp32:
+            buf->as<float>()[i] = value;
+            break;
+          case MomentType::kBf16:
+            buf->as<uint16_t>()[i] = Bf16FromFloat(value);
+            break;
+          case MomentType::kFp16:
+            buf->as<uint16_t>()[i] = Fp16FromFloat(value * 4096.0f);
+            break;
+          case MomentType::kFp8:
+            buf->as<uint8_t>()[i] = E4m3FromFloat(value * 4096.0f);
+            break;
+        }
+      }
+      if (bp.serve == Serve::kFp8Block) {
+        b.out.as<uint8_t>()[i] = 0;
+      } else {
+        b.out.as<uint16_t>()[i] = 0;
+      }
+      if (i % kChunkElements == 0) {
+        const int64_t chunk = i / kChunkElements;
+        if (HasChunkScales(p.exp_avg)) b.m_scale.as<float>()[chunk] = 1.0f / 4096.0f;
+        if (HasChunkScales(p.exp_avg_sq)) b.v_scale.as<float>()[chunk] = 1.0f / 4096.0f;
+      }
     }
   });
-  const int64_t copy_block = (copy_bytes + o.threads - 1) / o.threads;
-  pool.ParallelFor(copy_bytes, copy_block, [&](int64_t b, int64_t e) {
-    std::memset(src + b, 1, e - b);
-    std::memset(dst + b, 0, e - b);
-  });
+}
 
-  const void* slot = grad;
+struct Result {
+  double memcpy_gbs, pattern_gbs[2], ceiling_gbs, step_gelems, step_median_gelems, bytes;
+  bool ok;
+};
+
+Result Measure(const Options& o, const BenchPolicy& bp, ThreadPool& pool, const Buffer& src,
+               const Buffer& dst) {
+  const int64_t n = o.n;
+  constexpr int64_t kCols = 4096;  // fp8_block panels: 128 rows x 4096
+  const CpuPath path = o.path == CpuPath::kAuto ? BestCpuPath() : o.path;
+  PolicyBuffers b = Allocate(bp, n, kCols);
+  Fill(bp, b, pool, n, o.grain);
+
+  const void* slot = b.grad.as<void>();
   FusedStepArgs args;
   args.slots = &slot;
   args.num_slots = 1;
   args.slot_type = SlotType::kFp32;
-  args.grad_scale = 1.0f;
   AdamwHyper hyper;
   hyper.weight_decay = 0.01;
   args.scalars = MakeAdamwScalars(hyper, 10);
-  args.master = p;
-  args.exp_avg = m;
-  args.exp_avg_sq = v;
-  args.out_bf16 = out;
+  args.policy = bp.policy;
+  args.rng = {1234, 10, 0};
+  args.numel = n;
+  args.master = b.master.as<void>();
+  args.master_remainder = b.remainder.as<int16_t>();
+  args.exp_avg = b.m.as<void>();
+  args.exp_avg_scale_inv = b.m_scale.as<float>();
+  args.exp_avg_sq = b.v.as<void>();
+  args.exp_avg_sq_scale_inv = b.v_scale.as<float>();
+  if (bp.serve == Serve::kBf16) args.out_bf16 = b.out.as<uint16_t>();
+  if (bp.serve == Serve::kFp16) args.out_fp16 = b.out.as<uint16_t>();
 
+  bool ok = true;
+  const int64_t panels = n / kCols / 128;
+  const int64_t panel_grain = std::max<int64_t>(1, o.grain / (kCols * 128));
+  auto step = [&] {
+    if (bp.serve != Serve::kFp8Block) {
+      pool.ParallelFor(n, o.grain, [&](int64_t begin, int64_t end) {
+        if (!FusedStepCpu(args, begin, end, path).ok()) ok = false;
+      });
+      return;
+    }
+    pool.ParallelFor(panels, panel_grain, [&](int64_t p0, int64_t p1) {
+      const KStatus st = FusedStepPanelsCpu(
+          args, kCols, p0 * 128, p1 * 128,
+          [&](int64_t r0, int64_t r1) {
+            if (!ServeQuantizeCpu(b.serve, r0, r1, path).ok()) {
+              ok = false;
+            }
+          },
+          path);
+      if (!st.ok()) ok = false;
+    });
+  };
   const bool avx512 = CpuPathSupported(CpuPath::kAvx512);
-  std::vector<double> t_memcpy, t_step;
-  std::vector<double> t_pattern[3];
-  auto run_pattern = [&]<Pattern kPattern>() {
-    pool.ParallelFor(n, o.grain, [&](int64_t b, int64_t e) {
+  auto pattern = [&]<bool kPrefetch>() {
+    pool.ParallelFor(n, o.grain, [&](int64_t begin, int64_t end) {
       if (avx512) {
-        PatternAvx512<kPattern>(grad, p, m, v, out, b, e);
+        PatternAvx512<kPrefetch>(b.streams, begin, end);
       } else {
-        PatternAvx2<kPattern>(grad, p, m, v, out, b, e);
+        PatternAvx2<kPrefetch>(b.streams, begin, end);
       }
     });
   };
-  bool step_ok = true;
+  const int64_t copy_bytes = static_cast<int64_t>(src.bytes());
+  const int64_t copy_block = (copy_bytes + o.threads - 1) / o.threads;
+
+  std::vector<double> t_memcpy, t_pattern[2], t_step;
   // Interleaved repetitions: every loop sees the same machine state; the best of each is kept.
   for (int rep = 0; rep < o.reps + 1; ++rep) {
     const double tc = Seconds([&] {
-      pool.ParallelFor(copy_bytes, copy_block,
-                       [&](int64_t b, int64_t e) { std::memcpy(dst + b, src + b, e - b); });
-    });
-    // Each pattern loop rotates p <- m <- v <- p; three of them restore every array, so the step
-    // always continues from its own previous state (finite moments, no subnormals).
-    const double tp0 = Seconds([&] { run_pattern.operator()<Pattern::kPlain>(); });
-    const double tp1 = Seconds([&] { run_pattern.operator()<Pattern::kStream>(); });
-    const double tp2 = Seconds([&] { run_pattern.operator()<Pattern::kStreamPrefetch>(); });
-    const double ts = Seconds([&] {
-      pool.ParallelFor(n, o.grain, [&](int64_t b, int64_t e) {
-        if (!FusedStepCpu(args, b, e, path).ok()) step_ok = false;
+      pool.ParallelFor(copy_bytes, copy_block, [&](int64_t lo, int64_t hi) {
+        std::memcpy(dst.as<char>() + lo, src.as<char>() + lo, static_cast<size_t>(hi - lo));
       });
     });
+    const double tp0 = Seconds([&] { pattern.operator()<false>(); });
+    const double tp1 = Seconds([&] { pattern.operator()<true>(); });
+    const double ts = Seconds(step);
     if (rep == 0) continue;  // warm-up: page faults, huge-page promotion, frequency
     t_memcpy.push_back(tc);
     t_pattern[0].push_back(tp0);
     t_pattern[1].push_back(tp1);
-    t_pattern[2].push_back(tp2);
     t_step.push_back(ts);
   }
-  if (!step_ok) {
-    std::fprintf(stderr, "FusedStepCpu failed\n");
-    return 1;
-  }
+  Result r;
+  r.ok = ok;
+  r.bytes = b.bytes_per_element;
+  r.memcpy_gbs = 2.0 * static_cast<double>(copy_bytes) / Best(t_memcpy) / 1e9;
+  for (int k = 0; k < 2; ++k) r.pattern_gbs[k] = r.bytes * n / Best(t_pattern[k]) / 1e9;
+  r.ceiling_gbs = std::max({r.memcpy_gbs, r.pattern_gbs[0], r.pattern_gbs[1]});
+  r.step_gelems = n / Best(t_step) / 1e9;
+  r.step_median_gelems = n / Median(t_step) / 1e9;
+  return r;
+}
 
-  auto best = [](const std::vector<double>& t) { return *std::min_element(t.begin(), t.end()); };
-  const double memcpy_gbs = 2.0 * copy_bytes / best(t_memcpy) / 1e9;
-  double pattern_gbs[3];
-  for (int k = 0; k < 3; ++k) pattern_gbs[k] = kStepBytesPerElement * n / best(t_pattern[k]) / 1e9;
-  const double ceiling_gbs = std::max({memcpy_gbs, pattern_gbs[0], pattern_gbs[1], pattern_gbs[2]});
-  const double step_gelems = n / best(t_step) / 1e9;
-  const double step_gbs = kStepBytesPerElement * step_gelems;
-  const double step_median_gelems = n / Median(t_step) / 1e9;
-  const double ratio = step_gbs / ceiling_gbs;
+int Main(int argc, char** argv) {
+  const Options o = ParseFlags(argc, argv);
+  const CpuPath path = o.path == CpuPath::kAuto ? BestCpuPath() : o.path;
+  if (!CpuPathSupported(path)) Usage("this CPU cannot run the requested path");
+  ThreadPool pool(o.threads);
+  // memcpy moves 8 B per element each way: buffers about as large as the steps' own.
+  const Buffer src(static_cast<size_t>(o.n) * 8), dst(static_cast<size_t>(o.n) * 8);
+  const int64_t copy_bytes = static_cast<int64_t>(src.bytes());
+  pool.ParallelFor(copy_bytes, (copy_bytes + o.threads - 1) / o.threads,
+                   [&](int64_t lo, int64_t hi) {
+                     std::memset(src.as<char>() + lo, 1, static_cast<size_t>(hi - lo));
+                     std::memset(dst.as<char>() + lo, 0, static_cast<size_t>(hi - lo));
+                   });
 
   if (!o.json_only) {
-    std::printf("paramd CPU fused step: fp32 policy, 1 fp32 slot, serve bf16 (30 B/element)\n");
-    std::printf("n=%lld elements, threads=%d, path=%s, grain=%lld, best of %d\n",
-                static_cast<long long>(n), o.threads, CpuPathName(path),
-                static_cast<long long>(o.grain), o.reps);
-    std::printf("%-40s %8s %10s %9s\n", "loop", "GB/s", "G elem/s", "/ceiling");
-    std::printf("%-40s %8.1f %10s %9.2f\n", "memcpy (read+write)", memcpy_gbs, "-",
-                memcpy_gbs / ceiling_gbs);
-    const char* names[3] = {"step pattern, no arithmetic", "  + streaming bf16 store",
-                            "  + streaming store + prefetch"};
-    for (int k = 0; k < 3; ++k) {
-      std::printf("%-40s %8.1f %10.3f %9.2f\n", names[k], pattern_gbs[k],
-                  pattern_gbs[k] / kStepBytesPerElement, pattern_gbs[k] / ceiling_gbs);
-    }
-    std::printf("%-40s %8.1f %10.3f %9.2f\n", "fused step (best)", step_gbs, step_gelems, ratio);
-    std::printf("%-40s %8.1f %10.3f %9.2f\n", "fused step (median)",
-                kStepBytesPerElement * step_median_gelems, step_median_gelems,
-                kStepBytesPerElement * step_median_gelems / ceiling_gbs);
+    std::printf(
+        "paramd CPU fused step, 1 fp32 gradient slot: n=%lld elements, threads=%d, "
+        "path=%s, grain=%lld, best of %d\n",
+        static_cast<long long>(o.n), o.threads, CpuPathName(path), static_cast<long long>(o.grain),
+        o.reps);
+    std::printf("%-14s %6s %8s %8s %8s %8s %9s %8s  %s\n", "policy", "B/elem", "Gelem/s", "median",
+                "GB/s", "ceil GB/s", "/ceiling", "memcpy", "what");
   }
-  std::printf(
-      "{\"bench\":\"paramd_cpu_step\",\"n\":%lld,\"threads\":%d,\"path\":\"%s\","
-      "\"memcpy_gbs\":%.2f,\"pattern_gbs\":%.2f,\"pattern_stream_gbs\":%.2f,"
-      "\"pattern_stream_prefetch_gbs\":%.2f,\"ceiling_gbs\":%.2f,\"step_gbs\":%.2f,"
-      "\"step_elems_per_s\":%.4e,\"step_median_elems_per_s\":%.4e,\"ratio_to_ceiling\":%.3f}\n",
-      static_cast<long long>(n), o.threads, CpuPathName(path), memcpy_gbs, pattern_gbs[0],
-      pattern_gbs[1], pattern_gbs[2], ceiling_gbs, step_gbs, step_gelems * 1e9,
-      step_median_gelems * 1e9, ratio);
-  return 0;
+  int status = 0;
+  for (const BenchPolicy* bp : o.policies) {
+    const Result r = Measure(o, *bp, pool, src, dst);
+    if (!r.ok) {
+      std::fprintf(stderr, "%s: the step failed\n", bp->name);
+      status = 1;
+      continue;
+    }
+    const double step_gbs = r.bytes * r.step_gelems;
+    if (!o.json_only) {
+      std::printf("%-14s %6.1f %8.3f %8.3f %8.1f %8.1f %9.2f %8.1f  %s\n", bp->name, r.bytes,
+                  r.step_gelems, r.step_median_gelems, step_gbs, r.ceiling_gbs,
+                  step_gbs / r.ceiling_gbs, r.memcpy_gbs, bp->what);
+    }
+    if (!o.json_only) continue;
+    std::printf(
+        "{\"bench\":\"paramd_cpu_step\",\"policy\":\"%s\",\"n\":%lld,\"threads\":%d,"
+        "\"path\":\"%s\",\"bytes_per_element\":%.3f,\"memcpy_gbs\":%.2f,\"pattern_gbs\":%.2f,"
+        "\"pattern_prefetch_gbs\":%.2f,\"ceiling_gbs\":%.2f,\"step_gbs\":%.2f,"
+        "\"step_elems_per_s\":%.4e,\"step_median_elems_per_s\":%.4e,\"ratio_to_ceiling\":%.3f}\n",
+        bp->name, static_cast<long long>(o.n), o.threads, CpuPathName(path), r.bytes, r.memcpy_gbs,
+        r.pattern_gbs[0], r.pattern_gbs[1], r.ceiling_gbs, step_gbs, r.step_gelems * 1e9,
+        r.step_median_gelems * 1e9, step_gbs / r.ceiling_gbs);
+    std::fflush(stdout);
+  }
+  return status;
 }
 
 }  // namespace

@@ -5,11 +5,13 @@ Measures DeepSpeedCPUAdam (AVX-512/AVX2 + OpenMP, compiled by DeepSpeed on first
 torch.optim.AdamW (foreach, and fused=True where the CPU build supports it) with the same thread
 count. Prints one JSON line per peer on stdout: {"peer": ..., "elems_per_s": ...}, or
 {"peer": ..., "error": "..."} when a peer cannot run. Bytes per element for these peers: 28 (read
-grad, read + write p, m, v); paramd's step serving bf16 moves 30.
+grad, read + write p, m, v); paramd's step moves its policy's bytes (30 for fp32 serving bf16,
+about 17 for fp8 states serving FP8).
 
-With --paramd PATH (paramd_cpu_step_bench), paramd runs between the peers in every round, because
-memory bandwidth on a shared machine drifts from minute to minute: each round gives a ratio
-paramd / peer measured seconds apart, and the median over rounds is printed.
+With --paramd PATH (paramd_cpu_step_bench), paramd runs every policy of --policies between the
+peers in every round, because memory bandwidth on a shared machine drifts from minute to minute:
+each round gives a ratio paramd / peer measured seconds apart, and the median over rounds is
+printed, one table row per policy.
 """
 import argparse
 import contextlib
@@ -30,6 +32,8 @@ def parse_args():
     ap.add_argument("--peers", default="deepspeed,torch_foreach,torch_fused",
                     help="comma-separated subset of deepspeed,torch_foreach,torch_fused")
     ap.add_argument("--paramd", default="", help="path of paramd_cpu_step_bench to interleave")
+    ap.add_argument("--policies", default="all",
+                    help="paramd policies, comma-separated (paramd_cpu_step_bench --list)")
     return ap.parse_args()
 
 
@@ -83,10 +87,11 @@ def best_step_seconds(opt):
 
 
 def run_paramd():
+    """One JSON result per policy, in the bench's order."""
     cmd = [ARGS.paramd, "--threads", str(ARGS.threads), "--n", str(ARGS.n), "--reps",
-           str(ARGS.reps), "--json"]
+           str(ARGS.reps), "--policy", ARGS.policies, "--json"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
 def main():
@@ -114,17 +119,32 @@ def main():
                           "rounds_elems_per_s": rounds}), flush=True)
     if not paramd_rounds:
         return
-    paramd = [r["step_elems_per_s"] for r in paramd_rounds]
-    to_ceiling = ", ".join(f"{r['ratio_to_ceiling']:.2f}" for r in paramd_rounds)
     print(json.dumps({"paramd_rounds": paramd_rounds}), flush=True)
-    print(f"paramd fused step: {statistics.median(paramd) / 1e9:.3f} G elem/s median of "
-          f"{len(paramd)} rounds ({', '.join(f'{x / 1e9:.3f}' for x in paramd)}); ratio to "
-          f"ceiling {to_ceiling}")
-    for name, rounds in results.items():
-        ratios = [a / b for a, b in zip(paramd, rounds)]
-        print(f"paramd / {name}: {statistics.median(ratios):.2f}x median of {len(ratios)} rounds "
-              f"({', '.join(f'{r:.2f}' for r in ratios)}); {name} "
-              f"{statistics.median(rounds) / 1e9:.3f} G elem/s")
+    names = list(results)
+    short = {"deepspeed_cpu_adam": "/DeepSpeed", "torch_adamw_foreach": "/torch",
+             "torch_adamw_fused": "/torch fused"}
+    print(f"\n{len(paramd_rounds)} rounds, {ARGS.threads} threads, n={ARGS.n}; medians over rounds "
+          f"of per-round ratios (peers: fp32 AdamW, 28 B/element)")
+    header = f"{'policy':<14} {'B/elem':>6} {'Gelem/s':>8} {'GB/s':>6} {'/ceiling':>8}"
+    header += "".join(f" {short.get(n, n):>12}" for n in names)
+    print(header)
+    for i, first in enumerate(paramd_rounds[0]):
+        per_round = [r[i] for r in paramd_rounds]
+        elems = [r["step_elems_per_s"] for r in per_round]
+        row = (f"{first['policy']:<14} {first['bytes_per_element']:>6.1f} "
+               f"{statistics.median(elems) / 1e9:>8.3f} "
+               f"{statistics.median([r['step_gbs'] for r in per_round]):>6.1f} "
+               f"{statistics.median([r['ratio_to_ceiling'] for r in per_round]):>8.2f}")
+        for name in names:
+            ratios = [a / b for a, b in zip(elems, results[name])]
+            row += f" {statistics.median(ratios):>11.2f}x"
+        print(row)
+    for name in names:
+        print(f"{name}: {statistics.median(results[name]) / 1e9:.3f} G elem/s "
+              f"({', '.join(f'{x / 1e9:.3f}' for x in results[name])})")
+    ceilings = [r[0]["ceiling_gbs"] for r in paramd_rounds]
+    print(f"CPU ceiling (fp32 policy pattern / memcpy, best): "
+          f"{', '.join(f'{c:.1f}' for c in ceilings)} GB/s per round")
 
 
 if __name__ == "__main__":

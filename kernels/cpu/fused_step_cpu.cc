@@ -1,5 +1,6 @@
-// FusedStepCpu: argument checks, per-step scalars, run-time choice of the code path, and the
-// portable scalar path. The vector paths live in fused_step_avx2.cc and fused_step_avx512.cc.
+// FusedStepCpu: argument checks, per-step scalars, and the run-time choice of the code path. The
+// paths themselves are instantiations of step_pipeline.h in fused_step_{scalar,avx2,avx512}.cc.
+#include <bit>
 #include <cmath>
 #include <string>
 
@@ -19,6 +20,27 @@ KStatus Invalid(const std::string& what) {
   return KStatus(Code::kInvalidArgument, "FusedStepCpu: " + what);
 }
 
+bool ValidMoment(MomentType t) {
+  return t == MomentType::kFp32 || t == MomentType::kBf16 || t == MomentType::kFp16 ||
+         t == MomentType::kFp8;
+}
+
+bool ValidRounding(Rounding r) { return r == Rounding::kNearest || r == Rounding::kStochastic; }
+
+KStatus ValidateMoment(const char* name, MomentType type, Rounding rounding, const void* codes,
+                       const float* scale_inv) {
+  const std::string n = name;
+  if (!ValidMoment(type) || !ValidRounding(rounding)) return Invalid("unknown " + n + " type");
+  if (codes == nullptr) return Invalid(n + " is required");
+  if (HasChunkScales(type) && scale_inv == nullptr) {
+    return Invalid(n + " needs its per-chunk scales");
+  }
+  if (type == MomentType::kFp32 && rounding == Rounding::kStochastic) {
+    return Invalid("an fp32 " + n + " has nothing to round stochastically");
+  }
+  return KStatus::Ok();
+}
+
 KStatus Validate(const FusedStepArgs& a, int64_t begin, int64_t end) {
   if (begin < 0 || end < begin) {
     return Invalid("bad element range [" + std::to_string(begin) + ", " + std::to_string(end) +
@@ -31,8 +53,39 @@ KStatus Validate(const FusedStepArgs& a, int64_t begin, int64_t end) {
   if (a.slot_type != SlotType::kFp32 && a.slot_type != SlotType::kBf16) {
     return Invalid("unknown slot type");
   }
-  if (a.master == nullptr || a.exp_avg == nullptr || a.exp_avg_sq == nullptr) {
-    return Invalid("master, exp_avg and exp_avg_sq are required");
+  const StatePolicy& p = a.policy;
+  if (p.master != MasterType::kFp32 && p.master != MasterType::kBf16Remainder &&
+      p.master != MasterType::kFp16) {
+    return Invalid("unknown master type");
+  }
+  if (a.master == nullptr) return Invalid("master is required");
+  if (p.master == MasterType::kBf16Remainder && a.master_remainder == nullptr) {
+    return Invalid("a bf16+remainder master needs its remainders");
+  }
+  if (KStatus st =
+          ValidateMoment("exp_avg", p.exp_avg, p.exp_avg_rounding, a.exp_avg, a.exp_avg_scale_inv);
+      !st.ok()) {
+    return st;
+  }
+  if (KStatus st = ValidateMoment("exp_avg_sq", p.exp_avg_sq, p.exp_avg_sq_rounding, a.exp_avg_sq,
+                                  a.exp_avg_sq_scale_inv);
+      !st.ok()) {
+    return st;
+  }
+  if (a.numel < 0 || (a.numel > 0 && end > a.numel)) {
+    return Invalid("range end " + std::to_string(end) + " is past numel " +
+                   std::to_string(a.numel));
+  }
+  if (HasChunkScales(p.exp_avg) || HasChunkScales(p.exp_avg_sq)) {
+    if (a.numel == 0) return Invalid("chunk-scaled moments need numel");
+    const bool aligned =
+        begin % kChunkElements == 0 && (end % kChunkElements == 0 || end == a.numel);
+    if (begin < end && !aligned) {
+      return Invalid(
+          "with chunk-scaled moments a range must start at a multiple of 128 and end "
+          "at one or at numel, not [" +
+          std::to_string(begin) + ", " + std::to_string(end) + ")");
+    }
   }
   return KStatus::Ok();
 }
@@ -90,32 +143,56 @@ const char* CpuPathName(CpuPath path) {
   return "unknown";
 }
 
-KStatus FusedStepCpu(const FusedStepArgs& args, int64_t begin, int64_t end, CpuPath path) {
+KStatus FusedStepCpu(const FusedStepArgs& args, int64_t begin, int64_t end, CpuPath path,
+                     float* master_amax) {
   if (KStatus st = Validate(args, begin, end); !st.ok()) return st;
   if (path == CpuPath::kAuto) path = BestCpuPath();
   if (!CpuPathSupported(path)) {
     return KStatus(Code::kUnimplemented, std::string("FusedStepCpu: this CPU cannot run the ") +
                                              CpuPathName(path) + " path");
   }
-  if (begin == end) return KStatus::Ok();
-  switch (path) {
-    case CpuPath::kAvx512:
-      cpu_internal::FusedStepAvx512(args, begin, end);
-      break;
-    case CpuPath::kAvx2:
-      cpu_internal::FusedStepAvx2(args, begin, end);
-      break;
-    default:
-      cpu_internal::FusedStepScalar(args, begin, end);
-      break;
+  uint32_t amax_bits = 0;
+  if (begin < end) {
+    switch (path) {
+      case CpuPath::kAvx512:
+        amax_bits = cpu_internal::FusedStepAvx512(args, begin, end);
+        break;
+      case CpuPath::kAvx2:
+        amax_bits = cpu_internal::FusedStepAvx2(args, begin, end);
+        break;
+      default:
+        amax_bits = cpu_internal::FusedStepScalar(args, begin, end);
+        break;
+    }
+  }
+  if (master_amax != nullptr) {
+    *master_amax = AmaxFromBits(amax_bits);
   }
   return KStatus::Ok();
 }
 
 namespace cpu_internal {
 
-void FusedStepScalar(const FusedStepArgs& args, int64_t begin, int64_t end) {
-  for (int64_t i = begin; i < end; ++i) StepElement(args, i);
+void EncodeForTest(CpuPath path, CodecFormat format, const float* x, const uint32_t* r,
+                   uint32_t* codes, int64_t n) {
+  if (path == CpuPath::kAvx512) return EncodeForTestAvx512(format, x, r, codes, n);
+  if (path == CpuPath::kAvx2) return EncodeForTestAvx2(format, x, r, codes, n);
+  EncodeForTestScalar(format, x, r, codes, n);
+}
+
+void DecodeForTest(CpuPath path, CodecFormat format, const uint32_t* codes, float* out, int64_t n) {
+  if (path == CpuPath::kAvx512) return DecodeForTestAvx512(format, codes, out, n);
+  if (path == CpuPath::kAvx2) return DecodeForTestAvx2(format, codes, out, n);
+  DecodeForTestScalar(format, codes, out, n);
+}
+
+void PhiloxForTest(CpuPath path, uint64_t seed, uint32_t k, uint32_t tensor_index, uint64_t index,
+                   int count, uint32_t* w0, uint32_t* w1) {
+  const PhiloxKey key = RoundingKey(seed);
+  if (path == CpuPath::kAvx512)
+    return PhiloxForTestAvx512(key, k, tensor_index, index, count, w0, w1);
+  if (path == CpuPath::kAvx2) return PhiloxForTestAvx2(key, k, tensor_index, index, count, w0, w1);
+  PhiloxForTestScalar(key, k, tensor_index, index, count, w0, w1);
 }
 
 }  // namespace cpu_internal

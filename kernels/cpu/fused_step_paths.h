@@ -1,43 +1,39 @@
-// Internal to kernels/cpu: the code paths behind FusedStepCpu and the one-element form of the step
-// that the scalar path runs and the vector paths use for their tails. Not part of the API.
+// Internal to kernels/cpu: the code paths behind FusedStepCpu (each an instantiation of
+// step_pipeline.h), the prefetch helpers they share, and hooks that let the unit tests run one
+// path's casts and Philox directly. Not part of the API.
 #pragma once
 
-#include <cmath>
+#include <algorithm>
 #include <cstdint>
 
-#include "kernels/cast.h"
 #include "kernels/fused_step.h"
+#include "kernels/philox.h"
 
 namespace paramd::kernels::cpu_internal {
 
-// Each path runs [begin, end) of an already validated FusedStepArgs.
-void FusedStepScalar(const FusedStepArgs& args, int64_t begin, int64_t end);
-void FusedStepAvx2(const FusedStepArgs& args, int64_t begin, int64_t end);
-void FusedStepAvx512(const FusedStepArgs& args, int64_t begin, int64_t end);
+// Each path runs [begin, end) of an already validated FusedStepArgs and returns the largest
+// magnitude bits of the new stored master (above 0x7F800000 when a NaN was among them).
+uint32_t FusedStepScalar(const FusedStepArgs& args, int64_t begin, int64_t end);
+uint32_t FusedStepAvx2(const FusedStepArgs& args, int64_t begin, int64_t end);
+uint32_t FusedStepAvx512(const FusedStepArgs& args, int64_t begin, int64_t end);
 
-// g0 of element i: the rank-ordered FP32 sum ((s0 + s1) + s2) ... of the slots (DESIGN.md §2).
-inline float SlotSum(const FusedStepArgs& a, int64_t i) {
-  if (a.slot_type == SlotType::kFp32) {
-    float g0 = static_cast<const float*>(a.slots[0])[i];
-    for (int r = 1; r < a.num_slots; ++r) g0 = g0 + static_cast<const float*>(a.slots[r])[i];
-    return g0;
-  }
-  float g0 = FloatFromBf16(static_cast<const uint16_t*>(a.slots[0])[i]);
-  for (int r = 1; r < a.num_slots; ++r) {
-    g0 = g0 + FloatFromBf16(static_cast<const uint16_t*>(a.slots[r])[i]);
-  }
-  return g0;
-}
+// One chunk [c, c + count) through the scalar instantiation: the vector paths' partial chunks.
+uint32_t StepChunkScalar(const FusedStepArgs& args, int64_t c, int count);
 
-// How far ahead of the current element the vector paths prefetch their input streams: 2 KiB of
-// each FP32 stream. The hardware prefetchers alone keep too few lines in flight for these five
-// streams while the divider and square-root unit are busy; on the development machine (2 cores,
-// AVX-512) this moved the step from 0.93 to 0.99 of the bandwidth of the bare access pattern.
+// Below this many elements per call the served outputs are stored normally: a small tensor's
+// served copy may well be read again from the cache.
+inline constexpr int64_t kMinStreamElements = 4096;
+
+// How far ahead of the current chunk the vector paths prefetch their input streams: 512 elements,
+// 2 KiB of each FP32 stream. The hardware prefetchers alone keep too few lines in flight for these
+// streams while the divider and square-root unit are busy (on the development machine, 2 cores
+// with AVX-512, the fp32 policy went from 0.93 to 0.99 of the bandwidth of its bare access pattern
+// when this was added).
 inline constexpr int64_t kPrefetchAhead = 512;
 
 // Prefetches one cache line into all cache levels. An asm statement rather than
-// __builtin_prefetch: GCC 12 at -O2 silently dropped every __builtin_prefetch of PrefetchInputs
-// (whose per-slot loop contains nothing but prefetches); a volatile asm cannot be dropped.
+// __builtin_prefetch: GCC 12 at -O2 silently dropped every __builtin_prefetch of a loop that
+// contained nothing but prefetches; a volatile asm cannot be dropped.
 inline void PrefetchLine(const void* p) {
 #if defined(__x86_64__) || defined(__i386__)
   asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p)));
@@ -46,37 +42,71 @@ inline void PrefetchLine(const void* p) {
 #endif
 }
 
-// Prefetches the lines element i of every input stream lies in. i must be inside the tensor.
-inline void PrefetchInputs(const FusedStepArgs& a, int64_t i) {
-  for (int r = 0; r < a.num_slots; ++r) {
-    if (a.slot_type == SlotType::kFp32) {
-      PrefetchLine(static_cast<const float*>(a.slots[r]) + i);
-    } else {
-      PrefetchLine(static_cast<const uint16_t*>(a.slots[r]) + i);
-    }
-  }
-  PrefetchLine(a.master + i);
-  PrefetchLine(a.exp_avg + i);
-  PrefetchLine(a.exp_avg_sq + i);
+inline void PrefetchBytes(const void* base, int64_t offset, int64_t bytes) {
+  const char* p = static_cast<const char*>(base) + offset;
+  for (int64_t b = 0; b < bytes; b += 64) PrefetchLine(p + b);
 }
 
-// The step of one element, operation by operation as DESIGN.md §3 writes it. The vector paths
-// perform the same IEEE operations in the same order, so they give the same bits. Always inlined:
-// inside a vector path's tail std::fma then becomes that target's FMA instruction (elsewhere it is
-// libm's fmaf, which is exactly rounded too).
-[[gnu::always_inline]] inline void StepElement(const FusedStepArgs& a, int64_t i) {
-  const AdamwScalars& s = a.scalars;
-  const float g = SlotSum(a, i) * a.grad_scale;
-  const float m = std::fma(s.beta1, a.exp_avg[i], s.c1 * g);
-  const float v = std::fma(s.beta2, a.exp_avg_sq[i], s.c2 * (g * g));
-  const float d = std::fma(std::sqrt(v), s.bc2, s.eps);
-  float p = a.master[i] * s.decay;
-  p = std::fma(-s.step_size, m / d, p);
-  a.exp_avg[i] = m;
-  a.exp_avg_sq[i] = v;
-  a.master[i] = p;
-  if (a.out_fp32 != nullptr) a.out_fp32[i] = p;
-  if (a.out_bf16 != nullptr) a.out_bf16[i] = Bf16FromFloat(p);
+inline int64_t MomentBytes(MomentType t) {
+  return t == MomentType::kFp32 ? 4 : t == MomentType::kFp8 ? 1 : 2;
 }
+
+// Prefetches the input streams of elements [c, c + count).
+inline void PrefetchElements(const FusedStepArgs& a, int64_t c, int64_t count) {
+  const int64_t slot_bytes = a.slot_type == SlotType::kFp32 ? 4 : 2;
+  for (int r = 0; r < a.num_slots; ++r) {
+    PrefetchBytes(a.slots[r], c * slot_bytes, count * slot_bytes);
+  }
+  const int64_t master_bytes = a.policy.master == MasterType::kFp32 ? 4 : 2;
+  PrefetchBytes(a.master, c * master_bytes, count * master_bytes);
+  if (a.policy.master == MasterType::kBf16Remainder) {
+    PrefetchBytes(a.master_remainder, c * 2, count * 2);
+  }
+  const int64_t m_bytes = MomentBytes(a.policy.exp_avg);
+  PrefetchBytes(a.exp_avg, c * m_bytes, count * m_bytes);
+  const int64_t v_bytes = MomentBytes(a.policy.exp_avg_sq);
+  PrefetchBytes(a.exp_avg_sq, c * v_bytes, count * v_bytes);
+}
+
+inline bool IsAligned(const void* p, uintptr_t alignment) {
+  return reinterpret_cast<uintptr_t>(p) % alignment == 0;
+}
+
+// Whether the low counter word wraps inside [c, c + count): the vector Philox forms assume a
+// constant high word, so such a chunk (in tensors past 2^32 elements) runs on the scalar path.
+inline bool CounterWraps(int64_t c, int count) {
+  return (static_cast<uint64_t>(c) & 0xFFFFFFFFu) + static_cast<uint64_t>(count) > 0x100000000u;
+}
+
+// ---- hooks for the unit tests: one path's casts, decodes and Philox on arrays ----
+
+enum class CodecFormat { kE4m3, kFp16, kBf16 };
+
+// codes[j] = the cast of x[j] (nearest when r is null, else stochastic with r[j]); n a multiple of
+// 16.
+void EncodeForTest(CpuPath path, CodecFormat format, const float* x, const uint32_t* r,
+                   uint32_t* codes, int64_t n);
+// out[j] = the value of codes[j]; n a multiple of 16.
+void DecodeForTest(CpuPath path, CodecFormat format, const uint32_t* codes, float* out, int64_t n);
+// Words 0 and 1 of DESIGN.md §3's counters (index + j, k, tensor_index); count a multiple of 16.
+void PhiloxForTest(CpuPath path, uint64_t seed, uint32_t k, uint32_t tensor_index, uint64_t index,
+                   int count, uint32_t* w0, uint32_t* w1);
+
+// Each path's own hooks, behind the three above.
+void EncodeForTestScalar(CodecFormat format, const float* x, const uint32_t* r, uint32_t* codes,
+                         int64_t n);
+void EncodeForTestAvx2(CodecFormat format, const float* x, const uint32_t* r, uint32_t* codes,
+                       int64_t n);
+void EncodeForTestAvx512(CodecFormat format, const float* x, const uint32_t* r, uint32_t* codes,
+                         int64_t n);
+void DecodeForTestScalar(CodecFormat format, const uint32_t* codes, float* out, int64_t n);
+void DecodeForTestAvx2(CodecFormat format, const uint32_t* codes, float* out, int64_t n);
+void DecodeForTestAvx512(CodecFormat format, const uint32_t* codes, float* out, int64_t n);
+void PhiloxForTestScalar(const PhiloxKey& key, uint32_t k, uint32_t tensor_index, uint64_t index,
+                         int count, uint32_t* w0, uint32_t* w1);
+void PhiloxForTestAvx2(const PhiloxKey& key, uint32_t k, uint32_t tensor_index, uint64_t index,
+                       int count, uint32_t* w0, uint32_t* w1);
+void PhiloxForTestAvx512(const PhiloxKey& key, uint32_t k, uint32_t tensor_index, uint64_t index,
+                         int count, uint32_t* w0, uint32_t* w1);
 
 }  // namespace paramd::kernels::cpu_internal

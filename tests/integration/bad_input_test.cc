@@ -347,10 +347,18 @@ TEST_F(BadInputTest, ReRegistrationWithAnotherDescriptionIsFailedPrecondition) {
 TEST_F(BadInputTest, InvalidRegistrationIsRefusedAndCreatesNoJob) {
   v1::RegisterRequest dtype = MakeSpec("other", 1, {{"w", 2, 2, v1::ELEMENT_TYPE_UNSPECIFIED}});
   EXPECT_TRUE(HasStatus(RawRegister(dtype), kInvalid, "tensor \"w\" needs grad_type"));
-  v1::RegisterRequest recipe = MakeSpec("other", 1, {{"w", 2, 2, v1::ELEMENT_TYPE_FP32}});
-  recipe.add_serve()->set_recipe(v1::RECIPE_MXFP8);
-  EXPECT_TRUE(HasStatus(RawRegister(recipe), grpc::StatusCode::UNIMPLEMENTED,
-                        "serve recipe RECIPE_MXFP8 is not supported"));
+  // Every policy and serve format is supported; stochastic rounding of an FP32 moment is not a
+  // thing, nor is an amax history on a recipe without one.
+  v1::RegisterRequest rounding = MakeSpec("other", 1, {{"w", 2, 2, v1::ELEMENT_TYPE_FP32}});
+  rounding.mutable_state_policy()->set_exp_avg_sq_rounding(v1::ROUNDING_STOCHASTIC);
+  EXPECT_TRUE(
+      HasStatus(RawRegister(rounding), kInvalid, "exp_avg_sq is FP32, which is not rounded"));
+  v1::RegisterRequest history = MakeSpec("other", 1, {{"w", 2, 2, v1::ELEMENT_TYPE_FP32}});
+  v1::ServeFormat* mxfp8 = history.add_serve();
+  mxfp8->set_recipe(v1::RECIPE_MXFP8);
+  mxfp8->set_amax_history(4);
+  EXPECT_TRUE(HasStatus(client_->Register(history), kInvalid,
+                        "serve RECIPE_MXFP8 takes no amax_history or margin"));
   v1::StatusResponse response;
   ASSERT_TRUE(RawStatus("", &response).ok());
   EXPECT_EQ(response.jobs_size(), 1);
@@ -577,7 +585,7 @@ TEST_F(BadInputTest, ShutdownCompletesACommittedStepBeforeStopping) {
   reference_.Step(grads, std::nullopt, 1.0);
   std::shared_ptr<const ServedTensor> served = (*job)->Served(0, 1);
   ASSERT_NE(served, nullptr);
-  const std::vector<uint8_t>* bytes = served->Find(FormatKey{});
+  const std::vector<uint8_t>* bytes = &served->Find(FormatKey{})->bytes;
   std::vector<float> master(bytes->size() / sizeof(float));
   std::memcpy(master.data(), bytes->data(), bytes->size());
   EXPECT_TRUE(BitIdentical(master, reference_.master(0)));

@@ -18,6 +18,27 @@ namespace paramd::kernels::testing {
 struct Tolerances {
   // DESIGN.md §3: ||p - p64|| / ||p64|| after 1000 steps of the accuracy setup, fp32 policy.
   static constexpr double kFp32PolicyVsFloat64 = 1e-4;
+  // The same bar for every state policy (policy_accuracy_test.cc), DESIGN.md §3's table.
+  static constexpr double kBf16RemainderVsFloat64 = 1e-4;  // and bit-identical to fp32
+  static constexpr double kFp16MasterVsFloat64 = 1.5e-2;
+  static constexpr double kFp16MomentsVsFloat64 = 5e-3;
+  static constexpr double kBf16MomentsVsFloat64 = 5e-2;
+  static constexpr double kFp8MFp16VVsFloat64 = 1e-1;
+  static constexpr double kFp8MomentsVsFloat64 = 0.25;
+  // Harsh hyper-parameters (lr 1, betas 0.1 / 0.25, 300 steps): every policy stays finite, and
+  // its weights within this norm-relative distance of float64 AdamW (measured on the development
+  // machine: fp32 6.7e-7, fp16 master 1.5e-3, fp8 both 7.7e-3; the weights take steps of about 1,
+  // so the relative error stays small).
+  static constexpr double kHarshVsFloat64 = 5e-2;
+  // Stochastic rounding is unbiased: the mean of many draws lies within this many standard errors
+  // of the value rounded.
+  static constexpr double kUnbiasedStandardErrors = 5.0;
+  // A served E4M3 value, dequantized, against its master: half a step of 3 mantissa bits
+  // (2^-4 relative, plus the FP32 roundings of x * scale and 1 / scale) where the scaled value is
+  // normal in E4M3, half its smallest step (2^-10, in scaled units) below that. A sanity bound
+  // only: the served bytes are checked bit for bit.
+  static constexpr double kE4m3HalfStepRelative = 0.0626;
+  static constexpr double kE4m3HalfSubnormalStep = 1.0 / 1024;
 };
 
 // The hyper-parameters of DESIGN.md §3's accuracy setup, also used as the default elsewhere.

@@ -103,7 +103,6 @@ struct BadField {
 // Test output names the case, not the bytes of its function object.
 void PrintTo(const BadField& c, std::ostream* os) { *os << c.name; }
 
-
 class ConfigBadFieldTest : public ::testing::TestWithParam<BadField> {};
 
 TEST_P(ConfigBadFieldTest, IsInvalidArgumentNamingTheField) {

@@ -114,8 +114,9 @@ class JobHarness {
   std::vector<T> Served(int tensor, v1::Recipe recipe) const {
     std::shared_ptr<const ServedTensor> served = job_.Served(tensor, 0);
     if (served == nullptr) return {};
-    const std::vector<uint8_t>* bytes = served->Find(FormatKey{recipe, v1::DIRECTION_ROWWISE});
-    if (bytes == nullptr) return {};
+    const ServedFormat* format = served->Find(FormatKey{recipe, v1::DIRECTION_ROWWISE});
+    if (format == nullptr) return {};
+    const std::vector<uint8_t>* bytes = &format->bytes;
     return FromBytes<T>(
         std::string_view(reinterpret_cast<const char*>(bytes->data()), bytes->size()));
   }

@@ -191,11 +191,19 @@ template <typename T>
   }
   for (size_t i = 0; i < got.size(); ++i) {
     if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
-      using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint16_t>;
-      return ::testing::AssertionFailure()
-             << "element " << i << " of " << got.size() << ": got " << +got[i] << " (0x" << std::hex
-             << std::bit_cast<Bits>(got[i]) << std::dec << "), want " << +want[i] << " (0x"
-             << std::hex << std::bit_cast<Bits>(want[i]) << ")";
+      using Bits = std::conditional_t<sizeof(T) == 4, uint32_t,
+                                      std::conditional_t<sizeof(T) == 2, uint16_t, uint8_t>>;
+      size_t differing = 0;
+      for (size_t j = i; j < got.size(); ++j) {
+        differing += std::memcmp(&got[j], &want[j], sizeof(T)) != 0 ? 1 : 0;
+      }
+      // One Message, so std::hex holds (each << on an AssertionResult is a stream of its own).
+      ::testing::Message message;
+      message << "element " << i << " of " << got.size() << ": got " << +got[i] << " (0x"
+              << std::hex << +std::bit_cast<Bits>(got[i]) << std::dec << "), want " << +want[i]
+              << " (0x" << std::hex << +std::bit_cast<Bits>(want[i]) << std::dec << "); "
+              << differing << " elements differ";
+      return ::testing::AssertionFailure() << message;
     }
   }
   return ::testing::AssertionSuccess();

@@ -1,5 +1,5 @@
-// ValidateRegistration refuses every bad job description with INVALID_ARGUMENT (or UNIMPLEMENTED
-// for what this build cannot do yet) and a message naming the field; NormalizedSpec and
+// ValidateRegistration accepts every state policy and serve format and refuses every bad job
+// description with INVALID_ARGUMENT and a message naming the field; NormalizedSpec and
 // ServedFormats give the description every rank must repeat and the formats served.
 #include "server/registration.h"
 
@@ -56,7 +56,6 @@ struct BadCase {
 // Test output names the case, not the bytes of its function object.
 void PrintTo(const BadCase& c, std::ostream* os) { *os << c.name; }
 
-
 class RegistrationBadInputTest : public ::testing::TestWithParam<BadCase> {};
 
 TEST_P(RegistrationBadInputTest, IsRefusedWithACodeAndAMessageNamingTheField) {
@@ -66,7 +65,6 @@ TEST_P(RegistrationBadInputTest, IsRefusedWithACodeAndAMessageNamingTheField) {
 }
 
 constexpr auto kInvalid = absl::StatusCode::kInvalidArgument;
-constexpr auto kUnimplemented = absl::StatusCode::kUnimplemented;
 
 v1::ServeFormat Serve(v1::Recipe recipe, v1::Direction direction = v1::DIRECTION_ROWWISE) {
   v1::ServeFormat f;
@@ -138,34 +136,52 @@ const std::vector<BadCase>& BadCases() {
       {"NanWeightDecay", [](R& r) { r.mutable_hyperparams()->set_weight_decay(kNaN); }, kInvalid,
        "hyperparams.weight_decay"},
       {"MissingHyperparams", [](R& r) { r.clear_hyperparams(); }, kInvalid, "hyperparams.lr"},
-      {"Bf16RemainderMaster",
-       [](R& r) { r.mutable_state_policy()->set_master(v1::MASTER_TYPE_BF16_REMAINDER); },
-       kUnimplemented, "state policy"},
-      {"Fp16Master", [](R& r) { r.mutable_state_policy()->set_master(v1::MASTER_TYPE_FP16); },
-       kUnimplemented, "use the fp32 policy"},
-      {"Fp8ExpAvg", [](R& r) { r.mutable_state_policy()->set_exp_avg(v1::MOMENT_TYPE_FP8); },
-       kUnimplemented, "state policy"},
-      {"Bf16ExpAvgSq", [](R& r) { r.mutable_state_policy()->set_exp_avg_sq(v1::MOMENT_TYPE_BF16); },
-       kUnimplemented, "state policy"},
-      {"ServeFp16", [](R& r) { *r.add_serve() = Serve(v1::RECIPE_FP16); }, kUnimplemented,
-       "serve recipe RECIPE_FP16"},
-      {"ServeFp8Tensor", [](R& r) { *r.add_serve() = Serve(v1::RECIPE_FP8_TENSOR); },
-       kUnimplemented, "serve recipe RECIPE_FP8_TENSOR"},
-      {"ServeFp8Delayed", [](R& r) { *r.add_serve() = Serve(v1::RECIPE_FP8_DELAYED); },
-       kUnimplemented, "serve recipe RECIPE_FP8_DELAYED"},
-      {"ServeFp8Block",
-       [](R& r) { *r.add_serve() = Serve(v1::RECIPE_FP8_BLOCK, v1::DIRECTION_COLUMNWISE); },
-       kUnimplemented, "serve recipe RECIPE_FP8_BLOCK"},
-      {"ServeMxfp8", [](R& r) { *r.add_serve() = Serve(v1::RECIPE_MXFP8); }, kUnimplemented,
-       "serve recipe RECIPE_MXFP8"},
+      {"StochasticFp32Moment",
+       [](R& r) { r.mutable_state_policy()->set_exp_avg_rounding(v1::ROUNDING_STOCHASTIC); },
+       kInvalid, "exp_avg is FP32, which is not rounded"},
+      {"UnknownMomentType",
+       [](R& r) { r.mutable_state_policy()->set_exp_avg_sq(static_cast<v1::MomentType>(9)); },
+       kInvalid, "state_policy.exp_avg_sq = 9"},
+      {"UnknownMasterType",
+       [](R& r) { r.mutable_state_policy()->set_master(static_cast<v1::MasterType>(9)); }, kInvalid,
+       "state_policy.master = 9"},
       {"ServeUnspecifiedRecipe", [](R& r) { *r.add_serve() = Serve(v1::RECIPE_UNSPECIFIED); },
-       kUnimplemented, "serve recipe RECIPE_UNSPECIFIED"},
-      {"ColumnwiseBf16",
-       [](R& r) { *r.add_serve() = Serve(v1::RECIPE_BF16, v1::DIRECTION_COLUMNWISE); }, kInvalid,
-       "RECIPE_BF16 has no columnwise direction"},
-      {"ColumnwiseFp32",
-       [](R& r) { *r.add_serve() = Serve(v1::RECIPE_FP32, v1::DIRECTION_COLUMNWISE); }, kInvalid,
-       "RECIPE_FP32 has no columnwise direction"},
+       kInvalid, "serve recipe 0 is not a Recipe"},
+      {"HistoryOnANonDelayedRecipe",
+       [](R& r) {
+         v1::ServeFormat f = Serve(v1::RECIPE_FP8_TENSOR);
+         f.set_amax_history(4);
+         *r.add_serve() = f;
+       },
+       kInvalid, "takes no amax_history or margin"},
+      {"HistoryTooLong",
+       [](R& r) {
+         v1::ServeFormat f = Serve(v1::RECIPE_FP8_DELAYED);
+         f.set_amax_history(2000);
+         *r.add_serve() = f;
+       },
+       kInvalid, "amax_history = 2000"},
+      {"Fp8DelayedDirectionsWithDifferentHistories",
+       [](R& r) {
+         v1::ServeFormat row = Serve(v1::RECIPE_FP8_DELAYED);
+         row.set_amax_history(4);
+         v1::ServeFormat col = Serve(v1::RECIPE_FP8_DELAYED, v1::DIRECTION_COLUMNWISE);
+         col.set_amax_history(8);
+         *r.add_serve() = row;
+         *r.add_serve() = col;
+       },
+       kInvalid, "listed with amax_history 4 margin 0 and with amax_history 8 margin 0"},
+      {"Fp8DelayedListedTwiceWithDifferentMargins",
+       [](R& r) {
+         v1::ServeFormat f = Serve(v1::RECIPE_FP8_DELAYED);
+         *r.add_serve() = f;
+         f.set_margin(2);
+         *r.add_serve() = f;
+       },
+       kInvalid, "amax_history 16 margin 0 and with amax_history 16 margin 2"},
+      {"NegativeMaxGradNorm", [](R& r) { r.set_max_grad_norm(-1); }, kInvalid,
+       "max_grad_norm = -1"},
+      {"NanMaxGradNorm", [](R& r) { r.set_max_grad_norm(kNaN); }, kInvalid, "max_grad_norm"},
       {"UnknownPushMode", [](R& r) { r.set_push_mode(static_cast<v1::PushMode>(7)); }, kInvalid,
        "push_mode 7"},
   };
@@ -222,6 +238,91 @@ TEST(RegistrationTest, ServedFormatsPutFp32FirstWithoutRepeats) {
   *r.add_serve() = Serve(v1::RECIPE_BF16, v1::DIRECTION_ROWWISE);
   EXPECT_EQ(ServedFormats(r), (std::vector<FormatKey>{{v1::RECIPE_FP32, v1::DIRECTION_ROWWISE},
                                                       {v1::RECIPE_BF16, v1::DIRECTION_ROWWISE}}));
+}
+
+TEST(RegistrationTest, AcceptsEveryStatePolicyWithEveryServeFormat) {
+  const v1::MasterType masters[] = {v1::MASTER_TYPE_UNSPECIFIED, v1::MASTER_TYPE_FP32,
+                                    v1::MASTER_TYPE_BF16_REMAINDER, v1::MASTER_TYPE_FP16};
+  const v1::MomentType moments[] = {v1::MOMENT_TYPE_UNSPECIFIED, v1::MOMENT_TYPE_FP32,
+                                    v1::MOMENT_TYPE_BF16, v1::MOMENT_TYPE_FP16,
+                                    v1::MOMENT_TYPE_FP8};
+  v1::RegisterRequest r = Valid();
+  r.clear_serve();
+  for (int recipe = v1::RECIPE_FP32; recipe <= v1::RECIPE_MXFP8; ++recipe) {
+    for (v1::Direction d :
+         {v1::DIRECTION_UNSPECIFIED, v1::DIRECTION_ROWWISE, v1::DIRECTION_COLUMNWISE}) {
+      v1::ServeFormat f = Serve(static_cast<v1::Recipe>(recipe), d);
+      if (recipe == v1::RECIPE_FP8_DELAYED) {
+        f.set_amax_history(1024);
+        f.set_margin(32);
+      }
+      *r.add_serve() = f;
+    }
+  }
+  r.set_max_grad_norm(1.0);
+  for (v1::MasterType master : masters) {
+    for (v1::MomentType exp_avg : moments) {
+      for (v1::MomentType exp_avg_sq : moments) {
+        for (v1::Rounding rounding :
+             {v1::ROUNDING_UNSPECIFIED, v1::ROUNDING_NEAREST, v1::ROUNDING_STOCHASTIC}) {
+          v1::StatePolicy* p = r.mutable_state_policy();
+          p->set_master(master);
+          p->set_exp_avg(exp_avg);
+          p->set_exp_avg_sq(exp_avg_sq);
+          const bool fp32_m =
+              exp_avg == v1::MOMENT_TYPE_UNSPECIFIED || exp_avg == v1::MOMENT_TYPE_FP32;
+          const bool fp32_v =
+              exp_avg_sq == v1::MOMENT_TYPE_UNSPECIFIED || exp_avg_sq == v1::MOMENT_TYPE_FP32;
+          // Stochastic rounding only where there is something to round.
+          p->set_exp_avg_rounding(fp32_m ? v1::ROUNDING_NEAREST : rounding);
+          p->set_exp_avg_sq_rounding(fp32_v ? v1::ROUNDING_UNSPECIFIED : rounding);
+          EXPECT_TRUE(ValidateRegistration(r).ok())
+              << p->ShortDebugString() << ": " << ValidateRegistration(r);
+        }
+      }
+    }
+  }
+}
+
+TEST(RegistrationTest, NormalizedSpecSpellsOutTheDefaultRoundingAndDelayedHistory) {
+  v1::RegisterRequest r = Valid();
+  r.mutable_state_policy()->set_exp_avg(v1::MOMENT_TYPE_FP8);
+  r.mutable_state_policy()->set_exp_avg_sq(v1::MOMENT_TYPE_FP8);
+  *r.add_serve() = Serve(v1::RECIPE_FP8_DELAYED, v1::DIRECTION_UNSPECIFIED);
+  v1::RegisterRequest n = NormalizedSpec(r);
+  // Nearest for exp_avg, stochastic for an fp8 exp_avg_sq (DESIGN.md §3).
+  EXPECT_EQ(n.state_policy().exp_avg_rounding(), v1::ROUNDING_NEAREST);
+  EXPECT_EQ(n.state_policy().exp_avg_sq_rounding(), v1::ROUNDING_STOCHASTIC);
+  EXPECT_EQ(n.serve(1).direction(), v1::DIRECTION_ROWWISE);
+  EXPECT_EQ(n.serve(1).amax_history(), 16);
+  EXPECT_EQ(n.serve(1).margin(), 0);
+  TensorInfo info = TensorInfoOf(n, 0);
+  EXPECT_EQ(info.policy.exp_avg, kernels::MomentType::kFp8);
+  EXPECT_EQ(info.policy.exp_avg_rounding, kernels::Rounding::kNearest);
+  EXPECT_EQ(info.policy.exp_avg_sq_rounding, kernels::Rounding::kStochastic);
+  EXPECT_EQ(info.delayed_history, 16);
+
+  // Any other narrow exp_avg_sq rounds to nearest unless told; what is sent is kept.
+  for (v1::MomentType t : {v1::MOMENT_TYPE_BF16, v1::MOMENT_TYPE_FP16}) {
+    r.mutable_state_policy()->set_exp_avg_sq(t);
+    EXPECT_EQ(NormalizedSpec(r).state_policy().exp_avg_sq_rounding(), v1::ROUNDING_NEAREST);
+  }
+  r.mutable_state_policy()->set_master(v1::MASTER_TYPE_FP16);
+  r.mutable_state_policy()->set_exp_avg_sq(v1::MOMENT_TYPE_FP8);
+  r.mutable_state_policy()->set_exp_avg_sq_rounding(v1::ROUNDING_NEAREST);
+  r.mutable_state_policy()->set_exp_avg_rounding(v1::ROUNDING_STOCHASTIC);
+  r.mutable_serve(1)->set_amax_history(3);
+  r.mutable_serve(1)->set_margin(2);
+  n = NormalizedSpec(r);
+  EXPECT_EQ(n.state_policy().exp_avg_rounding(), v1::ROUNDING_STOCHASTIC);
+  EXPECT_EQ(n.state_policy().exp_avg_sq_rounding(), v1::ROUNDING_NEAREST);
+  info = TensorInfoOf(n, 1);
+  EXPECT_EQ(info.index, 1u);
+  EXPECT_EQ(info.policy.master, kernels::MasterType::kFp16);
+  EXPECT_EQ(info.policy.exp_avg_rounding, kernels::Rounding::kStochastic);
+  EXPECT_EQ(info.policy.exp_avg_sq_rounding, kernels::Rounding::kNearest);
+  EXPECT_EQ(info.delayed_history, 3);
+  EXPECT_EQ(info.delayed_margin, 2);
 }
 
 TEST(RegistrationTest, ElementBytesOfEachGradType) {

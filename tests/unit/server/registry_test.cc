@@ -71,7 +71,6 @@ struct Mismatch {
 // Test output names the case, not the bytes of its function object.
 void PrintTo(const Mismatch& c, std::ostream* os) { *os << c.name; }
 
-
 class JobRegistryMismatchTest : public JobRegistryTest,
                                 public ::testing::WithParamInterface<Mismatch> {};
 

@@ -1,0 +1,34 @@
+// The portable path: the step pipeline on one lane (vec_scalar.h). It runs where neither vector
+// path can, and the vector paths hand it chunks that are not whole vectors.
+#include "kernels/cpu/fused_step_paths.h"
+#include "kernels/cpu/step_pipeline.h"
+#include "kernels/cpu/vec_scalar.h"
+
+namespace paramd::kernels::cpu_internal {
+
+uint32_t FusedStepScalar(const FusedStepArgs& args, int64_t begin, int64_t end) {
+  return RunRange<VecScalar>(args, begin, end);
+}
+
+uint32_t StepChunkScalar(const FusedStepArgs& args, int64_t c, int count) {
+  const StepContext<VecScalar> x(args);
+  uint32_t amax = 0;
+  StepChunk<VecScalar>(x, c, count, &amax);
+  return amax;
+}
+
+void EncodeForTestScalar(CodecFormat format, const float* x, const uint32_t* r, uint32_t* codes,
+                         int64_t n) {
+  EncodeArray<VecScalar>(format, x, r, codes, n);
+}
+
+void DecodeForTestScalar(CodecFormat format, const uint32_t* codes, float* out, int64_t n) {
+  DecodeArray<VecScalar>(format, codes, out, n);
+}
+
+void PhiloxForTestScalar(const PhiloxKey& key, uint32_t k, uint32_t tensor_index, uint64_t index,
+                         int count, uint32_t* w0, uint32_t* w1) {
+  VecScalar::PhiloxWords(key, k, tensor_index, index, count, w0, w1);
+}
+
+}  // namespace paramd::kernels::cpu_internal

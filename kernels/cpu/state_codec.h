@@ -1,0 +1,161 @@
+// Internal to kernels/cpu: the element casts of DESIGN.md §3 written once over a vector type V
+// (vec_scalar.h, vec_avx2.h, vec_avx512.h) in integer operations on the bits, so every path gives
+// the same codes as the scalar casts of kernels/formats.h (nearest) and the same stochastic
+// rounding everywhere. Everything here is a template on V: each path's translation unit
+// instantiates its own copy under its own target.
+#pragma once
+
+#include <cstdint>
+
+// Per-vector helpers are always inlined into their loops: as calls they cost a call per vector
+// and reload every constant (measured: a third of the fp32 policy's instructions).
+#define PARAMD_LANES_INLINE [[gnu::always_inline]] inline
+
+namespace paramd::kernels::cpu_internal {
+
+// Target formats of a cast: mantissa bits, the FP32 biased exponent of the smallest normal, the
+// largest finite code (magnitude), the NaN code, and where the sign bit goes.
+struct E4m3Format {
+  static constexpr int kMan = 3;
+  static constexpr uint32_t kEminBiased = 127 - 6;
+  static constexpr uint32_t kMaxFinite = 0x7E;
+  static constexpr uint32_t kNaN = 0x7F;
+  static constexpr int kSignShift = 7;
+};
+struct Fp16Format {
+  static constexpr int kMan = 10;
+  static constexpr uint32_t kEminBiased = 127 - 14;
+  static constexpr uint32_t kMaxFinite = 0x7BFF;
+  static constexpr uint32_t kNaN = 0x7FFF;
+  static constexpr int kSignShift = 15;
+};
+struct Bf16Format {
+  static constexpr int kMan = 7;
+  static constexpr uint32_t kEminBiased = 1;
+  static constexpr uint32_t kMaxFinite = 0x7F7F;
+  static constexpr uint32_t kNaN = 0x7FFF;
+  static constexpr int kSignShift = 15;
+};
+
+// FP32 -> code of Fmt, one lane per element. Let |y| = man * 2^(e - 150) (man with its implicit
+// bit, e the biased exponent, 1 for subnormals) and q the number of man's low bits below the
+// target's last place: q = 23 - kMan, plus the distance below the target's smallest normal
+// exponent. lo = the code of |y| truncated (monotonic in the magnitude, so + 1 is the next code
+// up, across exponents too); frac = floor(2^32 * (|y| - lo) / (hi - lo)) exactly, since hi - lo is
+// 2^q units of man. Nearest even rounds up iff frac > 1/2, or == 1/2 with lo odd; stochastic
+// rounds up iff r < frac (DESIGN.md §3). Then saturation to the largest finite code (infinities
+// included), the sign, and NaN -> the positive NaN code.
+template <class V, class Fmt, bool kStochastic>
+PARAMD_LANES_INLINE typename V::I Encode(typename V::F y, typename V::I r) {
+  using I = typename V::I;
+  const I bits = V::AsI(y);
+  const I mag = V::And(bits, V::SetI(0x7FFFFFFFu));
+  const I efield = V::template Shr<23>(mag);
+  I e, man;
+  if constexpr (Fmt::kEminBiased > 1) {
+    // E4M3, FP16: FP32 subnormals lie far below half the target's smallest step, so they may take
+    // the implicit bit and exponent 0 like other tiny values: the result (0, never rounded up) is
+    // the same, for two operations less.
+    e = efield;
+    man = V::Or(V::And(mag, V::SetI(0x7FFFFFu)), V::SetI(0x800000u));
+  } else {
+    e = V::MaxU(efield, V::SetI(1));
+    man = V::Or(V::And(mag, V::SetI(0x7FFFFFu)), V::template Shl<23>(V::MinU(efield, V::SetI(1))));
+  }
+  const I e_eff = V::MaxU(e, V::SetI(Fmt::kEminBiased));
+  const I q = V::AddI(V::SubI(e_eff, e), V::SetI(23 - Fmt::kMan));
+  const I lo = V::AddI(V::template Shl<Fmt::kMan>(V::SubI(e_eff, V::SetI(Fmt::kEminBiased))),
+                       V::Shrv(man, q));
+  // frac: for q <= 32, man << (32 - q) keeps exactly the q bits below the last place; for q > 32
+  // (all of man below it) man >> (q - 32). Each shift's count is negative, i.e. huge as unsigned,
+  // where the other applies, and gives 0. Nearest needs only the first: for q > 32 frac < 2^-8
+  // and never rounds up.
+  const I frac_high = V::Shlv(man, V::SubI(V::SetI(32), q));
+  typename V::M up;
+  if constexpr (kStochastic) {
+    up = V::GtU(V::Or(frac_high, V::Shrv(man, V::SubI(q, V::SetI(32)))), r);
+  } else {
+    up = V::GtU(frac_high, V::SubI(V::SetI(0x80000000u), V::And(lo, V::SetI(1))));
+  }
+  const I sign =
+      V::And(V::template Shr<31 - Fmt::kSignShift>(bits), V::SetI(1u << Fmt::kSignShift));
+  const I code = V::Or(V::MinU(V::AddOneIf(up, lo), V::SetI(Fmt::kMaxFinite)), sign);
+  return V::Select(V::GtS(mag, V::SetI(0x7F800000u)), V::SetI(Fmt::kNaN), code);
+}
+
+// FP32 -> BF16, nearest even: the short form of Encode<V, Bf16Format, false> (same codes; the unit
+// tests check). Adding 0x7FFF plus the lowest kept bit rounds the low half; a carry bumps the
+// exponent; results at or past infinity saturate; NaN -> 0x7FFF.
+template <class V>
+PARAMD_LANES_INLINE typename V::I EncodeBf16Nearest(typename V::F y) {
+  using I = typename V::I;
+  const I bits = V::AsI(y);
+  const I lsb = V::And(V::template Shr<16>(bits), V::SetI(1));
+  I hi = V::template Shr<16>(V::AddI(bits, V::AddI(lsb, V::SetI(0x7FFF))));
+  const I abs_hi = V::And(hi, V::SetI(0x7FFF));
+  hi = V::Select(V::GtU(abs_hi, V::SetI(0x7F7F)), V::Or(V::Xor(hi, abs_hi), V::SetI(0x7F7F)), hi);
+  const I mag = V::And(bits, V::SetI(0x7FFFFFFFu));
+  return V::Select(V::GtS(mag, V::SetI(0x7F800000u)), V::SetI(0x7FFF), hi);
+}
+
+// Code -> FP32, exactly as kernels/formats.h decodes: normals by moving the fields, subnormals as
+// an exact integer-to-float conversion times a power of two; NaN codes give the quiet NaN of the
+// code's sign, FP16's infinity codes infinity.
+template <class V>
+PARAMD_LANES_INLINE typename V::F DecodeE4m3(typename V::I code) {
+  using I = typename V::I;
+  const I mag = V::And(code, V::SetI(0x7F));
+  const I sign = V::template Shl<24>(V::And(code, V::SetI(0x80)));
+  const I normal = V::AddI(V::template Shl<20>(mag), V::SetI(120u << 23));
+  const I subnormal = V::AsI(V::Mul(V::CvtI32ToF(mag), V::SetF(0x1p-9f)));
+  I value = V::Select(V::GtU(V::SetI(8), mag), subnormal, normal);
+  value = V::Select(V::Eq(mag, V::SetI(0x7F)), V::SetI(0x7FC00000u), value);
+  return V::AsF(V::Or(value, sign));
+}
+
+template <class V>
+PARAMD_LANES_INLINE typename V::F DecodeFp16(typename V::I code) {
+  using I = typename V::I;
+  const I mag = V::And(code, V::SetI(0x7FFF));
+  const I sign = V::template Shl<16>(V::And(code, V::SetI(0x8000)));
+  const I normal = V::AddI(V::template Shl<13>(mag), V::SetI(112u << 23));
+  const I subnormal = V::AsI(V::Mul(V::CvtI32ToF(mag), V::SetF(0x1p-24f)));
+  I value = V::Select(V::GtU(V::SetI(0x400), mag), subnormal, normal);
+  value = V::Select(V::Eq(mag, V::SetI(0x7C00)), V::SetI(0x7F800000u), value);
+  value = V::Select(V::GtU(mag, V::SetI(0x7C00)), V::SetI(0x7FC00000u), value);
+  return V::AsF(V::Or(value, sign));
+}
+
+template <class V>
+PARAMD_LANES_INLINE typename V::F DecodeBf16(typename V::I code) {
+  return V::AsF(V::template Shl<16>(code));
+}
+
+// bf16+remainder (DESIGN.md §3): hi, lo = the FP32 bits' halves; served = hi + 1 when lo >= 0x8000
+// (16-bit wraparound), remainder = lo as int16. Lanes hold the 16-bit patterns zero-extended.
+template <class V>
+PARAMD_LANES_INLINE void SplitBf16RemainderLanes(typename V::F p, typename V::I* served,
+                                                 typename V::I* remainder) {
+  const typename V::I bits = V::AsI(p);
+  const typename V::I lo = V::And(bits, V::SetI(0xFFFF));
+  *served = V::And(V::AddI(V::template Shr<16>(bits), V::template Shr<15>(lo)), V::SetI(0xFFFF));
+  *remainder = lo;
+}
+
+// Reconstruction: hi = served - (remainder < 0) (16-bit wraparound, dropped by the shift), bits =
+// hi << 16 | remainder.
+template <class V>
+PARAMD_LANES_INLINE typename V::F MergeBf16RemainderLanes(typename V::I served,
+                                                          typename V::I remainder) {
+  const typename V::I hi = V::SubI(served, V::template Shr<15>(remainder));
+  return V::AsF(V::Or(V::template Shl<16>(hi), remainder));
+}
+
+// |x| as bits: an unsigned max of these is the amax of DESIGN.md §3 (any NaN is above every
+// magnitude, infinity included).
+template <class V>
+PARAMD_LANES_INLINE typename V::I MagnitudeBits(typename V::F x) {
+  return V::And(V::AsI(x), V::SetI(0x7FFFFFFFu));
+}
+
+}  // namespace paramd::kernels::cpu_internal

@@ -1,0 +1,345 @@
+// Internal to kernels/cpu: the fused step of every state policy, written once over a vector type V
+// (vec_scalar.h, vec_avx2.h, vec_avx512.h) and instantiated by each path's translation unit under
+// its own target. Everything here is a template on V, so the copies never collide.
+//
+// The step runs chunk by chunk (128 elements, the unit of the moments' scales), each chunk in
+// stages over small buffers that stay in L1:
+//   1. dequantize each quantized moment into an FP32 buffer (FP32 moments are used in place);
+//   2. if a moment rounds stochastically, draw Philox words 0 and 1 for the chunk's elements;
+//   3. per vector of elements: the gradient from the slots, the AdamW update, the master stored in
+//      its type, the served copies and the running amax of the stored master;
+//   4. re-quantize each quantized moment: the chunk's amax, its power-of-two scale, the cast.
+// Every operation is per element and the same in every instantiation, so every path gives the
+// same bits. A vector path hands chunks that are not whole vectors to the scalar instantiation.
+#pragma once
+
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/cpu/fused_step_paths.h"
+#include "kernels/cpu/state_codec.h"
+#include "kernels/formats.h"
+#include "kernels/fused_step.h"
+#include "kernels/philox.h"
+
+namespace paramd::kernels::cpu_internal {
+
+// Per-call constants, broadcast once.
+template <class V>
+struct StepContext {
+  using F = typename V::F;
+  const FusedStepArgs* args;
+  F grad_scale, clip, beta1, beta2, c1, c2, eps, decay, neg_step_size, bc2;
+  bool clip_active;
+  bool any_stochastic;
+  PhiloxKey key;
+  // Served outputs written with non-temporal stores (long, aligned ranges of a vector path).
+  bool stream_fp32 = false, stream_bf16 = false, stream_fp16 = false;
+
+  explicit StepContext(const FusedStepArgs& a)
+      : args(&a),
+        grad_scale(V::SetF(a.grad_scale)),
+        clip(V::SetF(a.clip)),
+        beta1(V::SetF(a.scalars.beta1)),
+        beta2(V::SetF(a.scalars.beta2)),
+        c1(V::SetF(a.scalars.c1)),
+        c2(V::SetF(a.scalars.c2)),
+        eps(V::SetF(a.scalars.eps)),
+        decay(V::SetF(a.scalars.decay)),
+        neg_step_size(V::SetF(-a.scalars.step_size)),
+        bc2(V::SetF(a.scalars.bc2)),
+        clip_active(a.clip != 1.0f),
+        any_stochastic(a.policy.exp_avg_rounding == Rounding::kStochastic ||
+                       a.policy.exp_avg_sq_rounding == Rounding::kStochastic),
+        key(RoundingKey(a.rng.seed)) {}
+};
+
+// g0 of the lanes at element i: the rank-ordered FP32 sum of the slots.
+template <class V>
+PARAMD_LANES_INLINE typename V::F SlotSum(const FusedStepArgs& a, int64_t i) {
+  if (a.slot_type == SlotType::kFp32) {
+    typename V::F g0 = V::LoadF(static_cast<const float*>(a.slots[0]) + i);
+    for (int r = 1; r < a.num_slots; ++r) {
+      g0 = V::Add(g0, V::LoadF(static_cast<const float*>(a.slots[r]) + i));
+    }
+    return g0;
+  }
+  typename V::F g0 = DecodeBf16<V>(V::LoadU16(static_cast<const uint16_t*>(a.slots[0]) + i));
+  for (int r = 1; r < a.num_slots; ++r) {
+    g0 = V::Add(g0, DecodeBf16<V>(V::LoadU16(static_cast<const uint16_t*>(a.slots[r]) + i)));
+  }
+  return g0;
+}
+
+// Stage 1: moment codes of elements [c, c + count) -> FP32 values q * (1 / s).
+template <class V>
+void DequantizeMoment(MomentType type, const void* codes, const float* scale_inv, int64_t c,
+                      int count, float* out) {
+  constexpr int L = V::kLanes;
+  if (type == MomentType::kBf16) {
+    const uint16_t* src = static_cast<const uint16_t*>(codes) + c;
+    for (int j = 0; j < count; j += L) V::StoreF(out + j, DecodeBf16<V>(V::LoadU16(src + j)));
+    return;
+  }
+  const typename V::F s_inv = V::SetF(scale_inv[c / kChunkElements]);
+  if (type == MomentType::kFp16) {
+    const uint16_t* src = static_cast<const uint16_t*>(codes) + c;
+    for (int j = 0; j < count; j += L) {
+      V::StoreF(out + j, V::Mul(DecodeFp16<V>(V::LoadU16(src + j)), s_inv));
+    }
+    return;
+  }
+  const uint8_t* src = static_cast<const uint8_t*>(codes) + c;
+  for (int j = 0; j < count; j += L) {
+    V::StoreF(out + j, V::Mul(DecodeE4m3<V>(V::LoadU8(src + j)), s_inv));
+  }
+}
+
+template <class V, class Fmt>
+PARAMD_LANES_INLINE typename V::I EncodeAs(typename V::F y, const uint32_t* r, int j) {
+  if (r != nullptr) return Encode<V, Fmt, true>(y, V::LoadU32(r + j));
+  if constexpr (std::is_same_v<Fmt, Bf16Format>) return EncodeBf16Nearest<V>(y);
+  return Encode<V, Fmt, false>(y, V::SetI(0));
+}
+
+// Stage 4: FP32 values of elements [c, c + count) -> codes, with the chunk's new scale for the
+// scaled types. r: the chunk's random words, or nullptr for nearest rounding.
+template <class V>
+void QuantizeMoment(MomentType type, const float* in, const uint32_t* r, void* codes,
+                    float* scale_inv, int64_t c, int count) {
+  constexpr int L = V::kLanes;
+  if (type == MomentType::kBf16) {
+    uint16_t* dst = static_cast<uint16_t*>(codes) + c;
+    for (int j = 0; j < count; j += L) {
+      V::StoreU16(dst + j, EncodeAs<V, Bf16Format>(V::LoadF(in + j), r, j));
+    }
+    return;
+  }
+  typename V::I amax = V::SetI(0);
+  for (int j = 0; j < count; j += L) amax = V::MaxU(amax, MagnitudeBits<V>(V::LoadF(in + j)));
+  const float amax_value = std::bit_cast<float>(V::ReduceMaxU(amax));
+  const float top = type == MomentType::kFp16 ? 32768.0f : kE4m3Max;
+  const float s = Pow2Scale(amax_value, top);
+  scale_inv[c / kChunkElements] = 1.0f / s;  // exact: s is a power of two in [2^-126, 2^126]
+  const typename V::F scale = V::SetF(s);
+  if (type == MomentType::kFp16) {
+    uint16_t* dst = static_cast<uint16_t*>(codes) + c;
+    for (int j = 0; j < count; j += L) {
+      V::StoreU16(dst + j, EncodeAs<V, Fp16Format>(V::Mul(V::LoadF(in + j), scale), r, j));
+    }
+    return;
+  }
+  uint8_t* dst = static_cast<uint8_t*>(codes) + c;
+  for (int j = 0; j < count; j += L) {
+    V::StoreU8(dst + j, EncodeAs<V, E4m3Format>(V::Mul(V::LoadF(in + j), scale), r, j));
+  }
+}
+
+template <class V>
+PARAMD_LANES_INLINE void StoreOutF(float* p, typename V::F x, bool stream) {
+  if (V::kCanStream && stream) {
+    V::StreamF(p, x);
+  } else {
+    V::StoreF(p, x);
+  }
+}
+
+template <class V>
+PARAMD_LANES_INLINE void StoreOutU16(uint16_t* p, typename V::I x, bool stream) {
+  if (V::kCanStream && stream) {
+    V::StreamU16(p, x);
+  } else {
+    V::StoreU16(p, x);
+  }
+}
+
+// Stage 3 for elements [c, c + count): m and v are the FP32 moments of the chunk (in place for FP32
+// moments, else the stage-1 buffers), overwritten with the new moments.
+template <class V, MasterType kMaster>
+void UpdateLanes(const StepContext<V>& x, int64_t c, int count, float* m, float* v,
+                 typename V::I* amax) {
+  using F = typename V::F;
+  using I = typename V::I;
+  constexpr int L = V::kLanes;
+  const FusedStepArgs& a = *x.args;
+  for (int j = 0; j < count; j += L) {
+    const int64_t i = c + j;
+    F g = V::Mul(SlotSum<V>(a, i), x.grad_scale);
+    if (x.clip_active) g = V::Mul(g, x.clip);
+    const F m_new = V::Fma(x.beta1, V::LoadF(m + j), V::Mul(x.c1, g));
+    const F v_new = V::Fma(x.beta2, V::LoadF(v + j), V::Mul(x.c2, V::Mul(g, g)));
+    const F d = V::Fma(V::Sqrt(v_new), x.bc2, x.eps);
+    F p_old;
+    if constexpr (kMaster == MasterType::kFp32) {
+      p_old = V::LoadF(static_cast<const float*>(a.master) + i);
+    } else if constexpr (kMaster == MasterType::kBf16Remainder) {
+      p_old = MergeBf16RemainderLanes<V>(
+          V::LoadU16(static_cast<const uint16_t*>(a.master) + i),
+          V::LoadU16(reinterpret_cast<const uint16_t*>(a.master_remainder) + i));
+    } else {
+      p_old = DecodeFp16<V>(V::LoadU16(static_cast<const uint16_t*>(a.master) + i));
+    }
+    F p = V::Mul(p_old, x.decay);
+    p = V::Fma(x.neg_step_size, V::Div(m_new, d), p);
+    V::StoreF(m + j, m_new);
+    V::StoreF(v + j, v_new);
+
+    // The stored master, and every served copy from it.
+    F served = p;
+    if constexpr (kMaster == MasterType::kFp32) {
+      V::StoreF(static_cast<float*>(a.master) + i, p);
+      if (a.out_bf16 != nullptr)
+        StoreOutU16<V>(a.out_bf16 + i, EncodeBf16Nearest<V>(p), x.stream_bf16);
+      if (a.out_fp16 != nullptr) {
+        StoreOutU16<V>(a.out_fp16 + i, Encode<V, Fp16Format, false>(p, V::SetI(0)), x.stream_fp16);
+      }
+    } else if constexpr (kMaster == MasterType::kBf16Remainder) {
+      I hi, remainder;
+      SplitBf16RemainderLanes<V>(p, &hi, &remainder);
+      V::StoreU16(static_cast<uint16_t*>(a.master) + i, hi);
+      V::StoreU16(reinterpret_cast<uint16_t*>(a.master_remainder) + i, remainder);
+      if (a.out_bf16 != nullptr) StoreOutU16<V>(a.out_bf16 + i, hi, x.stream_bf16);
+      if (a.out_fp16 != nullptr) {
+        StoreOutU16<V>(a.out_fp16 + i, Encode<V, Fp16Format, false>(p, V::SetI(0)), x.stream_fp16);
+      }
+    } else {
+      const I code = Encode<V, Fp16Format, false>(p, V::SetI(0));
+      V::StoreU16(static_cast<uint16_t*>(a.master) + i, code);
+      served = DecodeFp16<V>(code);
+      if (a.out_bf16 != nullptr) {
+        StoreOutU16<V>(a.out_bf16 + i, EncodeBf16Nearest<V>(served), x.stream_bf16);
+      }
+      if (a.out_fp16 != nullptr) StoreOutU16<V>(a.out_fp16 + i, code, x.stream_fp16);
+    }
+    if (a.out_fp32 != nullptr) StoreOutF<V>(a.out_fp32 + i, served, x.stream_fp32);
+    *amax = V::MaxU(*amax, MagnitudeBits<V>(served));
+  }
+}
+
+// One chunk [c, c + count): count <= 128 and a multiple of V::kLanes.
+template <class V>
+void StepChunk(const StepContext<V>& x, int64_t c, int count, typename V::I* amax) {
+  const FusedStepArgs& a = *x.args;
+  const StatePolicy& policy = a.policy;
+  alignas(64) float m_buf[kChunkElements];
+  alignas(64) float v_buf[kChunkElements];
+  alignas(64) uint32_t r0[kChunkElements];
+  alignas(64) uint32_t r1[kChunkElements];
+
+  float* m = m_buf;
+  if (policy.exp_avg == MomentType::kFp32) {
+    m = static_cast<float*>(a.exp_avg) + c;
+  } else {
+    DequantizeMoment<V>(policy.exp_avg, a.exp_avg, a.exp_avg_scale_inv, c, count, m_buf);
+  }
+  float* v = v_buf;
+  if (policy.exp_avg_sq == MomentType::kFp32) {
+    v = static_cast<float*>(a.exp_avg_sq) + c;
+  } else {
+    DequantizeMoment<V>(policy.exp_avg_sq, a.exp_avg_sq, a.exp_avg_sq_scale_inv, c, count, v_buf);
+  }
+  if (x.any_stochastic) {
+    V::PhiloxWords(x.key, a.rng.k, a.rng.tensor_index, static_cast<uint64_t>(c), count, r0, r1);
+  }
+
+  switch (policy.master) {
+    case MasterType::kFp32:
+      UpdateLanes<V, MasterType::kFp32>(x, c, count, m, v, amax);
+      break;
+    case MasterType::kBf16Remainder:
+      UpdateLanes<V, MasterType::kBf16Remainder>(x, c, count, m, v, amax);
+      break;
+    case MasterType::kFp16:
+      UpdateLanes<V, MasterType::kFp16>(x, c, count, m, v, amax);
+      break;
+  }
+
+  if (policy.exp_avg != MomentType::kFp32) {
+    QuantizeMoment<V>(policy.exp_avg, m_buf,
+                      policy.exp_avg_rounding == Rounding::kStochastic ? r0 : nullptr, a.exp_avg,
+                      a.exp_avg_scale_inv, c, count);
+  }
+  if (policy.exp_avg_sq != MomentType::kFp32) {
+    QuantizeMoment<V>(policy.exp_avg_sq, v_buf,
+                      policy.exp_avg_sq_rounding == Rounding::kStochastic ? r1 : nullptr,
+                      a.exp_avg_sq, a.exp_avg_sq_scale_inv, c, count);
+  }
+}
+
+// The whole range [begin, end): chunks of 128 elements from `begin`, each prefetched kPrefetchAhead
+// elements before it runs. Returns the amax bits of the new stored master (see FusedStepScalar).
+template <class V>
+uint32_t RunRange(const FusedStepArgs& a, int64_t begin, int64_t end) {
+  StepContext<V> x(a);
+  if constexpr (V::kCanStream) {
+    if (end - begin >= kMinStreamElements) {
+      x.stream_fp32 = a.out_fp32 != nullptr && IsAligned(a.out_fp32 + begin, V::kLanes * 4);
+      x.stream_bf16 = a.out_bf16 != nullptr && IsAligned(a.out_bf16 + begin, V::kLanes * 2);
+      x.stream_fp16 = a.out_fp16 != nullptr && IsAligned(a.out_fp16 + begin, V::kLanes * 2);
+    }
+  }
+  typename V::I amax = V::SetI(0);
+  uint32_t amax_bits = 0;
+  for (int64_t c = begin; c < end; c += kChunkElements) {
+    const int count = static_cast<int>(std::min(kChunkElements, end - c));
+    if constexpr (V::kLanes > 1) {
+      const int64_t ahead = c + kPrefetchAhead;
+      if (ahead < end) PrefetchElements(a, ahead, std::min(kChunkElements, end - ahead));
+      if (count % V::kLanes != 0 || (x.any_stochastic && CounterWraps(c, count))) {
+        amax_bits = std::max(amax_bits, StepChunkScalar(a, c, count));
+        continue;
+      }
+    }
+    StepChunk<V>(x, c, count, &amax);
+  }
+  // Streaming stores are weakly ordered: fence them before the caller publishes the outputs.
+  if (x.stream_fp32 || x.stream_bf16 || x.stream_fp16) V::Fence();
+  return std::max(amax_bits, V::ReduceMaxU(amax));
+}
+
+// The unit tests' hooks (fused_step_paths.h) on V; n a multiple of V::kLanes.
+template <class V>
+void EncodeArray(CodecFormat format, const float* x, const uint32_t* r, uint32_t* codes,
+                 int64_t n) {
+  for (int64_t j = 0; j < n; j += V::kLanes) {
+    const typename V::F y = V::LoadF(x + j);
+    const typename V::I rj = r != nullptr ? V::LoadU32(r + j) : V::SetI(0);
+    typename V::I code;
+    switch (format) {
+      case CodecFormat::kE4m3:
+        code =
+            r != nullptr ? Encode<V, E4m3Format, true>(y, rj) : Encode<V, E4m3Format, false>(y, rj);
+        break;
+      case CodecFormat::kFp16:
+        code =
+            r != nullptr ? Encode<V, Fp16Format, true>(y, rj) : Encode<V, Fp16Format, false>(y, rj);
+        break;
+      default:
+        code = r != nullptr ? Encode<V, Bf16Format, true>(y, rj) : EncodeBf16Nearest<V>(y);
+        break;
+    }
+    V::StoreU32(codes + j, code);
+  }
+}
+
+template <class V>
+void DecodeArray(CodecFormat format, const uint32_t* codes, float* out, int64_t n) {
+  for (int64_t j = 0; j < n; j += V::kLanes) {
+    const typename V::I code = V::LoadU32(codes + j);
+    switch (format) {
+      case CodecFormat::kE4m3:
+        V::StoreF(out + j, DecodeE4m3<V>(code));
+        break;
+      case CodecFormat::kFp16:
+        V::StoreF(out + j, DecodeFp16<V>(code));
+        break;
+      default:
+        V::StoreF(out + j, DecodeBf16<V>(code));
+        break;
+    }
+  }
+}
+
+}  // namespace paramd::kernels::cpu_internal

@@ -1,0 +1,183 @@
+// Internal to kernels/cpu: 8 FP32 / 32-bit lanes of AVX2 + FMA for the step pipeline
+// (step_pipeline.h); the contract of each member is in vec_avx512.h. Include only from a
+// translation unit compiled for AVX2 and FMA (under `#pragma GCC target`), after every header that
+// must stay baseline code. Predicates are full-lane masks (all ones = true).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/philox.h"
+
+namespace paramd::kernels::cpu_internal {
+
+struct VecAvx2 {
+  static constexpr int kLanes = 8;
+  static void Fence() { _mm_sfence(); }
+  static constexpr bool kCanStream = true;
+  using F = __m256;
+  using I = __m256i;
+  using M = __m256i;
+
+  static F LoadF(const float* p) { return _mm256_loadu_ps(p); }
+  static void StoreF(float* p, F x) { _mm256_storeu_ps(p, x); }
+  static void StreamF(float* p, F x) { _mm256_stream_ps(p, x); }
+  static F SetF(float x) { return _mm256_set1_ps(x); }
+  static F Add(F a, F b) { return _mm256_add_ps(a, b); }
+  static F Mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F Div(F a, F b) { return _mm256_div_ps(a, b); }
+  static F Sqrt(F a) { return _mm256_sqrt_ps(a); }
+  static F Fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static I AsI(F x) { return _mm256_castps_si256(x); }
+  static F AsF(I x) { return _mm256_castsi256_ps(x); }
+  static F CvtI32ToF(I x) { return _mm256_cvtepi32_ps(x); }
+
+  static I SetI(uint32_t x) { return _mm256_set1_epi32(static_cast<int>(x)); }
+  static I LoadU32(const uint32_t* p) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  }
+  static void StoreU32(uint32_t* p, I x) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), x); }
+  static I LoadU16(const uint16_t* p) {
+    return _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  // Lanes hold values below 2^16, so the saturating packs are exact.
+  static __m128i Pack16(I x) {
+    return _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+  }
+  static void StoreU16(uint16_t* p, I x) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), Pack16(x));
+  }
+  static void StreamU16(uint16_t* p, I x) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(p), Pack16(x));
+  }
+  static I LoadU8(const uint8_t* p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  }
+  static __m128i Pack8(I x) {
+    const __m128i w = Pack16(x);
+    return _mm_packus_epi16(w, w);
+  }
+  static void StoreU8(uint8_t* p, I x) {
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), Pack8(x));
+  }
+  static void StreamU8(uint8_t* p, I x) {
+    _mm_stream_si64(reinterpret_cast<long long*>(p), _mm_cvtsi128_si64(Pack8(x)));
+  }
+
+  static I And(I a, I b) { return _mm256_and_si256(a, b); }
+  static I Or(I a, I b) { return _mm256_or_si256(a, b); }
+  static I Xor(I a, I b) { return _mm256_xor_si256(a, b); }
+  static I AddI(I a, I b) { return _mm256_add_epi32(a, b); }
+  static I SubI(I a, I b) { return _mm256_sub_epi32(a, b); }
+  template <int kBits>
+  static I Shl(I a) {
+    return _mm256_slli_epi32(a, kBits);
+  }
+  template <int kBits>
+  static I Shr(I a) {
+    return _mm256_srli_epi32(a, kBits);
+  }
+  static I Shlv(I a, I n) { return _mm256_sllv_epi32(a, n); }
+  static I Shrv(I a, I n) { return _mm256_srlv_epi32(a, n); }
+  static I MaxU(I a, I b) { return _mm256_max_epu32(a, b); }
+  static I MinU(I a, I b) { return _mm256_min_epu32(a, b); }
+  static M GtU(I a, I b) {
+    const I flip = _mm256_set1_epi32(static_cast<int>(0x80000000u));
+    return _mm256_cmpgt_epi32(_mm256_xor_si256(a, flip), _mm256_xor_si256(b, flip));
+  }
+  static M GtS(I a, I b) { return _mm256_cmpgt_epi32(a, b); }
+  static M Eq(I a, I b) { return _mm256_cmpeq_epi32(a, b); }
+  static I Select(M m, I a, I b) { return _mm256_blendv_epi8(b, a, m); }
+  static I AddOneIf(M m, I a) { return _mm256_sub_epi32(a, m); }
+  static uint32_t ReduceMaxU(I a) {
+    __m128i x = _mm_max_epu32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    x = _mm_max_epu32(x, _mm_shuffle_epi32(x, 0x4E));
+    x = _mm_max_epu32(x, _mm_shuffle_epi32(x, 0xB1));
+    return static_cast<uint32_t>(_mm_cvtsi128_si32(x));
+  }
+
+  // 64-bit-lane helpers of PhiloxWords, as VecAvx512's.
+  static __m256i Set64(uint32_t x) { return _mm256_set1_epi64x(x); }
+  static __m256i Hi32(__m256i p) { return _mm256_srli_epi64(p, 32); }
+  static __m256i Xor3(__m256i a, __m256i b, __m256i c) {
+    return _mm256_xor_si256(_mm256_xor_si256(a, b), c);
+  }
+
+  // As VecAvx512::PhiloxWords, four counters per register; count is a multiple of 8.
+  static void PhiloxWords(const PhiloxKey& key, uint32_t k, uint32_t tensor_index, uint64_t index,
+                          int count, uint32_t* w0, uint32_t* w1) {
+    uint32_t k0[kPhiloxRounds], k1[kPhiloxRounds];
+    k0[0] = key[0];
+    k1[0] = key[1];
+    for (int r = 1; r < kPhiloxRounds; ++r) {
+      k0[r] = k0[r - 1] + kPhiloxW0;
+      k1[r] = k1[r - 1] + kPhiloxW1;
+    }
+    const uint32_t word1 = static_cast<uint32_t>(index >> 32);
+    const uint64_t r1_p1 = uint64_t{kPhiloxM1} * k;
+    const uint32_t r1_x0 = static_cast<uint32_t>(r1_p1 >> 32) ^ word1 ^ k0[0];
+    const uint32_t r1_x1 = static_cast<uint32_t>(r1_p1);
+    const uint64_t r2_p0 = uint64_t{kPhiloxM0} * r1_x0;
+    const uint32_t r2_x3 = static_cast<uint32_t>(r2_p0);
+
+    const __m256i m0 = _mm256_set1_epi64x(kPhiloxM0);
+    const __m256i m1 = _mm256_set1_epi64x(kPhiloxM1);
+    const __m256i r1_x2_xor = Set64(tensor_index ^ k1[0]);
+    const __m256i r2_x0_xor = Set64(r1_x1 ^ k0[1]);
+    const __m256i r2_x2_xor = Set64(static_cast<uint32_t>(r2_p0 >> 32) ^ k1[1]);
+    const __m256i r3_x2_xor = Set64(r2_x3 ^ k1[2]);
+    const __m256i lanes = _mm256_set_epi64x(3, 2, 1, 0);
+
+    for (int j = 0; j < count; j += 8) {
+      const __m256i base = Set64(static_cast<uint32_t>(index + j));
+      __m256i x0[2], x1[2], x2[2], x3[2], p0[2], p1[2];
+      for (int h = 0; h < 2; ++h) {
+        const __m256i c0 = _mm256_add_epi64(base, _mm256_add_epi64(lanes, Set64(4u * h)));
+        p0[h] = _mm256_mul_epu32(c0, m0);
+        x2[h] = _mm256_xor_si256(Hi32(p0[h]), r1_x2_xor);
+        x3[h] = p0[h];
+        p1[h] = _mm256_mul_epu32(x2[h], m1);
+        x0[h] = _mm256_xor_si256(Hi32(p1[h]), r2_x0_xor);
+        x1[h] = p1[h];
+        x2[h] = _mm256_xor_si256(x3[h], r2_x2_xor);
+        p0[h] = _mm256_mul_epu32(x0[h], m0);
+        p1[h] = _mm256_mul_epu32(x2[h], m1);
+        x0[h] = Xor3(Hi32(p1[h]), x1[h], Set64(k0[2]));
+        x1[h] = p1[h];
+        x2[h] = _mm256_xor_si256(Hi32(p0[h]), r3_x2_xor);
+        x3[h] = p0[h];
+      }
+      for (int r = 3; r < kPhiloxRounds - 2; ++r) {
+        const __m256i key0 = Set64(k0[r]);
+        const __m256i key1 = Set64(k1[r]);
+        for (int h = 0; h < 2; ++h) {
+          p0[h] = _mm256_mul_epu32(x0[h], m0);
+          p1[h] = _mm256_mul_epu32(x2[h], m1);
+          x0[h] = Xor3(Hi32(p1[h]), x1[h], key0);
+          x1[h] = p1[h];
+          x2[h] = Xor3(Hi32(p0[h]), x3[h], key1);
+          x3[h] = p0[h];
+        }
+      }
+      __m256i out0[2], out1[2];
+      for (int h = 0; h < 2; ++h) {
+        p0[h] = _mm256_mul_epu32(x0[h], m0);
+        p1[h] = _mm256_mul_epu32(x2[h], m1);
+        x1[h] = p1[h];
+        x2[h] = Xor3(Hi32(p0[h]), x3[h], Set64(k1[kPhiloxRounds - 2]));
+        p1[h] = _mm256_mul_epu32(x2[h], m1);
+        out0[h] = Xor3(Hi32(p1[h]), x1[h], Set64(k0[kPhiloxRounds - 1]));
+        out1[h] = p1[h];
+      }
+      StoreU32(w0 + j, EvenWords(out0[0], out0[1]));
+      StoreU32(w1 + j, EvenWords(out1[0], out1[1]));
+    }
+  }
+
+  // The low 32-bit halves of 4 + 4 64-bit lanes, in order.
+  static I EvenWords(I a, I b) {
+    const __m256 mixed = _mm256_shuffle_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(b), 0x88);
+    return _mm256_permute4x64_epi64(_mm256_castps_si256(mixed), 0xD8);
+  }
+};
+
+}  // namespace paramd::kernels::cpu_internal

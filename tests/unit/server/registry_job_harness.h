@@ -1,0 +1,112 @@
+// A job registered through JobRegistry on a real CpuBackend, every rank registered and the initial
+// weights uploaded, driven as the services drive it (chunked pushes, commits); the step a last
+// commit hands over runs at once instead of on the step executor.
+#pragma once
+
+#include <algorithm>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "server/cpu_backend.h"
+#include "server/job.h"
+#include "server/registry.h"
+#include "tests/unit/server/reference_job.h"
+
+namespace paramd::testing {
+
+class RegistryJobHarness {
+ public:
+  explicit RegistryJobHarness(const v1::RegisterRequest& spec, int threads = 2)
+      : spec_(spec), backend_(threads), registry_(&backend_, RegistryLimits{}) {}
+
+  // Registers every rank through the registry and uploads the initial weights.
+  absl::Status Start(const std::vector<std::vector<float>>& initial) {
+    for (int r = 0; r < spec_.world_size(); ++r) {
+      absl::StatusOr<v1::RegisterResponse> registered = registry_.Register(ForRank(spec_, r));
+      if (!registered.ok()) return registered.status();
+    }
+    absl::StatusOr<std::shared_ptr<Job>> job = registry_.Find(spec_.job());
+    if (!job.ok()) return job.status();
+    job_ = *std::move(job);
+    for (int i = 0; i < spec_.tensors_size(); ++i) {
+      const std::vector<float>& w = initial[static_cast<size_t>(i)];
+      if (absl::Status s = PushTensor(0, 0, i, ToBytes(w), v1::PUSH_KIND_INITIAL_WEIGHTS);
+          !s.ok()) {
+        return s;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  Job& job() { return *job_; }
+  JobRegistry& registry() { return registry_; }
+
+  absl::Status PushTensor(int rank, int64_t step, int tensor, std::string_view bytes,
+                          v1::PushKind kind = v1::PUSH_KIND_GRADIENT) {
+    constexpr int64_t kChunkBytes = 8192;
+    const int64_t size = static_cast<int64_t>(bytes.size());
+    for (int64_t offset = 0; offset < size; offset += kChunkBytes) {
+      v1::PushChunk chunk;
+      chunk.set_job(spec_.job());
+      chunk.set_rank(rank);
+      chunk.set_step(step);
+      chunk.set_tensor(spec_.tensors(tensor).name());
+      chunk.set_kind(kind);
+      chunk.set_offset(offset);
+      chunk.set_data(std::string(bytes.substr(
+          static_cast<size_t>(offset), static_cast<size_t>(std::min(kChunkBytes, size - offset)))));
+      absl::StatusOr<ChunkBuffer::Stored> stored = job_->Push(chunk);
+      if (!stored.ok()) return stored.status();
+    }
+    return absl::OkStatus();
+  }
+
+  // Every rank pushes and commits `step`; the step the last commit hands over runs.
+  absl::StatusOr<StepReport> RunStep(int64_t step, const StepGradients& grads,
+                                     std::optional<double> lr = std::nullopt,
+                                     std::optional<double> grad_scale = std::nullopt) {
+    for (int r = 0; r < spec_.world_size(); ++r) {
+      for (int i = 0; i < spec_.tensors_size(); ++i) {
+        if (absl::Status s = PushTensor(r, step, i, grads[static_cast<size_t>(i)][r]); !s.ok()) {
+          return s;
+        }
+      }
+    }
+    std::optional<StepReport> report;
+    for (int r = 0; r < spec_.world_size(); ++r) {
+      v1::CommitRequest request;
+      request.set_job(spec_.job());
+      request.set_rank(r);
+      request.set_step(step);
+      if (lr) request.set_lr(*lr);
+      if (grad_scale) request.set_grad_scale(*grad_scale);
+      absl::StatusOr<CommitOutcome> outcome = job_->Commit(request);
+      if (!outcome.ok()) return outcome.status();
+      if (outcome->work) report = job_->RunStep(*outcome->work);
+    }
+    if (!report) return absl::InternalError("no commit handed the step over");
+    return *report;
+  }
+
+  // The newest published version of a tensor.
+  std::shared_ptr<const ServedTensor> Newest(int tensor) const { return job_->Served(tensor, 0); }
+
+  // The newest served bytes (data, then scales) of a tensor in one format; empty when not served.
+  std::vector<uint8_t> Served(int tensor, v1::Recipe recipe, v1::Direction direction) const {
+    std::shared_ptr<const ServedTensor> served = Newest(tensor);
+    if (served == nullptr) return {};
+    const ServedFormat* format = served->Find(FormatKey{recipe, direction});
+    return format == nullptr ? std::vector<uint8_t>() : format->bytes;
+  }
+
+ private:
+  const v1::RegisterRequest spec_;
+  CpuBackend backend_;
+  JobRegistry registry_;
+  std::shared_ptr<Job> job_;
+};
+
+}  // namespace paramd::testing
