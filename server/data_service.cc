@@ -1,5 +1,10 @@
 #include "server/data_service.h"
 
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/proto_buffer_reader.h>
+#include <grpcpp/support/proto_buffer_writer.h>
+#include <grpcpp/support/slice.h>
+
 #include <algorithm>
 #include <mutex>
 
@@ -83,10 +88,16 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushChunk> {
 
 // Waits for the version (without holding a thread), then streams a header and the bytes of the
 // served version it leases: the shared pointer keeps those bytes alive and unchanged.
-class PullReactor final : public grpc::ServerWriteReactor<v1::PullChunk> {
+class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  PullReactor(Daemon* daemon, const v1::PullRequest* request) : daemon_(daemon) {
-    absl::Status status = Prepare(*request);
+  PullReactor(Daemon* daemon, const grpc::ByteBuffer* raw) : daemon_(daemon) {
+    v1::PullRequest request;
+    absl::Status status =
+        grpc::SerializationTraits<v1::PullRequest>::Deserialize(const_cast<grpc::ByteBuffer*>(raw),
+                                                                &request)
+                .ok()
+            ? Prepare(request)
+            : absl::InvalidArgumentError("Pull request is not a paramd.v1.PullRequest");
     if (!status.ok()) {
       End(status);
       return;
@@ -167,6 +178,7 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullChunk> {
     header->mutable_format()->set_recipe(format_.recipe);
     header->mutable_format()->set_direction(format_.direction);
     header->set_data_bytes(format->layout.data_bytes);
+    bool own_buffer = false;
     header->set_skipped(served_->skipped);
     if (format->layout.scale_count > 0) {
       header->set_scale_bytes(format->layout.scale_bytes);
@@ -176,7 +188,8 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullChunk> {
       header->add_scale_shape(format->layout.scale_rows);
       header->add_scale_shape(format->layout.scale_cols);
     }
-    StartWrite(&message_);
+    grpc::SerializationTraits<v1::PullChunk>::Serialize(message_, &buffer_, &own_buffer);
+    StartWrite(&buffer_);
   }
 
   void WriteNext() {
@@ -187,9 +200,22 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullChunk> {
       return;
     }
     const int64_t length = std::min(size - offset_, daemon_->config().pull_chunk_bytes());
-    message_.set_data(bytes_->data() + offset_, static_cast<size_t>(length));
+    // PullChunk field 2 (`data`), length-delimited, its bytes a slice over the leased buffer,
+    // which stays alive and unchanged until this call is done.
+    std::string prefix(1, static_cast<char>((2 << 3) | 2));
+    for (uint64_t v = static_cast<uint64_t>(length);; v >>= 7) {
+      if (v < 0x80) {
+        prefix.push_back(static_cast<char>(v));
+        break;
+      }
+      prefix.push_back(static_cast<char>((v & 0x7F) | 0x80));
+    }
+    grpc::Slice slices[2] = {grpc::Slice(prefix),
+                             grpc::Slice(bytes_->data() + offset_, static_cast<size_t>(length),
+                                         grpc::Slice::STATIC_SLICE)};
+    buffer_ = grpc::ByteBuffer(slices, 2);
     offset_ += length;
-    StartWrite(&message_);
+    StartWrite(&buffer_);
   }
 
   void End(const absl::Status& status) {
@@ -211,7 +237,8 @@ class PullReactor final : public grpc::ServerWriteReactor<v1::PullChunk> {
   std::shared_ptr<const ServedTensor> served_;  // the lease
   const std::vector<uint8_t>* bytes_ = nullptr;
   int64_t offset_ = 0;
-  v1::PullChunk message_;
+  v1::PullChunk message_;    // the header
+  grpc::ByteBuffer buffer_;  // the message being written
 };
 
 }  // namespace
@@ -244,8 +271,8 @@ grpc::ServerUnaryReactor* DataService::Commit(grpc::CallbackServerContext* conte
   return reactor;
 }
 
-grpc::ServerWriteReactor<v1::PullChunk>* DataService::Pull(grpc::CallbackServerContext* context,
-                                                           const v1::PullRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* DataService::Pull(grpc::CallbackServerContext* context,
+                                                              const grpc::ByteBuffer* request) {
   return new PullReactor(daemon_, request);
 }
 

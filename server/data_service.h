@@ -7,7 +7,9 @@
 
 namespace paramd {
 
-class DataService final : public v1::Data::CallbackService {
+// Pull is a raw method: its data messages are written as slices over the leased served buffer,
+// so the bytes are not copied into a message first.
+class DataService final : public v1::Data::WithRawCallbackMethod_Pull<v1::Data::CallbackService> {
  public:
   explicit DataService(Daemon* daemon) : daemon_(daemon) {}
 
@@ -16,8 +18,8 @@ class DataService final : public v1::Data::CallbackService {
   grpc::ServerUnaryReactor* Commit(grpc::CallbackServerContext* context,
                                    const v1::CommitRequest* request,
                                    v1::CommitResponse* response) override;
-  grpc::ServerWriteReactor<v1::PullChunk>* Pull(grpc::CallbackServerContext* context,
-                                                const v1::PullRequest* request) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Pull(grpc::CallbackServerContext* context,
+                                                   const grpc::ByteBuffer* request) override;
 
  private:
   Daemon* const daemon_;
