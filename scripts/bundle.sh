@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Packs the daemon, paramctl and the example trainers with the shared libraries they need that a
+# machine without gRPC, Abseil, protobuf or prometheus-cpp lacks, so they run there unchanged:
+#   scripts/bundle.sh [BUILD_DIR] [OUT_DIR]      -> OUT_DIR/{bin,lib}, run with OUT_DIR/run.sh CMD
+# System libraries (glibc, libstdc++, libgcc) and GPU driver/NCCL libraries are left out: the
+# target machine has its own (and NCCL must never travel).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-$root/build}
+out=${2:-$root/.bundle}
+rm -rf "$out"
+mkdir -p "$out/bin" "$out/lib"
+bins=(server/paramd tools/paramctl examples/mlp/paramd_train_mlp
+      examples/classifier/paramd_train_classifier bench/paramd_inline_bench)
+for b in "${bins[@]}"; do
+  [ -x "$build/$b" ] && cp "$build/$b" "$out/bin/"
+done
+skip='^(linux-vdso|libc\.|libm\.|libpthread|libdl\.|librt\.|ld-linux|libgcc_s|libstdc\+\+|libcuda\.|libnccl|libnvidia)'
+for f in "$out"/bin/*; do
+  ldd "$f" | awk '/=> \// {print $1, $3}' | while read -r name path; do
+    [[ "$name" =~ $skip ]] && continue
+    [ -e "$out/lib/$name" ] || cp -L "$path" "$out/lib/$name"
+  done
+done
+# Debug information stays behind: the bundle travels.
+strip --strip-unneeded "$out"/bin/* "$out"/lib/* 2>/dev/null || true
+cat > "$out/run.sh" <<'RUN'
+#!/usr/bin/env bash
+# Runs a bundled program with the bundle's libraries: run.sh paramd --backend=cuda:0 ...
+here=$(cd "$(dirname "$0")" && pwd)
+export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+prog=$1
+shift
+exec "$here/bin/$prog" "$@"
+RUN
+chmod +x "$out/run.sh"
+echo "bundle: $(ls "$out/bin" | wc -l) programs, $(ls "$out/lib" | wc -l) libraries, $(du -sh "$out" | cut -f1)"
