@@ -99,10 +99,12 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
   if (!c.metrics_listen().empty()) {
     if (absl::Status s = CheckHostPort("metrics_listen", c.metrics_listen()); !s.ok()) return s;
   }
-  if (c.backend() != "cpu") {
+  int device = -1;
+  const bool cuda = c.backend().rfind("cuda:", 0) == 0 &&
+                    absl::SimpleAtoi(c.backend().substr(5), &device) && device >= 0;
+  if (c.backend() != "cpu" && !cuda) {
     return absl::InvalidArgumentError(
-        absl::StrCat("config field backend = \"", c.backend(),
-                     "\" is not available in this build; available: \"cpu\""));
+        absl::StrCat("config field backend = \"", c.backend(), "\" is not \"cpu\" or \"cuda:N\""));
   }
   for (const absl::Status& s : {
            CheckRange("step_threads", c.step_threads(), 1, 1024),

@@ -2,21 +2,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
-#include "server/cpu_backend.h"
+#include "server/backends.h"
 
 namespace paramd {
 
 inline constexpr char kDaemonVersion[] = "0.1.0";
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const v1::DaemonConfig& config) {
-  std::unique_ptr<Backend> backend;
-  if (config.backend() == "cpu") {
-    backend = std::make_unique<CpuBackend>(config.step_threads());
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("backend \"", config.backend(), "\" is not available in this build"));
-  }
-  return std::unique_ptr<Daemon>(new Daemon(config, std::move(backend)));
+  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(config);
+  if (!backend.ok()) return backend.status();
+  return std::unique_ptr<Daemon>(new Daemon(config, *std::move(backend)));
 }
 
 Daemon::Daemon(const v1::DaemonConfig& config, std::unique_ptr<Backend> backend)

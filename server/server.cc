@@ -66,7 +66,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const v1::DaemonConfig& ra
 Server::~Server() { Shutdown(); }
 
 void Server::Shutdown() {
-  if (stopped_) return;
+  // A server whose Start failed half-way has nothing running to stop.
+  if (stopped_ || daemon_ == nullptr || grpc_ == nullptr) return;
   stopped_ = true;
   daemon_->Drain();
   daemon_->WaitForSteps();

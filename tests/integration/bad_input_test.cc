@@ -17,6 +17,11 @@
 #include <thread>
 #include <vector>
 
+#ifdef PARAMD_TEST_HAS_CUDA_RUNTIME
+#include <cuda_runtime_api.h>
+#endif
+
+#include "absl/strings/match.h"
 #include "client/client.h"
 #include "common/grpc_status.h"
 #include "paramd/v1/control.grpc.pb.h"
@@ -611,6 +616,22 @@ TEST_F(BadInputTest, HealthServiceAnswersServingUntilDrained) {
 #else
   GTEST_SKIP() << "grpc/health/v1/health.proto (package grpc-proto) was not found at build time";
 #endif
+}
+
+TEST(BackendChoiceTest, ACudaBackendThatCannotBeHadStopsTheStartWithAReason) {
+  int devices = 0;
+#ifdef PARAMD_TEST_HAS_CUDA_RUNTIME
+  if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
+#endif
+  if (devices > 0) GTEST_SKIP() << "this machine has a GPU: cuda:0 is available here";
+  v1::DaemonConfig config;
+  config.set_listen("127.0.0.1:0");
+  config.set_metrics_listen("");
+  config.set_backend("cuda:0");
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(config);
+  ASSERT_FALSE(server.ok());
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kFailedPrecondition) << server.status();
+  EXPECT_TRUE(absl::StrContains(server.status().message(), "cuda:0")) << server.status();
 }
 
 }  // namespace
