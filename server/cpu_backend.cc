@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/formats.h"
 #include "kernels/step_rules.h"
+#include "server/initial_state.h"
 #include "server/kernel_status.h"
 
 namespace paramd {
@@ -22,12 +23,6 @@ class CpuTensorState : public TensorState {
  public:
   explicit CpuTensorState(const TensorInfo& info) : info(info), n(info.rows * info.cols) {
     const StateBytes bytes = PolicyStateBytes(info);
-    if (info.policy.master == kernels::MasterType::kBf16Remainder) {
-      master.resize(static_cast<size_t>(2 * n));
-      remainder.resize(static_cast<size_t>(n));
-    } else {
-      master.resize(static_cast<size_t>(bytes.master));
-    }
     exp_avg.assign(static_cast<size_t>(bytes.exp_avg), 0);
     exp_avg_sq.assign(static_cast<size_t>(bytes.exp_avg_sq), 0);
     const size_t chunks = static_cast<size_t>(kernels::NumChunks(n));
@@ -76,21 +71,6 @@ kernels::ServeArgs ServeArgsFor(const CpuTensorState& s, ServedTensor* out, Serv
   return args;
 }
 
-// The BF16 a bf16+remainder master serves is its stored high half, not a fresh cast.
-void ServeBf16Halves(const CpuTensorState& s, ServedFormat& f, int64_t row_begin, int64_t row_end) {
-  const auto* hi = reinterpret_cast<const uint16_t*>(s.master.data());
-  auto* out = reinterpret_cast<uint16_t*>(f.data());
-  const int64_t rows = s.info.rows, cols = s.info.cols;
-  if (f.key.direction == v1::DIRECTION_ROWWISE) {
-    std::memcpy(out + row_begin * cols, hi + row_begin * cols,
-                static_cast<size_t>((row_end - row_begin) * cols) * sizeof(uint16_t));
-    return;
-  }
-  for (int64_t r = row_begin; r < row_end; ++r) {
-    for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = hi[r * cols + c];
-  }
-}
-
 // Quantizes rows [row_begin, row_end) of every format computed from the FP32 copy (all but the
 // elementwise ones the step wrote, and the per-tensor ones, which need the whole tensor's amax).
 absl::Status ServeRows(const CpuTensorState& s, ServedTensor* out, int64_t row_begin,
@@ -99,7 +79,8 @@ absl::Status ServeRows(const CpuTensorState& s, ServedTensor* out, int64_t row_b
     if (IsElementwise(f) || IsPerTensor(f)) continue;
     if (f.key.recipe == v1::RECIPE_BF16 &&
         s.info.policy.master == kernels::MasterType::kBf16Remainder) {
-      ServeBf16Halves(s, f, row_begin, row_end);
+      ServeBf16Halves(reinterpret_cast<const uint16_t*>(s.master.data()), s.info.rows, s.info.cols,
+                      f, row_begin, row_end);
       continue;
     }
     absl::Status st =
@@ -144,55 +125,15 @@ CpuBackend::~CpuBackend() = default;
 absl::StatusOr<std::unique_ptr<TensorState>> CpuBackend::CreateState(const TensorInfo& info,
                                                                      std::span<const float> initial,
                                                                      ServedTensor* out) {
+  InitialState initial_state;
+  absl::Status status = MakeInitialState(info, initial, pool_, &initial_state, out);
+  if (!status.ok()) return status;
   auto state = std::make_unique<CpuTensorState>(info);
+  state->master = std::move(initial_state.master);
+  state->remainder = std::move(initial_state.remainder);
+  state->tensor_scale = initial_state.fp8_tensor_scale;
+  state->delayed_scale = initial_state.delayed_scale;
   state->history = kernels::AmaxHistory(info.delayed_history);
-  CpuTensorState& s = *state;
-  auto* fp32 = reinterpret_cast<float*>(Fp32(out).data());
-  const int64_t n = s.n;
-  // The stored master, and its FP32 value (what every format is computed from).
-  pool_.ParallelFor(n, kGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const float x = initial[static_cast<size_t>(i)];
-      switch (info.policy.master) {
-        case kernels::MasterType::kFp32:
-          reinterpret_cast<float*>(s.master.data())[i] = x;
-          fp32[i] = x;
-          break;
-        case kernels::MasterType::kBf16Remainder: {
-          const kernels::Bf16Split split = kernels::SplitBf16Remainder(x);
-          reinterpret_cast<uint16_t*>(s.master.data())[i] = split.served;
-          s.remainder[static_cast<size_t>(i)] = split.remainder;
-          fp32[i] = x;
-          break;
-        }
-        case kernels::MasterType::kFp16: {
-          const uint16_t code = kernels::Fp16FromFloat(x);
-          reinterpret_cast<uint16_t*>(s.master.data())[i] = code;
-          fp32[i] = kernels::FloatFromFp16(code);
-          break;
-        }
-      }
-    }
-  });
-  // Version 0: every format from the stored master.
-  for (ServedFormat& f : out->formats) {
-    if (f.key.recipe == v1::RECIPE_FP32 && f.key.direction == v1::DIRECTION_ROWWISE) continue;
-    if (f.key.recipe == v1::RECIPE_BF16 &&
-        info.policy.master == kernels::MasterType::kBf16Remainder) {
-      ServeBf16Halves(s, f, 0, info.rows);
-      continue;
-    }
-    float scale = 1.0f;
-    if (f.key.recipe == v1::RECIPE_FP8_TENSOR) {
-      scale = s.tensor_scale = kernels::NextFp8TensorScale(kernels::AmaxCpu(fp32, n), 1.0f).scale;
-    } else if (f.key.recipe == v1::RECIPE_FP8_DELAYED) {
-      // Empty history: scale 1; version 0 appends nothing.
-      scale = s.delayed_scale = s.history.NextScale(info.delayed_margin, 1.0f).scale;
-    }
-    absl::Status st =
-        FromKernel(kernels::ServeQuantizeCpu(ServeArgsFor(s, out, f, scale), 0, info.rows));
-    if (!st.ok()) return st;
-  }
   return state;
 }
 

@@ -142,9 +142,14 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushLocked(const v1::PushChunk& chunk,
   const int64_t length = static_cast<int64_t>(chunk.data().size());
   if (length == 0 || chunk.offset() < 0 || chunk.offset() % element != 0 || length % element != 0 ||
       chunk.offset() > total - length) {
+    // A client's offset can be anything: its end, only printed here, saturates (no overflow).
+    int64_t end;
+    if (__builtin_add_overflow(chunk.offset(), length, &end)) {
+      end = std::numeric_limits<int64_t>::max();
+    }
     return absl::InvalidArgumentError(absl::StrCat(
-        "chunk [", chunk.offset(), ", ", chunk.offset() + length, ") does not fit tensor \"",
-        t.spec.name(), "\" of ", total, " bytes (", t.spec.rows(), "x", t.spec.cols(), " ",
+        "chunk [", chunk.offset(), ", ", end, ") does not fit tensor \"", t.spec.name(), "\" of ",
+        total, " bytes (", t.spec.rows(), "x", t.spec.cols(), " ",
         weights ? "fp32 weights" : v1::ElementType_Name(t.spec.grad_type()),
         "); offsets and sizes must be multiples of ", element, " bytes inside the tensor"));
   }

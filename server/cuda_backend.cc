@@ -1,0 +1,372 @@
+// The `cuda:N` backend: master weights, moments and served formats live in GPU memory; a step is
+// the kernels' multi-tensor launches (kernels/cuda_step.h) over all tensors of the job. Gradients
+// arrive in host slots (the inline transport) and are copied up; served bytes are copied down into
+// the host buffers the transports read. Both host sides are page-locked once (cudaHostRegister),
+// so the copies run at the link's speed.
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "kernels/cuda_step.h"
+#include "kernels/step_rules.h"
+#include "server/backends.h"
+#include "server/initial_state.h"
+#include "server/kernel_status.h"
+
+namespace paramd {
+namespace {
+
+// Wraps a CUDA error once, where it happens, with the call that failed.
+absl::Status CudaStatus(cudaError_t error, const char* call) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(call, ": ", cudaGetErrorString(error)));
+}
+#define PARAMD_CUDA_RETURN_IF_ERROR(call)                                 \
+  do {                                                                    \
+    if (absl::Status _s = CudaStatus((call), #call); !_s.ok()) return _s; \
+  } while (0)
+
+// One device allocation, freed with its owner.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& other) noexcept
+      : ptr_(std::exchange(other.ptr_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+    if (this != &other) {
+      Free();
+      ptr_ = std::exchange(other.ptr_, nullptr);
+      bytes_ = std::exchange(other.bytes_, 0);
+    }
+    return *this;
+  }
+  ~DeviceBuffer() { Free(); }
+  void Free() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
+  absl::Status Allocate(size_t bytes) {
+    if (bytes == 0) return absl::OkStatus();
+    if (cudaMalloc(&ptr_, bytes) != cudaSuccess) {
+      cudaGetLastError();  // clear the sticky-free error state of a failed allocation
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot allocate ", bytes, " bytes of GPU memory for the job's state"));
+    }
+    bytes_ = bytes;
+    return absl::OkStatus();
+  }
+  void* get() const { return ptr_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+struct DeviceOutput {
+  FormatKey key;
+  kernels::ServeBufferLayout layout;
+  DeviceBuffer data;
+  DeviceBuffer scales;
+};
+
+class CudaTensorState : public TensorState {
+ public:
+  explicit CudaTensorState(const TensorInfo& info) : info(info), n(info.rows * info.cols) {}
+  StateBytes state_bytes() const override { return PolicyStateBytes(info); }
+
+  const TensorInfo info;
+  const int64_t n;
+  DeviceBuffer master, remainder, exp_avg, exp_avg_scale_inv, exp_avg_sq, exp_avg_sq_scale_inv;
+  DeviceBuffer scalars;               // [fp8_tensor scale, fp8_delayed scale, master amax]
+  std::vector<DeviceOutput> outputs;  // in the served tensor's format order
+  std::vector<DeviceBuffer> slots;    // one per rank, allocated at the first step
+  kernels::AmaxHistory history{16};
+  float delayed_scale = 1.0f;
+};
+
+class CudaBackend : public Backend {
+ public:
+  CudaBackend(int device, int host_threads) : device_(device), pool_(host_threads) {}
+  ~CudaBackend() override {
+    cudaSetDevice(device_);
+    for (const auto& [ptr, bytes] : registered_) cudaHostUnregister(ptr);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  absl::Status Init() {
+    std::string why;
+    if (!kernels::CudaDeviceAvailable(&why)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("backend cuda:", device_, " is not available: ", why));
+    }
+    int count = 0;
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
+    if (device_ >= count) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "backend cuda:", device_, " is not available: this machine has ", count, " GPU(s)"));
+    }
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    cudaDeviceProp prop;
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device_));
+    PARAMD_LOG(INFO) << "backend cuda:" << device_ << ": " << prop.name << ", "
+                     << prop.totalGlobalMem / (1 << 30) << " GiB";
+    return absl::OkStatus();
+  }
+
+  std::string name() const override { return absl::StrCat("cuda:", device_); }
+
+  absl::StatusOr<std::unique_ptr<TensorState>> CreateState(const TensorInfo& info,
+                                                           std::span<const float> initial,
+                                                           ServedTensor* out) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    InitialState init;
+    if (absl::Status s = MakeInitialState(info, initial, pool_, &init, out); !s.ok()) return s;
+    auto state = std::make_unique<CudaTensorState>(info);
+    CudaTensorState& s = *state;
+    s.history = kernels::AmaxHistory(info.delayed_history);
+    s.delayed_scale = init.delayed_scale;
+    const StateBytes bytes = PolicyStateBytes(info);
+    const bool scaled_m = kernels::HasChunkScales(info.policy.exp_avg);
+    const bool scaled_v = kernels::HasChunkScales(info.policy.exp_avg_sq);
+    const size_t chunks = static_cast<size_t>(kernels::NumChunks(s.n));
+    for (absl::Status st : {s.master.Allocate(init.master.size()),
+                            s.remainder.Allocate(init.remainder.size() * sizeof(int16_t)),
+                            s.exp_avg.Allocate(static_cast<size_t>(bytes.exp_avg)),
+                            s.exp_avg_scale_inv.Allocate(scaled_m ? chunks * 4 : 0),
+                            s.exp_avg_sq.Allocate(static_cast<size_t>(bytes.exp_avg_sq)),
+                            s.exp_avg_sq_scale_inv.Allocate(scaled_v ? chunks * 4 : 0),
+                            s.scalars.Allocate(3 * sizeof(float))}) {
+      if (!st.ok()) return st;
+    }
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+        s.master.get(), init.master.data(), init.master.size(), cudaMemcpyHostToDevice, stream_));
+    if (!init.remainder.empty()) {
+      PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.remainder.get(), init.remainder.data(),
+                                                  s.remainder.bytes(), cudaMemcpyHostToDevice,
+                                                  stream_));
+    }
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(s.exp_avg.get(), 0, s.exp_avg.bytes(), stream_));
+    PARAMD_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(s.exp_avg_sq.get(), 0, s.exp_avg_sq.bytes(), stream_));
+    const std::vector<float> ones(chunks, 1.0f);  // a new tensor's chunk scales
+    for (DeviceBuffer* scales : {&s.exp_avg_scale_inv, &s.exp_avg_sq_scale_inv}) {
+      if (scales->bytes() == 0) continue;
+      PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(scales->get(), ones.data(), scales->bytes(),
+                                                  cudaMemcpyHostToDevice, stream_));
+    }
+    const float scalars[3] = {init.fp8_tensor_scale, init.delayed_scale, 0.0f};
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.scalars.get(), scalars, sizeof(scalars),
+                                                cudaMemcpyHostToDevice, stream_));
+    for (const ServedFormat& f : out->formats) {
+      DeviceOutput& o = s.outputs.emplace_back();
+      o.key = f.key;
+      o.layout = f.layout;
+      if (absl::Status st = o.data.Allocate(static_cast<size_t>(f.layout.data_bytes)); !st.ok()) {
+        return st;
+      }
+      if (absl::Status st = o.scales.Allocate(static_cast<size_t>(f.layout.scale_bytes));
+          !st.ok()) {
+        return st;
+      }
+    }
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    return state;
+  }
+
+  absl::StatusOr<GradientCheck> CheckGradients(std::span<TensorStep> tensors, float grad_scale,
+                                               bool norms) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    if (absl::Status s = Upload(tensors); !s.ok()) return s;
+    if (absl::Status s = Plan(tensors, StepScalars{}); !s.ok()) return s;
+    DeviceBuffer sums, finite;
+    const size_t blocks = static_cast<size_t>(plan_.num_norm_blocks());
+    if (absl::Status s = finite.Allocate(sizeof(int)); !s.ok()) return s;
+    if (norms) {
+      if (absl::Status s = sums.Allocate(blocks * sizeof(double)); !s.ok()) return s;
+    }
+    absl::Status st = FromKernel(kernels::GradCheckCuda(
+        plan_, grad_scale, norms ? static_cast<double*>(sums.get()) : nullptr,
+        static_cast<int*>(finite.get()), stream_));
+    if (!st.ok()) return st;
+    int all_finite = 0;
+    std::vector<double> flat(norms ? blocks : 0);
+    PARAMD_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(&all_finite, finite.get(), sizeof(int), cudaMemcpyDeviceToHost, stream_));
+    if (norms && blocks > 0) {
+      PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(flat.data(), sums.get(), blocks * sizeof(double),
+                                                  cudaMemcpyDeviceToHost, stream_));
+    }
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    GradientCheck check;
+    check.finite = all_finite != 0;
+    size_t next = 0;
+    for (const TensorStep& t : tensors) {
+      const auto& s = *static_cast<const CudaTensorState*>(t.state);
+      const size_t count = norms ? static_cast<size_t>(kernels::NumNormBlocks(s.info.rows)) : 0;
+      check.block_sums.emplace_back(flat.begin() + static_cast<std::ptrdiff_t>(next),
+                                    flat.begin() + static_cast<std::ptrdiff_t>(next + count));
+      next += count;
+    }
+    return check;
+  }
+
+  absl::Status Step(std::span<TensorStep> tensors, const StepScalars& scalars) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    // The slots went up in CheckGradients, which the job always calls first.
+    for (TensorStep& t : tensors) {
+      auto& s = *static_cast<CudaTensorState*>(t.state);
+      const float delayed = s.history.NextScale(s.info.delayed_margin, s.delayed_scale).scale;
+      PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(static_cast<float*>(s.scalars.get()) + 1,
+                                                  &delayed, sizeof(float), cudaMemcpyHostToDevice,
+                                                  stream_));
+      s.delayed_scale = delayed;
+      // The host value must outlive the copy: synchronize before `delayed` goes out of scope.
+      PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    }
+    if (absl::Status s = Plan(tensors, scalars); !s.ok()) return s;
+    kernels::CudaStepScalars k;
+    k.adamw = scalars.adamw;
+    k.grad_scale = scalars.grad_scale;
+    k.clip = scalars.clip;
+    k.seed = scalars.seed;
+    k.k = static_cast<uint32_t>(scalars.k);
+    if (absl::Status s = FromKernel(kernels::FusedStepCuda(plan_, k, stream_)); !s.ok()) return s;
+    // Served bytes down into the host buffers the transports read, and each master's amax.
+    std::vector<float> amax(tensors.size());
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      auto& s = *static_cast<CudaTensorState*>(tensors[i].state);
+      for (size_t f = 0; f < s.outputs.size(); ++f) {
+        ServedFormat& host = tensors[i].out->formats[f];
+        if (absl::Status st = Register(host.bytes.data(), host.bytes.size()); !st.ok()) return st;
+        const DeviceOutput& d = s.outputs[f];
+        PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host.data(), d.data.get(), d.data.bytes(),
+                                                    cudaMemcpyDeviceToHost, stream_));
+        if (d.scales.bytes() > 0) {
+          PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+              host.scales(), d.scales.get(), d.scales.bytes(), cudaMemcpyDeviceToHost, stream_));
+        }
+      }
+      PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&amax[i],
+                                                  static_cast<float*>(s.scalars.get()) + 2,
+                                                  sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    }
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      static_cast<CudaTensorState*>(tensors[i].state)->history.Append(amax[i]);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Reserve(std::span<TensorStep> tensors,
+                       std::span<const ServedTensor* const> previous) override {
+    // The device outputs still hold the previous version: only the host copies move.
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      for (size_t f = 0; f < tensors[i].out->formats.size(); ++f) {
+        std::memcpy(tensors[i].out->formats[f].bytes.data(), previous[i]->formats[f].bytes.data(),
+                    previous[i]->formats[f].bytes.size());
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  // Page-locks a host buffer once, so copies to and from it run at the link's speed.
+  absl::Status Register(void* ptr, size_t bytes) {
+    if (bytes == 0 || registered_.contains(ptr)) return absl::OkStatus();
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaHostRegister(ptr, bytes, cudaHostRegisterDefault));
+    registered_.emplace(ptr, bytes);
+    return absl::OkStatus();
+  }
+
+  // Copies every rank's gradient slots up to the device.
+  absl::Status Upload(std::span<TensorStep> tensors) {
+    for (TensorStep& t : tensors) {
+      auto& s = *static_cast<CudaTensorState*>(t.state);
+      const size_t bytes =
+          static_cast<size_t>(s.n) * (t.slot_type == kernels::SlotType::kBf16 ? 2 : 4);
+      if (s.slots.size() != t.slots.size()) {
+        s.slots = std::vector<DeviceBuffer>(t.slots.size());
+        for (DeviceBuffer& slot : s.slots) {
+          if (absl::Status st = slot.Allocate(bytes); !st.ok()) return st;
+        }
+      }
+      for (size_t r = 0; r < t.slots.size(); ++r) {
+        void* host = const_cast<void*>(t.slots[r]);
+        if (absl::Status st = Register(host, bytes); !st.ok()) return st;
+        PARAMD_CUDA_RETURN_IF_ERROR(
+            cudaMemcpyAsync(s.slots[r].get(), host, bytes, cudaMemcpyHostToDevice, stream_));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // The kernels' descriptors of this step's tensors, bound to a device workspace.
+  absl::Status Plan(std::span<TensorStep> tensors, const StepScalars&) {
+    std::vector<kernels::CudaStepTensor> descs;
+    for (TensorStep& t : tensors) {
+      auto& s = *static_cast<CudaTensorState*>(t.state);
+      kernels::CudaStepTensor& d = descs.emplace_back();
+      d.rows = s.info.rows;
+      d.cols = s.info.cols;
+      d.policy = s.info.policy;
+      d.tensor_index = s.info.index;
+      d.slot_type = t.slot_type;
+      for (const DeviceBuffer& slot : s.slots) d.d_slots.push_back(slot.get());
+      d.d_master = s.master.get();
+      d.d_master_remainder = static_cast<int16_t*>(s.remainder.get());
+      d.d_exp_avg = s.exp_avg.get();
+      d.d_exp_avg_scale_inv = static_cast<float*>(s.exp_avg_scale_inv.get());
+      d.d_exp_avg_sq = s.exp_avg_sq.get();
+      d.d_exp_avg_sq_scale_inv = static_cast<float*>(s.exp_avg_sq_scale_inv.get());
+      for (const DeviceOutput& o : s.outputs) {
+        d.outputs.push_back({KernelRecipe(o.key.recipe), KernelDirection(o.key.direction),
+                             o.data.get(), o.scales.get()});
+      }
+      auto* scalars = static_cast<float*>(s.scalars.get());
+      d.d_fp8_tensor_scale = scalars;
+      d.d_fp8_delayed_scale = scalars + 1;
+      d.d_master_amax = scalars + 2;
+    }
+    if (absl::Status s = FromKernel(kernels::CudaStepPlan::Create(descs, &plan_)); !s.ok()) {
+      return s;
+    }
+    if (workspace_.bytes() < plan_.workspace_bytes()) {
+      workspace_.Free();
+      if (absl::Status s = workspace_.Allocate(plan_.workspace_bytes()); !s.ok()) return s;
+    }
+    return FromKernel(plan_.Bind(workspace_.get(), workspace_.bytes(), stream_));
+  }
+
+  const int device_;
+  kernels::ThreadPool pool_;  // version 0 on the host
+  std::mutex mu_;             // one step (or state creation) at a time on the stream
+  cudaStream_t stream_ = nullptr;
+  kernels::CudaStepPlan plan_;
+  DeviceBuffer workspace_;
+  std::map<void*, size_t> registered_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device,
+                                                         const v1::DaemonConfig& config) {
+  auto backend = std::make_unique<CudaBackend>(device, config.step_threads());
+  if (absl::Status s = backend->Init(); !s.ok()) return s;
+  return backend;
+}
+
+}  // namespace paramd

@@ -1,0 +1,77 @@
+#include "server/initial_state.h"
+
+#include <cstring>
+
+#include "kernels/formats.h"
+#include "server/kernel_status.h"
+
+namespace paramd {
+
+void ServeBf16Halves(const uint16_t* halves, int64_t rows, int64_t cols, ServedFormat& format,
+                     int64_t row_begin, int64_t row_end) {
+  auto* out = reinterpret_cast<uint16_t*>(format.data());
+  if (format.key.direction == v1::DIRECTION_ROWWISE) {
+    std::memcpy(out + row_begin * cols, halves + row_begin * cols,
+                static_cast<size_t>((row_end - row_begin) * cols) * sizeof(uint16_t));
+    return;
+  }
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = halves[r * cols + c];
+  }
+}
+
+absl::Status MakeInitialState(const TensorInfo& info, std::span<const float> initial,
+                              kernels::ThreadPool& pool, InitialState* state, ServedTensor* out) {
+  const int64_t n = info.rows * info.cols;
+  const bool split = info.policy.master == kernels::MasterType::kBf16Remainder;
+  const bool half = info.policy.master == kernels::MasterType::kFp16;
+  state->master.resize(static_cast<size_t>(n * (half || split ? 2 : 4)));
+  if (split) state->remainder.resize(static_cast<size_t>(n));
+  // FP32 rowwise is always served, first: the stored master's value, what every format uses.
+  auto* fp32 = reinterpret_cast<float*>(out->formats.front().data());
+  pool.ParallelFor(n, kernels::kDefaultGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float x = initial[static_cast<size_t>(i)];
+      if (split) {
+        const kernels::Bf16Split s = kernels::SplitBf16Remainder(x);
+        reinterpret_cast<uint16_t*>(state->master.data())[i] = s.served;
+        state->remainder[static_cast<size_t>(i)] = s.remainder;
+        fp32[i] = x;
+      } else if (half) {
+        const uint16_t code = kernels::Fp16FromFloat(x);
+        reinterpret_cast<uint16_t*>(state->master.data())[i] = code;
+        fp32[i] = kernels::FloatFromFp16(code);
+      } else {
+        reinterpret_cast<float*>(state->master.data())[i] = x;
+        fp32[i] = x;
+      }
+    }
+  });
+  for (ServedFormat& f : out->formats) {
+    if (f.key.recipe == v1::RECIPE_FP32 && f.key.direction == v1::DIRECTION_ROWWISE) continue;
+    if (f.key.recipe == v1::RECIPE_BF16 && split) {
+      ServeBf16Halves(reinterpret_cast<const uint16_t*>(state->master.data()), info.rows, info.cols,
+                      f, 0, info.rows);
+      continue;
+    }
+    float scale = 1.0f;
+    if (f.key.recipe == v1::RECIPE_FP8_TENSOR) {
+      scale = state->fp8_tensor_scale =
+          kernels::NextFp8TensorScale(kernels::AmaxCpu(fp32, n), 1.0f).scale;
+    }
+    kernels::ServeArgs args;
+    args.master = fp32;
+    args.rows = info.rows;
+    args.cols = info.cols;
+    args.recipe = KernelRecipe(f.key.recipe);
+    args.direction = KernelDirection(f.key.direction);
+    args.tensor_scale = scale;
+    args.data = f.data();
+    args.scales = f.layout.scale_bytes > 0 ? f.scales() : nullptr;
+    absl::Status st = FromKernel(kernels::ServeQuantizeCpu(args, 0, info.rows));
+    if (!st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace paramd

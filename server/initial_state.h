@@ -1,0 +1,32 @@
+// A tensor's state at version 0, the same for every backend: the stored master of the initial
+// weights in the tensor's policy, and every served format computed from it (on the CPU: the
+// kernels give the same bits as the GPU's, and version 0 is computed once per tensor).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "kernels/cpu/thread_pool.h"
+#include "server/backend.h"
+
+namespace paramd {
+
+struct InitialState {
+  std::vector<uint8_t> master;     // FP32, FP16 codes, or the served BF16 halves
+  std::vector<int16_t> remainder;  // bf16+remainder only
+  float fp8_tensor_scale = 1.0f;   // fp8_tensor's scale of version 0 (the next step's previous)
+  float delayed_scale = 1.0f;      // fp8_delayed's (empty history: 1)
+};
+
+// Fills `state` and every format of `out` (sized by the job) from the initial FP32 weights.
+absl::Status MakeInitialState(const TensorInfo& info, std::span<const float> initial,
+                              kernels::ThreadPool& pool, InitialState* state, ServedTensor* out);
+
+// The BF16 a bf16+remainder master serves is its stored high half, not a fresh cast: copies rows
+// [row_begin, row_end) of `halves` ([rows, cols]) into `format` (rowwise or transposed).
+void ServeBf16Halves(const uint16_t* halves, int64_t rows, int64_t cols, ServedFormat& format,
+                     int64_t row_begin, int64_t row_end);
+
+}  // namespace paramd
