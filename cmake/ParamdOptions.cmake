@@ -14,3 +14,16 @@ if(PARAMD_SANITIZE)
   add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
   add_link_options(-fsanitize=address,undefined)
 endif()
+
+# libFuzzer targets (tests/fuzz, scripts/fuzz.sh): clang only. Every target of such a build carries
+# the fuzzer's coverage instrumentation and ASan/UBSan; only the fuzz targets link libFuzzer's main.
+option(PARAMD_FUZZ "Build the libFuzzer targets of tests/fuzz (clang; ASan and UBSan)" OFF)
+if(PARAMD_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    message(FATAL_ERROR "PARAMD_FUZZ=ON needs clang (libFuzzer), not ${CMAKE_CXX_COMPILER_ID}: "
+                        "configure with -DCMAKE_CXX_COMPILER=clang++-14 (scripts/fuzz.sh does)")
+  endif()
+  add_compile_options(-fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer
+                      -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=address,undefined)
+endif()

@@ -6,6 +6,8 @@
 #include <bit>
 #include <cstdint>
 
+#include "kernels/hd.h"
+
 namespace paramd::kernels {
 
 // Bit patterns the BF16 cast produces at its edges.
@@ -16,7 +18,7 @@ inline constexpr uint16_t kBf16MaxNeg = 0xFF7F;  // -largest finite; -inf and ov
 // FP32 -> BF16: round to nearest, ties to even; results beyond the largest finite BF16 (infinities
 // included) saturate to it with the input's sign; NaN -> 0x7FFF; subnormals are kept (a subnormal
 // FP32 rounds to the nearest subnormal BF16, possibly zero).
-constexpr uint16_t Bf16FromFloat(float x) {
+PARAMD_HD constexpr uint16_t Bf16FromFloat(float x) {
   const uint32_t bits = std::bit_cast<uint32_t>(x);
   if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return kBf16NaN;
   // Adding 0x7FFF plus the lowest kept bit rounds the discarded 16 bits to nearest even; a carry
@@ -28,7 +30,7 @@ constexpr uint16_t Bf16FromFloat(float x) {
 }
 
 // BF16 -> FP32 is exact: the BF16 bits are the top half of the FP32 bits.
-constexpr float FloatFromBf16(uint16_t b) {
+PARAMD_HD constexpr float FloatFromBf16(uint16_t b) {
   return std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
 }
 

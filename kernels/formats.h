@@ -11,11 +11,12 @@
 #include <cstdint>
 
 #include "kernels/cast.h"
+#include "kernels/hd.h"
 
 namespace paramd::kernels {
 
 // 2^e as an FP32, exactly, for e in [-149, 127] (subnormals included).
-constexpr float Pow2(int e) {
+PARAMD_HD constexpr float Pow2(int e) {
   return e >= -126 ? std::bit_cast<float>(static_cast<uint32_t>(e + 127) << 23)
                    : std::bit_cast<float>(1u << (e + 149));
 }
@@ -40,7 +41,7 @@ struct MiniFloat {
   // below it) is sig >> shift, rounded to nearest even on the bits shifted out. A subnormal target
   // code is that count; a normal one adds the exponent above the smallest normal, and a carry out
   // of the mantissa correctly bumps the exponent. Codes past kMaxFinite saturate.
-  static constexpr uint32_t Encode(float x) {
+  PARAMD_HD static constexpr uint32_t Encode(float x) {
     const uint32_t bits = std::bit_cast<uint32_t>(x);
     const uint32_t abs = bits & 0x7FFFFFFFu;
     if (abs > 0x7F800000u) return kNaN;
@@ -60,7 +61,7 @@ struct MiniFloat {
 
   // Code -> FP32 (exact). Codes beyond the largest finite decode to infinity where the format has
   // one (all-ones exponent, zero mantissa: E5M2, FP16), else NaN; the casts never produce them.
-  static constexpr float Decode(uint32_t code) {
+  PARAMD_HD static constexpr float Decode(uint32_t code) {
     const uint32_t sign = (code >> (kExp + kMan)) & 1u;
     const uint32_t abs = code & (kSignBit - 1u);
     const uint32_t exp = abs >> kMan;
@@ -77,7 +78,7 @@ struct MiniFloat {
   }
 
   // Kept for callers of the first version of this header.
-  static constexpr float Pow2(int e) { return paramd::kernels::Pow2(e); }
+  PARAMD_HD static constexpr float Pow2(int e) { return paramd::kernels::Pow2(e); }
 };
 
 // FP8 E4M3 (no infinities; 0x7F/0xFF are NaN; max 448 = 0x7E), FP8 E5M2 (max 57344 = 0x7B; NaN
@@ -90,30 +91,34 @@ inline constexpr float kE4m3Max = 448.0f;
 inline constexpr float kE5m2Max = 57344.0f;
 inline constexpr float kFp16Max = 65504.0f;
 
-constexpr uint8_t E4m3FromFloat(float x) { return static_cast<uint8_t>(E4m3::Encode(x)); }
-constexpr uint8_t E5m2FromFloat(float x) { return static_cast<uint8_t>(E5m2::Encode(x)); }
-constexpr uint16_t Fp16FromFloat(float x) { return static_cast<uint16_t>(Fp16::Encode(x)); }
-constexpr float FloatFromE4m3(uint8_t code) { return E4m3::Decode(code); }
-constexpr float FloatFromE5m2(uint8_t code) { return E5m2::Decode(code); }
-constexpr float FloatFromFp16(uint16_t code) { return Fp16::Decode(code); }
+PARAMD_HD constexpr uint8_t E4m3FromFloat(float x) { return static_cast<uint8_t>(E4m3::Encode(x)); }
+PARAMD_HD constexpr uint8_t E5m2FromFloat(float x) { return static_cast<uint8_t>(E5m2::Encode(x)); }
+PARAMD_HD constexpr uint16_t Fp16FromFloat(float x) {
+  return static_cast<uint16_t>(Fp16::Encode(x));
+}
+PARAMD_HD constexpr float FloatFromE4m3(uint8_t code) { return E4m3::Decode(code); }
+PARAMD_HD constexpr float FloatFromE5m2(uint8_t code) { return E5m2::Decode(code); }
+PARAMD_HD constexpr float FloatFromFp16(uint16_t code) { return Fp16::Decode(code); }
 
 // ---- amax ----------------------------------------------------------------------------------
 
 // The magnitude bits of x. As unsigned integers these order like the magnitudes, and every NaN
 // lies above +inf, so the integer max over a set is its amax with NaN winning — the same whatever
 // the order, unlike a floating-point max (which drops or keeps NaN depending on the operand).
-constexpr uint32_t AbsBits(float x) { return std::bit_cast<uint32_t>(x) & 0x7FFFFFFFu; }
+PARAMD_HD constexpr uint32_t AbsBits(float x) { return std::bit_cast<uint32_t>(x) & 0x7FFFFFFFu; }
 
 inline constexpr uint32_t kCanonicalNaNBits = 0x7FC00000u;
 
 // The amax an integer max of AbsBits stands for: that magnitude, or the positive quiet NaN.
-constexpr float AmaxFromBits(uint32_t max_abs_bits) {
-  return std::bit_cast<float>(max_abs_bits > 0x7F800000u ? kCanonicalNaNBits : max_abs_bits);
+PARAMD_HD constexpr float AmaxFromBits(uint32_t max_abs_bits) {
+  // uint32_t{...}: a copy, so device code does not need the constant's address.
+  return std::bit_cast<float>(max_abs_bits > 0x7F800000u ? uint32_t{kCanonicalNaNBits}
+                                                         : max_abs_bits);
 }
 
 // The amax of two amaxes (or values): NaN if either is NaN, else the larger magnitude, inf
 // included. Commutative and associative, so partial amaxes combine in any order (DESIGN.md §3).
-constexpr float AmaxCombine(float a, float b) {
+PARAMD_HD constexpr float AmaxCombine(float a, float b) {
   return AmaxFromBits(std::max(AbsBits(a), AbsBits(b)));
 }
 
@@ -124,7 +129,7 @@ inline constexpr float kMinScale = Pow2(-126);
 inline constexpr float kMaxScale = Pow2(126);
 
 // The binary exponent of a positive finite float, subnormals included: floor(log2(a)).
-constexpr int Exponent(float a) {
+PARAMD_HD constexpr int Exponent(float a) {
   const uint32_t bits = std::bit_cast<uint32_t>(a);
   const int field = static_cast<int>(bits >> 23);
   if (field != 0) return field - 127;
@@ -132,7 +137,7 @@ constexpr int Exponent(float a) {
 }
 
 // a / 2^Exponent(a) as 23 mantissa bits (the leading 1 dropped), subnormals normalized.
-constexpr uint32_t Significand(float a) {
+PARAMD_HD constexpr uint32_t Significand(float a) {
   const uint32_t bits = std::bit_cast<uint32_t>(a);
   if ((bits >> 23) != 0) return bits & 0x7FFFFFu;
   const int lead = std::countl_zero(bits << 9) + 1;  // shift that brings the top bit to bit 23
@@ -143,7 +148,7 @@ constexpr uint32_t Significand(float a) {
 // to [2^-126, 2^126]; amax 0, inf or NaN gives 1. The sign of amax is ignored. `top` is a
 // positive normal float (448, 32768). With amax = a * 2^ea and top = t * 2^et (a, t in [1, 2)),
 // s = 2^(et - ea), halved when a > t.
-constexpr float Pow2Scale(float amax, float top) {
+PARAMD_HD constexpr float Pow2Scale(float amax, float top) {
   const uint32_t bits = AbsBits(amax);
   if (bits == 0 || bits >= 0x7F800000u) return 1.0f;
   const float a = std::bit_cast<float>(bits);
@@ -155,26 +160,26 @@ constexpr float Pow2Scale(float amax, float top) {
 // A per-tensor scale `top / amax`, as one IEEE FP32 division, clamped to [2^-126, 2^126]; amax 0
 // or non-finite keeps `prev_scale` (DESIGN.md §3; fp8_tensor uses top = 448, fp8_delayed
 // 448 / 2^margin). The sign of amax is ignored.
-constexpr float ScaleFromAmax(float amax, float top, float prev_scale) {
+PARAMD_HD constexpr float ScaleFromAmax(float amax, float top, float prev_scale) {
   const uint32_t bits = AbsBits(amax);
   if (bits == 0 || bits >= 0x7F800000u) return prev_scale;
-  return std::clamp(top / std::bit_cast<float>(bits), kMinScale, kMaxScale);
+  return std::clamp(top / std::bit_cast<float>(bits), float{kMinScale}, float{kMaxScale});
 }
 
 // fp8_tensor's scale: 448 / amax by ScaleFromAmax's rule (the previous scale is 1 at first).
-constexpr float Fp8TensorScale(float amax, float prev_scale) {
+PARAMD_HD constexpr float Fp8TensorScale(float amax, float prev_scale) {
   return ScaleFromAmax(amax, kE4m3Max, prev_scale);
 }
 
 // The scale_inv stored next to scaled data: 1 / scale, one FP32 division (exact for powers of
 // two).
-constexpr float ScaleInv(float scale) { return 1.0f / scale; }
+PARAMD_HD constexpr float ScaleInv(float scale) { return 1.0f / scale; }
 
 // MXFP8 block scale as an E8M0 code: e is the smallest integer with amax <= 448 * 2^e, code
 // e + 127 clamped to [0, 254]; amax 0 gives 127; amax inf or NaN gives 255. With amax = a * 2^ea
 // and 448 = 1.75 * 2^8: e = ea - 8, plus one when a > 1.75.
 inline constexpr uint8_t kE8m0NaN = 255;
-constexpr uint8_t MxScaleCode(float amax) {
+PARAMD_HD constexpr uint8_t MxScaleCode(float amax) {
   const uint32_t bits = AbsBits(amax);
   if (bits >= 0x7F800000u) return kE8m0NaN;
   if (bits == 0) return 127;
@@ -186,12 +191,12 @@ constexpr uint8_t MxScaleCode(float amax) {
 
 // The factor data is multiplied by before the cast for an E8M0 code: 2^(127 - code); 1 for the
 // NaN code (data cast as is).
-constexpr float MxDataScale(uint8_t code) {
+PARAMD_HD constexpr float MxDataScale(uint8_t code) {
   return code == kE8m0NaN ? 1.0f : Pow2(127 - static_cast<int>(code));
 }
 
 // The value an E8M0 code stands for, 2^(code - 127); NaN for 255.
-constexpr float FloatFromE8m0(uint8_t code) {
+PARAMD_HD constexpr float FloatFromE8m0(uint8_t code) {
   return code == kE8m0NaN ? std::bit_cast<float>(kCanonicalNaNBits)
                           : Pow2(static_cast<int>(code) - 127);
 }
@@ -211,7 +216,7 @@ struct Bf16Split {
 // whose high half is 0x7FFF or 0xFFFF with lo >= 0x8000 serves -0 or +0 (every other NaN serves a
 // NaN code). Initial weights are checked finite and below 2^127 at upload, so a step does not
 // reach these edges in practice.
-constexpr Bf16Split SplitBf16Remainder(float master) {
+PARAMD_HD constexpr Bf16Split SplitBf16Remainder(float master) {
   const uint32_t bits = std::bit_cast<uint32_t>(master);
   const uint16_t hi = static_cast<uint16_t>(bits >> 16);
   const uint16_t lo = static_cast<uint16_t>(bits);
@@ -219,7 +224,7 @@ constexpr Bf16Split SplitBf16Remainder(float master) {
 }
 
 // The inverse: hi = served - (remainder < 0) (16-bit wraparound), bits = hi << 16 | remainder.
-constexpr float MergeBf16Remainder(uint16_t served, int16_t remainder) {
+PARAMD_HD constexpr float MergeBf16Remainder(uint16_t served, int16_t remainder) {
   const uint16_t hi = static_cast<uint16_t>(served - (remainder < 0 ? 1u : 0u));
   return std::bit_cast<float>(static_cast<uint32_t>(hi) << 16 | std::bit_cast<uint16_t>(remainder));
 }

@@ -7,6 +7,8 @@
 #include <array>
 #include <cstdint>
 
+#include "kernels/hd.h"
+
 namespace paramd::kernels {
 
 using PhiloxCounter = std::array<uint32_t, 4>;
@@ -20,7 +22,7 @@ inline constexpr int kPhiloxRounds = 10;
 
 // One Philox4x32 round: two 32x32 -> 64-bit multiplies, their high halves xor-ed with the other
 // counter words and the round key.
-constexpr PhiloxCounter PhiloxRound(const PhiloxCounter& c, const PhiloxKey& k) {
+PARAMD_HD constexpr PhiloxCounter PhiloxRound(const PhiloxCounter& c, const PhiloxKey& k) {
   const uint64_t p0 = uint64_t{kPhiloxM0} * c[0];
   const uint64_t p1 = uint64_t{kPhiloxM1} * c[2];
   return {static_cast<uint32_t>(p1 >> 32) ^ c[1] ^ k[0], static_cast<uint32_t>(p1),
@@ -28,7 +30,7 @@ constexpr PhiloxCounter PhiloxRound(const PhiloxCounter& c, const PhiloxKey& k) 
 }
 
 // Philox4x32-10 of `counter` under `key`: 10 rounds, the key bumped between rounds.
-constexpr PhiloxCounter Philox4x32_10(PhiloxCounter counter, PhiloxKey key) {
+PARAMD_HD constexpr PhiloxCounter Philox4x32_10(PhiloxCounter counter, PhiloxKey key) {
   for (int round = 0; round < kPhiloxRounds; ++round) {
     if (round > 0) key = {key[0] + kPhiloxW0, key[1] + kPhiloxW1};
     counter = PhiloxRound(counter, key);
@@ -39,10 +41,11 @@ constexpr PhiloxCounter Philox4x32_10(PhiloxCounter counter, PhiloxKey key) {
 // DESIGN.md §3's stochastic rounding of states: key = the job's 64-bit seed (word 0 = low 32 bits),
 // counter = (element index within the tensor, low then high 32 bits; k, the count of applied steps;
 // the tensor's registration index). Word 0 of the output rounds exp_avg, word 1 exp_avg_sq.
-constexpr PhiloxKey RoundingKey(uint64_t seed) {
+PARAMD_HD constexpr PhiloxKey RoundingKey(uint64_t seed) {
   return {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)};
 }
-constexpr PhiloxCounter RoundingCounter(uint64_t index, uint32_t k, uint32_t tensor_index) {
+PARAMD_HD constexpr PhiloxCounter RoundingCounter(uint64_t index, uint32_t k,
+                                                  uint32_t tensor_index) {
   return {static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32), k, tensor_index};
 }
 

@@ -21,6 +21,13 @@ constexpr int64_t kMxColChunk = 256;  // mxfp8 columnwise: columns per pass over
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// The scales follow the data bytes in one buffer, so they have no alignment (recipes.h): a float
+// store through a float* there is undefined behaviour (UBSan: misaligned store).
+void StoreScale(void* scales, int64_t i, float value) {
+  std::memcpy(static_cast<uint8_t*>(scales) + i * static_cast<int64_t>(sizeof(float)), &value,
+              sizeof(float));
+}
+
 const ServeKernels& KernelsFor(CpuPath path) {
   switch (path) {
     case CpuPath::kAvx512:
@@ -171,7 +178,6 @@ void Elementwise(const ServeArgs& a, int64_t rb, int64_t re, Cast cast) {
 void Block(const ServeKernels& k, const ServeArgs& a, int64_t rb, int64_t re) {
   const int64_t brows = CeilDiv(a.rows, kFp8BlockSize), bcols = CeilDiv(a.cols, kFp8BlockSize);
   uint8_t* data = static_cast<uint8_t*>(a.data);
-  float* scales = static_cast<float*>(a.scales);
   for (int64_t r0 = rb; r0 < re; r0 += kFp8BlockSize) {
     const int64_t r1 = std::min(r0 + kFp8BlockSize, re), br = r0 / kFp8BlockSize;
     for (int64_t bc = 0; bc < bcols; ++bc) {
@@ -188,10 +194,10 @@ void Block(const ServeKernels& k, const ServeArgs& a, int64_t rb, int64_t re) {
         for (int64_t r = r0; r < r1; ++r) {
           cast(a.master + r * a.cols + c0, c1 - c0, data + r * a.cols + c0);
         }
-        scales[br * bcols + bc] = ScaleInv(scale);
+        StoreScale(a.scales, br * bcols + bc, ScaleInv(scale));
       } else {
         CastTransposed<uint8_t>(a, r0, r1, c0, c1, cast, data);
-        scales[bc * brows + br] = ScaleInv(scale);
+        StoreScale(a.scales, bc * brows + br, ScaleInv(scale));
       }
     }
   }
@@ -240,7 +246,7 @@ void Run(const ServeKernels& k, const ServeArgs& a, int64_t rb, int64_t re) {
       Elementwise<uint8_t>(a, rb, re, [&k, &a](const float* x, int64_t n, uint8_t* out) {
         k.e4m3_scaled(x, n, a.tensor_scale, out);
       });
-      if (rb == 0) *static_cast<float*>(a.scales) = ScaleInv(a.tensor_scale);
+      if (rb == 0) StoreScale(a.scales, 0, ScaleInv(a.tensor_scale));
       return;
     case Recipe::kFp8Block:
       Block(k, a, rb, re);

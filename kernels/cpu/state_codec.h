@@ -8,8 +8,13 @@
 #include <cstdint>
 
 // Per-vector helpers are always inlined into their loops: as calls they cost a call per vector
-// and reload every constant (measured: a third of the fp32 policy's instructions).
+// and reload every constant (measured: a third of the fp32 policy's instructions). Under nvcc the
+// same templates also serve the GPU (kernels/cuda/device_vec.cuh instantiates them on one lane).
+#if defined(__CUDACC__)
+#define PARAMD_LANES_INLINE __host__ __device__ __forceinline__
+#else
 #define PARAMD_LANES_INLINE [[gnu::always_inline]] inline
+#endif
 
 namespace paramd::kernels::cpu_internal {
 

@@ -1,0 +1,196 @@
+// GradCheckCuda: the step rules of kernels/step_rules.h on the GPU, bit-identical to
+// GradBlockSumsCpu.
+//
+// The order. A norm block (128 rows) of N chunks is summed by the tree s[i] += s[i + h] for
+// h = P/2, ..., 1 over its chunk sums zero-padded to P = 2^ceil(log2 N). The strides from P/2 down
+// to W (W a power of two) only ever add elements of the same residue class mod W, so the block
+// splits into W classes, each reduced by itself, and then the tree over the W class values: the
+// same additions in the same order. Within a class of L = P / W leaves u_j = s[c + j W] the tree
+// u_j += u_{j + L/2}, ... is the contiguous pairwise tree over the leaves in bit-reversed order, so
+// a warp reduces its class streaming, chunk after chunk, with a stack of log2(L) partial sums; the
+// zero leaves past N add nothing (x + 0 == x) and are skipped. Kernel 1: warp w of sub-block b owns
+// class b * 8 + w of W = 8 * sub_blocks, each chunk summed by the warp with the 128-element tree
+// (elements e and e + 64 within a lane, then e + 32, then across lanes by shuffles). Kernel 2:
+// one thread block per norm block reduces its W class values by the same method and writes the
+// block's sum.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_vec.cuh"
+#include "kernels/cuda/step_desc.h"
+#include "kernels/cuda_step.h"
+#include "kernels/step_rules.h"
+
+namespace paramd::kernels::cuda_internal {
+namespace {
+
+// Streaming pairwise sum of leaves 0, 1, 2, ... (the caller visits them in bit-reversed order).
+struct PairwiseStack {
+  double level[32];
+  __device__ __forceinline__ void Push(uint32_t k, double v) {
+    int l = 0;
+    while ((k >> l) & 1u) {
+      v = __dadd_rn(level[l], v);
+      ++l;
+    }
+    level[l] = v;
+  }
+};
+
+__device__ __forceinline__ uint32_t BitReverse(uint32_t k, int bits) {
+  return bits == 0 ? 0u : __brev(k) >> (32 - bits);
+}
+
+__device__ __forceinline__ int Log2(uint64_t pow2) { return 63 - __clzll(pow2); }
+
+__device__ __forceinline__ uint64_t BitCeil(uint64_t n) {
+  return n <= 1 ? 1 : 1ull << (64 - __clzll(n - 1));
+}
+
+// The sum of squares of chunk [first, first + 128) ∩ [.., end), by the 128-element tree, in every
+// lane; clears *finite when some gs * gs is not finite.
+__device__ double ChunkSum(const GradDesc& d, float grad_scale, int64_t first, int64_t end,
+                           bool sums, bool* finite) {
+  const int lane = threadIdx.x & 31;
+  double s[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const int64_t i = first + lane + 32 * q;
+    s[q] = 0.0;
+    if (i >= end) continue;
+    float g0;
+    if (d.slot_type == static_cast<uint8_t>(SlotType::kFp32)) {
+      g0 = static_cast<const float*>(d.slots[0])[i];
+      for (int r = 1; r < d.num_slots; ++r) {
+        g0 = __fadd_rn(g0, static_cast<const float*>(d.slots[r])[i]);
+      }
+    } else {
+      g0 = DecodeBf16(static_cast<const uint16_t*>(d.slots[0])[i]);
+      for (int r = 1; r < d.num_slots; ++r) {
+        g0 = __fadd_rn(g0, DecodeBf16(static_cast<const uint16_t*>(d.slots[r])[i]));
+      }
+    }
+    const float gs = __fmul_rn(g0, grad_scale);
+    if ((__float_as_uint(__fmul_rn(gs, gs)) & 0x7F800000u) == 0x7F800000u) *finite = false;
+    const double x = static_cast<double>(gs);
+    s[q] = __dmul_rn(x, x);
+  }
+  if (!sums) return 0.0;
+  s[0] = __dadd_rn(s[0], s[2]);  // stride 64
+  s[1] = __dadd_rn(s[1], s[3]);
+  s[0] = __dadd_rn(s[0], s[1]);  // stride 32
+#pragma unroll
+  for (int h = 16; h >= 1; h /= 2) s[0] = __dadd_rn(s[0], __shfl_down_sync(0xFFFFFFFFu, s[0], h));
+  return __shfl_sync(0xFFFFFFFFu, s[0], 0);
+}
+
+struct GradParams {
+  const GradDesc* descs;
+  const int64_t* starts;        // first item of each tensor
+  const int64_t* block_starts;  // first norm block of each tensor
+  int num_descs;
+  float grad_scale;
+  int sums;
+  double* partials;  // kGradWarps per item
+  double* block_sums;
+  int* all_finite;
+};
+
+__global__ void __launch_bounds__(kThreads) ClassKernel(const GradParams P) {
+  const GradDesc& d = P.descs[FindOwner(P.starts, P.num_descs, blockIdx.x)];
+  const int64_t local = blockIdx.x - d.first_item;
+  const int64_t nb = local / d.sub_blocks, b = local - nb * d.sub_blocks;
+  const int64_t begin = nb * kNormBlockRows * d.cols;
+  const int64_t end = min(d.rows, (nb + 1) * kNormBlockRows) * d.cols;
+  const uint64_t chunks = static_cast<uint64_t>((end - begin + 127) / 128);
+  const uint64_t padded = BitCeil(chunks);
+  const uint64_t classes = static_cast<uint64_t>(kGradWarps) * d.sub_blocks;
+  const uint64_t cls = static_cast<uint64_t>(b) * kGradWarps + (threadIdx.x >> 5);
+  const uint64_t leaves = padded > classes ? padded / classes : 1;
+  const int bits = Log2(leaves);
+  bool finite = true;
+  PairwiseStack stack;
+  for (uint64_t k = 0; k < leaves; ++k) {
+    const uint64_t chunk =
+        cls + static_cast<uint64_t>(BitReverse(static_cast<uint32_t>(k), bits)) * classes;
+    double v = 0.0;
+    if (chunk < chunks) {
+      v = ChunkSum(d, P.grad_scale, begin + static_cast<int64_t>(chunk) * 128, end, P.sums,
+                   &finite);
+    }
+    if (P.sums) stack.Push(static_cast<uint32_t>(k), v);
+  }
+  if (__any_sync(0xFFFFFFFFu, !finite) && (threadIdx.x & 31) == 0) *P.all_finite = 0;
+  if (P.sums && (threadIdx.x & 31) == 0) {
+    P.partials[blockIdx.x * kGradWarps + (threadIdx.x >> 5)] = stack.level[bits];
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) BlockKernel(const GradParams P) {
+  __shared__ double sm[kThreads];
+  const int t = threadIdx.x;
+  const int di = FindOwner(P.block_starts, P.num_descs, blockIdx.x);
+  const GradDesc& d = P.descs[di];
+  const int64_t nb = blockIdx.x - d.first_block;
+  const double* values = P.partials + (d.first_item + nb * d.sub_blocks) * kGradWarps;
+  const int classes = kGradWarps * d.sub_blocks;
+  int width = classes;  // values left for the tree in shared memory
+  if (classes > kThreads) {
+    const int leaves = classes / kThreads;
+    const int bits = Log2(static_cast<uint64_t>(leaves));
+    PairwiseStack stack;
+    for (int k = 0; k < leaves; ++k) {
+      stack.Push(static_cast<uint32_t>(k), values[t + BitReverse(k, bits) * kThreads]);
+    }
+    sm[t] = stack.level[bits];
+    width = kThreads;
+  } else if (t < classes) {
+    sm[t] = values[t];
+  }
+  __syncthreads();
+  for (int h = width / 2; h >= 1; h /= 2) {
+    if (t < h) sm[t] = __dadd_rn(sm[t], sm[t + h]);
+    __syncthreads();
+  }
+  if (t == 0) P.block_sums[blockIdx.x] = sm[0];
+}
+
+__global__ void SetOne(int* flag) { *flag = 1; }
+
+}  // namespace
+}  // namespace paramd::kernels::cuda_internal
+
+namespace paramd::kernels {
+
+KStatus GradCheckCuda(const CudaStepPlan& plan, float grad_scale, double* d_block_sums,
+                      int* d_all_finite, cudaStream_t stream) {
+  using namespace cuda_internal;
+  if (plan.d_workspace() == nullptr || d_all_finite == nullptr) {
+    return KStatus(Code::kInvalidArgument, "GradCheckCuda: unbound plan or no d_all_finite");
+  }
+  SetOne<<<1, 1, 0, stream>>>(d_all_finite);
+  PARAMD_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  if (plan.num_grad_items() == 0) return KStatus::Ok();
+  auto* base = static_cast<unsigned char*>(plan.d_workspace());
+  GradParams P{};
+  P.descs = reinterpret_cast<const GradDesc*>(base + plan.layout().grad_descs);
+  P.starts = reinterpret_cast<const int64_t*>(base + plan.layout().grad_starts);
+  P.block_starts = reinterpret_cast<const int64_t*>(base + plan.layout().block_starts);
+  P.num_descs = static_cast<int>(plan.grad_tensors());
+  P.grad_scale = grad_scale;
+  P.sums = d_block_sums != nullptr;
+  P.partials = reinterpret_cast<double*>(base + plan.layout().scratch);
+  P.block_sums = d_block_sums;
+  P.all_finite = d_all_finite;
+  ClassKernel<<<static_cast<unsigned>(plan.num_grad_items()), kThreads, 0, stream>>>(P);
+  PARAMD_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  if (P.sums && plan.num_norm_blocks() > 0) {
+    BlockKernel<<<static_cast<unsigned>(plan.num_norm_blocks()), kThreads, 0, stream>>>(P);
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  }
+  return KStatus::Ok();
+}
+
+}  // namespace paramd::kernels
