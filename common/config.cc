@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <thread>
 
@@ -42,6 +43,14 @@ absl::Status CheckHostPort(const std::string& field, const std::string& value) {
         "config field ", field, " = \"", value, "\" is not \"host:port\" with a port in 0..65535"));
   }
   return absl::OkStatus();
+}
+
+// a + b clamped to int64_t: before validation a config's fields may hold any value, and a bound
+// derived from an out-of-range field must not overflow (that field's own check refuses it).
+int64_t SaturatingAdd(int64_t a, int64_t b) {
+  int64_t sum;
+  if (!__builtin_add_overflow(a, b, &sum)) return sum;
+  return b > 0 ? std::numeric_limits<int64_t>::max() : std::numeric_limits<int64_t>::min();
 }
 
 absl::Status CheckRange(const std::string& field, int64_t value, int64_t lo, int64_t hi) {
@@ -86,7 +95,9 @@ v1::DaemonConfig WithDefaults(v1::DaemonConfig c) {
     c.set_step_threads(static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency())));
   }
   if (c.max_chunk_bytes() == 0) c.set_max_chunk_bytes(4 * kMiB);
-  if (c.max_message_bytes() == 0) c.set_max_message_bytes(c.max_chunk_bytes() + kEnvelopeBytes);
+  if (c.max_message_bytes() == 0) {
+    c.set_max_message_bytes(SaturatingAdd(c.max_chunk_bytes(), kEnvelopeBytes));
+  }
   if (c.max_tensors_per_job() == 0) c.set_max_tensors_per_job(65536);
   if (c.max_jobs() == 0) c.set_max_jobs(64);
   if (c.pull_chunk_bytes() == 0) c.set_pull_chunk_bytes(std::min(1 * kMiB, c.max_chunk_bytes()));
@@ -110,12 +121,12 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
            CheckRange("step_threads", c.step_threads(), 1, 1024),
            CheckRange("max_chunk_bytes", c.max_chunk_bytes(), 4 * kKiB, 64 * kMiB),
            CheckRange("max_message_bytes", c.max_message_bytes(),
-                      c.max_chunk_bytes() + kEnvelopeBytes, 1024 * kMiB),
+                      SaturatingAdd(c.max_chunk_bytes(), kEnvelopeBytes), 1024 * kMiB),
            CheckRange("max_tensors_per_job", c.max_tensors_per_job(), 1, 1 << 24),
            CheckRange("max_jobs", c.max_jobs(), 1, 1 << 16),
            CheckRange("max_job_bytes", c.max_job_bytes(), 0, int64_t{1} << 50),
            CheckRange("pull_chunk_bytes", c.pull_chunk_bytes(), 4 * kKiB,
-                      c.max_message_bytes() - kEnvelopeBytes),
+                      SaturatingAdd(c.max_message_bytes(), -kEnvelopeBytes)),
        }) {
     if (!s.ok()) return s;
   }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, builds everything (CUDA code included when the
-# toolkit is present), checks formatting, runs every test that needs no GPU.
+# toolkit is present), checks formatting, runs every test that needs no GPU, then the sanitizer
+# build's tests (scripts/sanitize.sh) and a short fuzzing run (scripts/fuzz.sh).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${PARAMD_BUILD_DIR:-$root/build}
@@ -12,4 +13,13 @@ start=$(date +%s)
 # UCX over loopback needs its device named (DESIGN.md §6).
 export UCX_NET_DEVICES=${UCX_NET_DEVICES:-lo}
 ctest --test-dir "$build" -LE gpu --output-on-failure -j "$(nproc)" --timeout 600
+tested=$(date +%s)
+# The core, kernels and RPC tests again under ASan and UBSan, in a build of their own.
+"$root/scripts/sanitize.sh"
+sanitized=$(date +%s)
+# About 20 s of libFuzzer per target (config, registration, push path), clang-14.
+"$root/scripts/fuzz.sh"
+fuzzed=$(date +%s)
+echo "test.sh: build and ctest $(( tested - start )) s, sanitize.sh $(( sanitized - tested )) s," \
+  "fuzz.sh $(( fuzzed - sanitized )) s"
 echo "test.sh: all tests passed in $(( $(date +%s) - start )) s"

@@ -164,12 +164,12 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushWeights(Tensor& t, const v1::PushCh
                      " step ", chunk.step()));
   }
   if (t.state != nullptr) {
-    // Identical bytes before any step are a retry of the upload; anything else would overwrite
-    // the state.
-    const ServedFormat* fp32 = t.served->Find(FormatKey{});
-    if (applied_steps_ == 0 && next_step_ == 0 &&
-        std::memcmp(fp32->bytes.data() + chunk.offset(), chunk.data().data(),
-                    chunk.data().size()) == 0) {
+    // Identical bytes before the first step are a retry of the upload: compared with the bytes as
+    // uploaded, not with the served FP32 (the master, which a narrower master type rounds).
+    // Anything else would overwrite the state.
+    if (t.upload != nullptr && next_step_ == 0 &&
+        std::memcmp(t.upload->data() + chunk.offset(), chunk.data().data(), chunk.data().size()) ==
+            0) {
       return ChunkBuffer::Stored::kDuplicate;
     }
     return absl::FailedPreconditionError(absl::StrCat(
@@ -195,8 +195,7 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushWeights(Tensor& t, const v1::PushCh
                                                    static_cast<size_t>(t.elements)),
                             served.get());
   if (!state.ok()) return state.status();
-  t.state = std::move(*state);
-  t.upload.reset();
+  t.state = std::move(*state);  // the upload stays until the first step, for retries
   ++initialized_tensors_;
   Publish(static_cast<int>(&t - tensors_.data()), std::move(served), wake);
   return stored;
@@ -312,6 +311,9 @@ absl::StatusOr<CommitOutcome> Job::Commit(const v1::CommitRequest& request) {
   }
   for (auto& per_tensor : collecting_) {
     for (ChunkBuffer& slot : per_tensor) slot.Reset(slot.size());
+  }
+  if (next_step_ == 0) {
+    for (Tensor& t : tensors_) t.upload.reset();  // no retry of the initial weights from now on
   }
   for (int64_t& last : last_commit_) last = next_step_;
   commits_.clear();

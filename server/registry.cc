@@ -1,5 +1,7 @@
 #include "server/registry.h"
 
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 #include "server/registration.h"
 
@@ -8,19 +10,23 @@ namespace paramd {
 int64_t JobRegistry::JobBytes(const v1::RegisterRequest& spec) {
   const v1::RegisterRequest normalized = NormalizedSpec(spec);
   const std::vector<FormatKey> formats = ServedFormats(normalized);
-  int64_t bytes = 0;
+  // A validated job may still describe more bytes than an int64 holds: sum wide, then saturate.
+  unsigned __int128 bytes = 0;
+  const int64_t world = spec.world_size();
   for (int i = 0; i < normalized.tensors_size(); ++i) {
     const v1::TensorSpec& t = normalized.tensors(i);
-    bytes += PolicyStateBytes(TensorInfoOf(normalized, i)).total();
+    bytes += static_cast<unsigned __int128>(PolicyStateBytes(TensorInfoOf(normalized, i)).total());
     for (const FormatKey& f : formats) {
       const kernels::ServeBufferLayout layout = kernels::ServeLayout(
           KernelRecipe(f.recipe), KernelDirection(f.direction), t.rows(), t.cols());
-      bytes += 2 * (layout.data_bytes + layout.scale_bytes);  // current and retired version
+      bytes += 2 * static_cast<unsigned __int128>(layout.data_bytes + layout.scale_bytes);
     }
     // Slots of the step being collected and of the running step.
-    bytes += 2 * int64_t{spec.world_size()} * t.rows() * t.cols() * ElementBytes(t.grad_type());
+    bytes += 2 * static_cast<unsigned __int128>(world) *
+             static_cast<unsigned __int128>(t.rows() * t.cols() * ElementBytes(t.grad_type()));
   }
-  return bytes;
+  constexpr auto kMax = static_cast<unsigned __int128>(std::numeric_limits<int64_t>::max());
+  return static_cast<int64_t>(bytes > kMax ? kMax : bytes);
 }
 
 absl::StatusOr<v1::RegisterResponse> JobRegistry::Register(const v1::RegisterRequest& request) {
@@ -42,6 +48,14 @@ absl::StatusOr<v1::RegisterResponse> JobRegistry::Register(const v1::RegisterReq
         return absl::ResourceExhaustedError(absl::StrCat(
             "job \"", request.job(), "\" has ", request.tensors_size(),
             " tensors; this daemon's max_tensors_per_job is ", limits_.max_tensors_per_job));
+      }
+      // Every rank keeps a slot record per tensor from the start, whatever the tensors' sizes.
+      constexpr int64_t kMaxSlotRecords = int64_t{1} << 22;
+      if (int64_t{request.tensors_size()} * request.world_size() > kMaxSlotRecords) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "job \"", request.job(), "\" has ", request.tensors_size(), " tensors x ",
+            request.world_size(), " ranks; a daemon holds at most ", kMaxSlotRecords,
+            " (tensor, rank) slots per job: split the job's tensors over several daemons"));
       }
       const int64_t bytes = JobBytes(request);
       if (limits_.max_job_bytes > 0 && bytes > limits_.max_job_bytes) {
