@@ -14,6 +14,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/client.h"
@@ -91,6 +92,14 @@ int Status(Client& client, const std::string& job) {
     std::cout << absl::StrFormat("  state %s (%s), served %s, slots %s, %d tensors\n",
                                  Bytes(j.state_bytes()), PolicyName(j.state_policy()),
                                  Bytes(j.served_bytes()), Bytes(j.slot_bytes()), j.tensors_size());
+    const v1::StateBytes& k = j.state_bytes_by_kind();
+    std::cout << absl::StrFormat(
+        "  state by kind: master %s, exp_avg %s, exp_avg_sq %s, moment scales %s\n",
+        Bytes(k.master()), Bytes(k.exp_avg()), Bytes(k.exp_avg_sq()), Bytes(k.moment_scales()));
+    std::cout << absl::StrFormat(
+        "  skipped steps %d, clipping %s (last clip %g)\n", j.skipped_steps(),
+        j.max_grad_norm() > 0 ? absl::StrCat("at ", j.max_grad_norm()) : std::string("off"),
+        j.last_clip());
   }
   return 0;
 }

@@ -23,6 +23,9 @@ ctl status | grep -q "no jobs" || fail "status of an empty daemon"
 out=$(ctl status)
 echo "$out"
 grep -q "job ctl: 1/1 ranks registered, next step 5" <<<"$out" || fail "status shows the job"
+grep -q "state by kind: master 2.3 KiB, exp_avg 2.3 KiB, exp_avg_sq 2.3 KiB" <<<"$out" \
+  || fail "status shows state bytes by kind"
+grep -q "skipped steps 0, clipping off" <<<"$out" || fail "status shows skips and clipping"
 out=$(ctl tensors ctl)
 echo "$out"
 grep -qE '^w1 +32x16 +FP32 +5 ' <<<"$out" || fail "tensors lists w1 at version 5"
