@@ -9,6 +9,11 @@ std::string FormatName(const FormatKey& format) {
                       format.direction == v1::DIRECTION_COLUMNWISE ? "/columnwise" : "");
 }
 
+FormatKey FormatKeyOf(const v1::ServeFormat& format) {
+  return {format.recipe(), format.direction() == v1::DIRECTION_UNSPECIFIED ? v1::DIRECTION_ROWWISE
+                                                                           : format.direction()};
+}
+
 kernels::Recipe KernelRecipe(v1::Recipe recipe) {
   switch (recipe) {
     case v1::RECIPE_BF16:

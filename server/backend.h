@@ -23,6 +23,8 @@ struct FormatKey {
   friend bool operator==(const FormatKey&, const FormatKey&) = default;
 };
 std::string FormatName(const FormatKey& format);
+// The key of a format as the protocol spells it (DIRECTION_UNSPECIFIED means rowwise).
+FormatKey FormatKeyOf(const v1::ServeFormat& format);
 kernels::Recipe KernelRecipe(v1::Recipe recipe);
 kernels::Direction KernelDirection(v1::Direction direction);
 
@@ -115,9 +117,6 @@ class Backend {
                                                        float grad_scale, bool norms) = 0;
   // Runs one step over the tensors, in order.
   virtual absl::Status Step(std::span<TensorStep> tensors, const StepScalars& scalars) = 0;
-  // A skipped step: the state stays, `out` re-serves the previous version's bytes (`previous`).
-  virtual absl::Status Reserve(std::span<TensorStep> tensors,
-                               std::span<const ServedTensor* const> previous) = 0;
 };
 
 }  // namespace paramd

@@ -201,21 +201,6 @@ absl::Status CpuBackend::Step(std::span<TensorStep> tensors, const StepScalars& 
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::Reserve(std::span<TensorStep> tensors,
-                                 std::span<const ServedTensor* const> previous) {
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    for (size_t f = 0; f < tensors[i].out->formats.size(); ++f) {
-      std::vector<uint8_t>& to = tensors[i].out->formats[f].bytes;
-      const std::vector<uint8_t>& from = previous[i]->formats[f].bytes;
-      pool_.ParallelFor(
-          static_cast<int64_t>(to.size()), int64_t{1} << 20, [&](int64_t begin, int64_t end) {
-            std::memcpy(to.data() + begin, from.data() + begin, static_cast<size_t>(end - begin));
-          });
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<GradientCheck> CpuBackend::CheckGradients(std::span<TensorStep> tensors,
                                                          float grad_scale, bool norms) {
   GradientCheck check;

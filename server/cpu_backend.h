@@ -22,8 +22,6 @@ class CpuBackend : public Backend {
   absl::StatusOr<GradientCheck> CheckGradients(std::span<TensorStep> tensors, float grad_scale,
                                                bool norms) override;
   absl::Status Step(std::span<TensorStep> tensors, const StepScalars& scalars) override;
-  absl::Status Reserve(std::span<TensorStep> tensors,
-                       std::span<const ServedTensor* const> previous) override;
 
  private:
   kernels::ThreadPool pool_;

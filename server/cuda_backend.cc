@@ -190,7 +190,7 @@ class CudaBackend : public Backend {
     std::lock_guard<std::mutex> lock(mu_);
     PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     if (absl::Status s = Upload(tensors); !s.ok()) return s;
-    if (absl::Status s = Plan(tensors, StepScalars{}); !s.ok()) return s;
+    if (absl::Status s = Plan(tensors); !s.ok()) return s;
     DeviceBuffer sums, finite;
     const size_t blocks = static_cast<size_t>(plan_.num_norm_blocks());
     if (absl::Status s = finite.Allocate(sizeof(int)); !s.ok()) return s;
@@ -226,18 +226,23 @@ class CudaBackend : public Backend {
   absl::Status Step(std::span<TensorStep> tensors, const StepScalars& scalars) override {
     std::lock_guard<std::mutex> lock(mu_);
     PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    // The slots went up in CheckGradients, which the job always calls first.
-    for (TensorStep& t : tensors) {
-      auto& s = *static_cast<CudaTensorState*>(t.state);
-      const float delayed = s.history.NextScale(s.info.delayed_margin, s.delayed_scale).scale;
+    // The slots went up and plan_ was made in CheckGradients, which the job always calls first
+    // with the same tensors; binding it again resets the counters the check's launches used. The
+    // fp8_delayed scales come from the host's histories; `delayed` outlives their copies (the
+    // stream is synchronized below).
+    std::vector<float> delayed(tensors.size());
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      auto& s = *static_cast<CudaTensorState*>(tensors[i].state);
+      delayed[i] = s.history.NextScale(s.info.delayed_margin, s.delayed_scale).scale;
+      s.delayed_scale = delayed[i];
       PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(static_cast<float*>(s.scalars.get()) + 1,
-                                                  &delayed, sizeof(float), cudaMemcpyHostToDevice,
-                                                  stream_));
-      s.delayed_scale = delayed;
-      // The host value must outlive the copy: synchronize before `delayed` goes out of scope.
-      PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+                                                  &delayed[i], sizeof(float),
+                                                  cudaMemcpyHostToDevice, stream_));
     }
-    if (absl::Status s = Plan(tensors, scalars); !s.ok()) return s;
+    if (absl::Status s = FromKernel(plan_.Bind(workspace_.get(), workspace_.bytes(), stream_));
+        !s.ok()) {
+      return s;
+    }
     kernels::CudaStepScalars k;
     k.adamw = scalars.adamw;
     k.grad_scale = scalars.grad_scale;
@@ -267,18 +272,6 @@ class CudaBackend : public Backend {
     PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     for (size_t i = 0; i < tensors.size(); ++i) {
       static_cast<CudaTensorState*>(tensors[i].state)->history.Append(amax[i]);
-    }
-    return absl::OkStatus();
-  }
-
-  absl::Status Reserve(std::span<TensorStep> tensors,
-                       std::span<const ServedTensor* const> previous) override {
-    // The device outputs still hold the previous version: only the host copies move.
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      for (size_t f = 0; f < tensors[i].out->formats.size(); ++f) {
-        std::memcpy(tensors[i].out->formats[f].bytes.data(), previous[i]->formats[f].bytes.data(),
-                    previous[i]->formats[f].bytes.size());
-      }
     }
     return absl::OkStatus();
   }
@@ -315,7 +308,7 @@ class CudaBackend : public Backend {
   }
 
   // The kernels' descriptors of this step's tensors, bound to a device workspace.
-  absl::Status Plan(std::span<TensorStep> tensors, const StepScalars&) {
+  absl::Status Plan(std::span<TensorStep> tensors) {
     std::vector<kernels::CudaStepTensor> descs;
     for (TensorStep& t : tensors) {
       auto& s = *static_cast<CudaTensorState*>(t.state);

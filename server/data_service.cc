@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "common/borrowed_bytes.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -144,10 +145,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     if (!tensor.ok()) return tensor.status();
     tensor_ = *tensor;
     PARAMD_RETURN_IF_ERROR(job_->CheckServes(request.format()));
-    format_ = FormatKey{request.format().recipe(),
-                        request.format().direction() == v1::DIRECTION_UNSPECIFIED
-                            ? v1::DIRECTION_ROWWISE
-                            : request.format().direction()};
+    format_ = FormatKeyOf(request.format());
     min_version_ = request.min_version();
     return absl::OkStatus();
   }
@@ -200,20 +198,10 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       return;
     }
     const int64_t length = std::min(size - offset_, daemon_->config().pull_chunk_bytes());
-    // PullChunk field 2 (`data`), length-delimited, its bytes a slice over the leased buffer,
-    // which stays alive and unchanged until this call is done.
-    std::string prefix(1, static_cast<char>((2 << 3) | 2));
-    for (uint64_t v = static_cast<uint64_t>(length);; v >>= 7) {
-      if (v < 0x80) {
-        prefix.push_back(static_cast<char>(v));
-        break;
-      }
-      prefix.push_back(static_cast<char>((v & 0x7F) | 0x80));
-    }
-    grpc::Slice slices[2] = {grpc::Slice(prefix),
-                             grpc::Slice(bytes_->data() + offset_, static_cast<size_t>(length),
-                                         grpc::Slice::STATIC_SLICE)};
-    buffer_ = grpc::ByteBuffer(slices, 2);
+    // PullChunk field 2 (`data`) as a slice over the leased buffer, which stays alive and
+    // unchanged until this call is done.
+    buffer_ = WithBorrowedBytesField(std::string(), 2, bytes_->data() + offset_,
+                                     static_cast<size_t>(length));
     offset_ += length;
     StartWrite(&buffer_);
   }

@@ -94,9 +94,7 @@ absl::StatusOr<int> Job::TensorIndex(const std::string& name) const {
 }
 
 absl::Status Job::CheckServes(const v1::ServeFormat& format) const {
-  FormatKey key{format.recipe(), format.direction() == v1::DIRECTION_UNSPECIFIED
-                                     ? v1::DIRECTION_ROWWISE
-                                     : format.direction()};
+  const FormatKey key = FormatKeyOf(format);
   for (const FormatKey& f : formats_) {
     if (f == key) return absl::OkStatus();
   }
@@ -378,8 +376,12 @@ StepReport Job::RunStep(const StepWork& work) {
   PARAMD_CHECK(check.ok()) << "step " << work.step << " of job " << name_ << ": " << check.status();
   const bool skipped = !check->finite;
   if (skipped) {
-    const absl::Status status = backend_->Reserve(all, previous);
-    PARAMD_CHECK(status.ok()) << "step " << work.step << " of job " << name_ << ": " << status;
+    // The state stays as it is on every backend; the new version re-serves the previous bytes.
+    for (size_t i = 0; i < steps.size(); ++i) {
+      for (size_t f = 0; f < outputs[i]->formats.size(); ++f) {
+        outputs[i]->formats[f].bytes = previous[i]->formats[f].bytes;
+      }
+    }
   } else {
     if (clipping) {
       // Block sums one after another in registration order, then block order (DESIGN.md §2).

@@ -235,8 +235,7 @@ v1::RegisterRequest NormalizedSpec(const v1::RegisterRequest& request) {
 std::vector<FormatKey> ServedFormats(const v1::RegisterRequest& spec) {
   std::vector<FormatKey> formats = {FormatKey{v1::RECIPE_FP32, v1::DIRECTION_ROWWISE}};
   for (const v1::ServeFormat& f : spec.serve()) {
-    FormatKey key{f.recipe(), f.direction() == v1::DIRECTION_UNSPECIFIED ? v1::DIRECTION_ROWWISE
-                                                                         : f.direction()};
+    const FormatKey key = FormatKeyOf(f);
     bool seen = false;
     for (const FormatKey& k : formats) seen = seen || k == key;
     if (!seen) formats.push_back(key);

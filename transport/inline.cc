@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/borrowed_bytes.h"
 #include "common/grpc_status.h"
 #include "paramd/v1/data.grpc.pb.h"
 
@@ -15,23 +16,6 @@ namespace {
 
 // The full name of Data.Push, for the raw-bytes writer below.
 constexpr char kPushMethod[] = "/paramd.v1.Data/Push";
-
-// A PushChunk on the wire, with its payload referenced rather than copied: the serialized header
-// fields, then field 7 (`data`, length-delimited) whose bytes are a slice over the caller's
-// memory. That memory outlives the call (Push returns after Finish), so no copy is needed.
-grpc::ByteBuffer EncodeChunk(const v1::PushChunk& header, const std::byte* data, size_t size) {
-  std::string head = header.SerializeAsString();
-  head.push_back(static_cast<char>((7 << 3) | 2));  // field 7, wire type 2
-  for (uint64_t v = size;; v >>= 7) {
-    if (v < 0x80) {
-      head.push_back(static_cast<char>(v));
-      break;
-    }
-    head.push_back(static_cast<char>((v & 0x7F) | 0x80));
-  }
-  grpc::Slice slices[2] = {grpc::Slice(head), grpc::Slice(data, size, grpc::Slice::STATIC_SLICE)};
-  return grpc::ByteBuffer(slices, 2);
-}
 
 class InlineTransport final : public Transport {
  public:
@@ -64,8 +48,9 @@ class InlineTransport final : public Transport {
         const int64_t length = std::min(max_chunk_bytes_, size - offset);
         chunk.set_offset(offset);
         // A failed write means the daemon ended the stream; Finish says why.
-        open = writer->Write(
-            EncodeChunk(chunk, item.data.data() + offset, static_cast<size_t>(length)));
+        // The payload (field 7) is a slice over the caller's memory, which outlives the call.
+        open = writer->Write(WithBorrowedBytesField(
+            chunk.SerializeAsString(), 7, item.data.data() + offset, static_cast<size_t>(length)));
       }
     }
     if (open) writer->WritesDone();
