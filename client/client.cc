@@ -7,6 +7,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/element_type.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "paramd/v1/data.grpc.pb.h"
@@ -80,7 +81,7 @@ absl::StatusOr<v1::RegisterResponse> Client::Register(const v1::RegisterRequest&
   });
   if (!status.ok()) return status;
   if (transport_ == nullptr) {
-    TransportContext context{channel_, response.max_chunk_bytes()};
+    TransportContext context{channel_, response.max_chunk_bytes(), request.job(), request.rank()};
     std::string reason;
     absl::StatusOr<std::unique_ptr<Transport>> transport =
         ChooseTransport(options_.transport, context, &reason);
@@ -89,6 +90,19 @@ absl::StatusOr<v1::RegisterResponse> Client::Register(const v1::RegisterRequest&
     transport_reason_ = reason;
     PARAMD_LOG(INFO) << "job " << request.job() << " rank " << request.rank() << ": transport "
                      << transport_->name() << " (" << reason << ")";
+    // Tells the daemon, which reports each rank's transport in Status and metrics.
+    v1::AttachRequest attach;
+    attach.set_job(request.job());
+    attach.set_rank(request.rank());
+    attach.set_transport(transport_->name());
+    attach.set_reason(reason);
+    v1::AttachResponse attached;
+    status = Retry([&] {
+      return Unary(NextDeadline(), [&](grpc::ClientContext* context) {
+        return data_->Attach(context, attach, &attached);
+      });
+    });
+    if (!status.ok()) return status;
   }
   return response;
 }
@@ -130,6 +144,23 @@ absl::Status Client::Pull(const PullTarget& target, std::chrono::milliseconds ti
   if (absl::Status s = NeedTransport(); !s.ok()) return s;
   const Deadline deadline = std::chrono::system_clock::now() + timeout;
   return Retry([&] { return transport_->Pull(target, deadline, out); });
+}
+
+absl::StatusOr<PulledView> Client::PullInPlace(const PullTarget& target,
+                                               std::chrono::milliseconds timeout,
+                                               std::chrono::milliseconds lease) {
+  if (absl::Status s = NeedTransport(); !s.ok()) return s;
+  const Deadline deadline = std::chrono::system_clock::now() + timeout;
+  PulledView view;
+  absl::Status status =
+      Retry([&] { return transport_->PullInPlace(target, deadline, lease, &view); });
+  if (!status.ok()) return status;
+  return view;
+}
+
+absl::Status Client::Release(const PulledView& view) {
+  if (absl::Status s = NeedTransport(); !s.ok()) return s;
+  return Retry([&] { return transport_->Release(view.lease, NextDeadline()); });
 }
 
 absl::StatusOr<v1::StatusResponse> Client::Status(const std::string& job) {
@@ -179,6 +210,104 @@ absl::StatusOr<v1::DrainResponse> Client::Drain() {
   });
   if (!status.ok()) return status;
   return response;
+}
+
+absl::StatusOr<JobState> Client::ExportState(const std::string& job) {
+  v1::ExportStateRequest request;
+  request.set_job(job);
+  request.set_max_chunk_bytes(options_.state_chunk_bytes);
+  JobState state;
+  absl::Status status = Retry([&] {
+    state = JobState();
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + options_.state_timeout);
+    std::unique_ptr<grpc::ClientReader<v1::StateChunk>> reader =
+        control_->ExportState(&context, request);
+    v1::StateChunk chunk;
+    absl::Status bad;
+    while (bad.ok() && reader->Read(&chunk)) {
+      if (chunk.has_header()) {
+        const v1::StateHeader& h = chunk.header();
+        state.job = h.job();
+        state.next_step = h.next_step();
+        state.applied_steps = h.applied_steps();
+        state.skipped_steps = h.skipped_steps();
+        state.seed = h.seed();
+        state.hyperparams = h.hyperparams();
+        state.state_policy = h.state_policy();
+      }
+      if (chunk.has_field()) {
+        StateField& f = state.fields.emplace_back();
+        f.tensor = chunk.field().tensor();
+        f.field = chunk.field().field();
+        f.type = chunk.field().type();
+        f.shape.assign(chunk.field().shape().begin(), chunk.field().shape().end());
+        int64_t elements = 1;
+        for (int64_t d : f.shape) elements *= d;
+        f.bytes.reserve(static_cast<size_t>(elements * ElementTypeBytes(f.type)));
+      }
+      if (chunk.data().empty()) continue;
+      if (state.fields.empty() ||
+          chunk.offset() != static_cast<int64_t>(state.fields.back().bytes.size())) {
+        bad = absl::DataLossError(absl::StrCat("export of job \"", job, "\": chunk at offset ",
+                                               chunk.offset(), " does not continue its field"));
+        context.TryCancel();
+        break;
+      }
+      const auto* data = reinterpret_cast<const std::byte*>(chunk.data().data());
+      std::vector<std::byte>& bytes = state.fields.back().bytes;
+      bytes.insert(bytes.end(), data, data + chunk.data().size());
+    }
+    absl::Status finished = FromGrpcStatus(reader->Finish());
+    return bad.ok() ? finished : bad;
+  });
+  if (!status.ok()) return status;
+  return state;
+}
+
+absl::Status Client::ImportState(const JobState& state) {
+  const int64_t chunk_bytes = std::max<int64_t>(1, options_.state_chunk_bytes);
+  return Retry([&] {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + options_.state_timeout);
+    v1::ImportStateResponse response;
+    std::unique_ptr<grpc::ClientWriter<v1::StateChunk>> writer =
+        control_->ImportState(&context, &response);
+    v1::StateChunk chunk;
+    v1::StateHeader* h = chunk.mutable_header();
+    h->set_job(state.job);
+    h->set_next_step(state.next_step);
+    h->set_applied_steps(state.applied_steps);
+    h->set_skipped_steps(state.skipped_steps);
+    h->set_seed(state.seed);
+    *h->mutable_hyperparams() = state.hyperparams;
+    *h->mutable_state_policy() = state.state_policy;
+    // A failed write means the daemon ended the call (it refused the state): Finish says why.
+    bool open = writer->Write(chunk);
+    for (size_t i = 0; open && i < state.fields.size(); ++i) {
+      const StateField& f = state.fields[i];
+      const int64_t size = static_cast<int64_t>(f.bytes.size());
+      int64_t offset = 0;
+      do {
+        chunk.Clear();
+        if (offset == 0) {
+          v1::StateField* field = chunk.mutable_field();
+          field->set_tensor(f.tensor);
+          field->set_field(f.field);
+          field->set_type(f.type);
+          for (int64_t d : f.shape) field->add_shape(d);
+        }
+        const int64_t length = std::min(chunk_bytes, size - offset);
+        chunk.set_offset(offset);
+        chunk.set_data(reinterpret_cast<const char*>(f.bytes.data()) + offset,
+                       static_cast<size_t>(length));
+        open = writer->Write(chunk);
+        offset += length;
+      } while (open && offset < size);
+    }
+    if (open) writer->WritesDone();
+    return FromGrpcStatus(writer->Finish());
+  });
 }
 
 }  // namespace paramd

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "client/job_state.h"
 #include "paramd/v1/control.grpc.pb.h"
 #include "paramd/v1/data.grpc.pb.h"
 #include "transport/transport.h"
@@ -30,6 +31,11 @@ struct ClientOptions {
   int max_attempts = 5;
   // Largest message the client accepts (pull chunks).
   int max_message_bytes = 64 << 20;
+  // Deadline of a whole ExportState or ImportState stream (a job's state can be large).
+  std::chrono::milliseconds state_timeout{600000};
+  // Largest data of one state chunk, bytes, both ways: at most the daemon's max_chunk_bytes
+  // (4 MiB unless configured otherwise), or ImportState is RESOURCE_EXHAUSTED.
+  int64_t state_chunk_bytes = 1 << 20;
 };
 
 class Client {
@@ -49,12 +55,31 @@ class Client {
                                             std::optional<double> grad_scale = std::nullopt);
   // Waits up to `timeout` for target.min_version and copies the served bytes into `out`.
   absl::Status Pull(const PullTarget& target, std::chrono::milliseconds timeout, Pulled* out);
+  // Waits like Pull, then leases the served bytes where they lie (the `shm` transport): no copy.
+  // The view stays valid and unchanged until Release or until `lease` passes (0: the daemon's
+  // default, DaemonConfig.lease_ms). FAILED_PRECONDITION on transports that cannot.
+  absl::StatusOr<PulledView> PullInPlace(const PullTarget& target,
+                                         std::chrono::milliseconds timeout,
+                                         std::chrono::milliseconds lease = {});
+  // Ends the lease of a PullInPlace view.
+  absl::Status Release(const PulledView& view);
 
   absl::StatusOr<v1::StatusResponse> Status(const std::string& job = "");
   absl::StatusOr<v1::GetLayoutResponse> GetLayout(const std::string& job);
   absl::StatusOr<v1::SetHyperparamsResponse> SetHyperparams(
       const v1::SetHyperparamsRequest& request);
   absl::StatusOr<v1::DrainResponse> Drain();
+
+  // The job's whole state in its stored dtypes (client/job_state.h), streamed in chunks of at
+  // most the daemon's max_chunk_bytes. Waits for a running step of the job to finish; the job's
+  // next step waits while the export streams (pushes, commits and pulls go on).
+  absl::StatusOr<JobState> ExportState(const std::string& job);
+  // Replaces the state of a registered job (same tensors, state policy and serve formats) with
+  // `state`, which need not come from this daemon; the job then collects state.next_step and
+  // serves version state.next_step, recomputed from the imported master. FAILED_PRECONDITION
+  // while the job collects pushes or commits, runs a step or streams an export; INVALID_ARGUMENT
+  // naming the tensor and field on any mismatch. A refused import changes nothing.
+  absl::Status ImportState(const JobState& state);
 
   // The transport chosen at Register ("" before).
   std::string transport_name() const { return transport_ ? transport_->name() : ""; }

@@ -102,6 +102,10 @@ v1::DaemonConfig WithDefaults(v1::DaemonConfig c) {
   if (c.max_jobs() == 0) c.set_max_jobs(64);
   if (c.pull_chunk_bytes() == 0) c.set_pull_chunk_bytes(std::min(1 * kMiB, c.max_chunk_bytes()));
   if (c.log_level().empty()) c.set_log_level("info");
+  if (!c.has_shared_memory()) c.set_shared_memory(true);
+  if (c.shm_segment_bytes() == 0) c.set_shm_segment_bytes(64 * kMiB);
+  if (c.max_lease_ms() == 0) c.set_max_lease_ms(600000);
+  if (c.lease_ms() == 0) c.set_lease_ms(std::min<int64_t>(30000, c.max_lease_ms()));
   return c;
 }
 
@@ -127,6 +131,9 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
            CheckRange("max_job_bytes", c.max_job_bytes(), 0, int64_t{1} << 50),
            CheckRange("pull_chunk_bytes", c.pull_chunk_bytes(), 4 * kKiB,
                       SaturatingAdd(c.max_message_bytes(), -kEnvelopeBytes)),
+           CheckRange("shm_segment_bytes", c.shm_segment_bytes(), 2 * kMiB, int64_t{1} << 40),
+           CheckRange("max_lease_ms", c.max_lease_ms(), 1, 86400000),
+           CheckRange("lease_ms", c.lease_ms(), 1, c.max_lease_ms()),
        }) {
     if (!s.ok()) return s;
   }

@@ -10,8 +10,11 @@ std::string FormatName(const FormatKey& format) {
 }
 
 FormatKey FormatKeyOf(const v1::ServeFormat& format) {
-  return {format.recipe(), format.direction() == v1::DIRECTION_UNSPECIFIED ? v1::DIRECTION_ROWWISE
-                                                                           : format.direction()};
+  // A pull that names no recipe gets the FP32 master, which every job serves. (Registration
+  // refuses an unnamed recipe before this is reached.)
+  return {
+      format.recipe() == v1::RECIPE_UNSPECIFIED ? v1::RECIPE_FP32 : format.recipe(),
+      format.direction() == v1::DIRECTION_UNSPECIFIED ? v1::DIRECTION_ROWWISE : format.direction()};
 }
 
 kernels::Recipe KernelRecipe(v1::Recipe recipe) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -13,6 +14,7 @@
 #include "kernels/recipes.h"
 #include "paramd/v1/control.pb.h"
 #include "paramd/v1/types.pb.h"
+#include "server/host_buffer.h"
 
 namespace paramd {
 
@@ -32,7 +34,7 @@ kernels::Direction KernelDirection(v1::Direction direction);
 struct ServedFormat {
   FormatKey key;
   kernels::ServeBufferLayout layout;
-  std::vector<uint8_t> bytes;  // layout.data_bytes + layout.scale_bytes
+  HostBuffer bytes;  // layout.data_bytes + layout.scale_bytes
 
   uint8_t* data() { return bytes.data(); }
   uint8_t* scales() { return bytes.data() + layout.data_bytes; }
@@ -79,6 +81,37 @@ class TensorState {
   virtual StateBytes state_bytes() const = 0;
 };
 
+// The arrays of a tensor's state (exported and imported in their stored dtypes, see
+// server/state_fields.h for their names, types and shapes).
+enum class StateArray {
+  kMaster,            // FP32, FP16 codes, or the served BF16 halves of a bf16+remainder master
+  kMasterRemainder,   // int16 remainders (bf16+remainder only)
+  kExpAvg,            // codes of the policy's exp_avg type
+  kExpAvgScaleInv,    // FP32 1/s per 128-element chunk (fp16 and fp8 exp_avg only)
+  kExpAvgSq,          // codes of the policy's exp_avg_sq type
+  kExpAvgSqScaleInv,  // likewise for exp_avg_sq
+};
+
+// The scalars a tensor's next step depends on besides its arrays.
+struct TensorScalars {
+  float fp8_tensor_scale = 1.0f;       // fp8_tensor: the scale of the served version
+  float fp8_delayed_scale = 1.0f;      // fp8_delayed: likewise
+  std::vector<float> delayed_history;  // fp8_delayed: amax history, oldest first
+};
+
+// A tensor's whole state on the host, as imported (checked against the tensor's TensorInfo: every
+// array has its policy's size, unused ones are empty; the history holds at most
+// info.delayed_history entries).
+struct HostTensorState {
+  std::vector<uint8_t> master;
+  std::vector<int16_t> remainder;
+  std::vector<uint8_t> exp_avg;
+  std::vector<float> exp_avg_scale_inv;
+  std::vector<uint8_t> exp_avg_sq;
+  std::vector<float> exp_avg_sq_scale_inv;
+  TensorScalars scalars;
+};
+
 // The inputs of one tensor's step.
 struct TensorStep {
   TensorState* state = nullptr;
@@ -115,8 +148,24 @@ class Backend {
   // per-block sums of squares.
   virtual absl::StatusOr<GradientCheck> CheckGradients(std::span<TensorStep> tensors,
                                                        float grad_scale, bool norms) = 0;
-  // Runs one step over the tensors, in order.
-  virtual absl::Status Step(std::span<TensorStep> tensors, const StepScalars& scalars) = 0;
+  // Runs one step over the tensors, in order. `tensor_done(i)`, when set, is called once tensor i's
+  // state and served bytes are final (tensors[i].out complete), so the job can publish it while
+  // later tensors are still being stepped; every tensor is reported before Step returns OK.
+  virtual absl::Status Step(std::span<TensorStep> tensors, const StepScalars& scalars,
+                            const std::function<void(size_t)>& tensor_done = nullptr) = 0;
+
+  // State export and import (Control.ExportState / ImportState). The job guarantees that no step
+  // of the tensor runs meanwhile.
+  // Copies bytes [offset, offset + out.size()) of one array of `state` to host memory `out`.
+  virtual absl::Status ReadStateArray(const TensorState& state, StateArray array, int64_t offset,
+                                      std::span<uint8_t> out) = 0;
+  virtual absl::StatusOr<TensorScalars> ReadStateScalars(const TensorState& state) = 0;
+  // Creates a tensor's state from an imported one (taking its buffers where it can) and fills
+  // every format of `out` (sized by the job) from the imported master, with the imported per-tensor
+  // scales: the served bytes of the version the state was exported at.
+  virtual absl::StatusOr<std::unique_ptr<TensorState>> ImportState(const TensorInfo& info,
+                                                                   HostTensorState state,
+                                                                   ServedTensor* out) = 0;
 };
 
 }  // namespace paramd

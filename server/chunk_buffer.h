@@ -6,9 +6,9 @@
 #include <cstdint>
 #include <map>
 #include <string_view>
-#include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/host_buffer.h"
 
 namespace paramd {
 
@@ -16,22 +16,34 @@ class ChunkBuffer {
  public:
   enum class Stored { kNew, kDuplicate };
 
-  // Sizes the buffer for `bytes` bytes and forgets every chunk.
-  void Reset(int64_t bytes);
+  // Takes `buffer` as the memory (its size is the tensor's) and forgets every chunk.
+  void Reset(HostBuffer buffer);
+  // Forgets every chunk, keeping the memory.
+  void Clear();
 
   // Stores `data` at `offset`. A chunk equal in place and bytes to a stored one is kDuplicate; one
   // that differs, or that overlaps a stored chunk at other boundaries, is FAILED_PRECONDITION and
   // changes nothing. The caller has checked bounds.
   absl::StatusOr<Stored> Store(int64_t offset, std::string_view data);
+  // Records that a trainer wrote [offset, offset + length) in place (shared memory). The same
+  // range again is kDuplicate (its bytes cannot be told apart from a retry's); overlapping at
+  // other boundaries is FAILED_PRECONDITION. The caller has checked bounds.
+  absl::StatusOr<Stored> MarkWritten(int64_t offset, int64_t length);
 
-  bool complete() const { return received_ == static_cast<int64_t>(bytes_.size()); }
+  bool complete() const { return received_ == bytes_.size(); }
   int64_t received() const { return received_; }
-  int64_t size() const { return static_cast<int64_t>(bytes_.size()); }
+  int64_t size() const { return bytes_.size(); }
   const uint8_t* data() const { return bytes_.data(); }
-  int64_t capacity() const { return static_cast<int64_t>(bytes_.capacity()); }
+  const ShmPlace* place() const { return bytes_.place(); }
 
  private:
-  std::vector<uint8_t> bytes_;
+  // The stored chunks around [offset, offset + length): kDuplicate when one has exactly these
+  // bounds and its bytes match (or were written in place), an error when one overlaps, else kNew
+  // (not recorded).
+  absl::StatusOr<Stored> Check(int64_t offset, int64_t length, bool in_place,
+                               std::string_view data) const;
+
+  HostBuffer bytes_;
   std::map<int64_t, int64_t> chunks_;  // offset -> length
   int64_t received_ = 0;
 };

@@ -29,6 +29,10 @@ class ControlService final : public v1::Control::CallbackService {
   grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* context,
                                   const v1::DrainRequest* request,
                                   v1::DrainResponse* response) override;
+  grpc::ServerWriteReactor<v1::StateChunk>* ExportState(
+      grpc::CallbackServerContext* context, const v1::ExportStateRequest* request) override;
+  grpc::ServerReadReactor<v1::StateChunk>* ImportState(grpc::CallbackServerContext* context,
+                                                       v1::ImportStateResponse* response) override;
 
  private:
   grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context, const char* method,

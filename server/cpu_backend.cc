@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
 #include "kernels/formats.h"
 #include "kernels/step_rules.h"
 #include "server/initial_state.h"
@@ -137,8 +139,13 @@ absl::StatusOr<std::unique_ptr<TensorState>> CpuBackend::CreateState(const Tenso
   return state;
 }
 
-absl::Status CpuBackend::Step(std::span<TensorStep> tensors, const StepScalars& scalars) {
-  for (TensorStep& t : tensors) {
+absl::Status CpuBackend::Step(std::span<TensorStep> tensors, const StepScalars& scalars,
+                              const std::function<void(size_t)>& tensor_done) {
+  // Tensor by tensor, each with every thread, and each reported as soon as it is done: the job
+  // publishes it while the next ones are stepped. A small tensor is one ParallelFor of few
+  // blocks; grouping small tensors would save little next to the publish it would delay.
+  for (size_t index = 0; index < tensors.size(); ++index) {
+    TensorStep& t = tensors[index];
     auto& s = *static_cast<CpuTensorState*>(t.state);
     const kernels::FusedStepArgs args = StepArgs(s, t, scalars);
     const int64_t rows = s.info.rows, cols = s.info.cols;
@@ -197,8 +204,75 @@ absl::Status CpuBackend::Step(std::span<TensorStep> tensors, const StepScalars& 
     s.tensor_scale = current;
     s.delayed_scale = delayed;
     s.history.Append(amax);  // after the cast; a skipped step appends nothing
+    if (tensor_done) tensor_done(index);
   }
   return absl::OkStatus();
+}
+
+absl::Status CpuBackend::ReadStateArray(const TensorState& state, StateArray array, int64_t offset,
+                                        std::span<uint8_t> out) {
+  const auto& s = static_cast<const CpuTensorState&>(state);
+  std::span<const uint8_t> bytes;
+  auto view = [](const auto& v) {
+    return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(v.data()),
+                                    v.size() * sizeof(v[0]));
+  };
+  switch (array) {
+    case StateArray::kMaster:
+      bytes = view(s.master);
+      break;
+    case StateArray::kMasterRemainder:
+      bytes = view(s.remainder);
+      break;
+    case StateArray::kExpAvg:
+      bytes = view(s.exp_avg);
+      break;
+    case StateArray::kExpAvgScaleInv:
+      bytes = view(s.exp_avg_scale_inv);
+      break;
+    case StateArray::kExpAvgSq:
+      bytes = view(s.exp_avg_sq);
+      break;
+    case StateArray::kExpAvgSqScaleInv:
+      bytes = view(s.exp_avg_sq_scale_inv);
+      break;
+  }
+  if (offset < 0 ||
+      offset + static_cast<int64_t>(out.size()) > static_cast<int64_t>(bytes.size())) {
+    return absl::InternalError(absl::StrCat("state read [", offset, ", +", out.size(),
+                                            ") outside an array of ", bytes.size(), " bytes"));
+  }
+  std::memcpy(out.data(), bytes.data() + offset, out.size());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TensorScalars> CpuBackend::ReadStateScalars(const TensorState& state) {
+  const auto& s = static_cast<const CpuTensorState&>(state);
+  return TensorScalars{s.tensor_scale, s.delayed_scale, s.history.Entries()};
+}
+
+absl::StatusOr<std::unique_ptr<TensorState>> CpuBackend::ImportState(const TensorInfo& info,
+                                                                     HostTensorState state,
+                                                                     ServedTensor* out) {
+  PARAMD_RETURN_IF_ERROR(ServeImportedMaster(info, state, pool_, out));
+  auto imported = std::make_unique<CpuTensorState>(info);
+  imported->master = std::move(state.master);
+  imported->remainder = std::move(state.remainder);
+  // Moments of the policy's types, as CpuTensorState sized them (a state is checked whole
+  // before it gets here).
+  PARAMD_CHECK(state.exp_avg.size() == imported->exp_avg.size() &&
+               state.exp_avg_sq.size() == imported->exp_avg_sq.size() &&
+               state.exp_avg_scale_inv.size() == imported->exp_avg_scale_inv.size() &&
+               state.exp_avg_sq_scale_inv.size() == imported->exp_avg_sq_scale_inv.size());
+  imported->exp_avg = std::move(state.exp_avg);
+  imported->exp_avg_sq = std::move(state.exp_avg_sq);
+  imported->exp_avg_scale_inv = std::move(state.exp_avg_scale_inv);
+  imported->exp_avg_sq_scale_inv = std::move(state.exp_avg_sq_scale_inv);
+  imported->tensor_scale = state.scalars.fp8_tensor_scale;
+  imported->delayed_scale = state.scalars.fp8_delayed_scale;
+  imported->history = kernels::AmaxHistory(info.delayed_history);
+  imported->history.Restore(state.scalars.delayed_history);
+  return imported;
 }
 
 absl::StatusOr<GradientCheck> CpuBackend::CheckGradients(std::span<TensorStep> tensors,

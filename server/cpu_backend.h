@@ -21,7 +21,14 @@ class CpuBackend : public Backend {
                                                            ServedTensor* out) override;
   absl::StatusOr<GradientCheck> CheckGradients(std::span<TensorStep> tensors, float grad_scale,
                                                bool norms) override;
-  absl::Status Step(std::span<TensorStep> tensors, const StepScalars& scalars) override;
+  absl::Status Step(std::span<TensorStep> tensors, const StepScalars& scalars,
+                    const std::function<void(size_t)>& tensor_done = nullptr) override;
+  absl::Status ReadStateArray(const TensorState& state, StateArray array, int64_t offset,
+                              std::span<uint8_t> out) override;
+  absl::StatusOr<TensorScalars> ReadStateScalars(const TensorState& state) override;
+  absl::StatusOr<std::unique_ptr<TensorState>> ImportState(const TensorInfo& info,
+                                                           HostTensorState state,
+                                                           ServedTensor* out) override;
 
  private:
   kernels::ThreadPool pool_;

@@ -1,5 +1,9 @@
 #include "server/daemon.h"
 
+#include <unistd.h>
+
+#include <random>
+
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "server/backends.h"
@@ -11,11 +15,35 @@ inline constexpr char kDaemonVersion[] = "0.1.0";
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const v1::DaemonConfig& config) {
   absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(config);
   if (!backend.ok()) return backend.status();
-  return std::unique_ptr<Daemon>(new Daemon(config, *std::move(backend)));
+  std::unique_ptr<ShmArena> shm;
+  // `shm` serves the cpu backend (DESIGN.md §6); a cuda:N job's host buffers are page-locked
+  // staging for the GPU, and same-node GPU trainers use cuda_ipc.
+  if (config.shared_memory() && (*backend)->name() == "cpu") {
+    if (const int removed = ReclaimStaleShmSegments(getuid()); removed > 0) {
+      PARAMD_LOG(WARNING) << "removed " << removed
+                          << " shared-memory segments left by a daemon of this user that was "
+                             "killed";
+    }
+    // A random tag keeps two daemons' names apart even where process ids repeat (containers).
+    std::random_device random;
+    const uint64_t probe = (uint64_t{random()} << 32) | random();
+    absl::StatusOr<std::unique_ptr<ShmArena>> arena = ShmArena::Create(
+        ShmSegmentPrefix(getuid(), getpid(), absl::StrCat(absl::Hex(probe, absl::kZeroPad16))),
+        config.shm_segment_bytes(), probe);
+    if (arena.ok()) {
+      shm = *std::move(arena);
+    } else {
+      PARAMD_LOG(WARNING) << "no shared memory (" << arena.status()
+                          << "); jobs keep their buffers on the heap and the shm transport is off";
+    }
+  }
+  return std::unique_ptr<Daemon>(new Daemon(config, *std::move(backend), std::move(shm)));
 }
 
-Daemon::Daemon(const v1::DaemonConfig& config, std::unique_ptr<Backend> backend)
+Daemon::Daemon(const v1::DaemonConfig& config, std::unique_ptr<Backend> backend,
+               std::unique_ptr<ShmArena> shm)
     : config_(config),
+      shm_(std::move(shm)),
       backend_(std::move(backend)),
       backend_name_(backend_->name()),
       metrics_(std::make_unique<Metrics>()) {
@@ -24,7 +52,9 @@ Daemon::Daemon(const v1::DaemonConfig& config, std::unique_ptr<Backend> backend)
   limits.max_tensors_per_job = config.max_tensors_per_job();
   limits.max_job_bytes = config.max_job_bytes();
   limits.max_chunk_bytes = config.max_chunk_bytes();
-  registry_ = std::make_unique<JobRegistry>(backend_.get(), limits);
+  registry_ = std::make_unique<JobRegistry>(
+      backend_.get(), limits,
+      shm_ != nullptr ? static_cast<BufferAllocator*>(shm_.get()) : HeapAllocator());
 }
 
 Daemon::~Daemon() { executor_.WaitIdle(); }
@@ -56,15 +86,19 @@ absl::StatusOr<v1::RegisterResponse> Daemon::Register(const v1::RegisterRequest&
 
 void Daemon::StartStep(std::shared_ptr<Job> job, StepWork work) {
   executor_.Submit([this, job = std::move(job), work] {
-    const StepReport report = job->RunStep(work);
-    metrics_->StepDone(job->name(), report.seconds, report.elements, report.skipped);
-    if (report.skipped) {
-      PARAMD_LOG(WARNING) << "job " << job->name() << ": step " << report.step
-                          << " skipped: a gradient is not finite (weights re-served unchanged)";
+    // None while an export of the job holds its steps back (its end submits the step again);
+    // several when this one ran steps held back before it.
+    const std::vector<StepReport> reports = job->RunOrHoldStep(work);
+    for (const StepReport& report : reports) {
+      metrics_->StepDone(job->name(), report.seconds, report.elements, report.skipped);
+      if (report.skipped) {
+        PARAMD_LOG(WARNING) << "job " << job->name() << ": step " << report.step
+                            << " skipped: a gradient is not finite (weights re-served unchanged)";
+      }
+      PARAMD_LOG(DEBUG) << "job " << job->name() << ": step " << report.step << " took "
+                        << report.seconds * 1e3 << " ms, clip " << report.clip;
     }
-    PARAMD_LOG(DEBUG) << "job " << job->name() << ": step " << report.step << " took "
-                      << report.seconds * 1e3 << " ms, clip " << report.clip;
-    UpdateGauges();
+    if (!reports.empty()) UpdateGauges();
   });
 }
 
@@ -88,12 +122,22 @@ v1::StatusResponse Daemon::Status(const std::string& job) const {
   v1::StatusResponse response;
   response.set_daemon_version(kDaemonVersion);
   response.set_backend(backend_name_);
+  if (shm_ != nullptr) {
+    response.add_transports("shm");
+    response.set_shm_segments(static_cast<int32_t>(shm_->segment_names().size()));
+    response.set_shm_reserved_bytes(shm_->reserved_bytes());
+    response.set_shm_used_bytes(shm_->used_bytes());
+  }
   response.add_transports("inline");
   response.set_draining(draining());
   response.set_uptime_seconds(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count());
   for (const auto& j : registry_->Jobs()) {
-    if (job.empty() || j->name() == job) *response.add_jobs() = j->Status();
+    if (job.empty() || j->name() == job) {
+      v1::JobStatus* status = response.add_jobs();
+      *status = j->Status();
+      status->set_leases(leases_->Held(j->name()));
+    }
   }
   return response;
 }

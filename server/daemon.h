@@ -12,8 +12,10 @@
 #include "paramd/v1/config.pb.h"
 #include "paramd/v1/control.pb.h"
 #include "server/backend.h"
+#include "server/lease_table.h"
 #include "server/metrics.h"
 #include "server/registry.h"
+#include "server/shm_arena.h"
 #include "server/step_executor.h"
 
 namespace paramd {
@@ -27,6 +29,9 @@ class Daemon {
   const v1::DaemonConfig& config() const { return config_; }
   JobRegistry& registry() { return *registry_; }
   Metrics& metrics() { return *metrics_; }
+  LeaseTable& leases() { return *leases_; }
+  // The shared-memory region (null when jobs keep their buffers on the heap).
+  const ShmArena* shm() const { return shm_.get(); }
   const std::string& backend_name() const { return backend_name_; }
 
   // UNAVAILABLE once draining, else OK. Every RPC asks first.
@@ -48,15 +53,19 @@ class Daemon {
   v1::StatusResponse Status(const std::string& job) const;
 
  private:
-  Daemon(const v1::DaemonConfig& config, std::unique_ptr<Backend> backend);
+  Daemon(const v1::DaemonConfig& config, std::unique_ptr<Backend> backend,
+         std::unique_ptr<ShmArena> shm);
   void UpdateGauges();
 
   const v1::DaemonConfig config_;
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+  // The shared-memory region outlives every buffer carved from it: it is destroyed last.
+  std::unique_ptr<ShmArena> shm_;
   std::unique_ptr<Backend> backend_;
   std::string backend_name_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<JobRegistry> registry_;
+  std::unique_ptr<LeaseTable> leases_ = std::make_unique<LeaseTable>();
   std::atomic<bool> draining_{false};
   std::function<void()> drain_listener_;
   StepExecutor executor_;  // last: joins its thread before the jobs and backend go away

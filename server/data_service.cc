@@ -17,7 +17,8 @@
 namespace paramd {
 namespace {
 
-constexpr char kTransport[] = "inline";
+constexpr char kInline[] = "inline";
+constexpr char kShm[] = "shm";
 
 void CountError(Daemon* daemon, const char* method, const absl::Status& status) {
   if (status.ok()) return;
@@ -69,7 +70,11 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushChunk> {
     }
     if (*stored == ChunkBuffer::Stored::kNew) {
       response_->set_chunks_stored(response_->chunks_stored() + 1);
-      daemon_->metrics().Pushed(kTransport, static_cast<int64_t>(chunk_.data().size()));
+      if (chunk_.in_place_bytes() > 0) {
+        daemon_->metrics().Pushed(kShm, chunk_.in_place_bytes());
+      } else {
+        daemon_->metrics().Pushed(kInline, static_cast<int64_t>(chunk_.data().size()));
+      }
     } else {
       response_->set_chunks_duplicate(response_->chunks_duplicate() + 1);
     }
@@ -147,6 +152,15 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     PARAMD_RETURN_IF_ERROR(job_->CheckServes(request.format()));
     format_ = FormatKeyOf(request.format());
     min_version_ = request.min_version();
+    if (request.lease_ms() < 0 || request.lease_ms() > daemon_->config().max_lease_ms()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "lease_ms = ", request.lease_ms(), " is outside [0, ", daemon_->config().max_lease_ms(),
+          "] (0 = the daemon's default, ", daemon_->config().lease_ms(), ")"));
+    }
+    place_ = request.delivery() == v1::PULL_DELIVERY_PLACE;
+    lease_ms_ = request.lease_ms() > 0 ? request.lease_ms() : daemon_->config().lease_ms();
+    daemon_->leases().Release(
+        std::vector<uint64_t>(request.release().begin(), request.release().end()));
     return absl::OkStatus();
   }
 
@@ -168,6 +182,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     served_ = job_->Served(tensor_, min_version_);
     const ServedFormat* format = served_->Find(format_);
     bytes_ = &format->bytes;
+    const ShmPlace* place = place_ ? bytes_->place() : nullptr;
     v1::PullHeader* header = message_.mutable_header();
     header->set_version(served_->version);
     const v1::JobStatus status = job_->Status();
@@ -186,6 +201,21 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       header->add_scale_shape(format->layout.scale_rows);
       header->add_scale_shape(format->layout.scale_cols);
     }
+    if (place != nullptr) {
+      // The bytes stay where they are; the lease keeps them alive and unchanged.
+      v1::ShmPlace* p = header->mutable_place();
+      p->set_segment(place->segment);
+      p->set_offset(place->offset);
+      p->set_bytes(bytes_->size());
+      const auto expires = LeaseTable::Clock::now() + std::chrono::milliseconds(lease_ms_);
+      header->set_lease(daemon_->leases().Take(job_->name(), served_, expires));
+      header->set_lease_expires_unix_ms(
+          std::chrono::duration_cast<std::chrono::milliseconds>(expires.time_since_epoch())
+              .count());
+      offset_ = bytes_->size();  // no data chunks follow
+      daemon_->metrics().Pulled(kShm, bytes_->size());
+      placed_ = true;
+    }
     grpc::SerializationTraits<v1::PullChunk>::Serialize(message_, &buffer_, &own_buffer);
     StartWrite(&buffer_);
   }
@@ -193,7 +223,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   void WriteNext() {
     const int64_t size = static_cast<int64_t>(bytes_->size());
     if (offset_ >= size) {
-      daemon_->metrics().Pulled(kTransport, size);
+      if (!placed_) daemon_->metrics().Pulled(kInline, size);
       End(absl::OkStatus());
       return;
     }
@@ -223,7 +253,10 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   bool cancelled_ = false;
 
   std::shared_ptr<const ServedTensor> served_;  // the lease
-  const std::vector<uint8_t>* bytes_ = nullptr;
+  const HostBuffer* bytes_ = nullptr;
+  bool place_ = false;   // the puller asked for PULL_DELIVERY_PLACE
+  bool placed_ = false;  // ... and got a place (the bytes are in shared memory)
+  int64_t lease_ms_ = 0;
   int64_t offset_ = 0;
   v1::PullChunk message_;    // the header
   grpc::ByteBuffer buffer_;  // the message being written
@@ -256,6 +289,75 @@ grpc::ServerUnaryReactor* DataService::Commit(grpc::CallbackServerContext* conte
   CountError(daemon_, "Commit", status);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* DataService::Attach(grpc::CallbackServerContext* context,
+                                              const v1::AttachRequest* request,
+                                              v1::AttachResponse* response) {
+  auto attach = [&]() -> absl::Status {
+    PARAMD_RETURN_IF_ERROR(daemon_->CheckServing());
+    const bool shm = request->transport() == kShm;
+    if (!shm && request->transport() != kInline) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "transport \"", request->transport(), "\" is not one this daemon offers (shm, inline)"));
+    }
+    if (shm) {
+      const ShmArena* arena = daemon_->shm();
+      if (arena == nullptr) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "this daemon keeps no buffers in shared memory (backend ", daemon_->backend_name(),
+            ", shared_memory ", daemon_->config().shared_memory() ? "true" : "false",
+            "); use another transport"));
+      }
+      for (const std::string& name : arena->segment_names()) response->add_segments(name);
+      response->set_probe(arena->probe());
+      if (request->job().empty() && !request->has_step()) return absl::OkStatus();  // a probe
+    } else if (request->has_step()) {
+      return absl::InvalidArgumentError("slot places (step) exist for transport \"shm\" only");
+    }
+    PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, daemon_->registry().Find(request->job()));
+    if (request->has_step()) {
+      PARAMD_ASSIGN_OR_RETURN(Job::SlotPlaces slots,
+                              job->SlotsForStep(request->rank(), request->step()));
+      response->set_committed(slots.committed);
+      // Slots allocated just now may have added segments.
+      response->clear_segments();
+      for (const std::string& name : daemon_->shm()->segment_names()) {
+        response->add_segments(name);
+      }
+      for (size_t i = 0; i < slots.places.size(); ++i) {
+        v1::ShmPlace* place = response->add_slots();
+        place->set_segment(slots.places[i].segment);
+        place->set_offset(slots.places[i].offset);
+        place->set_bytes(slots.bytes[i]);
+        place->set_tensor(slots.tensors[i]);
+        place->set_received(slots.received[i]);
+      }
+      return absl::OkStatus();
+    }
+    if (request->rank() < 0 || request->rank() >= job->world_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("rank ", request->rank(), " is outside [0, ",
+                                                     job->world_size(), ") of job \"",
+                                                     request->job(), "\""));
+    }
+    job->SetTrainerTransport(request->rank(), request->transport(), request->reason());
+    return absl::OkStatus();
+  };
+  const absl::Status status = attach();
+  CountError(daemon_, "Attach", status);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* DataService::Release(grpc::CallbackServerContext* context,
+                                               const v1::ReleaseRequest* request,
+                                               v1::ReleaseResponse* response) {
+  response->set_released(daemon_->leases().Release(
+      std::vector<uint64_t>(request->leases().begin(), request->leases().end())));
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
   return reactor;
 }
 

@@ -1,5 +1,7 @@
 // gRPC Data service: the daemon's end of the `inline` transport (gradient chunks in Push
-// messages, served bytes in Pull messages) and Commit, which every transport uses.
+// messages, served bytes in Pull messages), of `shm` (Attach hands out places in shared memory,
+// in-place pushes mark slots written, place pulls lease served bytes, Release ends leases), and
+// Commit, which every transport uses.
 #pragma once
 
 #include "paramd/v1/data.grpc.pb.h"
@@ -20,6 +22,12 @@ class DataService final : public v1::Data::WithRawCallbackMethod_Pull<v1::Data::
                                    v1::CommitResponse* response) override;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Pull(grpc::CallbackServerContext* context,
                                                    const grpc::ByteBuffer* request) override;
+  grpc::ServerUnaryReactor* Attach(grpc::CallbackServerContext* context,
+                                   const v1::AttachRequest* request,
+                                   v1::AttachResponse* response) override;
+  grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* context,
+                                    const v1::ReleaseRequest* request,
+                                    v1::ReleaseResponse* response) override;
 
  private:
   Daemon* const daemon_;

@@ -47,17 +47,24 @@ absl::Status MakeInitialState(const TensorInfo& info, std::span<const float> ini
       }
     }
   });
+  for (const ServedFormat& f : out->formats) {
+    if (f.key.recipe == v1::RECIPE_FP8_TENSOR) {
+      state->fp8_tensor_scale = kernels::NextFp8TensorScale(kernels::AmaxCpu(fp32, n), 1.0f).scale;
+    }
+  }
+  return ServeFromFp32(info,
+                       split ? reinterpret_cast<const uint16_t*>(state->master.data()) : nullptr,
+                       state->fp8_tensor_scale, state->delayed_scale, out);
+}
+
+absl::Status ServeFromFp32(const TensorInfo& info, const uint16_t* bf16_halves,
+                           float fp8_tensor_scale, float fp8_delayed_scale, ServedTensor* out) {
+  const float* fp32 = reinterpret_cast<const float*>(out->formats.front().data());
   for (ServedFormat& f : out->formats) {
     if (f.key.recipe == v1::RECIPE_FP32 && f.key.direction == v1::DIRECTION_ROWWISE) continue;
-    if (f.key.recipe == v1::RECIPE_BF16 && split) {
-      ServeBf16Halves(reinterpret_cast<const uint16_t*>(state->master.data()), info.rows, info.cols,
-                      f, 0, info.rows);
+    if (f.key.recipe == v1::RECIPE_BF16 && bf16_halves != nullptr) {
+      ServeBf16Halves(bf16_halves, info.rows, info.cols, f, 0, info.rows);
       continue;
-    }
-    float scale = 1.0f;
-    if (f.key.recipe == v1::RECIPE_FP8_TENSOR) {
-      scale = state->fp8_tensor_scale =
-          kernels::NextFp8TensorScale(kernels::AmaxCpu(fp32, n), 1.0f).scale;
     }
     kernels::ServeArgs args;
     args.master = fp32;
@@ -65,13 +72,38 @@ absl::Status MakeInitialState(const TensorInfo& info, std::span<const float> ini
     args.cols = info.cols;
     args.recipe = KernelRecipe(f.key.recipe);
     args.direction = KernelDirection(f.key.direction);
-    args.tensor_scale = scale;
+    args.tensor_scale = f.key.recipe == v1::RECIPE_FP8_TENSOR    ? fp8_tensor_scale
+                        : f.key.recipe == v1::RECIPE_FP8_DELAYED ? fp8_delayed_scale
+                                                                 : 1.0f;
     args.data = f.data();
     args.scales = f.layout.scale_bytes > 0 ? f.scales() : nullptr;
     absl::Status st = FromKernel(kernels::ServeQuantizeCpu(args, 0, info.rows));
     if (!st.ok()) return st;
   }
   return absl::OkStatus();
+}
+
+absl::Status ServeImportedMaster(const TensorInfo& info, const HostTensorState& state,
+                                 kernels::ThreadPool& pool, ServedTensor* out) {
+  const int64_t n = info.rows * info.cols;
+  const bool split = info.policy.master == kernels::MasterType::kBf16Remainder;
+  const bool half = info.policy.master == kernels::MasterType::kFp16;
+  auto* fp32 = reinterpret_cast<float*>(out->formats.front().data());
+  const auto* halves = reinterpret_cast<const uint16_t*>(state.master.data());
+  pool.ParallelFor(n, kernels::kDefaultGrain, [&](int64_t begin, int64_t end) {
+    if (!split && !half) {
+      std::memcpy(fp32 + begin, state.master.data() + begin * 4,
+                  static_cast<size_t>(end - begin) * sizeof(float));
+      return;
+    }
+    for (int64_t i = begin; i < end; ++i) {
+      fp32[i] =
+          split ? kernels::MergeBf16Remainder(halves[i], state.remainder[static_cast<size_t>(i)])
+                : kernels::FloatFromFp16(halves[i]);
+    }
+  });
+  return ServeFromFp32(info, split ? halves : nullptr, state.scalars.fp8_tensor_scale,
+                       state.scalars.fp8_delayed_scale, out);
 }
 
 }  // namespace paramd

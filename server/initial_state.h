@@ -24,6 +24,17 @@ struct InitialState {
 absl::Status MakeInitialState(const TensorInfo& info, std::span<const float> initial,
                               kernels::ThreadPool& pool, InitialState* state, ServedTensor* out);
 
+// Fills every format of `out` but FP32 rowwise from its FP32 rowwise bytes (the stored master's
+// values, already there), casting fp8_tensor and fp8_delayed with the given scales; a
+// bf16+remainder master passes its BF16 halves, which it serves as they are.
+absl::Status ServeFromFp32(const TensorInfo& info, const uint16_t* bf16_halves,
+                           float fp8_tensor_scale, float fp8_delayed_scale, ServedTensor* out);
+
+// The served bytes of an imported state: every format of `out` from its master (the values it
+// stores) with its per-tensor scales, the same bytes the version it was exported at served.
+absl::Status ServeImportedMaster(const TensorInfo& info, const HostTensorState& state,
+                                 kernels::ThreadPool& pool, ServedTensor* out);
+
 // The BF16 a bf16+remainder master serves is its stored high half, not a fresh cast: copies rows
 // [row_begin, row_end) of `halves` ([rows, cols]) into `format` (rowwise or transposed).
 void ServeBf16Halves(const uint16_t* halves, int64_t rows, int64_t cols, ServedFormat& format,

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "kernels/step_rules.h"
 #include "server/registration.h"
 
@@ -36,12 +37,13 @@ absl::Status CheckInitialWeights(const std::string& tensor, int64_t offset, std:
 
 }  // namespace
 
-Job::Job(const v1::RegisterRequest& spec, Backend* backend)
+Job::Job(const v1::RegisterRequest& spec, Backend* backend, BufferAllocator* buffers)
     : name_(spec.job()),
       world_size_(spec.world_size()),
       spec_(NormalizedSpec(spec)),
       formats_(ServedFormats(spec_)),
-      backend_(backend) {
+      backend_(backend),
+      buffers_(buffers) {
   hyper_ = spec_.hyperparams();
   last_commit_.assign(static_cast<size_t>(world_size_), -1);
   tensors_.resize(static_cast<size_t>(spec_.tensors_size()));
@@ -137,7 +139,15 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushLocked(const v1::PushChunk& chunk,
   const bool weights = chunk.kind() == v1::PUSH_KIND_INITIAL_WEIGHTS;
   const int64_t total = weights ? t.elements * 4 : t.grad_bytes;
   const int64_t element = weights ? 4 : ElementBytes(t.spec.grad_type());
-  const int64_t length = static_cast<int64_t>(chunk.data().size());
+  const bool in_place = chunk.in_place_bytes() != 0;
+  if (in_place && (weights || !chunk.data().empty() || chunk.in_place_bytes() < 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "in_place_bytes = ", chunk.in_place_bytes(), " of tensor \"", t.spec.name(),
+        "\": an in-place push marks > 0 gradient bytes written to shared memory and carries no "
+        "data"));
+  }
+  const int64_t length =
+      in_place ? chunk.in_place_bytes() : static_cast<int64_t>(chunk.data().size());
   if (length == 0 || chunk.offset() < 0 || chunk.offset() % element != 0 || length % element != 0 ||
       chunk.offset() > total - length) {
     // A client's offset can be anything: its end, only printed here, saturates (no overflow).
@@ -180,7 +190,7 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushWeights(Tensor& t, const v1::PushCh
   }
   if (t.upload == nullptr) {
     t.upload = std::make_unique<ChunkBuffer>();
-    t.upload->Reset(t.elements * 4);
+    t.upload->Reset(HeapBuffer(t.elements * 4));  // arrives inline: no transport reads it
   }
   absl::StatusOr<ChunkBuffer::Stored> stored = t.upload->Store(chunk.offset(), chunk.data());
   if (!stored.ok() || !t.upload->complete()) return stored;
@@ -220,7 +230,9 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushGradient(Tensor& t, const v1::PushC
   if (commits_.contains(chunk.rank())) {
     // The rank's slots are complete, so a chunk is either an identical re-send (a retry, or a
     // restarted trainer pushing again: acknowledged) or a change to committed gradients.
-    absl::StatusOr<ChunkBuffer::Stored> stored = slot.Store(chunk.offset(), chunk.data());
+    absl::StatusOr<ChunkBuffer::Stored> stored =
+        chunk.in_place_bytes() > 0 ? slot.MarkWritten(chunk.offset(), chunk.in_place_bytes())
+                                   : slot.Store(chunk.offset(), chunk.data());
     if (stored.ok()) {
       PARAMD_CHECK(*stored == ChunkBuffer::Stored::kDuplicate);
       return stored;
@@ -229,7 +241,16 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushGradient(Tensor& t, const v1::PushC
         absl::StrCat("rank ", chunk.rank(), " already committed step ", chunk.step(),
                      "; its gradients are final: ", stored.status().message()));
   }
-  if (slot.size() != t.grad_bytes) slot.Reset(t.grad_bytes);
+  if (slot.size() != t.grad_bytes) slot.Reset(NewBuffer(t.grad_bytes));
+  if (chunk.in_place_bytes() > 0) {
+    if (slot.place() == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "an in-place push of tensor \"", t.spec.name(),
+          "\" names a slot that is not in shared memory; push its bytes inline, or ask Attach "
+          "for the step's slot places first"));
+    }
+    return slot.MarkWritten(chunk.offset(), chunk.in_place_bytes());
+  }
   return slot.Store(chunk.offset(), chunk.data());
 }
 
@@ -305,10 +326,12 @@ absl::StatusOr<CommitOutcome> Job::Commit(const v1::CommitRequest& request) {
     collecting_ = std::move(spare_slot_sets_.back());
     spare_slot_sets_.pop_back();
   } else {
-    collecting_.assign(tensors_.size(), std::vector<ChunkBuffer>(static_cast<size_t>(world_size_)));
+    collecting_.clear();
+    collecting_.resize(tensors_.size());
+    for (auto& per_tensor : collecting_) per_tensor.resize(static_cast<size_t>(world_size_));
   }
   for (auto& per_tensor : collecting_) {
-    for (ChunkBuffer& slot : per_tensor) slot.Reset(slot.size());
+    for (ChunkBuffer& slot : per_tensor) slot.Clear();
   }
   if (next_step_ == 0) {
     for (Tensor& t : tensors_) t.upload.reset();  // no retry of the initial weights from now on
@@ -317,6 +340,57 @@ absl::StatusOr<CommitOutcome> Job::Commit(const v1::CommitRequest& request) {
   commits_.clear();
   ++next_step_;
   return outcome;
+}
+
+HostBuffer Job::NewBuffer(int64_t bytes) const {
+  absl::StatusOr<HostBuffer> buffer = buffers_->Allocate(bytes);
+  if (buffer.ok()) return *std::move(buffer);
+  if (!warned_heap_fallback_.exchange(true)) {
+    PARAMD_LOG(WARNING) << "job " << name_ << ": " << buffer.status()
+                        << "; buffers that do not fit go to the heap, and trainers move their "
+                           "bytes inline (raise /dev/shm's size to keep them in shared memory)";
+  }
+  return HeapBuffer(bytes);
+}
+
+absl::StatusOr<Job::SlotPlaces> Job::SlotsForStep(int32_t rank, int64_t step) {
+  absl::MutexLock lock(&mu_);
+  PARAMD_RETURN_IF_ERROR(CheckRank(rank));
+  if (step < next_step_) {
+    return absl::FailedPreconditionError(absl::StrCat("step ", step, " of job \"", name_,
+                                                      "\" is stale: the job collects step ",
+                                                      next_step_, " now"));
+  }
+  if (step > next_step_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("step ", step, " of job \"", name_, "\" is ahead of the step it collects (",
+                     next_step_, "); every rank commits step ", next_step_, " first"));
+  }
+  if (initialized_tensors_ != static_cast<int64_t>(tensors_.size())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job \"", name_, "\" has initial weights for ", initialized_tensors_, " of ",
+        tensors_.size(), " tensors; rank 0 uploads all of them before gradients are pushed"));
+  }
+  SlotPlaces out;
+  out.committed = commits_.contains(rank);
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    ChunkBuffer& slot = collecting_[i][static_cast<size_t>(rank)];
+    if (slot.size() != tensors_[i].grad_bytes) slot.Reset(NewBuffer(tensors_[i].grad_bytes));
+    out.places.push_back(slot.place() != nullptr ? *slot.place() : ShmPlace{});
+    out.bytes.push_back(tensors_[i].grad_bytes);
+    out.received.push_back(slot.received());
+    out.tensors.push_back(tensors_[i].spec.name());
+  }
+  return out;
+}
+
+void Job::SetTrainerTransport(int32_t rank, const std::string& transport,
+                              const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  v1::TrainerTransport& t = trainer_transports_[rank];
+  t.set_rank(rank);
+  t.set_transport(transport);
+  t.set_reason(reason);
 }
 
 std::shared_ptr<ServedTensor> Job::FreshServed(Tensor& t) const {
@@ -331,8 +405,7 @@ std::shared_ptr<ServedTensor> Job::FreshServed(Tensor& t) const {
       format.key = f;
       format.layout = kernels::ServeLayout(KernelRecipe(f.recipe), KernelDirection(f.direction),
                                            t.spec.rows(), t.spec.cols());
-      format.bytes.resize(
-          static_cast<size_t>(format.layout.data_bytes + format.layout.scale_bytes));
+      format.bytes = NewBuffer(format.layout.data_bytes + format.layout.scale_bytes);
     }
   }
   served->skipped = false;
@@ -340,6 +413,48 @@ std::shared_ptr<ServedTensor> Job::FreshServed(Tensor& t) const {
 }
 
 StepReport Job::RunStep(const StepWork& work) {
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](Job* j) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          return j->exporters_ == 0 && j->export_waiting_ == 0 && !j->step_running_;
+        },
+        this));
+    held_.erase(work.step);
+    step_running_ = true;
+  }
+  StepReport report = StepNow(work);
+  absl::MutexLock lock(&mu_);
+  step_running_ = false;
+  return report;
+}
+
+std::vector<StepReport> Job::RunOrHoldStep(const StepWork& work) {
+  std::vector<StepWork> run;
+  {
+    absl::MutexLock lock(&mu_);
+    // A step that already ran (its tick came back from an export) or that an import discarded.
+    if (work.step < steps_run_ || !taken_.contains(work.step)) return {};
+    held_.emplace(work.step, work);
+    if (exporters_ > 0 || export_waiting_ > 0) return {};
+    // Steps run in step order: the held ones from the next step on, as far as they are taken.
+    // Every step gets a tick of its own; a tick that finds earlier steps missing leaves its step
+    // to theirs.
+    for (int64_t next = steps_run_; !held_.empty() && held_.begin()->first == next; ++next) {
+      run.push_back(held_.begin()->second);
+      held_.erase(held_.begin());
+    }
+    if (run.empty()) return {};
+    step_running_ = true;
+  }
+  std::vector<StepReport> reports;
+  for (const StepWork& w : run) reports.push_back(StepNow(w));
+  absl::MutexLock lock(&mu_);
+  step_running_ = false;
+  return reports;
+}
+
+StepReport Job::StepNow(const StepWork& work) {
   const auto start = std::chrono::steady_clock::now();
   std::vector<TensorStep> steps;
   std::vector<std::shared_ptr<ServedTensor>> outputs;
@@ -357,7 +472,7 @@ StepReport Job::RunStep(const StepWork& work) {
     for (size_t i = 0; i < tensors_.size(); ++i) {
       Tensor& t = tensors_[i];
       outputs.push_back(FreshServed(t));
-      previous.push_back(t.served.get());  // stays published (alive) until this step publishes
+      previous.push_back(t.served.get());  // stays alive (published, then spare) while we read it
       TensorStep step;
       step.state = t.state.get();
       step.slot_type = t.spec.grad_type() == v1::ELEMENT_TYPE_BF16 ? kernels::SlotType::kBf16
@@ -375,12 +490,30 @@ StepReport Job::RunStep(const StepWork& work) {
   absl::StatusOr<GradientCheck> check = backend_->CheckGradients(all, scalars.grad_scale, clipping);
   PARAMD_CHECK(check.ok()) << "step " << work.step << " of job " << name_ << ": " << check.status();
   const bool skipped = !check->finite;
+  // Publishes tensor i's new version and wakes its pullers (DESIGN.md §2: the next forward starts
+  // on the first layers while later ones are still being stepped).
+  size_t published = 0;
+  auto publish = [&](size_t i) {
+    PARAMD_CHECK(i < outputs.size() && outputs[i] != nullptr)
+        << "job " << name_ << ": tensor " << i << " of step " << work.step << " reported twice";
+    std::vector<std::function<void()>> wake;
+    {
+      absl::MutexLock lock(&mu_);
+      outputs[i]->version = work.step + 1;
+      outputs[i]->skipped = skipped;
+      Publish(static_cast<int>(i), std::move(outputs[i]), &wake);
+    }
+    ++published;
+    for (auto& w : wake) w();
+  };
   if (skipped) {
     // The state stays as it is on every backend; the new version re-serves the previous bytes.
     for (size_t i = 0; i < steps.size(); ++i) {
       for (size_t f = 0; f < outputs[i]->formats.size(); ++f) {
-        outputs[i]->formats[f].bytes = previous[i]->formats[f].bytes;
+        std::memcpy(outputs[i]->formats[f].bytes.data(), previous[i]->formats[f].bytes.data(),
+                    static_cast<size_t>(previous[i]->formats[f].bytes.size()));
       }
+      publish(i);
     }
   } else {
     if (clipping) {
@@ -393,33 +526,28 @@ StepReport Job::RunStep(const StepWork& work) {
           kernels::SumInOrder(blocks.data(), static_cast<int64_t>(blocks.size())),
           spec_.max_grad_norm());
     }
-    const absl::Status status = backend_->Step(all, scalars);
+    const absl::Status status = backend_->Step(all, scalars, publish);
     PARAMD_CHECK(status.ok()) << "step " << work.step << " of job " << name_ << ": " << status;
   }
+  PARAMD_CHECK(published == outputs.size())
+      << "job " << name_ << ": the backend reported " << published << " of " << outputs.size()
+      << " tensors of step " << work.step;
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-  std::vector<std::function<void()>> wake;
   StepReport report{work.step, seconds, 0, skipped, scalars.clip};
-  {
-    absl::MutexLock lock(&mu_);
-    if (skipped) {
-      ++skipped_steps_;
-    } else {
-      ++applied_steps_;
-    }
-    last_step_seconds_ = seconds;
-    last_clip_ = scalars.clip;
-    for (size_t i = 0; i < tensors_.size(); ++i) {
-      outputs[i]->version = work.step + 1;
-      outputs[i]->skipped = skipped;
-      report.elements += tensors_[i].elements;
-      Publish(static_cast<int>(i), std::move(outputs[i]), &wake);
-    }
-    spare_slot_sets_.push_back(std::move(taken_.at(work.step)));
-    taken_.erase(work.step);
+  absl::MutexLock lock(&mu_);
+  if (skipped) {
+    ++skipped_steps_;
+  } else {
+    ++applied_steps_;
   }
-  for (auto& w : wake) w();
+  steps_run_ = work.step + 1;
+  last_step_seconds_ = seconds;
+  last_clip_ = scalars.clip;
+  for (const Tensor& t : tensors_) report.elements += t.elements;
+  spare_slot_sets_.push_back(std::move(taken_.at(work.step)));
+  taken_.erase(work.step);
   return report;
 }
 
@@ -516,7 +644,7 @@ v1::JobStatus Job::Status() const {
   int64_t slot_bytes = 0;
   auto count = [&slot_bytes](const SlotSet& set) {
     for (const auto& per_tensor : set) {
-      for (const ChunkBuffer& slot : per_tensor) slot_bytes += slot.capacity();
+      for (const ChunkBuffer& slot : per_tensor) slot_bytes += slot.size();
     }
   };
   count(collecting_);
@@ -534,6 +662,8 @@ v1::JobStatus Job::Status() const {
   kinds->set_exp_avg(by_kind.exp_avg);
   kinds->set_exp_avg_sq(by_kind.exp_avg_sq);
   kinds->set_moment_scales(by_kind.moment_scales);
+  for (const auto& entry : trainer_transports_) *s.add_trainers() = entry.second;
+  s.set_shared_memory(buffers_->shared());
   return s;
 }
 

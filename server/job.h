@@ -3,6 +3,7 @@
 // Plain C++ (no gRPC): the services validate, count and dispatch here. Thread-safe.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -20,8 +21,12 @@
 #include "paramd/v1/data.pb.h"
 #include "server/backend.h"
 #include "server/chunk_buffer.h"
+#include "server/host_buffer.h"
 
 namespace paramd {
+
+class StateExport;
+struct StagedState;
 
 // The work of one step, taken from the job when its last rank commits; run by the step executor.
 struct StepWork {
@@ -48,8 +53,11 @@ struct StepReport {
 
 class Job {
  public:
-  // `spec` is a validated registration (server/registration.h); its rank is ignored.
-  Job(const v1::RegisterRequest& spec, Backend* backend);
+  // `spec` is a validated registration (server/registration.h); its rank is ignored. Gradient
+  // slots and served bytes come from `buffers` (shared memory for the `shm` transport), or from
+  // the heap where it has no room.
+  Job(const v1::RegisterRequest& spec, Backend* backend,
+      BufferAllocator* buffers = HeapAllocator());
   ~Job();
 
   const std::string& name() const { return name_; }
@@ -62,12 +70,42 @@ class Job {
   // Stores one pushed chunk (gradient or initial weights); see data.proto for the rules.
   absl::StatusOr<ChunkBuffer::Stored> Push(const v1::PushChunk& chunk);
 
+  // `shm`: the places of a rank's gradient slots for `step`, allocated now where missing (a place
+  // with segment -1 is heap memory), with the bytes already received in each. FAILED_PRECONDITION
+  // unless `step` is the step being collected.
+  struct SlotPlaces {
+    std::vector<ShmPlace> places;  // per tensor, registration order
+    std::vector<int64_t> bytes;    // per tensor
+    std::vector<int64_t> received;
+    std::vector<std::string> tensors;
+    bool committed = false;  // the rank committed the step (its slots are final)
+  };
+  absl::StatusOr<SlotPlaces> SlotsForStep(int32_t rank, int64_t step);
+  bool shared_memory() const { return buffers_->shared(); }
+  // Records the transport a rank uses (Status reports it).
+  void SetTrainerTransport(int32_t rank, const std::string& transport, const std::string& reason);
+
   // Records a rank's commit of a step; the last one returns the step's work.
   absl::StatusOr<CommitOutcome> Commit(const v1::CommitRequest& request);
 
-  // Runs a step taken by Commit on the backend and publishes its versions. Called by the step
-  // executor, one step of a job at a time, in step order.
+  // Runs a step taken by Commit on the backend and publishes each tensor's new version as soon as
+  // it is stepped, in registration order (= forward order). One step of a job at a time, in step
+  // order; waits while an export of the job streams.
   StepReport RunStep(const StepWork& work);
+  // What the daemon's step executor calls instead of RunStep, so an export never blocks it: runs
+  // every step held back by an export up to `work`, then `work`, in step order, and returns their
+  // reports; while an export streams (or waits to start) it holds `work` back and returns none.
+  // The export's end hands the newest held step back to the executor (StateExport).
+  std::vector<StepReport> RunOrHoldStep(const StepWork& work);
+
+  // The job's description: its normalized registration. Immutable.
+  const v1::RegisterRequest& spec() const { return spec_; }
+  // Replaces the job's state with a staged import (checked against spec() by StateImport, see
+  // server/state_transfer.h), then re-publishes every tensor's served bytes, computed from the
+  // imported master, at version staged.header.next_step. FAILED_PRECONDITION, changing nothing,
+  // while the job collects pushes or commits, has a step taken or running, streams an export, or
+  // receives initial weights.
+  absl::StatusOr<v1::ImportStateResponse> Import(StagedState staged);
 
   // The newest served bytes when their version is >= min_version, else null.
   std::shared_ptr<const ServedTensor> Served(int tensor, int64_t min_version) const;
@@ -87,6 +125,7 @@ class Job {
   int registered_ranks() const;
 
  private:
+  friend class StateExport;
   struct Tensor {
     v1::TensorSpec spec;
     TensorInfo info;  // shape, index and policy, for the backend
@@ -118,14 +157,36 @@ class Job {
   absl::StatusOr<ChunkBuffer::Stored> PushGradient(Tensor& t, const v1::PushChunk& chunk)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::shared_ptr<ServedTensor> FreshServed(Tensor& t) const;
+  // A buffer from `buffers_`, or from the heap when that fails (logged once).
+  HostBuffer NewBuffer(int64_t bytes) const;
   void Publish(int tensor, std::shared_ptr<const ServedTensor> served,
                std::vector<std::function<void()>>* wake);
+  // The body of RunStep; the caller has claimed step_running_.
+  StepReport StepNow(const StepWork& work);
+
+  // Export (StateExport): waits until no step runs, then holds steps back until EndExport, which
+  // returns the newest step held meanwhile. The snapshot is what the export reads.
+  struct ExportedTensor {
+    std::string name;
+    TensorInfo info;
+    const TensorState* state;
+  };
+  struct ExportSnapshot {
+    v1::StateHeader header;
+    std::vector<ExportedTensor> tensors;
+    std::vector<FormatKey> formats;
+    Backend* backend;
+  };
+  absl::StatusOr<ExportSnapshot> BeginExport();
+  std::optional<StepWork> EndExport();
 
   const std::string name_;
   const int world_size_;
   const v1::RegisterRequest spec_;        // the registration every rank must repeat (rank cleared)
   const std::vector<FormatKey> formats_;  // served formats, fp32 first
   Backend* const backend_;
+  BufferAllocator* const buffers_;
+  mutable std::atomic<bool> warned_heap_fallback_{false};
 
   mutable absl::Mutex mu_;
   std::vector<Tensor> tensors_ ABSL_GUARDED_BY(mu_);
@@ -145,7 +206,14 @@ class Job {
   int64_t skipped_steps_ ABSL_GUARDED_BY(mu_) = 0;
   double last_clip_ ABSL_GUARDED_BY(mu_) = 1.0;
   std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  std::map<int32_t, v1::TrainerTransport> trainer_transports_ ABSL_GUARDED_BY(mu_);
   uint64_t next_waiter_ ABSL_GUARDED_BY(mu_) = 1;
+  // Steps run so far (the version they published); an import sets it to the imported version.
+  int64_t steps_run_ ABSL_GUARDED_BY(mu_) = 0;
+  bool step_running_ ABSL_GUARDED_BY(mu_) = false;
+  int exporters_ ABSL_GUARDED_BY(mu_) = 0;                 // exports streaming
+  int export_waiting_ ABSL_GUARDED_BY(mu_) = 0;            // exports waiting for a running step
+  std::map<int64_t, StepWork> held_ ABSL_GUARDED_BY(mu_);  // steps held back by an export
 };
 
 }  // namespace paramd

@@ -64,7 +64,7 @@ absl::StatusOr<v1::RegisterResponse> JobRegistry::Register(const v1::RegisterReq
             " bytes of state, served formats and slots; this daemon's max_job_bytes is ",
             limits_.max_job_bytes));
       }
-      job = std::make_shared<Job>(request, backend_);
+      job = std::make_shared<Job>(request, backend_, buffers_);
       jobs_.emplace(request.job(), job);
     }
   }

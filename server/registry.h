@@ -21,7 +21,9 @@ struct RegistryLimits {
 
 class JobRegistry {
  public:
-  JobRegistry(Backend* backend, RegistryLimits limits) : backend_(backend), limits_(limits) {}
+  // Jobs take their slot and served buffers from `buffers`.
+  JobRegistry(Backend* backend, RegistryLimits limits, BufferAllocator* buffers = HeapAllocator())
+      : backend_(backend), limits_(limits), buffers_(buffers) {}
 
   // Validates the request, creates the job on its first registration, registers the rank.
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
@@ -38,6 +40,7 @@ class JobRegistry {
  private:
   Backend* const backend_;
   const RegistryLimits limits_;
+  BufferAllocator* const buffers_;
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
 };

@@ -58,39 +58,7 @@ class InlineTransport final : public Transport {
   }
 
   absl::Status Pull(const PullTarget& target, Deadline deadline, Pulled* out) override {
-    grpc::ClientContext context;
-    context.set_deadline(deadline);
-    v1::PullRequest request;
-    request.set_job(target.job);
-    request.set_tensor(target.tensor);
-    *request.mutable_format() = target.format;
-    request.set_min_version(target.min_version);
-    std::unique_ptr<grpc::ClientReader<v1::PullChunk>> reader = stub_->Pull(&context, request);
-    v1::PullChunk chunk;
-    bool have_header = false;
-    int64_t filled = 0;
-    while (reader->Read(&chunk)) {
-      if (chunk.has_header()) {
-        out->header = chunk.header();
-        out->data.resize(static_cast<size_t>(out->header.data_bytes() + out->header.scale_bytes()));
-        have_header = true;
-        continue;
-      }
-      const int64_t length = static_cast<int64_t>(chunk.data().size());
-      if (!have_header || filled + length > static_cast<int64_t>(out->data.size())) {
-        context.TryCancel();
-        reader->Finish();
-        return absl::DataLossError("pull stream sent data beyond its header's size");
-      }
-      std::memcpy(out->data.data() + filled, chunk.data().data(), chunk.data().size());
-      filled += length;
-    }
-    absl::Status status = FromGrpcStatus(reader->Finish());
-    if (status.ok() && (!have_header || filled != static_cast<int64_t>(out->data.size()))) {
-      return absl::DataLossError(absl::StrCat("pull of ", target.tensor, " ended after ", filled,
-                                              " of ", out->data.size(), " bytes"));
-    }
-    return status;
+    return PullStream(*stub_, PullRequestOf(target), deadline, out);
   }
 
  private:
@@ -101,6 +69,50 @@ class InlineTransport final : public Transport {
 };
 
 }  // namespace
+
+v1::PullRequest PullRequestOf(const PullTarget& target) {
+  v1::PullRequest request;
+  request.set_job(target.job);
+  request.set_tensor(target.tensor);
+  *request.mutable_format() = target.format;
+  request.set_min_version(target.min_version);
+  return request;
+}
+
+absl::Status PullStream(v1::Data::Stub& stub, const v1::PullRequest& request, Deadline deadline,
+                        Pulled* out) {
+  grpc::ClientContext context;
+  context.set_deadline(deadline);
+  std::unique_ptr<grpc::ClientReader<v1::PullChunk>> reader = stub.Pull(&context, request);
+  v1::PullChunk chunk;
+  bool have_header = false;
+  int64_t filled = 0;
+  int64_t expected = 0;
+  while (reader->Read(&chunk)) {
+    if (chunk.has_header()) {
+      out->header = chunk.header();
+      // A placed pull's bytes stay in shared memory: nothing follows the header.
+      expected = out->header.has_place() ? 0 : out->header.data_bytes() + out->header.scale_bytes();
+      out->data.resize(static_cast<size_t>(expected));
+      have_header = true;
+      continue;
+    }
+    const int64_t length = static_cast<int64_t>(chunk.data().size());
+    if (!have_header || filled + length > expected) {
+      context.TryCancel();
+      reader->Finish();
+      return absl::DataLossError("pull stream sent data beyond its header's size");
+    }
+    std::memcpy(out->data.data() + filled, chunk.data().data(), chunk.data().size());
+    filled += length;
+  }
+  absl::Status status = FromGrpcStatus(reader->Finish());
+  if (status.ok() && (!have_header || filled != expected)) {
+    return absl::DataLossError(absl::StrCat("pull of ", request.tensor(), " ended after ", filled,
+                                            " of ", expected, " bytes"));
+  }
+  return status;
+}
 
 std::unique_ptr<Transport> MakeInlineTransport(const TransportContext& context) {
   return std::make_unique<InlineTransport>(context);

@@ -4,10 +4,18 @@
 
 #include <memory>
 
+#include "paramd/v1/data.grpc.pb.h"
 #include "transport/transport.h"
 
 namespace paramd {
 
 std::unique_ptr<Transport> MakeInlineTransport(const TransportContext& context);
+
+// The Pull request for a target (stream delivery).
+v1::PullRequest PullRequestOf(const PullTarget& target);
+// Runs one Pull call: the header, then (unless the header carries a shared-memory place) the
+// streamed bytes into `out->data`.
+absl::Status PullStream(v1::Data::Stub& stub, const v1::PullRequest& request, Deadline deadline,
+                        Pulled* out);
 
 }  // namespace paramd

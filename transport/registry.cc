@@ -1,11 +1,13 @@
 #include "absl/strings/str_cat.h"
 #include "transport/inline.h"
+#include "transport/shm.h"
 #include "transport/transport.h"
 
 namespace paramd {
 
 const std::vector<TransportEntry>& Transports() {
   static const std::vector<TransportEntry> kTransports = {
+      {"shm", ShmWhyNotViable, MakeShmTransport},
       {"inline", [](const TransportContext&) { return std::string(); },
        [](const TransportContext& context) -> absl::StatusOr<std::unique_ptr<Transport>> {
          return MakeInlineTransport(context);

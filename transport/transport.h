@@ -47,6 +47,14 @@ struct Pulled {
   std::vector<std::byte> data;
 };
 
+// A pull read where the bytes lie (the daemon's shared memory): valid, and unchanged, until the
+// lease is released or expires.
+struct PulledView {
+  v1::PullHeader header;
+  std::span<const std::byte> data;  // data_bytes of data, then scale_bytes of scales
+  uint64_t lease = 0;
+};
+
 // The trainer's end of a transport.
 class Transport {
  public:
@@ -57,12 +65,24 @@ class Transport {
                             Deadline deadline) = 0;
   // Waits for `target.min_version` (or the deadline) and copies the served bytes into `out`.
   virtual absl::Status Pull(const PullTarget& target, Deadline deadline, Pulled* out) = 0;
+  // Waits like Pull and leases the served bytes in place for `lease` (0: the daemon's default).
+  // FAILED_PRECONDITION where the transport cannot (the bytes are not in shared memory).
+  virtual absl::Status PullInPlace(const PullTarget& target, Deadline deadline,
+                                   std::chrono::milliseconds lease, PulledView* out) {
+    return absl::FailedPreconditionError("transport " + name() +
+                                         " cannot read in place; use Pull (a copy)");
+  }
+  // Ends a lease of PullInPlace (the view's bytes must not be read afterwards).
+  virtual absl::Status Release(uint64_t lease, Deadline deadline) { return absl::OkStatus(); }
 };
 
 // What a transport needs to start and to judge whether it can work with a daemon.
 struct TransportContext {
   std::shared_ptr<grpc::Channel> channel;
   int64_t max_chunk_bytes = 4 << 20;  // from RegisterResponse
+  // The job and rank the transport serves (a client registers one rank of one job).
+  std::string job;
+  int32_t rank = 0;
 };
 
 struct TransportEntry {

@@ -44,6 +44,22 @@ __global__ void CastKernel(CastCheck* out) {
            (ok1 && __float_as_uint(DivFast(x, y)) != __float_as_uint(__fdiv_rn(x, y))) ||
                (ok2 && __float_as_uint(DivFast(y, x)) != __float_as_uint(__fdiv_rn(y, x))),
            bits);
+    uint32_t code;
+    const float mx_scale = MxBlockScaleDev(x, &code);
+    Record(out, 11,
+           code != MxScaleCode(x) ||
+               __float_as_uint(mx_scale) !=
+                   __float_as_uint(MxDataScale(static_cast<uint8_t>(MxScaleCode(x)))),
+           bits);
+    Record(out, 12,
+           __float_as_uint(Pow2ScaleInvDev(Pow2ScaleDev(x, 448.0f))) !=
+                   __float_as_uint(ScaleInv(Pow2Scale(x, 448.0f))) ||
+               __float_as_uint(Pow2ScaleInvDev(Pow2ScaleDev(x, 32768.0f))) !=
+                   __float_as_uint(ScaleInv(Pow2Scale(x, 32768.0f))),
+           bits);
+    const uint32_t am = __float_as_uint(AbsMaxDev(x, y));
+    const uint32_t want = max(AbsBitsDev(x), AbsBitsDev(y));
+    Record(out, 13, want > 0x7F800000u ? am <= 0x7F800000u : am != want, bits);
     const unsigned covered =
         __popc(__ballot_sync(0xFFFFFFFFu, ok1)) + __popc(__ballot_sync(0xFFFFFFFFu, ok2));
     if ((threadIdx.x & 31) == 0) atomicAdd(&out->fast_divisions, covered);

@@ -171,31 +171,41 @@ __device__ __forceinline__ uint32_t EncodeStochastic(float y, uint32_t r) {
   return cpu_internal::Encode<VecCuda, Fmt, true>(y, r);
 }
 
-// ---- scales: fast paths for normal amaxes
-// --------------------------------------------------------
+// ---- scales: fast paths for normal amaxes ---------------------------------------------------
+//
+// Each computes kernels/formats.h's definition in a few integer operations when amax is a normal
+// float, and calls the definition itself otherwise (zero, subnormal, inf, NaN: rare in a step).
+// tests/gpu/cuda_casts_test.cc checks them against formats.h on all 2^32 inputs.
 
-// kernels/formats.h's Pow2Scale for a normal positive `top`, in a few integer operations when amax
-// is a normal float (the exponent and mantissa fields are the exponent and significand), else by
-// the definition itself. Equal on every input (tests/gpu/cuda_casts_test.cc checks all 2^32).
-__device__ __forceinline__ float Pow2ScaleDev(float amax, float top) {
-  const uint32_t bits = __float_as_uint(amax) & 0x7FFFFFFFu;
-  const uint32_t field = bits >> 23;
-  if (field - 1u >= 254u) return Pow2Scale(amax, top);  // zero, subnormal, inf or NaN
-  const uint32_t tbits = __float_as_uint(top);
-  int e = static_cast<int>(tbits >> 23) - static_cast<int>(field) -
-          ((bits & 0x7FFFFFu) > (tbits & 0x7FFFFFu) ? 1 : 0);
-  e = min(max(e, -126), 126);
-  return __uint_as_float(static_cast<uint32_t>(e + 127) << 23);
+// Whether the magnitude bits are those of a normal float (biased exponent 1..254).
+__device__ __forceinline__ bool NormalBits(uint32_t abs_bits) {
+  return abs_bits - 0x00800000u < 0x7F000000u;
 }
 
-// MxScaleCode likewise: for a normal amax, e + 127 = field - 8, plus one when the significand is
-// above 448's (1.75).
+// Pow2Scale(amax, top) for a finite `top` >= 4 (448 and 32768 here). For normal amax, top's bits
+// minus amax's bits, shifted arithmetically by 23, is exactly the exponent difference minus one
+// when amax's significand exceeds top's (the subtraction then borrows from the exponent field):
+// formats.h's e. With top >= 4 and amax < 2^128, e >= -126, so only the upper clamp can bind.
+__device__ __forceinline__ float Pow2ScaleNormalDev(uint32_t abs_bits, float top) {
+  const int e = min(static_cast<int>(__float_as_uint(top) - abs_bits) >> 23, 126);
+  return __uint_as_float(static_cast<uint32_t>(e + 127) << 23);
+}
+__device__ __forceinline__ float Pow2ScaleDev(float amax, float top) {
+  const uint32_t bits = __float_as_uint(amax) & 0x7FFFFFFFu;
+  if (!NormalBits(bits)) return Pow2Scale(amax, top);
+  return Pow2ScaleNormalDev(bits, top);
+}
+
+// MxScaleCode for a normal amax: e + 127 = field - 8, plus one when the significand is above 448's
+// (1.75, mantissa 0x600000). Adding 0x1FFFFF carries into the exponent field exactly then, so the
+// code is the shifted sum minus 8; at most 247, so only the lower clamp can bind.
+__device__ __forceinline__ uint32_t MxScaleCodeNormalDev(uint32_t abs_bits) {
+  return static_cast<uint32_t>(max(static_cast<int>((abs_bits + 0x1FFFFFu) >> 23) - 8, 0));
+}
 __device__ __forceinline__ uint32_t MxScaleCodeDev(float amax) {
   const uint32_t bits = __float_as_uint(amax) & 0x7FFFFFFFu;
-  const uint32_t field = bits >> 23;
-  if (field - 1u >= 254u) return MxScaleCode(amax);
-  const int code = static_cast<int>(field) - 8 + ((bits & 0x7FFFFFu) > 0x600000u ? 1 : 0);
-  return static_cast<uint32_t>(min(max(code, 0), 254));
+  if (!NormalBits(bits)) return MxScaleCode(amax);
+  return MxScaleCodeNormalDev(bits);
 }
 
 // MxDataScale: 2^(127 - code), whose FP32 bits are (254 - code) << 23 for codes up to 253.
@@ -204,12 +214,60 @@ __device__ __forceinline__ float MxDataScaleDev(uint32_t code) {
   return __uint_as_float((254u - code) << 23);
 }
 
+// An mxfp8 block's E8M0 code and data scale together (MxScaleCodeDev, MxDataScaleDev): a normal
+// amax gives a code of at most 247, whose scale needs no check.
+__device__ __forceinline__ float MxBlockScaleDev(float amax, uint32_t* code) {
+  const uint32_t bits = __float_as_uint(amax) & 0x7FFFFFFFu;
+  if (!NormalBits(bits)) {
+    *code = MxScaleCode(amax);
+    return MxDataScale(static_cast<uint8_t>(*code));
+  }
+  *code = MxScaleCodeNormalDev(bits);
+  return __uint_as_float((254u - *code) << 23);
+}
+
+// ScaleInv (1 / scale, one IEEE division) of a power of two in [2^-126, 2^126], which every
+// Pow2Scale is: the exponent field mirrored around 127, exact.
+__device__ __forceinline__ float Pow2ScaleInvDev(float scale) {
+  return __uint_as_float(0x7F000000u - __float_as_uint(scale));
+}
+
 // ---- small helpers ----------------------------------------------------------------------------
 
 __device__ __forceinline__ uint32_t AbsBitsDev(float x) { return __float_as_uint(x) & 0x7FFFFFFFu; }
 
+// max(|a|, |b|), NaN (the canonical one) if either is NaN: one instruction (the absolute values
+// are operand modifiers). Its bits order like AbsBitsDev's maximum, every NaN above inf, and
+// AmaxFromBits of either is the same amax (DESIGN.md §3's NaN rule).
+__device__ __forceinline__ float AbsMaxDev(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(fabsf(a)), "f"(fabsf(b)));
+  return r;
+}
+
 __device__ __forceinline__ uint32_t WarpMaxU(uint32_t x) {
   return __reduce_max_sync(0xFFFFFFFFu, x);
+}
+
+// Global stores of the step's outputs, as st.global: generic stores (what plain C++ stores into
+// these pointers compile to) may alias shared memory, so the compiler re-read every descriptor
+// field kept there after each of them, and it split the 16- and 8-byte ones into 32-bit stores.
+// No memory clobber: nothing in a launch reads back what these write.
+__device__ __forceinline__ void StGlobal(void* p, float4 v) {
+  asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v.x), "f"(v.y), "f"(v.z),
+               "f"(v.w));
+}
+__device__ __forceinline__ void StGlobal(void* p, uint2 v) {
+  asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(v.x), "r"(v.y));
+}
+__device__ __forceinline__ void StGlobal(void* p, uint32_t v) {
+  asm volatile("st.global.u32 [%0], %1;" ::"l"(p), "r"(v));
+}
+__device__ __forceinline__ void StGlobal(void* p, float v) {
+  asm volatile("st.global.f32 [%0], %1;" ::"l"(p), "f"(v));
+}
+__device__ __forceinline__ void StGlobalU8(void* p, uint32_t v) {
+  asm volatile("st.global.u8 [%0], %1;" ::"l"(p), "r"(v));
 }
 
 // Max over the aligned group of `width` lanes (a power of two <= 32) that holds this lane.

@@ -16,14 +16,17 @@
 // tensor descriptor of the tile being computed is copied into shared memory (two copies, by tile
 // parity), so none of its reads waits on the step's global stores.
 //
-// Block formats: the new master (served values) also goes into a shared buffer when mxfp8
-// columnwise needs it (32 rows: per 32-row group, column amaxes from per-thread maxima reduced
-// across the 8 warps, then the group is cast) or fp8_block (all 128 rows: after the tile, its
-// amax, scale and both directions, the columnwise one transposed out of shared memory). mxfp8
-// rowwise is cast per sub-unit. Each tile's master amax goes to the tensor's counter with one
-// atomicMax; the block that completes a tensor's last tile turns it into the fp8_tensor scale
-// (and the amax output), so pass 2 reads a finished scale: fp8_tensor costs one more read of the
-// master, not two.
+// Block formats: mxfp8 rowwise is cast per sub-unit. mxfp8 columnwise: with 4 rows per warp a
+// sub-unit is one whole 32-row group, so each thread's column maxima meet in shared memory through
+// atomics and every thread casts its own rows from registers (MxColumnFromRegisters); with 1 or 2
+// rows per warp the new master (served values) goes into a shared buffer of 32 rows, whose column
+// amaxes are reduced across the 8 warps before the group is cast. fp8_block keeps all 128 rows in
+// that buffer: after the tile, its amax, scale and both directions, the columnwise one transposed
+// out of shared memory. Outputs are written with st.global (device_vec.cuh's StGlobal), output
+// kind by output kind over all rows of a sub-unit. Each tile's master amax goes to the tensor's
+// counter with one atomicMax; the block that completes a tensor's last tile turns it into the
+// fp8_tensor scale (and the amax output), so pass 2 reads a finished scale: fp8_tensor costs one
+// more read of the master, not two.
 //
 // Arithmetic: the AdamW sequence of DESIGN.md §3 with explicit __fmaf_rn; square root and division
 // through branch-free copies of the library's fast sequences for operands in their exact range
@@ -38,6 +41,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_vec.cuh"
@@ -173,19 +177,39 @@ __device__ __forceinline__ void Advance(const TileParams& P, Cursor* c) {
   if (++c->su == c->nsub) OpenTile<kRows>(P, c->tile + gridDim.x, c);
 }
 
-// Copies rows [r0, r0 + rows) x columns [c0, c0 + 128) of a row-major stream of `esize`-byte
-// elements into dst (row after row, 128 * esize bytes each), 16 bytes per cp.async.
+// Copies rows [r0, r0 + rows) x columns [c0, c0 + 128) of a row-major stream of kEsize-byte
+// elements into dst (row after row, 128 * kEsize bytes each), 16 bytes per cp.async. Each thread
+// keeps one 16-byte piece of the row and steps down the rows (kThreads / pieces per pass), so a
+// copy costs an address increment, not an index decomposition; rows <= kRowsMax.
+template <int kEsize, int kRowsMax>
+__device__ __forceinline__ void CopyRowsT(unsigned char* dst, const void* src, int64_t r0,
+                                          int64_t c0, int rows, int64_t cols) {
+  constexpr int kPieces = 8 * kEsize;  // 128 * kEsize / 16
+  constexpr int kRowsPerPass = kThreads / kPieces;
+  constexpr int kPasses = (kRowsMax + kRowsPerPass - 1) / kRowsPerPass;
+  const int row = threadIdx.x / kPieces;
+  const int piece = threadIdx.x % kPieces;
+  const unsigned char* g =
+      static_cast<const unsigned char*>(src) + ((r0 + row) * cols + c0) * kEsize + piece * 16;
+  unsigned char* s = dst + row * (128 * kEsize) + piece * 16;
+  const int64_t step = static_cast<int64_t>(kRowsPerPass) * cols * kEsize;
+#pragma unroll
+  for (int k = 0; k < kPasses; ++k) {
+    if (row + k * kRowsPerPass < rows) {
+      CpAsync16(s + k * kRowsPerPass * 128 * kEsize, g + k * step);
+    }
+  }
+}
+
+template <int kRowsMax>
 __device__ __forceinline__ void CopyRows(unsigned char* dst, const void* src, int esize, int64_t r0,
                                          int64_t c0, int rows, int64_t cols) {
-  const int pieces_per_row = 8 * esize;  // 128 * esize / 16
-  const int shift = esize == 4 ? 5 : esize == 2 ? 4 : 3;
-  const int total = rows * pieces_per_row;
-  const unsigned char* base = static_cast<const unsigned char*>(src) + (r0 * cols + c0) * esize;
-  const uint32_t stride = static_cast<uint32_t>(cols * esize);  // 32 rows of it fit 32 bits
-  for (int i = threadIdx.x; i < total; i += kThreads) {
-    const uint32_t row = static_cast<uint32_t>(i) >> shift;
-    const uint32_t piece = static_cast<uint32_t>(i) & (pieces_per_row - 1);
-    CpAsync16(dst + row * (128 * esize) + piece * 16, base + (row * stride + piece * 16));
+  if (esize == 4) {
+    CopyRowsT<4, kRowsMax>(dst, src, r0, c0, rows, cols);
+  } else if (esize == 2) {
+    CopyRowsT<2, kRowsMax>(dst, src, r0, c0, rows, cols);
+  } else {
+    CopyRowsT<1, kRowsMax>(dst, src, r0, c0, rows, cols);
   }
 }
 
@@ -215,18 +239,18 @@ __device__ void IssueSubUnit(const TileParams& P, const Cursor& c, unsigned char
   const int64_t r0 = c.r0 + c.su * kSub;
   const int rows = min(kSub, c.rows - c.su * kSub);
   const int mbytes = pol.master_type == static_cast<uint8_t>(MasterType::kFp32) ? 4 : 2;
-  CopyRows(stage + P.stage.master, master, mbytes, r0, c.c0, rows, cols);
+  CopyRows<kSub>(stage + P.stage.master, master, mbytes, r0, c.c0, rows, cols);
   if (pol.master_type == static_cast<uint8_t>(MasterType::kBf16Remainder)) {
-    CopyRows(stage + P.stage.remainder, remainder, 2, r0, c.c0, rows, cols);
+    CopyRows<kSub>(stage + P.stage.remainder, remainder, 2, r0, c.c0, rows, cols);
   }
   const int sbytes = pol.slot_type == static_cast<uint8_t>(SlotType::kFp32) ? 4 : 2;
-  CopyRows(stage + P.stage.slots, slot0, sbytes, r0, c.c0, rows, cols);
+  CopyRows<kSub>(stage + P.stage.slots, slot0, sbytes, r0, c.c0, rows, cols);
   for (int r = 1; r < pol.num_slots; ++r) {
-    CopyRows(stage + P.stage.slots + r * P.stage.slot_stride, slots[r], sbytes, r0, c.c0, rows,
-             cols);
+    CopyRows<kSub>(stage + P.stage.slots + r * P.stage.slot_stride, slots[r], sbytes, r0, c.c0,
+                   rows, cols);
   }
-  CopyRows(stage + P.stage.m, m, MomentSize(pol.m_type), r0, c.c0, rows, cols);
-  CopyRows(stage + P.stage.v, v, MomentSize(pol.v_type), r0, c.c0, rows, cols);
+  CopyRows<kSub>(stage + P.stage.m, m, MomentSize(pol.m_type), r0, c.c0, rows, cols);
+  CopyRows<kSub>(stage + P.stage.v, v, MomentSize(pol.v_type), r0, c.c0, rows, cols);
   // One scale per row segment (chunk (r * cols + c0) / 128) of each scaled moment.
   const int t = threadIdx.x;
   const int64_t chunk0 = r0 * (cols / kChunkElements) + c.c0 / kChunkElements;
@@ -266,16 +290,35 @@ __device__ __forceinline__ void LoadMoment4(uint8_t type, const unsigned char* r
   }
 }
 
-// The chunk scale of a moment row (all lanes; the warp holds the whole 128-element chunk): the
-// amax of the new values and its power-of-two scale (1 for unscaled types).
-__device__ __forceinline__ float MomentScale(uint8_t type, const float* y) {
+// The chunk scales of a moment's kRows rows (all lanes; the warp holds each whole 128-element
+// chunk): the amaxes of the new values and their power-of-two scales (1 for unscaled types). All
+// reductions first, then the scales by the normal-amax formula, and the definition only when one
+// amax is not normal (one uniform branch instead of one per row), so the rows' latencies overlap.
+template <int kRows>
+__device__ __forceinline__ void MomentScales(uint8_t type, const float (*y)[4], float* scale) {
   if (type == static_cast<uint8_t>(MomentType::kFp32) ||
       type == static_cast<uint8_t>(MomentType::kBf16)) {
-    return 1.0f;
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) scale[k] = 1.0f;
+    return;
   }
-  const uint32_t bits =
-      max(max(AbsBitsDev(y[0]), AbsBitsDev(y[1])), max(AbsBitsDev(y[2]), AbsBitsDev(y[3])));
-  return Pow2ScaleDev(__uint_as_float(WarpMaxU(bits)), MomentTop(type));
+  const float top = MomentTop(type);
+  uint32_t bits[kRows];
+  bool normal = true;
+#pragma unroll
+  for (int k = 0; k < kRows; ++k) {
+    const float a = AbsMaxDev(AbsMaxDev(y[k][0], y[k][1]), AbsMaxDev(y[k][2], y[k][3]));
+    bits[k] = WarpMaxU(__float_as_uint(a));
+  }
+#pragma unroll
+  for (int k = 0; k < kRows; ++k) {
+    normal = normal & NormalBits(bits[k]);
+    scale[k] = Pow2ScaleNormalDev(bits[k], top);
+  }
+  if (!normal) {
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) scale[k] = Pow2ScaleDev(__uint_as_float(bits[k]), top);
+  }
 }
 
 // Re-quantizes 4 consecutive new moment values with their chunk's scale and stores them at
@@ -283,7 +326,7 @@ __device__ __forceinline__ float MomentScale(uint8_t type, const float* y) {
 __device__ __forceinline__ void StoreMoment4(uint8_t type, bool stochastic, void* base, int64_t i,
                                              float scale, const float* y, const uint32_t* r) {
   if (type == static_cast<uint8_t>(MomentType::kFp32)) {
-    *reinterpret_cast<float4*>(static_cast<float*>(base) + i) = make_float4(y[0], y[1], y[2], y[3]);
+    StGlobal(static_cast<float*>(base) + i, make_float4(y[0], y[1], y[2], y[3]));
     return;
   }
   if (type == static_cast<uint8_t>(MomentType::kFp8)) {
@@ -297,20 +340,59 @@ __device__ __forceinline__ void StoreMoment4(uint8_t type, bool stochastic, void
       packed = E4m3x4(__fmul_rn(y[0], scale), __fmul_rn(y[1], scale), __fmul_rn(y[2], scale),
                       __fmul_rn(y[3], scale));
     }
-    *reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(base) + i) = packed;
+    StGlobal(static_cast<uint8_t*>(base) + i, packed);
     return;
   }
   uint32_t c[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) c[j] = EncodeMoment(type, y[j], scale, stochastic, r[j]);
-  *reinterpret_cast<uint2*>(static_cast<uint16_t*>(base) + i) =
-      make_uint2(c[0] | (c[1] << 16), c[2] | (c[3] << 16));
+  StGlobal(static_cast<uint16_t*>(base) + i, make_uint2(c[0] | (c[1] << 16), c[2] | (c[3] << 16)));
 }
 
 struct ThreadAcc {
-  uint32_t amax;       // served master over the tile (this thread's elements)
-  uint32_t colmax[4];  // mxfp8 columnwise: this thread's columns over the current 32-row group
+  float amax;       // AbsMaxDev of the served master over the tile (this thread's elements)
+  float colmax[4];  // mxfp8 columnwise (kRows < 4): this thread's columns over the current group
 };
+
+// mxfp8 columnwise of a sub-unit that is one whole 32-row group (kRows == 4), from the served
+// values in registers. The column maxima meet in shared memory through atomicMax (entry
+// j * 32 + lane for column 4 * lane + j: conflict-free), double-buffered by sub-unit parity: the
+// pipeline's barrier at the top of each sub-unit orders one sub-unit's reads of a buffer before
+// the next-but-one's atomics, and this sub-unit clears the other buffer, which the last one read
+// before that barrier. One more barrier here, after which every warp derives the scales of its
+// lanes' 4 columns (the same in every warp; warp 0 stores the codes) and casts its rows.
+__device__ __forceinline__ void MxColumnFromRegisters(const StepDesc& d, const Cursor& c,
+                                                      const float* colmax, const float (*served)[4],
+                                                      uint32_t* group_max, int unit) {
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  uint32_t* mine = group_max + (unit & 1) * 128;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) atomicMax(mine + j * 32 + lane, __float_as_uint(colmax[j]));
+  if (threadIdx.x < 128) group_max[((unit & 1) ^ 1) * 128 + threadIdx.x] = 0u;
+  __syncthreads();
+  float scale[4];
+  uint32_t codes = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t code;
+    scale[j] = MxBlockScaleDev(__uint_as_float(mine[j * 32 + lane]), &code);
+    codes |= code << (8 * j);
+  }
+  const int64_t cols = d.cols;
+  const int g0 = c.su * kMxGroupRows;  // tile row of the group
+  if (w == 0) {
+    StGlobal(d.mx_col_scales + ((c.r0 + g0) / kMxGroupRows) * cols + c.c0 + 4 * lane, codes);
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int local_row = g0 + w + kSubRows * k;
+    if (local_row >= c.rows) continue;
+    const int64_t i = (c.r0 + local_row) * cols + c.c0 + 4 * lane;
+    StGlobal(d.mx_col + i,
+             E4m3x4(__fmul_rn(served[k][0], scale[0]), __fmul_rn(served[k][1], scale[1]),
+                    __fmul_rn(served[k][2], scale[2]), __fmul_rn(served[k][3], scale[3])));
+  }
+}
 
 // One sub-unit: warp w owns rows w, w + 8, ..., w + 8 (kRows - 1) of it, lane l their columns
 // 4l .. 4l + 3. The kRows rows are independent chains, written stage by stage (all loads, all
@@ -318,7 +400,8 @@ struct ThreadAcc {
 template <int kKind, int kRows>
 __device__ __forceinline__ void ComputeSubUnit(const TileParams& P, const StepDesc& d,
                                                const Cursor& c, const unsigned char* stage,
-                                               float* buffer, ThreadAcc* acc) {
+                                               float* buffer, uint32_t* group_max, ThreadAcc* acc,
+                                               int* mx_units) {
   const int w = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   const StepScalarsDev& s = P.s;
@@ -410,101 +493,188 @@ __device__ __forceinline__ void ComputeSubUnit(const TileParams& P, const StepDe
 
   // Chunk scales of the moments: one warp reduction per row and moment, all independent.
   float m_scale[kRows], v_scale[kRows];
+  MomentScales<kRows>(pol.m_type, mn, m_scale);
+  MomentScales<kRows>(pol.v_type, vn, v_scale);
+  // Amaxes of the served values: per row (the thread's 4 values) and, for mxfp8 rowwise, per
+  // 32-element block (8 lanes).
+  float row_amax[kRows], block_amax[kRows];
 #pragma unroll
   for (int k = 0; k < kRows; ++k) {
-    m_scale[k] = MomentScale(pol.m_type, mn[k]);
-    v_scale[k] = MomentScale(pol.v_type, vn[k]);
-  }
-  // mxfp8 rowwise: a 32-element block is 8 lanes.
-  uint32_t bits[kRows][4], block_bits[kRows];
-#pragma unroll
-  for (int k = 0; k < kRows; ++k) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) bits[k][j] = AbsBitsDev(served[k][j]);
-    block_bits[k] = max(max(bits[k][0], bits[k][1]), max(bits[k][2], bits[k][3]));
+    row_amax[k] =
+        AbsMaxDev(AbsMaxDev(served[k][0], served[k][1]), AbsMaxDev(served[k][2], served[k][3]));
+    block_amax[k] = row_amax[k];
   }
   if (outputs & kOutMxRow) {
 #pragma unroll
-    for (int k = 0; k < kRows; ++k) block_bits[k] = GroupMaxU<8>(block_bits[k]);
+    for (int k = 0; k < kRows; ++k) {
+      block_amax[k] = __uint_as_float(GroupMaxU<8>(__float_as_uint(block_amax[k])));
+    }
   }
+  // mxfp8 rowwise codes and data scales of all rows: the normal-amax formula, the definition
+  // only when some amax is not normal.
+  uint32_t mx_code[kRows];
+  float mx_scale[kRows];
+  if (outputs & kOutMxRow) {
+    bool normal = true;
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) {
+      const uint32_t bits = __float_as_uint(block_amax[k]);
+      normal = normal & NormalBits(bits);
+      mx_code[k] = MxScaleCodeNormalDev(bits);
+      mx_scale[k] = __uint_as_float((254u - mx_code[k]) << 23);
+    }
+    if (!normal) {
+#pragma unroll
+      for (int k = 0; k < kRows; ++k) mx_scale[k] = MxBlockScaleDev(block_amax[k], &mx_code[k]);
+    }
+  }
+  // mxfp8 columnwise from registers (kRows == 4: a sub-unit is exactly one 32-row group of its
+  // tile): this thread's column maxima over its rows.
+  float colmax[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 
+  // The stores, output by output over all rows (one branch per output kind and sub-unit, the rows
+  // straight-line code in between, so their address arithmetic and stores overlap). A sub-unit
+  // whose rows are all inside the tile (all but a tile's last, short one) needs no row checks.
   const bool stochastic = pol.m_stochastic | pol.v_stochastic;
+  auto store_rows = [&](auto full_tag) {
+    constexpr bool kFull = decltype(full_tag)::value;
+    bool valid[kRows];
+    int64_t i[kRows];  // this thread's first element of each row
 #pragma unroll
-  for (int k = 0; k < kRows; ++k) {
-    const int local_row = first_local + kSubRows * k;
-    if (local_row >= c.rows) continue;  // whole warp
-    const int64_t r = c.r0 + local_row;
-    const int64_t i = r * cols + c.c0 + 4 * lane;  // this thread's first element
-    const int64_t chunk = i / kChunkElements;
-    // Random words of stochastic rounding.
-    uint32_t r0[4] = {0, 0, 0, 0}, r1[4] = {0, 0, 0, 0};
-    if (stochastic) {
+    for (int k = 0; k < kRows; ++k) {
+      const int local_row = first_local + kSubRows * k;
+      valid[k] = kFull || local_row < c.rows;
+      i[k] = (c.r0 + local_row) * cols + c.c0 + 4 * lane;
+    }
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        RandomWords(s.seed, s.k, d.tensor_index, static_cast<uint64_t>(i + j), &r0[j], &r1[j]);
+    for (int k = 0; k < kRows; ++k) {
+      if (!valid[k]) continue;
+      if (pol.master_type == static_cast<uint8_t>(MasterType::kFp32)) {
+        StGlobal(static_cast<float*>(d.master) + i[k],
+                 make_float4(served[k][0], served[k][1], served[k][2], served[k][3]));
+      } else {
+        StGlobal(static_cast<uint16_t*>(d.master) + i[k],
+                 make_uint2(hi[k][0] | (hi[k][1] << 16), hi[k][2] | (hi[k][3] << 16)));
+        if (pol.master_type == static_cast<uint8_t>(MasterType::kBf16Remainder)) {
+          StGlobal(d.remainder + i[k],
+                   make_uint2(low[k][0] | (low[k][1] << 16), low[k][2] | (low[k][3] << 16)));
+        }
       }
     }
-    if (pol.master_type == static_cast<uint8_t>(MasterType::kFp32)) {
-      *reinterpret_cast<float4*>(static_cast<float*>(d.master) + i) =
-          make_float4(served[k][0], served[k][1], served[k][2], served[k][3]);
-    } else {
-      *reinterpret_cast<uint2*>(static_cast<uint16_t*>(d.master) + i) =
-          make_uint2(hi[k][0] | (hi[k][1] << 16), hi[k][2] | (hi[k][3] << 16));
-      if (pol.master_type == static_cast<uint8_t>(MasterType::kBf16Remainder)) {
-        *reinterpret_cast<uint2*>(d.remainder + i) =
-            make_uint2(low[k][0] | (low[k][1] << 16), low[k][2] | (low[k][3] << 16));
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) {
+      if (!valid[k]) continue;
+      // Random words of stochastic rounding.
+      uint32_t r0[4] = {0, 0, 0, 0}, r1[4] = {0, 0, 0, 0};
+      if (stochastic) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          RandomWords(s.seed, s.k, d.tensor_index, static_cast<uint64_t>(i[k] + j), &r0[j], &r1[j]);
+        }
       }
+      StoreMoment4(pol.m_type, pol.m_stochastic, d.m, i[k], m_scale[k], mn[k], r0);
+      StoreMoment4(pol.v_type, pol.v_stochastic, d.v, i[k], v_scale[k], vn[k], r1);
     }
-    StoreMoment4(pol.m_type, pol.m_stochastic, d.m, i, m_scale[k], mn[k], r0);
-    StoreMoment4(pol.v_type, pol.v_stochastic, d.v, i, v_scale[k], vn[k], r1);
+    // Scaled moments' chunk scales are powers of two: their inverses are exact bit operations.
     if (lane == 0) {
-      if (d.m_scale_inv != nullptr) d.m_scale_inv[chunk] = __fdiv_rn(1.0f, m_scale[k]);
-      if (d.v_scale_inv != nullptr) d.v_scale_inv[chunk] = __fdiv_rn(1.0f, v_scale[k]);
+#pragma unroll
+      for (int k = 0; k < kRows; ++k) {
+        if (!valid[k]) continue;
+        const uint64_t chunk = static_cast<uint64_t>(i[k]) / kChunkElements;
+        if (d.m_scale_inv != nullptr) StGlobal(d.m_scale_inv + chunk, Pow2ScaleInvDev(m_scale[k]));
+        if (d.v_scale_inv != nullptr) StGlobal(d.v_scale_inv + chunk, Pow2ScaleInvDev(v_scale[k]));
+      }
     }
     if (outputs & kOutFp32) {
-      *reinterpret_cast<float4*>(d.out_fp32 + i) =
-          make_float4(served[k][0], served[k][1], served[k][2], served[k][3]);
+#pragma unroll
+      for (int k = 0; k < kRows; ++k) {
+        if (!valid[k]) continue;
+        StGlobal(d.out_fp32 + i[k],
+                 make_float4(served[k][0], served[k][1], served[k][2], served[k][3]));
+      }
     }
     if (outputs & kOutBf16) {
-      uint32_t b[4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        b[j] = pol.master_type == static_cast<uint8_t>(MasterType::kBf16Remainder)
-                   ? hi[k][j]
-                   : Bf16(served[k][j]);
+      for (int k = 0; k < kRows; ++k) {
+        if (!valid[k]) continue;
+        uint32_t b[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          b[j] = pol.master_type == static_cast<uint8_t>(MasterType::kBf16Remainder)
+                     ? hi[k][j]
+                     : Bf16(served[k][j]);
+        }
+        StGlobal(d.out_bf16 + i[k], make_uint2(b[0] | (b[1] << 16), b[2] | (b[3] << 16)));
       }
-      *reinterpret_cast<uint2*>(d.out_bf16 + i) =
-          make_uint2(b[0] | (b[1] << 16), b[2] | (b[3] << 16));
     }
     if (outputs & kOutFp16) {
-      uint32_t h[4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        h[j] = pol.master_type == static_cast<uint8_t>(MasterType::kFp16) ? hi[k][j]
-                                                                          : Fp16(served[k][j]);
+      for (int k = 0; k < kRows; ++k) {
+        if (!valid[k]) continue;
+        uint32_t h[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          h[j] = pol.master_type == static_cast<uint8_t>(MasterType::kFp16) ? hi[k][j]
+                                                                            : Fp16(served[k][j]);
+        }
+        StGlobal(d.out_fp16 + i[k], make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16)));
       }
-      *reinterpret_cast<uint2*>(d.out_fp16 + i) =
-          make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
     }
-    acc->amax = max(acc->amax, max(max(bits[k][0], bits[k][1]), max(bits[k][2], bits[k][3])));
     if (outputs & kOutMxRow) {
-      const uint32_t code = MxScaleCodeDev(AmaxFromBits(block_bits[k]));
-      const float scale = MxDataScaleDev(code);
-      *reinterpret_cast<uint32_t*>(d.mx_row + i) =
-          E4m3x4(__fmul_rn(served[k][0], scale), __fmul_rn(served[k][1], scale),
-                 __fmul_rn(served[k][2], scale), __fmul_rn(served[k][3], scale));
-      if ((lane & 7) == 0) {
-        d.mx_row_scales[r * (cols / 32) + (c.c0 + 4 * lane) / 32] = static_cast<uint8_t>(code);
+#pragma unroll
+      for (int k = 0; k < kRows; ++k) {
+        if (!valid[k]) continue;
+        const float sc = mx_scale[k];
+        StGlobal(d.mx_row + i[k], E4m3x4(__fmul_rn(served[k][0], sc), __fmul_rn(served[k][1], sc),
+                                         __fmul_rn(served[k][2], sc), __fmul_rn(served[k][3], sc)));
       }
+      if ((lane & 7) == 0) {
+#pragma unroll
+        for (int k = 0; k < kRows; ++k) {
+          if (!valid[k]) continue;
+          // Element i / 32 is this block's code: rows hold cols / 32 codes.
+          StGlobalU8(d.mx_row_scales + static_cast<uint64_t>(i[k]) / 32, mx_code[k]);
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) {
+      if (!valid[k]) continue;
+      acc->amax = AbsMaxDev(acc->amax, row_amax[k]);
     }
     if (outputs & kOutMxCol) {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) acc->colmax[j] = max(acc->colmax[j], bits[k][j]);
+      for (int k = 0; k < kRows; ++k) {
+        if (!valid[k]) continue;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          if constexpr (kRows == 4) {
+            colmax[j] = AbsMaxDev(colmax[j], served[k][j]);
+          } else {
+            acc->colmax[j] = AbsMaxDev(acc->colmax[j], served[k][j]);
+          }
+        }
+      }
     }
-    if (outputs & (kOutMxCol | kOutBlockRow | kOutBlockCol)) {
-      reinterpret_cast<float4*>(buffer + (local_row % P.buffer_rows) * kTileBufStride)[lane] =
-          make_float4(served[k][0], served[k][1], served[k][2], served[k][3]);
+    const uint32_t buffered =
+        kRows == 4 ? (kOutBlockRow | kOutBlockCol) : (kOutMxCol | kOutBlockRow | kOutBlockCol);
+    if (outputs & buffered) {
+#pragma unroll
+      for (int k = 0; k < kRows; ++k) {
+        if (!valid[k]) continue;
+        const int local_row = first_local + kSubRows * k;
+        reinterpret_cast<float4*>(buffer + (local_row % P.buffer_rows) * kTileBufStride)[lane] =
+            make_float4(served[k][0], served[k][1], served[k][2], served[k][3]);
+      }
     }
+  };
+  if (c.su * kSub + kSub <= c.rows) {
+    store_rows(std::true_type{});
+  } else {
+    store_rows(std::false_type{});
+  }
+  if constexpr (kRows == 4) {
+    if (outputs & kOutMxCol) MxColumnFromRegisters(d, c, colmax, served, group_max, (*mx_units)++);
   }
 }
 
@@ -517,9 +687,10 @@ __device__ void MxColumnGroup(const TileParams& P, const StepDesc& d, const Curs
   uint32_t* colmax = reinterpret_cast<uint32_t*>(smem + P.colmax_offset);  // [8][128]
   float* colscale = reinterpret_cast<float*>(smem + P.colscale_offset);    // [128]
   reinterpret_cast<uint4*>(colmax + w * 128)[lane] =
-      make_uint4(acc->colmax[0], acc->colmax[1], acc->colmax[2], acc->colmax[3]);
+      make_uint4(__float_as_uint(acc->colmax[0]), __float_as_uint(acc->colmax[1]),
+                 __float_as_uint(acc->colmax[2]), __float_as_uint(acc->colmax[3]));
 #pragma unroll
-  for (int j = 0; j < 4; ++j) acc->colmax[j] = 0;
+  for (int j = 0; j < 4; ++j) acc->colmax[j] = 0.0f;
   __syncthreads();
   const int group_rows = min(kMxGroupRows, c.rows - g0);
   if (threadIdx.x < 128) {
@@ -527,8 +698,7 @@ __device__ void MxColumnGroup(const TileParams& P, const StepDesc& d, const Curs
     for (int k = 0; k < 8; ++k) bits = max(bits, colmax[k * 128 + threadIdx.x]);
     const uint32_t code = MxScaleCodeDev(AmaxFromBits(bits));
     colscale[threadIdx.x] = MxDataScaleDev(code);
-    d.mx_col_scales[((c.r0 + g0) / kMxGroupRows) * d.cols + c.c0 + threadIdx.x] =
-        static_cast<uint8_t>(code);
+    StGlobalU8(d.mx_col_scales + ((c.r0 + g0) / kMxGroupRows) * d.cols + c.c0 + threadIdx.x, code);
   }
   __syncthreads();
   const float4 sc = reinterpret_cast<const float4*>(colscale)[lane];
@@ -538,8 +708,8 @@ __device__ void MxColumnGroup(const TileParams& P, const StepDesc& d, const Curs
     const float4 x = reinterpret_cast<const float4*>(buffer + ((g0 + rr) % P.buffer_rows) *
                                                                   kTileBufStride)[lane];
     const int64_t i = (c.r0 + g0 + rr) * cols + c.c0 + 4 * lane;
-    *reinterpret_cast<uint32_t*>(out + i) = E4m3x4(__fmul_rn(x.x, sc.x), __fmul_rn(x.y, sc.y),
-                                                   __fmul_rn(x.z, sc.z), __fmul_rn(x.w, sc.w));
+    StGlobal(out + i, E4m3x4(__fmul_rn(x.x, sc.x), __fmul_rn(x.y, sc.y), __fmul_rn(x.z, sc.z),
+                             __fmul_rn(x.w, sc.w)));
   }
 }
 
@@ -636,7 +806,12 @@ __global__ void __launch_bounds__(kThreads, (kKind != kAnyPolicy && kRows == 1) 
     }
     CpAsyncCommit();
   }
-  ThreadAcc acc{0, {0, 0, 0, 0}};
+  ThreadAcc acc{0.0f, {0.0f, 0.0f, 0.0f, 0.0f}};
+  // kRows == 4's mxfp8 columnwise maxima (MxColumnFromRegisters): both buffers start cleared (the
+  // first barrier below orders this before any use).
+  uint32_t* group_max = reinterpret_cast<uint32_t*>(smem + P.colmax_offset);
+  int mx_units = 0;
+  if (kRows == 4) group_max[threadIdx.x] = 0u;
   int slot = 0;
   int parity = 0;
   while (cons.tile < P.num_tiles) {
@@ -653,22 +828,23 @@ __global__ void __launch_bounds__(kThreads, (kKind != kAnyPolicy && kRows == 1) 
       Advance<kRows>(P, &prod);
     }
     CpAsyncCommit();
-    ComputeSubUnit<kKind, kRows>(P, desc, cons, smem + slot * P.stage.bytes, buffer, &acc);
+    ComputeSubUnit<kKind, kRows>(P, desc, cons, smem + slot * P.stage.bytes, buffer, group_max,
+                                 &acc, &mx_units);
     const uint32_t outputs = desc.outputs;
     const int row_end = (cons.su + 1) * kSub;  // tile rows done so far
     const bool tile_done = cons.su + 1 == cons.nsub;
-    if ((outputs & kOutMxCol) && (row_end % kMxGroupRows == 0 || tile_done)) {
+    if (kRows != 4 && (outputs & kOutMxCol) && (row_end % kMxGroupRows == 0 || tile_done)) {
       MxColumnGroup(P, desc, cons, (row_end - 1) / kMxGroupRows * kMxGroupRows, smem, buffer, &acc);
       __syncthreads();  // the buffer's rows are free again
     }
     if (tile_done) {
       if (outputs & (kOutBlockRow | kOutBlockCol | kNeedAmax)) {
-        const uint32_t bits = BlockMaxU(acc.amax, reduce);
+        const uint32_t bits = BlockMaxU(__float_as_uint(acc.amax), reduce);
         if (outputs & (kOutBlockRow | kOutBlockCol)) BlockTile(desc, cons, bits, buffer);
         if ((outputs & kNeedAmax) && threadIdx.x == 0) FinishItems(desc, bits, 1);
         __syncthreads();
       }
-      acc.amax = 0;
+      acc.amax = 0.0f;
       parity ^= 1;
     }
     Advance<kRows>(P, &cons);
@@ -901,8 +1077,10 @@ KStatus LaunchTiles(const CudaStepPlan& plan, const StepScalarsDev& s, const Cud
   L.slots = at, at += L.slot_stride * shape.slots;
   L.scales = at, at += kScaleBytes;
   L.bytes = Align16(at);
-  P.buffer_rows = shape.buffer_rows == 0 ? 1 : shape.buffer_rows;
-  const uint32_t fixed_bytes = Align16(shape.buffer_rows * kTileBufStride * 4) +
+  // With 4 rows per warp, mxfp8 columnwise runs from registers: only fp8_block needs the buffer.
+  const int buffer_rows = rows == 4 && shape.buffer_rows == kMxGroupRows ? 0 : shape.buffer_rows;
+  P.buffer_rows = buffer_rows == 0 ? 1 : buffer_rows;
+  const uint32_t fixed_bytes = Align16(buffer_rows * kTileBufStride * 4) +
                                8 * 128 * 4 /* colmax */ + 128 * 4 /* colscale */ + 64 +
                                static_cast<uint32_t>(sizeof(StepDesc)) + 1024 /* reserved */;
   // Resident blocks per multiprocessor: as many as the kernel's registers allow (at most 3),
@@ -921,7 +1099,7 @@ KStatus LaunchTiles(const CudaStepPlan& plan, const StepScalarsDev& s, const Cud
   stages = std::clamp(stages, 2, 8);
   P.stages = stages;
   uint32_t smem = stages * L.bytes;
-  P.buffer_offset = smem, smem += Align16(shape.buffer_rows * kTileBufStride * 4);
+  P.buffer_offset = smem, smem += Align16(buffer_rows * kTileBufStride * 4);
   P.colmax_offset = smem, smem += 8 * 128 * 4;
   P.colscale_offset = smem, smem += 128 * 4;
   P.reduce_offset = smem, smem += 64;

@@ -16,16 +16,19 @@ struct CastCheck {
   // e4m3, fp16, bf16, e4m3 decode, fp16 decode, and the device scale fast paths against
   // formats.h: Pow2Scale(x, 448), Pow2Scale(x, 32768), MxScaleCode(x), MxDataScale(code); the
   // branch-free square root (all inputs in its range) and division (2^32 pairs in its range,
-  // x / hash(x) and hash(x) / x) against __fsqrt_rn / __fdiv_rn.
-  unsigned long long mismatches[11];
-  unsigned int first[11];             // smallest mismatching input bits (0xFFFFFFFF: none)
+  // x / hash(x) and hash(x) / x) against __fsqrt_rn / __fdiv_rn; the fused mxfp8 code and scale
+  // (MxBlockScaleDev) against MxScaleCode and MxDataScale; the inverse of both power-of-two scales
+  // of x (Pow2ScaleInvDev) against ScaleInv; and AbsMaxDev(x, hash(x)) against the maximum of
+  // the magnitude bits (equal bits, or both NaN).
+  unsigned long long mismatches[14];
+  unsigned int first[14];             // smallest mismatching input bits (0xFFFFFFFF: none)
   unsigned long long fast_divisions;  // pairs inside the division's range (coverage)
 };
-inline constexpr int kCastChecks = 11;
+inline constexpr int kCastChecks = 14;
 inline constexpr const char* kCastCheckNames[kCastChecks] = {
-    "e4m3",          "fp16",         "bf16",           "e4m3 decode",
-    "fp16 decode",   "pow2(x, 448)", "pow2(x, 32768)", "mx scale code",
-    "mx data scale", "sqrt",         "division"};
+    "e4m3",         "fp16",           "bf16",          "e4m3 decode",   "fp16 decode",
+    "pow2(x, 448)", "pow2(x, 32768)", "mx scale code", "mx data scale", "sqrt",
+    "division",     "mx block scale", "pow2 inverse",  "abs max"};
 
 // Runs the checks; synchronizes the stream.
 KStatus CheckHardwareCasts(CastCheck* out, cudaStream_t stream);

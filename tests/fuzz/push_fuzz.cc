@@ -292,7 +292,8 @@ class Harness {
       absl::StrAppend(&out, "|v", served->version, " s", served->skipped);
       for (const ServedFormat& f : served->formats) {
         absl::StrAppend(&out, "|", FormatName(f.key), ":");
-        out.append(f.bytes.begin(), f.bytes.end());
+        out.append(reinterpret_cast<const char*>(f.bytes.data()),
+                   static_cast<size_t>(f.bytes.size()));
       }
     }
     return out;

@@ -510,6 +510,27 @@ TEST_F(FusedStepCudaLaunchTest, TuningDoesNotChangeTheBits) {
   }
 }
 
+// The benchmark's outputs alone (mxfp8 rowwise and columnwise): with 4 rows per warp the
+// columnwise blocks are cast from registers and no shared-memory tile is kept, a layout that the
+// all-outputs cases above (fp8_block keeps the tile) do not reach.
+TEST_F(FusedStepCudaLaunchTest, MxfpOnlyOutputsMatchTheCpuAtEveryTuning) {
+  const std::vector<Shape> shapes = {{300, 256}, {129, 128}, {64, 384}, {9, 640},
+                                     {40, 128},  {8, 128},   {161, 512}};
+  const SlotType bf16 = SlotType::kBf16;
+  const StatePolicy policy =
+      MakeStatePolicy(MasterType::kFp32, MomentType::kFp8, MomentType::kFp16);
+  for (const CudaStepTuning tuning :
+       {CudaStepTuning{}, CudaStepTuning{2, 2, 4}, CudaStepTuning{1, 3, 2}, CudaStepTuning{3, 4, 1},
+        CudaStepTuning{2, 3, 0, true}}) {
+    auto tensors = MakeTensors(policy, 1, 95, false, shapes, &bf16);
+    RunCase(stream_, tensors, 96, 3, tuning,
+            "mxfp8 only, blocks/SM " + std::to_string(tuning.blocks_per_sm) + ", stages " +
+                std::to_string(tuning.stages) + ", rows/warp " +
+                std::to_string(tuning.rows_per_warp) + (tuning.generic ? ", generic" : ""));
+    if (HasFailure()) return;
+  }
+}
+
 TEST_F(FusedStepCudaLaunchTest, RejectsMissingBuffers) {
   CudaStepTensor t;
   t.rows = 4;

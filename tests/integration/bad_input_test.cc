@@ -590,7 +590,7 @@ TEST_F(BadInputTest, ShutdownCompletesACommittedStepBeforeStopping) {
   reference_.Step(grads, std::nullopt, 1.0);
   std::shared_ptr<const ServedTensor> served = (*job)->Served(0, 1);
   ASSERT_NE(served, nullptr);
-  const std::vector<uint8_t>* bytes = &served->Find(FormatKey{})->bytes;
+  const HostBuffer* bytes = &served->Find(FormatKey{})->bytes;
   std::vector<float> master(bytes->size() / sizeof(float));
   std::memcpy(master.data(), bytes->data(), bytes->size());
   EXPECT_TRUE(BitIdentical(master, reference_.master(0)));

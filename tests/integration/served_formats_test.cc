@@ -158,7 +158,7 @@ class ServedFormatsTest : public ::testing::Test {
       return {};
     }
     const ServedFormat* format = served->Find(FormatKey{f.recipe, f.direction});
-    return format == nullptr ? std::vector<uint8_t>() : format->bytes;
+    return format == nullptr ? std::vector<uint8_t>() : format->bytes.ToVector();
   }
 
   // Pulls every format of every tensor at `version` and checks header, bytes and reference.

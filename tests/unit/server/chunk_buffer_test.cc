@@ -18,7 +18,7 @@ std::string Filled(size_t n, char c) { return std::string(n, c); }
 
 TEST(ChunkBufferTest, StoresNewChunksAtTheirOffsets) {
   ChunkBuffer buffer;
-  buffer.Reset(12);
+  buffer.Reset(HeapBuffer(12));
   EXPECT_EQ(buffer.size(), 12);
   EXPECT_EQ(buffer.received(), 0);
   ASSERT_EQ(buffer.Store(8, "cccc").value(), Stored::kNew);
@@ -32,7 +32,7 @@ TEST(ChunkBufferTest, StoresNewChunksAtTheirOffsets) {
 
 TEST(ChunkBufferTest, IdenticalChunkIsADuplicateWithoutEffect) {
   ChunkBuffer buffer;
-  buffer.Reset(8);
+  buffer.Reset(HeapBuffer(8));
   ASSERT_EQ(buffer.Store(0, "abcd").value(), Stored::kNew);
   EXPECT_EQ(buffer.Store(0, "abcd").value(), Stored::kDuplicate);
   EXPECT_EQ(buffer.received(), 4);
@@ -41,7 +41,7 @@ TEST(ChunkBufferTest, IdenticalChunkIsADuplicateWithoutEffect) {
 
 TEST(ChunkBufferTest, DifferentBytesAtTheSamePlaceAreFailedPreconditionAndChangeNothing) {
   ChunkBuffer buffer;
-  buffer.Reset(8);
+  buffer.Reset(HeapBuffer(8));
   ASSERT_EQ(buffer.Store(4, "abcd").value(), Stored::kNew);
   EXPECT_TRUE(HasStatus(buffer.Store(4, "abce"), absl::StatusCode::kFailedPrecondition,
                         "different chunk of 4 bytes at offset 4"));
@@ -53,7 +53,7 @@ TEST(ChunkBufferTest, DifferentBytesAtTheSamePlaceAreFailedPreconditionAndChange
 
 TEST(ChunkBufferTest, OverlappingChunksAtOtherBoundariesAreFailedPrecondition) {
   ChunkBuffer buffer;
-  buffer.Reset(16);
+  buffer.Reset(HeapBuffer(16));
   ASSERT_EQ(buffer.Store(4, Filled(8, 'x')).value(), Stored::kNew);  // [4, 12)
   // Overlaps the stored chunk from before, from inside, from after, and around it; and the same
   // offset with another length, even when the overlapping bytes agree.
@@ -77,7 +77,7 @@ TEST(ChunkBufferTest, OverlappingChunksAtOtherBoundariesAreFailedPrecondition) {
 
 TEST(ChunkBufferTest, CompleteOnlyOnceEveryByteArrived) {
   ChunkBuffer buffer;
-  buffer.Reset(6);
+  buffer.Reset(HeapBuffer(6));
   EXPECT_FALSE(buffer.complete());
   ASSERT_TRUE(buffer.Store(0, "ab").ok());
   ASSERT_TRUE(buffer.Store(4, "ef").ok());
@@ -87,32 +87,35 @@ TEST(ChunkBufferTest, CompleteOnlyOnceEveryByteArrived) {
   EXPECT_EQ(buffer.received(), 6);
 }
 
-TEST(ChunkBufferTest, ResetForgetsChunksAndKeepsCapacity) {
+TEST(ChunkBufferTest, ClearForgetsChunksAndKeepsTheMemory) {
   ChunkBuffer buffer;
-  buffer.Reset(1024);
+  buffer.Reset(HeapBuffer(1024));
   ASSERT_TRUE(buffer.Store(0, Filled(1024, 'a')).ok());
   ASSERT_TRUE(buffer.complete());
   const uint8_t* data = buffer.data();
-  const int64_t capacity = buffer.capacity();
-  EXPECT_GE(capacity, 1024);
 
-  buffer.Reset(1024);
+  buffer.Clear();
   EXPECT_EQ(buffer.received(), 0);
   EXPECT_FALSE(buffer.complete());
-  EXPECT_EQ(buffer.capacity(), capacity);
+  EXPECT_EQ(buffer.size(), 1024);
   EXPECT_EQ(buffer.data(), data);  // no reallocation
   // The old chunk is forgotten: other bytes at its place are new, not a conflict.
   EXPECT_EQ(buffer.Store(0, Filled(1024, 'b')).value(), Stored::kNew);
+}
 
-  buffer.Reset(16);  // smaller: same allocation
-  EXPECT_EQ(buffer.size(), 16);
-  EXPECT_EQ(buffer.capacity(), capacity);
-  EXPECT_EQ(buffer.data(), data);
+TEST(ChunkBufferTest, InPlaceMarksFollowTheChunkRules) {
+  ChunkBuffer buffer;
+  buffer.Reset(HeapBuffer(16));
+  EXPECT_EQ(buffer.MarkWritten(0, 8).value(), Stored::kNew);
+  EXPECT_EQ(buffer.MarkWritten(0, 8).value(), Stored::kDuplicate);  // a retry
+  EXPECT_EQ(buffer.MarkWritten(4, 8).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(buffer.Store(8, Filled(8, 'x')).value(), Stored::kNew);
+  EXPECT_TRUE(buffer.complete());
 }
 
 TEST(ChunkBufferTest, EmptyBufferIsComplete) {
   ChunkBuffer buffer;
-  buffer.Reset(0);
+  buffer.Reset(HeapBuffer(0));
   EXPECT_TRUE(buffer.complete());
   EXPECT_EQ(buffer.size(), 0);
 }

@@ -116,7 +116,7 @@ class JobHarness {
     if (served == nullptr) return {};
     const ServedFormat* format = served->Find(FormatKey{recipe, v1::DIRECTION_ROWWISE});
     if (format == nullptr) return {};
-    const std::vector<uint8_t>* bytes = &format->bytes;
+    const HostBuffer* bytes = &format->bytes;
     return FromBytes<T>(
         std::string_view(reinterpret_cast<const char*>(bytes->data()), bytes->size()));
   }

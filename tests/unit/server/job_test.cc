@@ -384,7 +384,7 @@ TEST_F(JobTest, ServedReturnsTheNewestVersionOnlyOnceItIsPublished) {
   EXPECT_EQ(h_.job().Served(0, 0)->version, 0);
   EXPECT_EQ(h_.job().Served(0, 1), nullptr);
   std::shared_ptr<const ServedTensor> leased = h_.job().Served(0, 0);
-  const std::vector<uint8_t> leased_bytes = leased->Find(FormatKey{})->bytes;
+  const std::vector<uint8_t> leased_bytes = leased->Find(FormatKey{})->bytes.ToVector();
   StepBoth(0, std::nullopt, 1e-3);
   StepBoth(1, std::nullopt, 1e-3);
   StepBoth(2, std::nullopt, 1e-3);
@@ -392,7 +392,7 @@ TEST_F(JobTest, ServedReturnsTheNewestVersionOnlyOnceItIsPublished) {
   EXPECT_EQ(h_.job().Served(0, 4), nullptr);
   // A lease keeps its version's bytes unchanged while later steps publish.
   EXPECT_EQ(leased->version, 0);
-  EXPECT_EQ(leased->Find(FormatKey{})->bytes, leased_bytes);
+  EXPECT_EQ(leased->Find(FormatKey{})->bytes.ToVector(), leased_bytes);
 }
 
 TEST_F(JobTest, StatusReportsVersionsAppliedStepsAndStateBytes) {

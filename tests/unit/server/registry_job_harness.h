@@ -99,7 +99,7 @@ class RegistryJobHarness {
     std::shared_ptr<const ServedTensor> served = Newest(tensor);
     if (served == nullptr) return {};
     const ServedFormat* format = served->Find(FormatKey{recipe, direction});
-    return format == nullptr ? std::vector<uint8_t>() : format->bytes;
+    return format == nullptr ? std::vector<uint8_t>() : format->bytes.ToVector();
   }
 
  private:

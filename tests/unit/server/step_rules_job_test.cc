@@ -166,7 +166,7 @@ TEST_P(SkippedStepTest, SkipsTheWholeStepAndTheNextStepUsesTheNextAppliedCount) 
   std::vector<std::vector<std::vector<uint8_t>>> version1_bytes;  // copies: [tensor][format]
   for (const auto& served : version1) {
     auto& formats = version1_bytes.emplace_back();
-    for (const ServedFormat& f : served->formats) formats.push_back(f.bytes);
+    for (const ServedFormat& f : served->formats) formats.push_back(f.bytes.ToVector());
   }
 
   // Steps 1 and 2 are skipped (the bad value in one rank's slot of one tensor, every other
@@ -188,7 +188,7 @@ TEST_P(SkippedStepTest, SkipsTheWholeStepAndTheNextStepUsesTheNextAppliedCount) 
       ASSERT_EQ(served->formats.size(), version1_bytes[static_cast<size_t>(i)].size());
       for (size_t f = 0; f < served->formats.size(); ++f) {
         SCOPED_TRACE(FormatName(served->formats[f].key));
-        EXPECT_TRUE(BitIdentical(served->formats[f].bytes, version1_bytes[i][f]));
+        EXPECT_TRUE(BitIdentical(served->formats[f].bytes.ToVector(), version1_bytes[i][f]));
       }
     }
     const v1::JobStatus status = h.job().Status();
@@ -201,7 +201,7 @@ TEST_P(SkippedStepTest, SkipsTheWholeStepAndTheNextStepUsesTheNextAppliedCount) 
   for (size_t i = 0; i < version1.size(); ++i) {
     EXPECT_EQ(version1[i]->version, 1);
     for (size_t f = 0; f < version1[i]->formats.size(); ++f) {
-      EXPECT_EQ(version1[i]->formats[f].bytes, version1_bytes[i][f]);
+      EXPECT_EQ(version1[i]->formats[f].bytes.ToVector(), version1_bytes[i][f]);
     }
   }
 

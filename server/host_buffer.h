@@ -1,0 +1,71 @@
+// Host memory for the buffers a transport may expose: gradient slots and served bytes. A buffer
+// comes from the heap, or from the daemon's shared-memory region (server/shm_arena.h) so that a
+// trainer on the same node reads and writes it in place (DESIGN.md §6, `shm`).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace paramd {
+
+// Where a buffer lies in the daemon's shared-memory region.
+struct ShmPlace {
+  int32_t segment = -1;  // index of the segment (ShmArena::segment_names)
+  int64_t offset = 0;    // bytes from the segment's start
+};
+
+class BufferAllocator;
+
+// An owned, zero-initialized (when fresh) byte buffer; returns its memory to its allocator.
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  HostBuffer(HostBuffer&& other) noexcept { *this = std::move(other); }
+  HostBuffer& operator=(HostBuffer&& other) noexcept;
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  ~HostBuffer() { Release(); }
+
+  uint8_t* data() { return data_; }
+  const uint8_t* data() const { return data_; }
+  int64_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  std::span<const uint8_t> span() const { return {data_, static_cast<size_t>(size_)}; }
+  std::vector<uint8_t> ToVector() const { return {data_, data_ + size_}; }
+  // Where it lies in shared memory; null for heap memory.
+  const ShmPlace* place() const { return place_.segment >= 0 ? &place_ : nullptr; }
+
+ private:
+  friend class BufferAllocator;
+  void Release();
+
+  BufferAllocator* allocator_ = nullptr;
+  uint8_t* data_ = nullptr;
+  int64_t size_ = 0;
+  ShmPlace place_;
+};
+
+class BufferAllocator {
+ public:
+  virtual ~BufferAllocator() = default;
+  // A buffer of `bytes` bytes (0 gives an empty buffer).
+  virtual absl::StatusOr<HostBuffer> Allocate(int64_t bytes) = 0;
+  // True when buffers lie in shared memory.
+  virtual bool shared() const = 0;
+
+ protected:
+  HostBuffer Make(uint8_t* data, int64_t size, ShmPlace place);
+  virtual void Free(uint8_t* data, int64_t size, ShmPlace place) = 0;
+  friend class HostBuffer;
+};
+
+// The process heap. Never fails short of the process running out of memory.
+BufferAllocator* HeapAllocator();
+
+// A heap buffer of `bytes` bytes (a convenience for the many places that need no shared memory).
+HostBuffer HeapBuffer(int64_t bytes);
+
+}  // namespace paramd

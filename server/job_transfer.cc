@@ -1,0 +1,130 @@
+// Job's side of state export and import (server/state_transfer.h): holding steps back while an
+// export reads the state, and swapping in an imported state.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "server/job.h"
+#include "server/state_transfer.h"
+
+namespace paramd {
+
+absl::StatusOr<Job::ExportSnapshot> Job::BeginExport() {
+  absl::MutexLock lock(&mu_);
+  if (initialized_tensors_ != static_cast<int64_t>(tensors_.size())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job \"", name_, "\" has initial weights for ", initialized_tensors_, " of ",
+        tensors_.size(), " tensors; its state exists once rank 0 uploaded all of them"));
+  }
+  // Steps wait from now on (RunOrHoldStep); the one running, if any, finishes first.
+  ++export_waiting_;
+  mu_.Await(absl::Condition(
+      +[](Job* j) ABSL_NO_THREAD_SAFETY_ANALYSIS { return !j->step_running_; }, this));
+  --export_waiting_;
+  ++exporters_;
+  ExportSnapshot snapshot;
+  v1::StateHeader& h = snapshot.header;
+  h.set_job(name_);
+  h.set_next_step(steps_run_);
+  h.set_applied_steps(applied_steps_);
+  h.set_skipped_steps(skipped_steps_);
+  h.set_seed(spec_.seed());
+  *h.mutable_hyperparams() = hyper_;
+  *h.mutable_state_policy() = spec_.state_policy();
+  for (const Tensor& t : tensors_) {
+    snapshot.tensors.push_back({t.spec.name(), t.info, t.state.get()});
+  }
+  snapshot.formats = formats_;
+  snapshot.backend = backend_;
+  return snapshot;
+}
+
+std::optional<StepWork> Job::EndExport() {
+  absl::MutexLock lock(&mu_);
+  --exporters_;
+  if (exporters_ > 0 || export_waiting_ > 0 || held_.empty()) return std::nullopt;
+  // One tick for the newest held step runs every held step in order (RunOrHoldStep).
+  return held_.rbegin()->second;
+}
+
+absl::StatusOr<v1::ImportStateResponse> Job::Import(StagedState staged) {
+  const v1::StateHeader& header = staged.header;
+  PARAMD_CHECK(staged.tensors.size() == tensors_.size());
+  std::vector<std::function<void()>> wake;
+  {
+    absl::MutexLock lock(&mu_);
+    const std::string refused = absl::StrCat("job \"", name_, "\" refuses an import: ");
+    if (step_running_ || !taken_.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          refused, "step ", taken_.empty() ? next_step_ - 1 : taken_.begin()->first,
+          " is running or queued; import between steps, once every rank pulled its weights"));
+    }
+    if (exporters_ > 0 || export_waiting_ > 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(refused, "an export of its state is streaming; retry when it ends"));
+    }
+    if (!commits_.empty()) {
+      std::vector<int32_t> ranks;
+      for (const auto& entry : commits_) ranks.push_back(entry.first);
+      return absl::FailedPreconditionError(
+          absl::StrCat(refused, "rank(s) ", absl::StrJoin(ranks, ", "), " committed step ",
+                       next_step_, "; import before any rank pushes or commits a step"));
+    }
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      const Tensor& t = tensors_[i];
+      if (t.state == nullptr && t.upload != nullptr) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(refused, "the initial weights of tensor \"", t.spec.name(),
+                         "\" are being uploaded; import instead of uploading, or after"));
+      }
+      for (size_t r = 0; r < collecting_[i].size(); ++r) {
+        if (collecting_[i][r].received() > 0) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              refused, "rank ", r, " pushed gradients of tensor \"", t.spec.name(), "\" for step ",
+              next_step_, "; import before any rank pushes or commits a step"));
+        }
+      }
+    }
+    // Every tensor's new state and served bytes first: a failure here changes nothing.
+    std::vector<std::unique_ptr<TensorState>> states;
+    std::vector<std::shared_ptr<ServedTensor>> served;
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      Tensor& t = tensors_[i];
+      served.push_back(FreshServed(t));
+      absl::StatusOr<std::unique_ptr<TensorState>> state =
+          backend_->ImportState(t.info, std::move(staged.tensors[i]), served.back().get());
+      if (!state.ok()) {
+        return absl::Status(state.status().code(), absl::StrCat(refused, "tensor \"", t.spec.name(),
+                                                                "\": ", state.status().message()));
+      }
+      states.push_back(*std::move(state));
+    }
+    // The swap.
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      Tensor& t = tensors_[i];
+      t.state = std::move(states[i]);
+      t.upload.reset();  // the state no longer comes from the uploaded weights
+      served[i]->version = header.next_step();
+      Publish(static_cast<int>(i), std::move(served[i]), &wake);
+    }
+    initialized_tensors_ = static_cast<int64_t>(tensors_.size());
+    next_step_ = header.next_step();
+    steps_run_ = header.next_step();
+    applied_steps_ = header.applied_steps();
+    skipped_steps_ = header.skipped_steps();
+    hyper_.set_lr(header.hyperparams().lr());
+    hyper_.set_weight_decay(header.hyperparams().weight_decay());
+    // Commits of earlier steps are not retries any more.
+    std::fill(last_commit_.begin(), last_commit_.end(), -1);
+  }
+  for (auto& w : wake) w();
+  v1::ImportStateResponse response;
+  response.set_next_step(header.next_step());
+  response.set_fields(staged.fields);
+  response.set_bytes(staged.bytes);
+  return response;
+}
+
+}  // namespace paramd

@@ -1,0 +1,97 @@
+// A job's state streamed out (Control.ExportState) and in (Control.ImportState) in bounded chunks
+// of v1::StateChunk, every field in its stored dtype (server/state_fields.h, client/job_state.h).
+// Plain C++: the Control service moves the chunks.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "paramd/v1/control.pb.h"
+#include "server/backend.h"
+#include "server/job.h"
+#include "server/state_fields.h"
+
+namespace paramd {
+
+// An import received whole and checked against the job: what Job::Import applies.
+struct StagedState {
+  v1::StateHeader header;
+  std::vector<HostTensorState> tensors;  // registration order
+  int64_t fields = 0;
+  int64_t bytes = 0;
+};
+
+// Reads a job's state chunk by chunk from the backend's buffers: extra memory is one chunk (and a
+// tensor's few scalars). While it lives the job's steps are held back (Job::RunOrHoldStep); its
+// end hands the newest held step to `resume`, for the step executor.
+class StateExport {
+ public:
+  // Waits for a running step of the job to finish. FAILED_PRECONDITION before every tensor has
+  // its initial weights. `max_chunk_bytes` >= 1 bounds the data of one chunk.
+  static absl::StatusOr<std::unique_ptr<StateExport>> Begin(
+      std::shared_ptr<Job> job, int64_t max_chunk_bytes,
+      std::function<void(const StepWork&)> resume);
+  ~StateExport();
+  StateExport(const StateExport&) = delete;
+  StateExport& operator=(const StateExport&) = delete;
+
+  // Fills `chunk` (cleared first) with the next message of the stream; false once it is complete.
+  absl::StatusOr<bool> Next(v1::StateChunk* chunk);
+
+ private:
+  StateExport(std::shared_ptr<Job> job, Job::ExportSnapshot snapshot, int64_t max_chunk_bytes,
+              std::function<void(const StepWork&)> resume);
+  absl::Status LoadTensor();
+
+  const std::shared_ptr<Job> job_;
+  const Job::ExportSnapshot snapshot_;
+  const int64_t max_chunk_bytes_;
+  const std::function<void(const StepWork&)> resume_;
+  bool header_sent_ = false;
+  size_t tensor_ = 0;                   // the tensor being sent
+  std::vector<StateFieldSpec> fields_;  // its fields (empty until loaded)
+  TensorScalars scalars_;               // its scalars
+  size_t field_ = 0;                    // the field being sent
+  int64_t offset_ = 0;                  // bytes of it sent
+};
+
+// Receives an import stream for a job and stages it; nothing is applied until Job::Import. Every
+// field's size is checked against the job before its bytes are held, so the staged memory is at
+// most the job's state size.
+class StateImport {
+ public:
+  // `spec` is the job's normalized registration (Job::spec()); `max_chunk_bytes` bounds one
+  // chunk's data.
+  StateImport(const v1::RegisterRequest& spec, int64_t max_chunk_bytes);
+
+  // Takes the next chunk (the first carries the header). INVALID_ARGUMENT naming the tensor and
+  // field on a mismatch; RESOURCE_EXHAUSTED for a chunk over max_chunk_bytes.
+  absl::Status Add(const v1::StateChunk& chunk);
+  // Checks that every field arrived whole and that the scales are usable; the staged state.
+  absl::StatusOr<StagedState> Finish();
+
+ private:
+  absl::Status CheckHeader(const v1::StateHeader& header) const;
+  absl::Status StartField(const v1::StateField& field);
+  // Sizes the staging storage of a field of `elements` elements; where its bytes go.
+  uint8_t* Stage(HostTensorState& state, const StateFieldSpec& spec, int64_t elements);
+
+  const v1::RegisterRequest spec_;
+  const int64_t max_chunk_bytes_;
+  std::vector<std::vector<StateFieldSpec>> expected_;  // [tensor] fields the job keeps
+  std::vector<std::vector<bool>> seen_;                // [tensor][field]
+  bool have_header_ = false;
+  StagedState staged_;
+  // The field being received.
+  bool in_field_ = false;
+  int tensor_ = 0;
+  size_t field_ = 0;
+  uint8_t* dest_ = nullptr;
+  int64_t size_ = 0;
+  int64_t received_ = 0;
+};
+
+}  // namespace paramd

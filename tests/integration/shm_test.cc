@@ -1,0 +1,286 @@
+// The `shm` transport's own contract, beyond the conformance suite: segments are private to the
+// daemon's user, in-place reads are leased (bytes unchanged while the lease lasts, freed when it
+// ends, by release or by expiry), and a killed daemon's segments are removed at the next start.
+#include <fcntl.h>
+#include <grpcpp/create_channel.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "client/client.h"
+#include "common/grpc_status.h"
+#include "paramd/v1/data.grpc.pb.h"
+#include "server/server.h"
+
+extern char** environ;
+
+namespace paramd {
+namespace {
+
+using std::chrono::milliseconds;
+
+std::vector<std::string> SegmentNames(const std::string& address) {
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  auto stub = v1::Data::NewStub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::AttachRequest request;
+  request.set_transport("shm");
+  v1::AttachResponse response;
+  const grpc::Status status = stub->Attach(&context, request, &response);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return {response.segments().begin(), response.segments().end()};
+}
+
+bool Exists(const std::string& segment) { return std::filesystem::exists("/dev/shm" + segment); }
+
+class ShmTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    v1::DaemonConfig config;
+    config.set_listen("127.0.0.1:0");
+    config.set_metrics_listen("");
+    config.set_step_threads(2);
+    config.set_log_level("warning");
+    absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(config);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    ClientOptions options;
+    options.address = server_->address();
+    options.transport = "shm";
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = *std::move(client);
+  }
+  void TearDown() override {
+    client_.reset();
+    if (server_) server_->Shutdown();
+  }
+
+  // Registers a one-rank job with one 64x64 tensor and uploads its weights.
+  void StartJob() {
+    v1::RegisterRequest request;
+    request.set_job("j");
+    request.set_world_size(1);
+    v1::TensorSpec* t = request.add_tensors();
+    t->set_name("w");
+    t->set_rows(64);
+    t->set_cols(64);
+    t->set_grad_type(v1::ELEMENT_TYPE_FP32);
+    v1::AdamwHyperparams* hyper = request.mutable_hyperparams();
+    hyper->set_lr(1e-2);
+    hyper->set_beta1(0.9);
+    hyper->set_beta2(0.999);
+    hyper->set_eps(1e-8);
+    hyper->set_weight_decay(0.01);
+    absl::StatusOr<v1::RegisterResponse> registered = client_->Register(request);
+    ASSERT_TRUE(registered.ok()) << registered.status();
+    ASSERT_EQ(client_->transport_name(), "shm");
+    weights_.assign(64 * 64, 0.5f);
+    const PushItem items[] = {{"w", std::as_bytes(std::span<const float>(weights_))}};
+    ASSERT_TRUE(client_->UploadInitialWeights("j", items).ok());
+  }
+
+  void Step(int64_t step) {
+    std::vector<float> grad(64 * 64, 0.01f * static_cast<float>(step + 1));
+    const PushItem items[] = {{"w", std::as_bytes(std::span<const float>(grad))}};
+    ASSERT_TRUE(client_->PushGradients("j", 0, step, items).ok());
+    ASSERT_TRUE(client_->Commit("j", 0, step).ok());
+  }
+
+  v1::JobStatus JobStatus() {
+    absl::StatusOr<v1::StatusResponse> status = client_->Status("j");
+    EXPECT_TRUE(status.ok()) << status.status();
+    return status.ok() && status->jobs_size() == 1 ? status->jobs(0) : v1::JobStatus();
+  }
+
+  std::unique_ptr<Server> server_;
+  std::unique_ptr<Client> client_;
+  std::vector<float> weights_;
+};
+
+TEST_F(ShmTest, SegmentsAreOwnerOnly) {
+  const std::vector<std::string> names = SegmentNames(server_->address());
+  ASSERT_FALSE(names.empty());
+  for (const std::string& name : names) {
+    struct stat st;
+    ASSERT_EQ(stat(("/dev/shm" + name).c_str(), &st), 0) << name;
+    EXPECT_EQ(st.st_mode & 0777, 0600u) << name;
+    EXPECT_EQ(st.st_uid, geteuid()) << name;
+  }
+}
+
+TEST_F(ShmTest, AProcessOfAnotherUserCannotOpenTheSegments) {
+  if (geteuid() != 0) {
+    GTEST_SKIP() << "needs root to run a child as another user (nobody); the owner-only mode is "
+                    "checked by SegmentsAreOwnerOnly";
+  }
+  StartJob();
+  for (const std::string& name : SegmentNames(server_->address())) {
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      // Only async-signal-safe calls in the child of a threaded process.
+      if (setgid(65534) != 0 || setuid(65534) != 0) _exit(2);
+      const int ro = shm_open(name.c_str(), O_RDONLY, 0);
+      const int ro_errno = errno;
+      const int rw = shm_open(name.c_str(), O_RDWR, 0);
+      const int rw_errno = errno;
+      _exit(ro < 0 && ro_errno == EACCES && rw < 0 && rw_errno == EACCES ? 0 : 1);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0)
+        << "user nobody " << (WEXITSTATUS(status) == 2 ? "could not be become" : "opened ") << name;
+  }
+}
+
+TEST_F(ShmTest, InPlaceReadsStayUnchangedUnderTheirLeaseWhileStepsRun) {
+  StartJob();
+  PullTarget target{"j", "w", {}, 0};
+  absl::StatusOr<PulledView> view =
+      client_->PullInPlace(target, milliseconds(10000), milliseconds(60000));
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->header.version(), 0);
+  const std::vector<std::byte> version0(view->data.begin(), view->data.end());
+  ASSERT_EQ(version0.size(), weights_.size() * sizeof(float));
+  EXPECT_EQ(std::memcmp(version0.data(), weights_.data(), version0.size()), 0);
+  EXPECT_EQ(JobStatus().leases(), 1);
+
+  for (int64_t step = 0; step < 3; ++step) Step(step);
+  absl::StatusOr<PulledView> latest =
+      client_->PullInPlace({"j", "w", {}, 3}, milliseconds(10000), milliseconds(60000));
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(latest->header.version(), 3);
+  EXPECT_NE(std::memcmp(latest->data.data(), version0.data(), version0.size()), 0);
+  EXPECT_EQ(JobStatus().leases(), 2);
+  ASSERT_TRUE(client_->Release(*latest).ok());
+  // Three steps later, the leased version 0 is still there, byte for byte.
+  EXPECT_EQ(std::memcmp(view->data.data(), version0.data(), version0.size()), 0);
+
+  ASSERT_TRUE(client_->Release(*view).ok());
+  EXPECT_EQ(JobStatus().leases(), 0);
+}
+
+TEST_F(ShmTest, ALeaseNobodyReleasesExpires) {
+  StartJob();
+  absl::StatusOr<PulledView> view =
+      client_->PullInPlace({"j", "w", {}, 0}, milliseconds(10000), milliseconds(200));
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(JobStatus().leases(), 1);
+  // The reaper ends it after its deadline (and within about a second of it).
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (JobStatus().leases() != 0 && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  EXPECT_EQ(JobStatus().leases(), 0);
+  EXPECT_TRUE(client_->Release(*view).ok());  // releasing an expired lease is harmless
+}
+
+TEST_F(ShmTest, ReleasedLeasesLetTheStepReuseItsBuffers) {
+  StartJob();
+  auto used = [this] {
+    absl::StatusOr<v1::StatusResponse> status = client_->Status();
+    return status.ok() ? status->shm_used_bytes() : -1;
+  };
+  for (int64_t step = 0; step < 2; ++step) Step(step);
+  const int64_t settled = used();
+  for (int64_t step = 2; step < 12; ++step) {
+    absl::StatusOr<PulledView> view =
+        client_->PullInPlace({"j", "w", {}, step}, milliseconds(10000), milliseconds(60000));
+    ASSERT_TRUE(view.ok()) << view.status();
+    ASSERT_TRUE(client_->Release(*view).ok());
+    Step(step);
+  }
+  Pulled last;
+  ASSERT_TRUE(client_->Pull({"j", "w", {}, 12}, milliseconds(10000), &last).ok());
+  EXPECT_EQ(used(), settled) << "shared memory grew although every lease was released";
+}
+
+TEST_F(ShmTest, StatusReportsEachRanksTransportAndWhy) {
+  StartJob();
+  const v1::JobStatus status = JobStatus();
+  ASSERT_EQ(status.trainers_size(), 1);
+  EXPECT_EQ(status.trainers(0).transport(), "shm");
+  EXPECT_EQ(status.trainers(0).reason(), "asked for by name");
+  EXPECT_TRUE(status.shared_memory());
+}
+
+// A paramd process on a free port; its bound address from --address_file.
+class DaemonProcess {
+ public:
+  explicit DaemonProcess(const std::string& dir) : address_file_(dir + "/address") {
+    std::filesystem::remove(address_file_);
+    std::vector<std::string> args = {PARAMD_BINARY, "--listen=127.0.0.1:0",
+                                     "--metrics_listen=", "--log_level=warning",
+                                     "--address_file=" + address_file_};
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    EXPECT_EQ(posix_spawn(&pid_, argv[0], nullptr, nullptr, argv.data(), environ), 0);
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (std::chrono::steady_clock::now() < give_up) {
+      std::ifstream in(address_file_);
+      if (in >> address_) break;
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    EXPECT_FALSE(address_.empty()) << "paramd did not start";
+  }
+  ~DaemonProcess() { Stop(SIGKILL); }
+  // Sends `signal` and waits for the exit; returns the wait status.
+  int Stop(int signal) {
+    if (pid_ <= 0) return 0;
+    kill(pid_, signal);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return status;
+  }
+  const std::string& address() const { return address_; }
+
+ private:
+  const std::string address_file_;
+  pid_t pid_ = -1;
+  std::string address_;
+};
+
+TEST(ShmReclaimTest, AKilledDaemonsSegmentsAreRemovedAtTheNextStartAndACleanExitRemovesItsOwn) {
+  const std::string dir = ::testing::TempDir();
+  std::vector<std::string> killed_names;
+  {
+    DaemonProcess first(dir);
+    killed_names = SegmentNames(first.address());
+    ASSERT_FALSE(killed_names.empty());
+    first.Stop(SIGKILL);
+  }
+  for (const std::string& name : killed_names) EXPECT_TRUE(Exists(name)) << name;
+
+  DaemonProcess second(dir);
+  ASSERT_FALSE(second.address().empty());
+  for (const std::string& name : killed_names) {
+    EXPECT_FALSE(Exists(name)) << name << " of the killed daemon is still there";
+  }
+  const std::vector<std::string> own = SegmentNames(second.address());
+  ASSERT_FALSE(own.empty());
+  for (const std::string& name : own) EXPECT_TRUE(Exists(name)) << name;
+  const int status = second.Stop(SIGTERM);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "wait status " << status;
+  for (const std::string& name : own) {
+    EXPECT_FALSE(Exists(name)) << name << " outlived a clean exit";
+  }
+}
+
+}  // namespace
+}  // namespace paramd

@@ -1,0 +1,332 @@
+#include "transport/shm.h"
+
+#include <grpcpp/client_context.h>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "paramd/v1/data.grpc.pb.h"
+#include "transport/inline.h"
+#include "transport/shm_segment.h"
+
+namespace paramd {
+namespace {
+
+// A copy-out pull holds its lease only while it copies; it is released with the next pull (or
+// when the transport closes), and expires after this long if the trainer dies first.
+constexpr std::chrono::milliseconds kCopyLease{10000};
+
+absl::Status AttachCall(v1::Data::Stub& stub, const v1::AttachRequest& request, Deadline deadline,
+                        v1::AttachResponse* response) {
+  grpc::ClientContext context;
+  context.set_deadline(deadline);
+  return FromGrpcStatus(stub.Attach(&context, request, response));
+}
+
+// Asks only for the segment names and the probe.
+v1::AttachRequest ProbeRequest() {
+  v1::AttachRequest request;
+  request.set_transport("shm");
+  return request;
+}
+
+Deadline Soon() { return std::chrono::system_clock::now() + std::chrono::seconds(10); }
+
+class ShmTransport final : public Transport {
+ public:
+  explicit ShmTransport(const TransportContext& context)
+      : context_(context),
+        stub_(v1::Data::NewStub(context.channel)),
+        inline_(MakeInlineTransport(context)) {}
+
+  ~ShmTransport() override {
+    std::vector<uint64_t> leases;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      leases.swap(pending_release_);
+    }
+    if (leases.empty()) return;
+    // Best effort: a lease not released here expires on the daemon.
+    grpc::ClientContext context;
+    context.set_deadline(Soon());
+    v1::ReleaseRequest request;
+    for (uint64_t lease : leases) request.add_leases(lease);
+    v1::ReleaseResponse response;
+    stub_->Release(&context, request, &response);
+  }
+
+  std::string name() const override { return "shm"; }
+
+  absl::Status Push(const PushTarget& target, std::span<const PushItem> items,
+                    Deadline deadline) override {
+    if (target.kind == v1::PUSH_KIND_INITIAL_WEIGHTS) {
+      return inline_->Push(target, items, deadline);  // once per job, from rank 0
+    }
+    absl::StatusOr<std::shared_ptr<SlotCache>> slots = Slots(target, deadline);
+    if (!slots.ok()) return slots.status();
+    std::vector<PushItem> inline_items;
+    std::vector<const PushItem*> placed;
+    for (const PushItem& item : items) {
+      auto it = (*slots)->index.find(item.tensor);
+      const v1::ShmPlace* place =
+          it == (*slots)->index.end() ? nullptr : &(*slots)->places.slots(it->second);
+      // Unknown tensors and sizes that do not match go inline, so the daemon's answer is the same
+      // as for any other transport.
+      if (place == nullptr || place->segment() < 0 ||
+          place->bytes() != static_cast<int64_t>(item.data.size())) {
+        inline_items.push_back(item);
+        continue;
+      }
+      absl::StatusOr<ShmSegment*> segment = Segment(place->segment(), deadline);
+      if (!segment.ok()) return segment.status();
+      if (place->offset() < 0 || place->offset() + place->bytes() > (*segment)->size()) {
+        return absl::DataLossError(
+            absl::StrCat("slot of ", item.tensor, " lies outside segment ", (*segment)->name()));
+      }
+      uint8_t* slot = (*segment)->data() + place->offset();
+      const int64_t received = (*slots)->received[static_cast<size_t>(it->second)];
+      if (received == place->bytes()) {
+        // Pushed before (a retry, or a restarted trainer): the same rule as inline pushes.
+        if (std::memcmp(slot, item.data.data(), item.data.size()) == 0) continue;
+        return absl::FailedPreconditionError(
+            absl::StrCat("a different gradient of tensor \"", item.tensor,
+                         "\" was already pushed for step ", target.step, " by rank ", target.rank,
+                         "; pushes are idempotent only for identical bytes"));
+      }
+      if (received > 0) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("tensor \"", item.tensor, "\" has ", received, " of ", place->bytes(),
+                         " bytes of step ", target.step, " pushed inline; finish it inline"));
+      }
+      std::memcpy(slot, item.data.data(), item.data.size());
+      placed.push_back(&item);
+    }
+    if (!placed.empty()) {
+      if (absl::Status s = Mark(target, placed, deadline); !s.ok()) return s;
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const PushItem* item : placed) {
+        const int i = (*slots)->index.at(item->tensor);
+        (*slots)->received[static_cast<size_t>(i)] = (*slots)->places.slots(i).bytes();
+      }
+    }
+    if (!inline_items.empty()) return inline_->Push(target, inline_items, deadline);
+    return absl::OkStatus();
+  }
+
+  absl::Status Pull(const PullTarget& target, Deadline deadline, Pulled* out) override {
+    if (absl::Status s = PlacedPull(target, deadline, kCopyLease, out); !s.ok()) return s;
+    if (!out->header.has_place()) return absl::OkStatus();  // streamed: already in out->data
+    absl::StatusOr<std::span<const std::byte>> bytes = View(out->header, deadline);
+    if (!bytes.ok()) return bytes.status();
+    out->data.assign(bytes->begin(), bytes->end());
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_release_.push_back(out->header.lease());
+    return absl::OkStatus();
+  }
+
+  absl::Status PullInPlace(const PullTarget& target, Deadline deadline,
+                           std::chrono::milliseconds lease, PulledView* out) override {
+    Pulled pulled;
+    if (absl::Status s = PlacedPull(target, deadline, lease, &pulled); !s.ok()) return s;
+    if (!pulled.header.has_place()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the daemon keeps ", target.tensor,
+                       " out of shared memory (it ran out of room); use "
+                       "Pull, which copies"));
+    }
+    absl::StatusOr<std::span<const std::byte>> bytes = View(pulled.header, deadline);
+    if (!bytes.ok()) return bytes.status();
+    out->header = std::move(pulled.header);
+    out->data = *bytes;
+    out->lease = out->header.lease();
+    return absl::OkStatus();
+  }
+
+  absl::Status Release(uint64_t lease, Deadline deadline) override {
+    grpc::ClientContext context;
+    context.set_deadline(deadline);
+    v1::ReleaseRequest request;
+    request.add_leases(lease);
+    v1::ReleaseResponse response;
+    return FromGrpcStatus(stub_->Release(&context, request, &response));
+  }
+
+  // Maps segment 0 and checks the probe the daemon wrote there.
+  absl::Status Probe(Deadline deadline) {
+    v1::AttachResponse response;
+    if (absl::Status s = AttachCall(*stub_, ProbeRequest(), deadline, &response); !s.ok()) {
+      return s;
+    }
+    Remember(response);
+    absl::StatusOr<ShmSegment*> first = Segment(0, deadline);
+    if (!first.ok()) return first.status();
+    uint64_t probe = 0;
+    if ((*first)->size() >= static_cast<int64_t>(sizeof(probe))) {
+      std::memcpy(&probe, (*first)->data(), sizeof(probe));
+    }
+    if (probe != response.probe()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("segment ", (*first)->name(),
+                       " here is not the daemon's (another host or another "
+                       "/dev/shm)"));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  // The slot places of a rank's step, and what this transport knows was received.
+  struct SlotCache {
+    std::string job;
+    int32_t rank = 0;
+    int64_t step = -1;
+    v1::AttachResponse places;
+    std::map<std::string, int> index;  // tensor -> slot
+    std::vector<int64_t> received;     // guarded by mu_
+  };
+
+  // The slot places of the target's step, asked once per step (and rank and job).
+  absl::StatusOr<std::shared_ptr<SlotCache>> Slots(const PushTarget& target, Deadline deadline) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (slots_ != nullptr && slots_->job == target.job && slots_->rank == target.rank &&
+          slots_->step == target.step) {
+        return slots_;
+      }
+    }
+    v1::AttachRequest request;
+    request.set_job(target.job);
+    request.set_rank(target.rank);
+    request.set_transport("shm");
+    request.set_step(target.step);
+    auto cache = std::make_shared<SlotCache>();
+    if (absl::Status s = AttachCall(*stub_, request, deadline, &cache->places); !s.ok()) return s;
+    Remember(cache->places);
+    cache->job = target.job;
+    cache->rank = target.rank;
+    cache->step = target.step;
+    for (int i = 0; i < cache->places.slots_size(); ++i) {
+      cache->index.emplace(cache->places.slots(i).tensor(), i);
+      cache->received.push_back(cache->places.slots(i).received());
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    slots_ = cache;
+    return cache;
+  }
+
+  // Marks the placed items written, in one Push stream.
+  absl::Status Mark(const PushTarget& target, const std::vector<const PushItem*>& placed,
+                    Deadline deadline) {
+    grpc::ClientContext context;
+    context.set_deadline(deadline);
+    v1::PushResponse response;
+    std::unique_ptr<grpc::ClientWriter<v1::PushChunk>> writer = stub_->Push(&context, &response);
+    v1::PushChunk chunk;
+    chunk.set_job(target.job);
+    chunk.set_rank(target.rank);
+    chunk.set_step(target.step);
+    chunk.set_kind(target.kind);
+    bool open = true;
+    for (const PushItem* item : placed) {
+      chunk.set_tensor(item->tensor);
+      chunk.set_in_place_bytes(static_cast<int64_t>(item->data.size()));
+      if (!(open = writer->Write(chunk))) break;  // the daemon ended the stream: Finish says why
+    }
+    if (open) writer->WritesDone();
+    return FromGrpcStatus(writer->Finish());
+  }
+
+  absl::Status PlacedPull(const PullTarget& target, Deadline deadline,
+                          std::chrono::milliseconds lease, Pulled* out) {
+    v1::PullRequest request = PullRequestOf(target);
+    request.set_delivery(v1::PULL_DELIVERY_PLACE);
+    request.set_lease_ms(lease.count());
+    std::vector<uint64_t> releases;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      releases.swap(pending_release_);
+    }
+    for (uint64_t id : releases) request.add_release(id);
+    return PullStream(*stub_, request, deadline, out);
+  }
+
+  absl::StatusOr<std::span<const std::byte>> View(const v1::PullHeader& header, Deadline deadline) {
+    absl::StatusOr<ShmSegment*> segment = Segment(header.place().segment(), deadline);
+    if (!segment.ok()) return segment.status();
+    const v1::ShmPlace& place = header.place();
+    if (place.offset() < 0 || place.bytes() != header.data_bytes() + header.scale_bytes() ||
+        place.offset() + place.bytes() > (*segment)->size()) {
+      return absl::DataLossError(absl::StrCat("pulled place [", place.offset(), ", +",
+                                              place.bytes(), ") does not fit segment ",
+                                              (*segment)->name()));
+    }
+    return std::span<const std::byte>(
+        reinterpret_cast<const std::byte*>((*segment)->data() + place.offset()),
+        static_cast<size_t>(place.bytes()));
+  }
+
+  void Remember(const v1::AttachResponse& response) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (response.segments_size() > static_cast<int>(names_.size())) {
+      names_.assign(response.segments().begin(), response.segments().end());
+    }
+  }
+
+  // The mapping of segment `index`, made on first use (asking for new names when needed).
+  absl::StatusOr<ShmSegment*> Segment(int index, Deadline deadline) {
+    if (index < 0) return absl::DataLossError(absl::StrCat("segment index ", index));
+    std::string name;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = mapped_.find(index);
+      if (it != mapped_.end()) return it->second.get();
+      if (index < static_cast<int>(names_.size())) name = names_[static_cast<size_t>(index)];
+    }
+    if (name.empty()) {
+      v1::AttachResponse response;
+      if (absl::Status s = AttachCall(*stub_, ProbeRequest(), deadline, &response); !s.ok()) {
+        return s;
+      }
+      if (index >= response.segments_size()) {
+        return absl::DataLossError(
+            absl::StrCat("the daemon named segment ", index, " of ", response.segments_size()));
+      }
+      Remember(response);
+      name = response.segments(index);
+    }
+    absl::StatusOr<std::unique_ptr<ShmSegment>> segment = ShmSegment::Open(name, true);
+    if (!segment.ok()) return segment.status();
+    std::lock_guard<std::mutex> lock(mu_);
+    auto [it, inserted] = mapped_.emplace(index, *std::move(segment));
+    return it->second.get();
+  }
+
+  const TransportContext context_;
+  std::unique_ptr<v1::Data::Stub> stub_;
+  std::unique_ptr<Transport> inline_;
+
+  std::mutex mu_;
+  std::vector<std::string> names_;
+  std::map<int, std::unique_ptr<ShmSegment>> mapped_;
+  std::shared_ptr<SlotCache> slots_;       // the last step pushed
+  std::vector<uint64_t> pending_release_;  // copy-out leases, released with the next pull
+};
+
+}  // namespace
+
+std::string ShmWhyNotViable(const TransportContext& context) {
+  ShmTransport probe(context);
+  absl::Status status = probe.Probe(Soon());
+  return status.ok() ? std::string() : std::string(status.message());
+}
+
+absl::StatusOr<std::unique_ptr<Transport>> MakeShmTransport(const TransportContext& context) {
+  auto transport = std::make_unique<ShmTransport>(context);
+  if (absl::Status s = transport->Probe(Soon()); !s.ok()) return s;
+  return transport;
+}
+
+}  // namespace paramd
