@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <map>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -103,19 +104,26 @@ void Daemon::StartStep(std::shared_ptr<Job> job, StepWork work) {
 }
 
 void Daemon::UpdateGauges() {
-  int64_t state = 0, served = 0, slots = 0;
+  int64_t state = 0, served = 0, slots = 0, leases = 0;
+  std::map<std::string, int> by_transport = {{"inline", 0}};
+  if (shm_ != nullptr) by_transport["shm"] = 0;
   const auto jobs = registry_->Jobs();
   for (const auto& job : jobs) {
     const v1::JobStatus s = job->Status();
     state += s.state_bytes();
     served += s.served_bytes();
     slots += s.slot_bytes();
+    for (const v1::TrainerTransport& t : s.trainers()) ++by_transport[t.transport()];
+    leases += leases_->Held(job->name());
   }
   metrics_->SetJobs(static_cast<int>(jobs.size()));
   metrics_->SetTrainers(registry_->trainers());
   metrics_->SetStateBytes("state", state);
   metrics_->SetStateBytes("served", served);
   metrics_->SetStateBytes("slots", slots);
+  metrics_->SetTrainersByTransport(by_transport);
+  metrics_->SetLeases(leases, leases_->expired());
+  if (shm_ != nullptr) metrics_->SetShmBytes(shm_->reserved_bytes(), shm_->used_bytes());
 }
 
 v1::StatusResponse Daemon::Status(const std::string& job) const {

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -33,6 +34,8 @@ class Daemon {
   // The shared-memory region (null when jobs keep their buffers on the heap).
   const ShmArena* shm() const { return shm_.get(); }
   const std::string& backend_name() const { return backend_name_; }
+  // The backend's exported GPU memory (`cuda_ipc`); none on the cpu backend.
+  std::optional<DeviceExports> device_exports() const { return backend_->Exports(); }
 
   // UNAVAILABLE once draining, else OK. Every RPC asks first.
   absl::Status CheckServing() const;
@@ -51,11 +54,12 @@ class Daemon {
   void WaitForSteps() { executor_.WaitIdle(); }
 
   v1::StatusResponse Status(const std::string& job) const;
+  // Refreshes the gauges that follow the jobs (memory, trainers and their transports, leases).
+  void UpdateGauges();
 
  private:
   Daemon(const v1::DaemonConfig& config, std::unique_ptr<Backend> backend,
          std::unique_ptr<ShmArena> shm);
-  void UpdateGauges();
 
   const v1::DaemonConfig config_;
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();

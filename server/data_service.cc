@@ -4,6 +4,7 @@
 #include <grpcpp/support/proto_buffer_reader.h>
 #include <grpcpp/support/proto_buffer_writer.h>
 #include <grpcpp/support/slice.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <mutex>
@@ -19,6 +20,7 @@ namespace {
 
 constexpr char kInline[] = "inline";
 constexpr char kShm[] = "shm";
+constexpr char kCudaIpc[] = "cuda_ipc";
 
 void CountError(Daemon* daemon, const char* method, const absl::Status& status) {
   if (status.ok()) return;
@@ -70,7 +72,9 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushChunk> {
     }
     if (*stored == ChunkBuffer::Stored::kNew) {
       response_->set_chunks_stored(response_->chunks_stored() + 1);
-      if (chunk_.in_place_bytes() > 0) {
+      if (chunk_.in_place_device()) {
+        daemon_->metrics().Pushed(kCudaIpc, chunk_.in_place_bytes());
+      } else if (chunk_.in_place_bytes() > 0) {
         daemon_->metrics().Pushed(kShm, chunk_.in_place_bytes());
       } else {
         daemon_->metrics().Pushed(kInline, static_cast<int64_t>(chunk_.data().size()));
@@ -183,6 +187,13 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     const ServedFormat* format = served_->Find(format_);
     bytes_ = &format->bytes;
     const ShmPlace* place = place_ ? bytes_->place() : nullptr;
+    // A cuda:N backend serves place pulls from its exported GPU memory (cuda_ipc).
+    ShmPlace device_place;
+    const bool on_device = place_ && !format->device.empty();
+    if (on_device) {
+      device_place = {format->device.place().allocation, format->device.place().offset};
+      place = &device_place;
+    }
     v1::PullHeader* header = message_.mutable_header();
     header->set_version(served_->version);
     const v1::JobStatus status = job_->Status();
@@ -207,13 +218,14 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       p->set_segment(place->segment);
       p->set_offset(place->offset);
       p->set_bytes(bytes_->size());
+      header->set_place_on_device(on_device);
       const auto expires = LeaseTable::Clock::now() + std::chrono::milliseconds(lease_ms_);
       header->set_lease(daemon_->leases().Take(job_->name(), served_, expires));
       header->set_lease_expires_unix_ms(
           std::chrono::duration_cast<std::chrono::milliseconds>(expires.time_since_epoch())
               .count());
       offset_ = bytes_->size();  // no data chunks follow
-      daemon_->metrics().Pulled(kShm, bytes_->size());
+      daemon_->metrics().Pulled(on_device ? kCudaIpc : kShm, bytes_->size());
       placed_ = true;
     }
     grpc::SerializationTraits<v1::PullChunk>::Serialize(message_, &buffer_, &own_buffer);
@@ -264,6 +276,54 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
 }  // namespace
 
+absl::Status DataService::AttachCudaIpc(const v1::AttachRequest& request,
+                                        v1::AttachResponse* response) {
+  if (!daemon_->device_exports().has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the daemon's backend is ", daemon_->backend_name(),
+                     ", which keeps no GPU memory to share; cuda_ipc needs a cuda:N backend"));
+  }
+  auto fill_exports = [&] {
+    // Read after any allocation the request made, so the places below have their handles.
+    const DeviceExports exports = *daemon_->device_exports();
+    response->clear_ipc_handles();
+    response->clear_ipc_bases();
+    for (const std::string& handle : exports.handles) response->add_ipc_handles(handle);
+    for (uint64_t base : exports.bases) response->add_ipc_bases(base);
+    response->set_device(exports.device);
+    response->set_device_uuid(exports.uuid);
+    response->set_pid(static_cast<int64_t>(getpid()));
+  };
+  if (request.job().empty() && !request.has_step()) {  // a probe
+    fill_exports();
+    return absl::OkStatus();
+  }
+  PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, daemon_->registry().Find(request.job()));
+  if (request.has_step()) {
+    PARAMD_ASSIGN_OR_RETURN(Job::SlotPlaces slots,
+                            job->DeviceSlotsForStep(request.rank(), request.step()));
+    response->set_committed(slots.committed);
+    for (size_t i = 0; i < slots.places.size(); ++i) {
+      v1::ShmPlace* place = response->add_slots();
+      place->set_segment(slots.places[i].segment);
+      place->set_offset(slots.places[i].offset);
+      place->set_bytes(slots.bytes[i]);
+      place->set_tensor(slots.tensors[i]);
+      place->set_received(slots.received[i]);
+    }
+    fill_exports();
+    return absl::OkStatus();
+  }
+  if (request.rank() < 0 || request.rank() >= job->world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", request.rank(), " is outside [0, ",
+                                                   job->world_size(), ") of job \"", request.job(),
+                                                   "\""));
+  }
+  job->SetTrainerTransport(request.rank(), request.transport(), request.reason());
+  fill_exports();
+  return absl::OkStatus();
+}
+
 grpc::ServerReadReactor<v1::PushChunk>* DataService::Push(grpc::CallbackServerContext* context,
                                                           v1::PushResponse* response) {
   return new PushReactor(daemon_, response);
@@ -298,10 +358,13 @@ grpc::ServerUnaryReactor* DataService::Attach(grpc::CallbackServerContext* conte
   auto attach = [&]() -> absl::Status {
     PARAMD_RETURN_IF_ERROR(daemon_->CheckServing());
     const bool shm = request->transport() == kShm;
-    if (!shm && request->transport() != kInline) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "transport \"", request->transport(), "\" is not one this daemon offers (shm, inline)"));
+    const bool cuda_ipc = request->transport() == kCudaIpc;
+    if (!shm && !cuda_ipc && request->transport() != kInline) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("transport \"", request->transport(),
+                       "\" is not one this daemon offers (cuda_ipc, shm, inline)"));
     }
+    if (cuda_ipc) return AttachCudaIpc(*request, response);
     if (shm) {
       const ShmArena* arena = daemon_->shm();
       if (arena == nullptr) {
@@ -342,6 +405,7 @@ grpc::ServerUnaryReactor* DataService::Attach(grpc::CallbackServerContext* conte
                                                      request->job(), "\""));
     }
     job->SetTrainerTransport(request->rank(), request->transport(), request->reason());
+    daemon_->UpdateGauges();
     return absl::OkStatus();
   };
   const absl::Status status = attach();

@@ -76,7 +76,26 @@ Metrics::Metrics()
       state_bytes_(prometheus::BuildGauge()
                        .Name("paramd_state_bytes")
                        .Help("Bytes held, by kind (state, served, slots)")
-                       .Register(*registry_)) {}
+                       .Register(*registry_)),
+      trainers_by_transport_(prometheus::BuildGauge()
+                                 .Name("paramd_trainers_by_transport")
+                                 .Help("Attached trainer ranks, by the transport they chose")
+                                 .Register(*registry_)),
+      leases_held_(prometheus::BuildGauge()
+                       .Name("paramd_leases_held")
+                       .Help("Leases on served bytes read in place, held now")
+                       .Register(*registry_)
+                       .Add({})),
+      leases_expired_(prometheus::BuildGauge()
+                          .Name("paramd_leases_expired")
+                          .Help("Leases that ended by expiry rather than release (a dead or "
+                                "slow trainer), since start")
+                          .Register(*registry_)
+                          .Add({})),
+      shm_bytes_(prometheus::BuildGauge()
+                     .Name("paramd_shm_bytes")
+                     .Help("Shared memory of the shm transport, by kind (reserved, used)")
+                     .Register(*registry_)) {}
 
 Metrics::~Metrics() = default;
 
@@ -115,6 +134,22 @@ void Metrics::RpcError(const std::string& method, int code) {
 }
 
 void Metrics::SetTrainers(int trainers) { trainers_.Set(trainers); }
+
+void Metrics::SetTrainersByTransport(const std::map<std::string, int>& trainers) {
+  for (const auto& [transport, count] : trainers) {
+    trainers_by_transport_.Add({{"transport", transport}}).Set(count);
+  }
+}
+
+void Metrics::SetLeases(int64_t held, int64_t expired) {
+  leases_held_.Set(static_cast<double>(held));
+  leases_expired_.Set(static_cast<double>(expired));
+}
+
+void Metrics::SetShmBytes(int64_t reserved, int64_t used) {
+  shm_bytes_.Add({{"kind", "reserved"}}).Set(static_cast<double>(reserved));
+  shm_bytes_.Add({{"kind", "used"}}).Set(static_cast<double>(used));
+}
 void Metrics::SetJobs(int jobs) { jobs_.Set(jobs); }
 
 void Metrics::SetStateBytes(const std::string& kind, int64_t bytes) {

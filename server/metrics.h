@@ -9,6 +9,7 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include <map>
 #include <memory>
 #include <string>
 
@@ -31,6 +32,10 @@ class Metrics {
   void SetTrainers(int trainers);
   void SetJobs(int jobs);
   void SetStateBytes(const std::string& kind, int64_t bytes);
+  // Attached ranks by the transport they use; every transport offered gets a series.
+  void SetTrainersByTransport(const std::map<std::string, int>& trainers);
+  void SetLeases(int64_t held, int64_t expired);
+  void SetShmBytes(int64_t reserved, int64_t used);
 
   prometheus::Registry& registry() { return *registry_; }
 
@@ -46,6 +51,10 @@ class Metrics {
   prometheus::Gauge& trainers_;
   prometheus::Gauge& jobs_;
   prometheus::Family<prometheus::Gauge>& state_bytes_;
+  prometheus::Family<prometheus::Gauge>& trainers_by_transport_;
+  prometheus::Gauge& leases_held_;
+  prometheus::Gauge& leases_expired_;
+  prometheus::Family<prometheus::Gauge>& shm_bytes_;
 };
 
 }  // namespace paramd

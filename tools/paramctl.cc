@@ -78,6 +78,11 @@ int Status(Client& client, const std::string& job) {
                                status->daemon_version(), status->backend(),
                                absl::StrJoin(status->transports(), ","), status->uptime_seconds(),
                                status->draining() ? "  DRAINING" : "");
+  if (status->shm_segments() > 0) {
+    std::cout << absl::StrFormat("shared memory: %d segments, %s reserved, %s in use\n",
+                                 status->shm_segments(), Bytes(status->shm_reserved_bytes()),
+                                 Bytes(status->shm_used_bytes()));
+  }
   if (status->jobs().empty()) std::cout << "no jobs\n";
   for (const v1::JobStatus& j : status->jobs()) {
     std::cout << absl::StrFormat(
@@ -100,6 +105,13 @@ int Status(Client& client, const std::string& job) {
         "  skipped steps %d, clipping %s (last clip %g)\n", j.skipped_steps(),
         j.max_grad_norm() > 0 ? absl::StrCat("at ", j.max_grad_norm()) : std::string("off"),
         j.last_clip());
+    std::vector<std::string> trainers;
+    for (const v1::TrainerTransport& t : j.trainers()) {
+      trainers.push_back(absl::StrCat(t.rank(), ":", t.transport()));
+    }
+    std::cout << absl::StrFormat("  transports %s, leases held %d%s\n",
+                                 trainers.empty() ? "-" : absl::StrJoin(trainers, " "), j.leases(),
+                                 j.shared_memory() ? ", buffers in shared memory" : "");
   }
   return 0;
 }

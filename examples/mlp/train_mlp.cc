@@ -3,6 +3,14 @@
 // 1/world_size), and pulls the new FP32 weights. With --check (rank 0), it then replays the whole
 // job locally with paramd::reference and exits non-zero unless the daemon's weights (FP32 and
 // BF16) are bit-identical.
+//
+// A trainer that joins a job already under way (a restarted rank) resumes at the step the daemon
+// collects, from the weights it serves. With --in_place, pulls read the daemon's shared memory
+// under a lease (the shm transport) instead of copying through the transport; --crash_at_step
+// kills the process (SIGKILL) after pushing that step's gradients while it holds such a lease,
+// for the failure tests.
+#include <signal.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -27,6 +35,10 @@ ABSL_FLAG(double, weight_decay, 0.01, "AdamW weight decay");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the initial weights and the data");
 ABSL_FLAG(bool, check, false, "Rank 0: compare the final weights with the local reference");
 ABSL_FLAG(std::string, transport, "auto", "Transport name or auto");
+ABSL_FLAG(bool, in_place, false, "Read pulled weights in place under a lease (shm transport)");
+ABSL_FLAG(int64_t, crash_at_step, -1,
+          "Kill this process after pushing this step's gradients, holding a lease (tests)");
+ABSL_FLAG(int64_t, lease_ms, 0, "Lease of in-place reads, ms (0: the daemon's default)");
 
 namespace paramd::mlp {
 namespace {
@@ -63,15 +75,25 @@ v1::RegisterRequest Registration(const TrainSettings& s, const std::string& job,
   return r;
 }
 
-// Pulls every tensor at `min_version` in `recipe`; FP32 goes to `params`.
+// Pulls every tensor at `min_version` in `recipe`; FP32 goes to `params`. In place: each tensor is
+// read where the daemon keeps it, copied out, and its lease released.
 absl::Status PullAll(Client& client, const std::string& job, int64_t min_version, v1::Recipe recipe,
                      std::vector<Pulled>* pulled) {
   pulled->resize(kNumTensors);
   for (int t = 0; t < kNumTensors; ++t) {
     PullTarget target{job, kShapes[t].name, {}, min_version};
     target.format.set_recipe(recipe);
-    absl::Status s = client.Pull(target, std::chrono::seconds(60), &(*pulled)[t]);
-    if (!s.ok()) return s;
+    if (!absl::GetFlag(FLAGS_in_place)) {
+      absl::Status s = client.Pull(target, std::chrono::seconds(120), &(*pulled)[t]);
+      if (!s.ok()) return s;
+      continue;
+    }
+    absl::StatusOr<PulledView> view = client.PullInPlace(
+        target, std::chrono::seconds(120), std::chrono::milliseconds(absl::GetFlag(FLAGS_lease_ms)));
+    if (!view.ok()) return view.status();
+    (*pulled)[t].header = view->header;
+    (*pulled)[t].data.assign(view->data.begin(), view->data.end());
+    if (absl::Status s = client.Release(*view); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -116,8 +138,10 @@ int Main() {
   absl::StatusOr<v1::RegisterResponse> registered = client.Register(Registration(s, job, rank));
   if (!registered.ok()) return Fail("register", registered.status());
 
+  // A rank restarted while the job runs resumes where the daemon is.
+  const int64_t first_step = registered->next_step();
   Params params = InitialParams(s.seed);
-  if (rank == 0) {
+  if (rank == 0 && registered->version() < 0) {
     std::vector<PushItem> items;
     for (int t = 0; t < kNumTensors; ++t)
       items.push_back({kShapes[t].name, Bytes(*params.tensor(t))});
@@ -126,13 +150,16 @@ int Main() {
     }
   }
   std::vector<Pulled> pulled;
-  if (absl::Status st = PullAll(client, job, 0, v1::RECIPE_FP32, &pulled); !st.ok()) {
-    return Fail("pull version 0", st);
+  if (absl::Status st = PullAll(client, job, first_step, v1::RECIPE_FP32, &pulled); !st.ok()) {
+    return Fail("pull the starting weights", st);
   }
   Unpack(pulled, &params);
+  if (first_step > 0) {
+    std::printf("rank %d resumes at step %lld\n", rank, static_cast<long long>(first_step));
+  }
 
   Params grad;
-  for (int64_t step = 0; step < s.steps; ++step) {
+  for (int64_t step = first_step; step < s.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     const float loss = LossAndGradient(params, MakeBatch(s.seed, step, rank), &grad);
     std::vector<PushItem> items;
@@ -140,6 +167,19 @@ int Main() {
       items.push_back({kShapes[t].name, Bytes(*grad.tensor(t))});
     if (absl::Status st = client.PushGradients(job, rank, step, items); !st.ok()) {
       return Fail("push", st);
+    }
+    if (step == absl::GetFlag(FLAGS_crash_at_step)) {
+      // Dies holding mapped segments and a lease on the current weights, before committing.
+      PullTarget target{job, kShapes[0].name, {}, step};
+      target.format.set_recipe(v1::RECIPE_FP32);
+      absl::StatusOr<PulledView> held = client.PullInPlace(
+          target, std::chrono::seconds(60),
+          std::chrono::milliseconds(absl::GetFlag(FLAGS_lease_ms)));
+      if (!held.ok()) return Fail("lease before the crash", held.status());
+      std::printf("rank %d: killing itself at step %lld holding lease %llu\n", rank,
+                  static_cast<long long>(step), static_cast<unsigned long long>(held->lease));
+      std::fflush(stdout);
+      raise(SIGKILL);
     }
     absl::StatusOr<v1::CommitResponse> committed =
         client.Commit(job, rank, step, LearningRate(s.lr, step, s.steps), 1.0 / s.world_size);

@@ -147,6 +147,11 @@ fi
 [[ "$answer" == *"training_job=mlp"* && "$answer" == *"job=paramd"* ]] ||
   fail "paramd_steps_total lacks training_job=mlp (the training job) and job=paramd: '$answer'"
 
+# The trainer ran on this node, so it chose the shm transport, and the gauge says so.
+shm=$(promql 'paramd_trainers_by_transport{transport="shm"}')
+echo "paramd_trainers_by_transport{transport=\"shm\"}: $shm"
+[[ "$shm" =~ (^|[[:space:]])1$ ]] || fail "one trainer on shm expected: '$shm'"
+
 up=$(promql 'up{job="paramd"} == 1')
 echo "up{job=\"paramd\"} == 1: $up"
 [[ "$up" == *"instance=$metrics_target"* ]] ||

@@ -1,0 +1,178 @@
+// paramd_shm_bench: the `shm` transport against the CPU copy ceiling, and a whole step by
+// transport, against a running daemon (cpu backend, shared memory on).
+//   - ceiling: memcpy of the same bytes between two warm buffers, one thread, same run
+//   - shm push: a gradient of --mib MiB written into its slot and marked (Attach + copy + mark)
+//   - shm pull: the served FP32 weights copied out under a lease; and leased in place (no copy)
+//   - step: push + commit + pull of --elements FP32 parameters (one rank) over each transport
+// Prints one line per figure and a last `RESULT key=value ...` line for bench/run_shm_bench.sh.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "client/client.h"
+
+ABSL_FLAG(std::string, address, "127.0.0.1:50051", "Daemon address");
+ABSL_FLAG(int, mib, 256, "Size of the transfer tensor, MiB");
+ABSL_FLAG(int, iters, 10, "Timed transfers");
+ABSL_FLAG(int64_t, elements, int64_t{1} << 26, "Parameters of the whole-step figure");
+ABSL_FLAG(int, step_iters, 4, "Timed whole steps per transport");
+
+namespace paramd {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+void Check(const absl::Status& status, const char* what) {
+  if (!status.ok()) {
+    std::fprintf(stderr, "shm_bench: %s: %s\n", what, status.ToString().c_str());
+    std::exit(1);
+  }
+}
+
+v1::RegisterRequest Job(const std::string& name, int64_t cols) {
+  v1::RegisterRequest r;
+  r.set_job(name);
+  r.set_world_size(1);
+  // Row-shaped like a layer: rows of 4096 (or one row when smaller).
+  const int64_t row = cols % 4096 == 0 ? 4096 : cols;
+  v1::TensorSpec* t = r.add_tensors();
+  t->set_name("t");
+  t->set_rows(cols / row);
+  t->set_cols(row);
+  t->set_grad_type(v1::ELEMENT_TYPE_FP32);
+  v1::AdamwHyperparams* h = r.mutable_hyperparams();
+  h->set_lr(1e-3);
+  h->set_beta1(0.9);
+  h->set_beta2(0.999);
+  h->set_eps(1e-8);
+  return r;
+}
+
+std::unique_ptr<Client> Connect(const std::string& transport) {
+  ClientOptions options;
+  options.address = absl::GetFlag(FLAGS_address);
+  options.transport = transport;
+  options.max_message_bytes = 128 << 20;
+  options.rpc_timeout = std::chrono::milliseconds(600000);
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+  Check(client.status(), "connect");
+  return *std::move(client);
+}
+
+// Median seconds of a push + commit + pull step of `elements` parameters over `transport`.
+double StepSeconds(const std::string& transport, int64_t elements) {
+  std::unique_ptr<Client> client = Connect(transport);
+  const std::string job = "step_" + transport;
+  Check(client->Register(Job(job, elements)).status(), "register step job");
+  if (client->transport_name() != transport) {
+    std::fprintf(stderr, "shm_bench: got transport %s, not %s\n", client->transport_name().c_str(),
+                 transport.c_str());
+    std::exit(1);
+  }
+  std::vector<float> grad(static_cast<size_t>(elements), 1e-3f);
+  const std::vector<PushItem> items = {{"t", std::as_bytes(std::span<const float>(grad))}};
+  Check(client->UploadInitialWeights(job, items), "upload");
+  Pulled pulled;
+  std::vector<double> seconds;
+  for (int i = 0; i < absl::GetFlag(FLAGS_step_iters) + 1; ++i) {
+    grad[0] = static_cast<float>(i);
+    const auto start = Clock::now();
+    Check(client->PushGradients(job, 0, i, items), "step push");
+    Check(client->Commit(job, 0, i).status(), "step commit");
+    PullTarget target{job, "t", {}, i + 1};
+    target.format.set_recipe(v1::RECIPE_FP32);
+    Check(client->Pull(target, std::chrono::seconds(600), &pulled), "step pull");
+    if (i > 0) seconds.push_back(Seconds(start));  // the first step allocates the slots
+  }
+  return Median(seconds);
+}
+
+int Main() {
+  const int64_t elements = int64_t{absl::GetFlag(FLAGS_mib)} << 18;
+  const size_t bytes = static_cast<size_t>(elements) * 4;
+  const int iters = absl::GetFlag(FLAGS_iters);
+
+  // The ceiling: one thread's memcpy between two warm buffers of the same size.
+  std::vector<float> src(static_cast<size_t>(elements), 0.25f);
+  std::vector<float> dst(static_cast<size_t>(elements), 0.0f);
+  std::vector<double> copy_s;
+  for (int i = 0; i < iters; ++i) {
+    src[static_cast<size_t>(i)] = static_cast<float>(i);
+    const auto start = Clock::now();
+    std::memcpy(dst.data(), src.data(), bytes);
+    copy_s.push_back(Seconds(start));
+  }
+  const double copy_gbps = bytes / Median(copy_s) / 1e9;
+  std::printf("memcpy %d MiB, one thread: %.2f GB/s (median of %d)\n", absl::GetFlag(FLAGS_mib),
+              copy_gbps, iters);
+
+  std::unique_ptr<Client> client = Connect("shm");
+  Check(client->Register(Job("xfer", elements)).status(), "register");
+  const std::vector<PushItem> items = {{"t", std::as_bytes(std::span<const float>(src))}};
+  Check(client->UploadInitialWeights("xfer", items), "upload");
+  std::vector<double> push_s, pull_s, view_s;
+  Pulled pulled;
+  for (int i = 0; i < iters + 1; ++i) {
+    src[static_cast<size_t>(i)] = 0.5f;
+    auto start = Clock::now();
+    Check(client->PushGradients("xfer", 0, i, items), "push");
+    if (i > 0) push_s.push_back(Seconds(start));  // the first push allocates the slot
+    Check(client->Commit("xfer", 0, i).status(), "commit");
+    PullTarget target{"xfer", "t", {}, i + 1};
+    target.format.set_recipe(v1::RECIPE_FP32);
+    Check(client->Pull(target, std::chrono::seconds(60), &pulled), "pull (wait)");
+    start = Clock::now();
+    Check(client->Pull(target, std::chrono::seconds(60), &pulled), "pull");
+    pull_s.push_back(Seconds(start));
+    start = Clock::now();
+    absl::StatusOr<PulledView> view =
+        client->PullInPlace(target, std::chrono::seconds(60), std::chrono::seconds(60));
+    Check(view.status(), "pull in place");
+    Check(client->Release(*view), "release");
+    view_s.push_back(Seconds(start));
+  }
+  const double push_gbps = bytes / Median(push_s) / 1e9;
+  const double pull_gbps = bytes / Median(pull_s) / 1e9;
+  const double view_us = Median(view_s) * 1e6;
+  std::printf("shm push %d MiB: %.2f GB/s (median of %zu)\n", absl::GetFlag(FLAGS_mib), push_gbps,
+              push_s.size());
+  std::printf("shm pull %d MiB (copy out): %.2f GB/s (median of %zu)\n",
+              absl::GetFlag(FLAGS_mib), pull_gbps, pull_s.size());
+  std::printf("shm pull in place + release: %.0f us, whatever the size\n", view_us);
+
+  const int64_t step_elements = absl::GetFlag(FLAGS_elements);
+  const double shm_step = StepSeconds("shm", step_elements);
+  std::printf("step of %lld parameters over shm: %.1f ms\n",
+              static_cast<long long>(step_elements), shm_step * 1e3);
+  const double inline_step = StepSeconds("inline", step_elements);
+  std::printf("step of %lld parameters over inline: %.1f ms\n",
+              static_cast<long long>(step_elements), inline_step * 1e3);
+  std::printf(
+      "RESULT copy_gbps=%.3f push_gbps=%.3f pull_gbps=%.3f view_us=%.1f elements=%lld "
+      "shm_step_ms=%.2f inline_step_ms=%.2f\n",
+      copy_gbps, push_gbps, pull_gbps, view_us, static_cast<long long>(step_elements),
+      shm_step * 1e3, inline_step * 1e3);
+  return 0;
+}
+
+}  // namespace
+}  // namespace paramd
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return paramd::Main();
+}
