@@ -150,14 +150,14 @@ int Main() {
   const double view_us = Median(view_s) * 1e6;
   std::printf("shm push %d MiB: %.2f GB/s (median of %zu)\n", absl::GetFlag(FLAGS_mib), push_gbps,
               push_s.size());
-  std::printf("shm pull %d MiB (copy out): %.2f GB/s (median of %zu)\n",
-              absl::GetFlag(FLAGS_mib), pull_gbps, pull_s.size());
+  std::printf("shm pull %d MiB (copy out): %.2f GB/s (median of %zu)\n", absl::GetFlag(FLAGS_mib),
+              pull_gbps, pull_s.size());
   std::printf("shm pull in place + release: %.0f us, whatever the size\n", view_us);
 
   const int64_t step_elements = absl::GetFlag(FLAGS_elements);
   const double shm_step = StepSeconds("shm", step_elements);
-  std::printf("step of %lld parameters over shm: %.1f ms\n",
-              static_cast<long long>(step_elements), shm_step * 1e3);
+  std::printf("step of %lld parameters over shm: %.1f ms\n", static_cast<long long>(step_elements),
+              shm_step * 1e3);
   const double inline_step = StepSeconds("inline", step_elements);
   std::printf("step of %lld parameters over inline: %.1f ms\n",
               static_cast<long long>(step_elements), inline_step * 1e3);

@@ -88,8 +88,9 @@ absl::Status PullAll(Client& client, const std::string& job, int64_t min_version
       if (!s.ok()) return s;
       continue;
     }
-    absl::StatusOr<PulledView> view = client.PullInPlace(
-        target, std::chrono::seconds(120), std::chrono::milliseconds(absl::GetFlag(FLAGS_lease_ms)));
+    absl::StatusOr<PulledView> view =
+        client.PullInPlace(target, std::chrono::seconds(120),
+                           std::chrono::milliseconds(absl::GetFlag(FLAGS_lease_ms)));
     if (!view.ok()) return view.status();
     (*pulled)[t].header = view->header;
     (*pulled)[t].data.assign(view->data.begin(), view->data.end());
@@ -172,9 +173,9 @@ int Main() {
       // Dies holding mapped segments and a lease on the current weights, before committing.
       PullTarget target{job, kShapes[0].name, {}, step};
       target.format.set_recipe(v1::RECIPE_FP32);
-      absl::StatusOr<PulledView> held = client.PullInPlace(
-          target, std::chrono::seconds(60),
-          std::chrono::milliseconds(absl::GetFlag(FLAGS_lease_ms)));
+      absl::StatusOr<PulledView> held =
+          client.PullInPlace(target, std::chrono::seconds(60),
+                             std::chrono::milliseconds(absl::GetFlag(FLAGS_lease_ms)));
       if (!held.ok()) return Fail("lease before the crash", held.status());
       std::printf("rank %d: killing itself at step %lld holding lease %llu\n", rank,
                   static_cast<long long>(step), static_cast<unsigned long long>(held->lease));
