@@ -71,7 +71,7 @@ fi
 if [[ "${PEERS:-}" != none ]]; then
   stamp "torch peers"
   PYTHONUNBUFFERED=1 timeout "${PEERS_TIMEOUT:-200}" python3 "$root/bench/gpu/peer_torch_adam.py" \
-    --sets "${BENCH_SETS:-one,llm,small}" --peers "${PEERS:-torch_fused,torch_compile}" \
+    --sets "${BENCH_SETS:-one,llm,small}" --peers "${PEERS:-torch_fused,torch_compile,torch_eager}" \
     --json "$peers_json" > "$out/peers.log" 2>&1 || echo "peers stopped early (see peers.log)"
   grep '^{' "$out/peers.log" || tail -20 "$out/peers.log"
 fi

@@ -112,8 +112,9 @@ def job_step(p, g, mq, ms, vq, vs, rowq, rows, colq, cols):
         cols.copy_((e + 127).clamp(0, 254).to(torch.uint8).view(R // 32, C))
 
 
-def compiled_job(shapes, reps):
-    step = torch.compile(job_step, dynamic=False)
+def compiled_job(shapes, reps, compiled=True):
+    # Eager PyTorch runs the same function op by op (the issue asks for its ratio too).
+    step = torch.compile(job_step, dynamic=False) if compiled else job_step
     tensors = []
     numel = 0
     for r, c in shapes:
@@ -173,6 +174,9 @@ def main():
             try:
                 if peer == "torch_fused":
                     ms, numel = fused_adamw(shapes, reps)
+                    extra = {}
+                elif peer == "torch_eager":
+                    ms, numel, _ = compiled_job(shapes, reps, compiled=False)
                     extra = {}
                 else:
                     ms, numel, compile_s = compiled_job(shapes, reps)

@@ -35,7 +35,8 @@ def main():
         if r.get("kind") == "peer" and "error" in r:
             print(f"peer {r['peer']} on {r['set']} failed: {r['error']}")
     hdr = (f"{'set':6} {'policy':6} {'tensors':>7} {'ms':>8} {'GB/s':>6} {'of copy':>7} "
-           f"{'Gelem/s':>8} {'torch fused':>12} {'x fused':>8} {'compile':>8} {'x compile':>9}")
+           f"{'Gelem/s':>8} {'torch fused':>12} {'x fused':>8} {'compile':>8} {'x compile':>9} "
+           f"{'eager':>7} {'x eager':>8}")
     print(hdr)
     for s in ("one", "llm", "small"):
         for policy in ("issue", "fp32"):
@@ -46,6 +47,9 @@ def main():
             best = min(cand, key=lambda r: r["ms"])
             fused = peer.get(("torch_fused", s))
             comp = peer.get(("torch_compile", s))
+            eager = peer.get(("torch_eager", s)) if policy == "issue" else None
+            e_g = f"{eager['gelems']:.2f}" if eager else "-"
+            e_x = f"{best['gelems'] / eager['gelems']:.1f}x" if eager else "-"
             f_g = f"{fused['gelems']:.1f}" if fused else "-"
             f_x = f"{best['gelems'] / fused['gelems']:.2f}x" if fused else "-"
             c_g = f"{comp['gelems']:.1f}" if comp and policy == "issue" else "-"
@@ -53,7 +57,7 @@ def main():
                    else "-")
             print(f"{s:6} {policy:6} {best['tensors']:7d} {best['ms']:8.3f} {best['gbs']:6.0f} "
                   f"{best['ratio']:7.3f} {best['gelems']:8.1f} {f_g:>12} {f_x:>8} {c_g:>8} "
-                  f"{c_x:>9}  (tuning {best['tuning']})")
+                  f"{c_x:>9} {e_g:>7} {e_x:>8}  (tuning {best['tuning']})")
     ref = peer.get(("torch_compile", "ref64"))
     if ref:
         print(f"torch.compile reference setup (64 x 4096x4096): {ref['gelems']:.1f} Gelem/s")

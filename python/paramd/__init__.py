@@ -1,0 +1,100 @@
+"""paramd: Python client of the paramd optimizer daemon.
+
+Low level (tensors in and out, no PyTorch optimizer semantics):
+
+    import paramd
+    client = paramd.connect("127.0.0.1:50051")
+    client.register(job="lm", rank=0, world_size=1, tensors=[("w", 4, 8, "fp32")],
+                    hyperparams=paramd.hyperparams(lr=1e-3), serve=["bf16"])
+    paramd.upload_initial_weights(client, "lm", {"w": w})
+    paramd.push_gradients(client, "lm", rank=0, step=0, grads={"w": w.grad})
+    client.commit("lm", 0, 0, lr=1e-3, grad_scale=1.0)
+    weight = paramd.pull(client, "lm", "w", "bf16", min_version=1)  # ServedWeight, zero-copy
+    w.data.copy_(paramd.dequantize(weight))
+
+The optimizer a training loop swaps in for torch.optim.AdamW is paramd.torch.AdamW.
+"""
+
+from paramd._paramd import Client, PulledBytes, StatusError
+
+__all__ = [
+    "Client", "PulledBytes", "StatusError", "byte_view", "connect", "dequantize",
+    "hyperparams", "pull", "push_gradients", "served", "state_policy",
+    "upload_initial_weights",
+]
+
+# Named state policies (DESIGN.md section 3); a dict with the keys below picks any other mix.
+STATE_POLICIES = {
+    "fp32": {},
+    "bf16": {"exp_avg": "bf16", "exp_avg_sq": "bf16"},
+    "fp16": {"exp_avg": "fp16", "exp_avg_sq": "fp16"},
+    # fp8 exp_avg with a block-scaled fp16 exp_avg_sq: 3 + 1/16 bytes of moments per parameter.
+    "fp8": {"exp_avg": "fp8", "exp_avg_sq": "fp16"},
+    # Both moments fp8 (stochastic rounding of exp_avg_sq by default): 2 + 1/16 bytes.
+    "fp8_all": {"exp_avg": "fp8", "exp_avg_sq": "fp8"},
+    # A bit-exact FP32 master kept as the served bf16 plus a 16-bit remainder.
+    "bf16_remainder": {"master": "bf16_remainder"},
+}
+
+_POLICY_KEYS = ("master", "exp_avg", "exp_avg_sq", "exp_avg_rounding", "exp_avg_sq_rounding")
+
+
+def connect(address="127.0.0.1:50051", transport="auto", rpc_timeout_s=30.0,
+            connect_timeout_s=10.0, max_attempts=5):
+    """Connects to a daemon; waits up to connect_timeout_s for it to answer."""
+    return Client(address, transport=transport, rpc_timeout_s=rpc_timeout_s,
+                  connect_timeout_s=connect_timeout_s, max_attempts=max_attempts)
+
+
+def state_policy(policy):
+    """A policy name from STATE_POLICIES, or a dict of its keys -> the dict register() takes."""
+    if isinstance(policy, str):
+        if policy not in STATE_POLICIES:
+            raise ValueError(f"unknown state policy {policy!r}; one of {sorted(STATE_POLICIES)} "
+                             f"or a dict with keys {_POLICY_KEYS}")
+        return dict(STATE_POLICIES[policy])
+    unknown = set(policy) - set(_POLICY_KEYS)
+    if unknown:
+        raise ValueError(f"unknown state policy keys {sorted(unknown)}; keys: {_POLICY_KEYS}")
+    return dict(policy)
+
+
+def hyperparams(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
+    return {"lr": float(lr), "betas": (float(betas[0]), float(betas[1])), "eps": float(eps),
+            "weight_decay": float(weight_decay)}
+
+
+def upload_initial_weights(client, job, weights):
+    """Rank 0, once: {name: float32 tensor} as version 0 (read in place, not copied)."""
+    client.upload_initial_weights(
+        job, [(name, byte_view(t.detach().float())) for name, t in weights.items()])
+
+
+def push_gradients(client, job, rank, step, grads):
+    """{name: gradient tensor (fp32 or bf16, as registered)}, read in place."""
+    client.push_gradients(job, rank, step, [(name, byte_view(g)) for name, g in grads.items()])
+
+
+def pull(client, job, tensor, fmt="fp32", min_version=0, timeout_s=60.0):
+    """Waits for `min_version` and returns the served weight as a ServedWeight (no copy)."""
+    return served(client.pull(job, tensor, fmt, min_version, timeout_s))
+
+
+# The tensor helpers need torch; they are imported on first use so that the bindings alone work
+# without it.
+def byte_view(tensor):
+    """The bytes of a contiguous CPU tensor as a uint8 numpy array over the same memory."""
+    from paramd import _formats
+    return _formats.byte_view(tensor)
+
+
+def served(pulled):
+    """A PulledBytes viewed as a ServedWeight (torch tensors over the same memory)."""
+    from paramd import _formats
+    return _formats.served(pulled)
+
+
+def dequantize(weight):
+    """A ServedWeight as float32 [rows, cols]."""
+    from paramd import _formats
+    return _formats.dequantize(weight)

@@ -1,0 +1,116 @@
+"""Served bytes <-> torch tensors.
+
+A pull delivers one byte buffer: the data (row-major), then the scales. These helpers view it
+in place as torch tensors of the served dtype and dequantize it to float32 with the rules of
+DESIGN.md section 3, so the module gets exactly the values the daemon's recipe encodes.
+"""
+
+from collections import namedtuple
+
+import torch
+
+# What a trainer can use directly: `data` in the served dtype (float8_e4m3fn for the FP8 recipes),
+# `scale` as the recipe stores it (float32 scale_inv values, or uint8 E8M0 exponents for mxfp8;
+# None for fp32, bf16 and fp16), both shaped as the header says.
+ServedWeight = namedtuple(
+    "ServedWeight", "data scale scale_type format version rows cols skipped")
+
+_DATA_DTYPES = {
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp8_tensor": torch.float8_e4m3fn,
+    "fp8_delayed": torch.float8_e4m3fn,
+    "fp8_block": torch.float8_e4m3fn,
+    "mxfp8": torch.float8_e4m3fn,
+}
+
+_GRAD_TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+
+
+def recipe_of(fmt):
+    """'mxfp8:columnwise' -> 'mxfp8'."""
+    return fmt.split(":", 1)[0]
+
+
+def is_columnwise(fmt):
+    return fmt.endswith(":columnwise")
+
+
+def check_format(fmt):
+    if recipe_of(fmt) not in _DATA_DTYPES:
+        raise ValueError(f"unknown serve format {fmt!r}; one of {sorted(_DATA_DTYPES)}, "
+                         "optionally with ':columnwise'")
+    return fmt
+
+
+def byte_view(tensor):
+    """The bytes of a contiguous CPU tensor as a uint8 numpy array over the same memory."""
+    if tensor.device.type != "cpu":
+        raise ValueError("paramd pushes host memory; move the tensor to the CPU first")
+    flat = tensor.detach().contiguous().reshape(-1)
+    return flat.view(torch.uint8).numpy()
+
+
+def grad_type_of(dtype):
+    """The wire type of gradients of a parameter of `dtype` (others are sent as fp32)."""
+    return _GRAD_TYPES.get(dtype, "fp32")
+
+
+def served(pulled):
+    """Views a pull (paramd._paramd.PulledBytes) as a ServedWeight, without copying the data."""
+    fmt = pulled.format
+    dtype = _DATA_DTYPES[recipe_of(fmt)]
+    rows, cols = pulled.rows, pulled.cols
+    raw = torch.frombuffer(pulled, dtype=torch.uint8)
+    data = raw[:pulled.data_bytes].view(dtype)
+    # Columnwise data is the transpose, except mxfp8's, which keeps [rows, cols].
+    if is_columnwise(fmt) and recipe_of(fmt) != "mxfp8":
+        data = data.view(cols, rows)
+    else:
+        data = data.view(rows, cols)
+    scale = None
+    if pulled.scale_bytes:
+        scale_raw = raw[pulled.data_bytes:]
+        if pulled.scale_type == "e8m0":
+            scale = scale_raw.view(pulled.scale_shape)
+        else:
+            # Scales follow data of any byte count: copy them (they are tiny) so the float32
+            # view is aligned.
+            scale = scale_raw.clone().view(torch.float32).view(pulled.scale_shape)
+    return ServedWeight(data, scale, pulled.scale_type, fmt, pulled.version, rows, cols,
+                        pulled.skipped)
+
+
+def _expand_blocks(scale, block_rows, block_cols, rows, cols):
+    """Repeats per-block values over their blocks and cuts the partial edge blocks."""
+    out = scale.repeat_interleave(block_rows, dim=0)[:rows]
+    return out.repeat_interleave(block_cols, dim=1)[:, :cols]
+
+
+def _e8m0_values(codes):
+    """E8M0 codes -> 2^(code - 127) as float32; code 255 is NaN."""
+    exponent = codes.to(torch.int32) - 127
+    values = torch.ldexp(torch.ones(codes.shape, dtype=torch.float32), exponent)
+    return torch.where(codes == 255, torch.full_like(values, float("nan")), values)
+
+
+def dequantize(weight):
+    """A ServedWeight as float32 [rows, cols] (the module's layout, whatever the direction)."""
+    recipe = recipe_of(weight.format)
+    columnwise = is_columnwise(weight.format)
+    values = weight.data.float()
+    if recipe in ("fp8_tensor", "fp8_delayed"):
+        values = values * weight.scale.reshape(())
+    elif recipe == "fp8_block":
+        r, c = values.shape
+        values = values * _expand_blocks(weight.scale, 128, 128, r, c)
+    elif recipe == "mxfp8":
+        r, c = values.shape
+        if columnwise:
+            values = values * _expand_blocks(_e8m0_values(weight.scale), 32, 1, r, c)
+        else:
+            values = values * _expand_blocks(_e8m0_values(weight.scale), 1, 32, r, c)
+    if columnwise and recipe != "mxfp8":
+        values = values.t()
+    return values

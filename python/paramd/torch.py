@@ -1,0 +1,458 @@
+"""paramd.torch.AdamW: a drop-in for torch.optim.AdamW whose state lives in a paramd daemon.
+
+    opt = paramd.torch.AdamW(model.named_parameters(), lr=3e-4, weight_decay=0.1,
+                             address="127.0.0.1:50051", job="lm",
+                             state_policy="fp8", serve="bf16", module=model)
+    for batch in data:
+        loss = model(batch).mean()
+        loss.backward()   # gradients stream to the daemon bucket by bucket as they appear
+        opt.step()        # pushes what is left, commits (with this step's lr), returns
+        opt.zero_grad()
+        sched.step()      # any torch LR scheduler: the lr travels with each commit
+
+What happens when:
+- Construction registers every parameter ([rows, cols]; 1-D as [1, n]; N-D as [shape[0], rest])
+  with the job; rank 0 uploads the initial weights; every rank then loads version 0, so all
+  ranks start from the same (served) weights. Rank and world size come from torch.distributed
+  when it is initialized. Each param group is a job of its own ("<job>.g<i>" beyond the first),
+  since the daemon keeps one set of hyper-parameters per job.
+- Backward: a post-accumulate-grad hook per parameter hands its gradient to a push thread in
+  buckets of `bucket_bytes`; the pushes run while backward goes on (the GIL is released).
+- step(): pushes gradients backward did not (parameters without a gradient push zeros), waits
+  for the pushes, commits with lr = the group's lr and grad_scale = 1 / world_size (the mean,
+  as DistributedDataParallel computes it), and starts a pull thread that fetches the new version
+  tensor by tensor in forward order.
+- Forward: with `module` given, a forward pre-hook on every module that owns parameters waits
+  only for that module's tensors and writes them (dequantized) before it runs, so the first
+  layers compute while later ones are still stepped and pulled. Without `module`, step() waits
+  for all tensors before it returns.
+- Every format in `serve` is pulled; the first one is written into the parameters; served() gives
+  each as a ServedWeight (FP8 data as torch.float8_e4m3fn with its scales) for FP8 GEMMs.
+"""
+
+import contextlib
+import queue
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+import paramd
+from paramd import _formats
+
+
+class _Tensor:
+    """One registered parameter."""
+
+    __slots__ = ("name", "param", "rows", "cols", "grad_type", "job", "pushed_step")
+
+    def __init__(self, name, param, job):
+        self.name = name
+        self.param = param
+        shape = tuple(param.shape)
+        self.rows = shape[0] if len(shape) >= 2 else 1
+        self.cols = max(1, param.numel() // self.rows)
+        self.grad_type = _formats.grad_type_of(param.dtype)
+        self.job = job
+        self.pushed_step = -1
+
+    def grad_bytes(self):
+        grad = self.param.grad
+        if grad is None:
+            dtype = torch.float32 if self.grad_type == "fp32" else torch.bfloat16
+            grad = torch.zeros(self.rows * self.cols, dtype=dtype)
+        elif self.grad_type == "fp32" and grad.dtype != torch.float32:
+            grad = grad.float()
+        return _formats.byte_view(grad)
+
+
+class _Job:
+    """One param group: its daemon job and client."""
+
+    def __init__(self, name, client, group):
+        self.name = name
+        self.client = client
+        self.group = group
+        self.tensors = []
+        self.registered = None  # hyper-parameters as registered (betas and eps cannot change)
+
+
+class _Worker:
+    """A thread that runs queued calls in order; the first error is kept and re-raised."""
+
+    def __init__(self, name):
+        self._queue = queue.Queue()
+        self._error = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while True:
+            call = self._queue.get()
+            if call is None:
+                return
+            try:
+                if self._error is None:
+                    call()
+            except BaseException as error:  # re-raised on the trainer's thread by wait()
+                self._error = error
+            finally:
+                self._queue.task_done()
+
+    def submit(self, call):
+        self._queue.put(call)
+
+    def wait(self):
+        self._queue.join()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def close(self):
+        self._queue.put(None)
+        self._thread.join()
+
+
+class _PendingPull:
+    """The pulled formats of one tensor for one version, filled by the pull thread."""
+
+    __slots__ = ("done", "weight", "served", "error")
+
+    def __init__(self):
+        self.done = threading.Event()
+        self.weight = None
+        self.served = {}
+        self.error = None
+
+
+class AdamW(torch.optim.Optimizer):
+    """AdamW with decoupled weight decay, stepped by a paramd daemon (see the module doc)."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *,
+                 address="127.0.0.1:50051", job="paramd", state_policy="fp32", serve="fp32",
+                 module=None, rank=None, world_size=None, transport="auto", seed=0,
+                 max_grad_norm=0.0, bucket_bytes=1 << 20, stream_pushes=True,
+                 write_weights=True, timeout_s=300.0):
+        groups = self._named_groups(params)
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+        super().__init__([{**g, "params": [p for _, p in g["params"]]} for g in groups],
+                         defaults)
+        if dist.is_available() and dist.is_initialized():
+            rank = dist.get_rank() if rank is None else rank
+            world_size = dist.get_world_size() if world_size is None else world_size
+        self.rank = 0 if rank is None else int(rank)
+        self.world_size = 1 if world_size is None else int(world_size)
+        self.serve = [_formats.check_format(f) for f in
+                      ([serve] if isinstance(serve, str) else list(serve))]
+        self.state_policy = paramd.state_policy(state_policy)
+        self.stream_pushes = stream_pushes
+        self.write_weights = write_weights
+        self._bucket_bytes = bucket_bytes
+        self._timeout_s = timeout_s
+        self._seed = seed
+        self._max_grad_norm = max_grad_norm
+        self._lock = threading.Lock()
+        self._bucket = {}  # job name -> [(tensor name, bytes)], filled by the grad hooks
+        self._bucket_size = {}
+        self._pushes = _Worker("paramd-push")
+        self._pulls = _Worker("paramd-pull")
+        self._pending = {}  # id(param) -> _PendingPull of the version being loaded
+        self._served = {}  # tensor name -> {format: ServedWeight} of the loaded version
+        self._hooks = []
+        # Overlap accounting (what bench/python reports): seconds the trainer waited.
+        self.timings = {"push_wait_s": 0.0, "commit_s": 0.0, "pull_wait_s": 0.0}
+
+        self._jobs = []
+        for index, (group, torch_group) in enumerate(zip(groups, self.param_groups)):
+            name = job if index == 0 else f"{job}.g{index}"
+            client = paramd.connect(address, transport=transport)
+            j = _Job(name, client, torch_group)
+            for tensor_name, param in group["params"]:
+                j.tensors.append(_Tensor(tensor_name, param, j))
+            self._jobs.append(j)
+        self._by_param = {id(t.param): t for j in self._jobs for t in j.tensors}
+        # Forward order: the module's parameter order when we have it, else registration order.
+        if module is not None:
+            order = [self._by_param[id(p)] for p in module.parameters() if id(p) in self._by_param]
+            seen = {id(t.param) for t in order}
+            order += [t for j in self._jobs for t in j.tensors if id(t.param) not in seen]
+        else:
+            order = [t for j in self._jobs for t in j.tensors]
+        self._forward_order = order
+        self._module = module
+
+        self._step = self._register_and_load()
+        for t in self._forward_order:
+            if t.param.requires_grad:
+                self._hooks.append(t.param.register_post_accumulate_grad_hook(self._on_grad))
+        if module is not None:
+            for m in module.modules():
+                if any(True for _ in m.parameters(recurse=False)):
+                    self._hooks.append(m.register_forward_pre_hook(self._before_forward))
+
+    # ----- construction -----
+
+    @staticmethod
+    def _named_groups(params):
+        """[{'params': [(name, param)], ...options}] from named_parameters() or named groups."""
+        params = list(params)
+        if not params:
+            raise ValueError("paramd.torch.AdamW got an empty parameter list")
+        if isinstance(params[0], dict):
+            groups = []
+            for g in params:
+                named = list(g["params"])
+                if named and not isinstance(named[0], tuple):
+                    raise TypeError("each param group's 'params' must hold (name, parameter) "
+                                    "pairs, as model.named_parameters() gives")
+                groups.append({**g, "params": named})
+            return groups
+        if not isinstance(params[0], tuple):
+            raise TypeError("paramd.torch.AdamW takes model.named_parameters() (names are the "
+                            "daemon's tensor names), or param groups of (name, parameter) pairs")
+        return [{"params": params}]
+
+    def _register_and_load(self):
+        """Registers every job; rank 0 uploads version 0 of a new job; loads the served
+        version. Returns the step the job collects next."""
+        next_steps = set()
+        for j in self._jobs:
+            g = j.group
+            j.registered = paramd.hyperparams(g["lr"], g["betas"], g["eps"], g["weight_decay"])
+            tensors = [(t.name, t.rows, t.cols, t.grad_type) for t in j.tensors]
+            reply = j.client.register(
+                job=j.name, rank=self.rank, world_size=self.world_size, tensors=tensors,
+                hyperparams=j.registered, state_policy=self.state_policy,
+                serve=[f for f in self.serve if f != "fp32"], seed=self._seed,
+                max_grad_norm=self._max_grad_norm)
+            self.transport = reply["transport"]
+            if self.rank == 0 and reply["version"] < 0:
+                paramd.upload_initial_weights(
+                    j.client, j.name, {t.name: t.param.detach() for t in j.tensors})
+            next_steps.add(reply["next_step"])
+        if len(next_steps) != 1:
+            raise RuntimeError(f"the jobs of this optimizer are at different steps {next_steps}")
+        step = next_steps.pop()
+        self._start_pulls(step)
+        self.sync_weights()
+        return step
+
+    # ----- gradients -----
+
+    @contextlib.contextmanager
+    def accumulating(self):
+        """Backward passes inside this block only accumulate (micro-batches before the last):
+        nothing is pushed until a backward outside it or step()."""
+        previous, self.stream_pushes = self.stream_pushes, False
+        try:
+            yield
+        finally:
+            self.stream_pushes = previous
+
+    def _on_grad(self, param):
+        if not self.stream_pushes:
+            return
+        t = self._by_param[id(param)]
+        data = t.grad_bytes()
+        with self._lock:
+            t.pushed_step = self._step
+            bucket = self._bucket.setdefault(t.job.name, [])
+            bucket.append((t.name, data))
+            size = self._bucket_size.get(t.job.name, 0) + data.nbytes
+            self._bucket_size[t.job.name] = size
+            if size >= self._bucket_bytes:
+                self._flush(t.job)
+
+    def _flush(self, job):
+        """Hands the job's bucket to the push thread (called with the lock held)."""
+        items = self._bucket.pop(job.name, None)
+        self._bucket_size.pop(job.name, None)
+        if items:
+            step, rank = self._step, self.rank
+            self._pushes.submit(lambda: job.client.push_gradients(job.name, rank, step, items))
+
+    # ----- the step -----
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        # Weights of modules the last forward did not run are loaded now, so every parameter
+        # holds the version this step's gradients belong to.
+        self.sync_weights()
+        started = time.perf_counter()
+        with self._lock:
+            for j in self._jobs:
+                for t in j.tensors:
+                    if t.pushed_step != self._step:
+                        t.pushed_step = self._step
+                        self._bucket.setdefault(j.name, []).append((t.name, t.grad_bytes()))
+                self._flush(j)
+        self._pushes.wait()
+        pushed = time.perf_counter()
+        for j in self._jobs:
+            self._update_hyperparams(j)
+            j.client.commit(j.name, self.rank, self._step, lr=float(j.group["lr"]),
+                            grad_scale=1.0 / self.world_size)
+        self.timings["push_wait_s"] += pushed - started
+        self.timings["commit_s"] += time.perf_counter() - pushed
+        self._step += 1
+        self._start_pulls(self._step)
+        if self._module is None:
+            self.sync_weights()
+        return loss
+
+    def _update_hyperparams(self, j):
+        g, registered = j.group, j.registered
+        if tuple(g["betas"]) != registered["betas"] or g["eps"] != registered["eps"]:
+            raise ValueError("paramd keeps betas and eps as registered; only lr and weight_decay "
+                             "may change during training")
+        if g["weight_decay"] != registered["weight_decay"]:
+            j.client.set_hyperparams(j.name, weight_decay=float(g["weight_decay"]))
+            registered["weight_decay"] = g["weight_decay"]
+
+    # ----- weights -----
+
+    def _start_pulls(self, version):
+        module_format = self.serve[0]
+        for t in self._forward_order:
+            pending = _PendingPull()
+            self._pending[id(t.param)] = pending
+
+            def pull(t=t, pending=pending):
+                try:
+                    for fmt in self.serve:
+                        pending.served[fmt] = paramd.pull(t.job.client, t.job.name, t.name, fmt,
+                                                          version, self._timeout_s)
+                    if self.write_weights:
+                        w = _formats.dequantize(pending.served[module_format])
+                        pending.weight = w.reshape(t.param.shape).to(t.param.dtype)
+                except BaseException as error:  # raised where the weight is needed
+                    pending.error = error
+                finally:
+                    pending.done.set()
+
+            self._pulls.submit(pull)
+
+    def _load(self, param):
+        pending = self._pending.pop(id(param), None)
+        if pending is None:
+            return
+        if not pending.done.is_set():
+            started = time.perf_counter()
+            pending.done.wait()
+            self.timings["pull_wait_s"] += time.perf_counter() - started
+        if pending.error is not None:
+            raise pending.error
+        if pending.weight is not None:
+            with torch.no_grad():
+                param.copy_(pending.weight)
+        self._served[self._by_param[id(param)].name] = pending.served
+
+    def _before_forward(self, module, args):
+        for p in module.parameters(recurse=False):
+            self._load(p)
+
+    def sync_weights(self):
+        """Waits for every tensor of the version being loaded and writes it (e.g. before
+        evaluating or saving the model outside a forward)."""
+        for t in self._forward_order:
+            self._load(t.param)
+        self._pulls.wait()
+
+    def served(self, param_or_name, fmt=None):
+        """The ServedWeight of a parameter in `fmt` (default: the first serve format), of the
+        version its module last loaded: FP8 data as float8_e4m3fn and its scales."""
+        name = param_or_name if isinstance(param_or_name, str) else (
+            self._by_param[id(param_or_name)].name)
+        return self._served[name][fmt or self.serve[0]]
+
+    @property
+    def next_step(self):
+        """The step whose gradients the optimizer collects next (= the version loaded)."""
+        return self._step
+
+    def daemon_status(self):
+        """The daemon's view of this optimizer's jobs (steps, timings, state bytes)."""
+        return [j.client.status(j.name)["jobs"][0] for j in self._jobs]
+
+    # ----- state -----
+
+    _TORCH_TYPES = {
+        "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+        "fp8_e4m3": torch.float8_e4m3fn, "int16": torch.int16,
+    }
+    _TYPE_NAMES = {v: k for k, v in _TORCH_TYPES.items()}
+
+    def state_dict(self):
+        """The daemon's state of every job, streamed out in the stored dtypes with their scales:
+        {'state': {param index: {field: tensor}}, 'param_groups': [...], 'paramd': [per job]}.
+        Fields (see client/job_state.h): master (+ master_remainder), exp_avg, exp_avg_sq and
+        their per-128-element *_scales, FP8 serve scales. Call it at a step boundary."""
+        self.sync_weights()
+        index = {id(p): i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
+        state, jobs = {}, []
+        for j in self._jobs:
+            exported = j.client.export_state(j.name)
+            names = {t.name: index[id(t.param)] for t in j.tensors}
+            for f in exported.pop("fields"):
+                dtype = self._TORCH_TYPES[f["type"]]
+                if len(f["bytes"]) == 0:  # e.g. an empty amax history; frombuffer refuses those
+                    tensor = torch.empty(f["shape"], dtype=dtype)
+                else:
+                    values = torch.frombuffer(f["bytes"], dtype=torch.uint8)
+                    tensor = values.view(dtype).view(f["shape"])
+                state.setdefault(names[f["tensor"]], {})[f["field"]] = tensor
+            jobs.append(exported)
+        groups = []
+        for g in self.param_groups:
+            saved = {k: v for k, v in g.items() if k != "params"}
+            saved["params"] = [index[id(p)] for p in g["params"]]
+            groups.append(saved)
+        return {"state": state, "param_groups": groups, "paramd": jobs}
+
+    def load_state_dict(self, state_dict):
+        """Sends a state_dict() back to the daemon (rank 0 imports, every rank then loads the
+        imported version) and takes its param-group options (lr, weight_decay, ...)."""
+        self.sync_weights()
+        index = {id(p): i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
+        if len(state_dict["param_groups"]) != len(self.param_groups):
+            raise ValueError("the state_dict has a different number of param groups")
+        for group, saved in zip(self.param_groups, state_dict["param_groups"]):
+            if len(saved["params"]) != len(group["params"]):
+                raise ValueError("a param group of the state_dict has a different size")
+            group.update({k: v for k, v in saved.items() if k != "params"})
+        if self.rank == 0:
+            for j, exported in zip(self._jobs, state_dict["paramd"]):
+                fields = []
+                for t in j.tensors:
+                    for field, tensor in state_dict["state"][index[id(t.param)]].items():
+                        fields.append({
+                            "tensor": t.name, "field": field,
+                            "type": self._TYPE_NAMES[tensor.dtype],
+                            "shape": list(tensor.shape), "bytes": _formats.byte_view(tensor)})
+                g = j.group
+                j.client.import_state({
+                    **exported, "job": j.name, "fields": fields,
+                    "hyperparams": paramd.hyperparams(g["lr"], g["betas"], g["eps"],
+                                                      g["weight_decay"])})
+                j.registered["weight_decay"] = g["weight_decay"]
+        if dist.is_available() and dist.is_initialized() and self.world_size > 1:
+            dist.barrier()
+        self._step = state_dict["paramd"][0]["next_step"]
+        self._start_pulls(self._step)
+        self.sync_weights()
+
+    def close(self):
+        """Stops the push and pull threads, removes the hooks and closes the connections (the
+        optimizer cannot step afterwards)."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        self._pushes.close()
+        self._pulls.close()
+        for j in self._jobs:
+            j.client.close()

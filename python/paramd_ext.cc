@@ -1,0 +1,559 @@
+// paramd._paramd: Python bindings of the C++ client (client/client.h). Tensors cross as Python
+// buffers: pushes read the caller's memory in place, and a pull hands its byte vector to Python
+// without a copy (a PulledBytes object owns it and exposes the buffer protocol, which
+// torch.frombuffer and numpy view). Every call that waits on the daemon releases the GIL, so a
+// push or pull thread runs beside the trainer's backward and forward.
+//
+// Enum values travel as the proto names without their prefix, lower case ("fp8_block",
+// "columnwise", "bf16_remainder"), parsed by the generated *_Parse functions, so this file keeps
+// no table of its own.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "client/client.h"
+#include "client/job_state.h"
+#include "common/element_type.h"
+
+namespace py = pybind11;
+
+namespace paramd {
+namespace {
+
+// Raised for every non-OK status; carries the daemon's code name so Python can tell them apart.
+class StatusError : public std::runtime_error {
+ public:
+  explicit StatusError(const absl::Status& status)
+      : std::runtime_error(status.ToString()), code_(absl::StatusCodeToString(status.code())) {}
+  const std::string& code() const { return code_; }
+
+ private:
+  std::string code_;
+};
+
+void Check(const absl::Status& status) {
+  if (!status.ok()) throw StatusError(status);
+}
+
+template <typename T>
+T Value(absl::StatusOr<T> result) {
+  Check(result.status());
+  return *std::move(result);
+}
+
+std::string Upper(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::toupper(c); });
+  return s;
+}
+
+std::string Lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+// "fp8_block" -> RECIPE_FP8_BLOCK through the generated parser; a bad name is a ValueError.
+template <typename Enum, typename Parse>
+Enum ParseEnum(const std::string& prefix, const std::string& name, Parse parse) {
+  Enum value{};
+  if (name.empty() || !parse(prefix + Upper(name), &value) || static_cast<int>(value) == 0) {
+    throw py::value_error("unknown " + Lower(prefix) + " value \"" + name + "\"");
+  }
+  return value;
+}
+
+// The reverse: RECIPE_FP8_BLOCK -> "fp8_block".
+std::string EnumName(const std::string& full, const std::string& prefix) {
+  return Lower(full.substr(std::min(full.size(), prefix.size())));
+}
+
+// "recipe" or "recipe:direction" (e.g. "mxfp8:columnwise").
+v1::ServeFormat ParseFormat(const std::string& text) {
+  v1::ServeFormat format;
+  const size_t colon = text.find(':');
+  format.set_recipe(ParseEnum<v1::Recipe>("RECIPE_", text.substr(0, colon), v1::Recipe_Parse));
+  if (colon != std::string::npos) {
+    format.set_direction(
+        ParseEnum<v1::Direction>("DIRECTION_", text.substr(colon + 1), v1::Direction_Parse));
+  }
+  return format;
+}
+
+std::string FormatName(const v1::ServeFormat& format) {
+  std::string name = EnumName(v1::Recipe_Name(format.recipe()), "RECIPE_");
+  if (format.direction() == v1::DIRECTION_COLUMNWISE) name += ":columnwise";
+  return name;
+}
+
+v1::ElementType ParseElementType(const std::string& name) {
+  return ParseEnum<v1::ElementType>("ELEMENT_TYPE_", name, v1::ElementType_Parse);
+}
+
+std::string ElementTypeName(v1::ElementType type) {
+  return EnumName(v1::ElementType_Name(type), "ELEMENT_TYPE_");
+}
+
+// A contiguous byte range of a Python buffer; holds the buffer's view while the bytes are read.
+struct HeldBytes {
+  py::buffer_info info;
+  std::span<const std::byte> bytes;
+};
+
+HeldBytes Hold(const py::buffer& buffer) {
+  HeldBytes held{buffer.request(), {}};
+  // A C-contiguous buffer's bytes are one range of itemsize * size bytes.
+  int64_t stride = held.info.itemsize;
+  for (int i = held.info.ndim - 1; i >= 0; --i) {
+    if (held.info.shape[i] > 1 && held.info.strides[i] != stride) {
+      throw py::value_error("paramd needs C-contiguous buffers (call .contiguous() first)");
+    }
+    stride *= held.info.shape[i];
+  }
+  held.bytes = {static_cast<const std::byte*>(held.info.ptr),
+                static_cast<size_t>(held.info.itemsize * held.info.size)};
+  return held;
+}
+
+// Pushes [(tensor name, buffer)] with the GIL released while the bytes move.
+template <typename PushFn>
+void PushBuffers(const std::vector<std::pair<std::string, py::buffer>>& items, PushFn push) {
+  std::vector<HeldBytes> held;
+  std::vector<PushItem> push_items;
+  held.reserve(items.size());
+  push_items.reserve(items.size());
+  for (const auto& [name, buffer] : items) {
+    held.push_back(Hold(buffer));
+    push_items.push_back({name, held.back().bytes});
+  }
+  absl::Status status;
+  {
+    py::gil_scoped_release release;
+    status = push(std::span<const PushItem>(push_items));
+  }
+  Check(status);
+}
+
+// The bytes of one pull (data, then scales), owned here and lent to Python as a read-write
+// uint8 buffer (writable so torch.frombuffer does not warn; the bytes are this object's own).
+struct PulledBytes {
+  v1::PullHeader header;
+  std::vector<std::byte> bytes;
+};
+
+v1::StatePolicy ParsePolicy(const py::dict& policy) {
+  v1::StatePolicy out;
+  for (const auto& [key_handle, value_handle] : policy) {
+    const std::string key = py::cast<std::string>(key_handle);
+    const std::string value = py::cast<std::string>(value_handle);
+    if (key == "master") {
+      out.set_master(ParseEnum<v1::MasterType>("MASTER_TYPE_", value, v1::MasterType_Parse));
+    } else if (key == "exp_avg") {
+      out.set_exp_avg(ParseEnum<v1::MomentType>("MOMENT_TYPE_", value, v1::MomentType_Parse));
+    } else if (key == "exp_avg_sq") {
+      out.set_exp_avg_sq(ParseEnum<v1::MomentType>("MOMENT_TYPE_", value, v1::MomentType_Parse));
+    } else if (key == "exp_avg_rounding") {
+      out.set_exp_avg_rounding(ParseEnum<v1::Rounding>("ROUNDING_", value, v1::Rounding_Parse));
+    } else if (key == "exp_avg_sq_rounding") {
+      out.set_exp_avg_sq_rounding(ParseEnum<v1::Rounding>("ROUNDING_", value, v1::Rounding_Parse));
+    } else {
+      throw py::value_error("unknown state policy key \"" + key + "\"");
+    }
+  }
+  return out;
+}
+
+py::dict PolicyDict(const v1::StatePolicy& policy) {
+  py::dict out;
+  out["master"] = EnumName(v1::MasterType_Name(policy.master()), "MASTER_TYPE_");
+  out["exp_avg"] = EnumName(v1::MomentType_Name(policy.exp_avg()), "MOMENT_TYPE_");
+  out["exp_avg_sq"] = EnumName(v1::MomentType_Name(policy.exp_avg_sq()), "MOMENT_TYPE_");
+  out["exp_avg_rounding"] = EnumName(v1::Rounding_Name(policy.exp_avg_rounding()), "ROUNDING_");
+  out["exp_avg_sq_rounding"] =
+      EnumName(v1::Rounding_Name(policy.exp_avg_sq_rounding()), "ROUNDING_");
+  return out;
+}
+
+py::dict HyperparamsDict(const v1::AdamwHyperparams& h) {
+  py::dict out;
+  out["lr"] = h.lr();
+  out["betas"] = py::make_tuple(h.beta1(), h.beta2());
+  out["eps"] = h.eps();
+  out["weight_decay"] = h.weight_decay();
+  return out;
+}
+
+v1::AdamwHyperparams ParseHyperparams(const py::dict& h) {
+  v1::AdamwHyperparams out;
+  out.set_lr(py::cast<double>(h["lr"]));
+  const auto betas = py::cast<std::pair<double, double>>(h["betas"]);
+  out.set_beta1(betas.first);
+  out.set_beta2(betas.second);
+  out.set_eps(py::cast<double>(h["eps"]));
+  out.set_weight_decay(py::cast<double>(h["weight_decay"]));
+  return out;
+}
+
+// Exported state as a dict of plain values; every field's bytes become a PulledBytes-like owner
+// (moved, not copied) so torch views them in place.
+py::dict StateDict(JobState state) {
+  py::dict out;
+  out["job"] = state.job;
+  out["next_step"] = state.next_step;
+  out["applied_steps"] = state.applied_steps;
+  out["skipped_steps"] = state.skipped_steps;
+  out["seed"] = state.seed;
+  out["hyperparams"] = HyperparamsDict(state.hyperparams);
+  out["state_policy"] = PolicyDict(state.state_policy);
+  py::list fields;
+  for (StateField& field : state.fields) {
+    py::dict f;
+    f["tensor"] = field.tensor;
+    f["field"] = field.field;
+    f["type"] = ElementTypeName(field.type);
+    f["shape"] = field.shape;
+    auto owner = std::make_unique<PulledBytes>();
+    owner->bytes = std::move(field.bytes);
+    f["bytes"] = py::cast(std::move(owner));
+    fields.append(std::move(f));
+  }
+  out["fields"] = std::move(fields);
+  return out;
+}
+
+JobState StateFromDict(const py::dict& dict) {
+  JobState state;
+  state.job = py::cast<std::string>(dict["job"]);
+  state.next_step = py::cast<int64_t>(dict["next_step"]);
+  state.applied_steps = py::cast<int64_t>(dict["applied_steps"]);
+  state.skipped_steps = py::cast<int64_t>(dict["skipped_steps"]);
+  state.seed = py::cast<uint64_t>(dict["seed"]);
+  state.hyperparams = ParseHyperparams(py::cast<py::dict>(dict["hyperparams"]));
+  state.state_policy = ParsePolicy(py::cast<py::dict>(dict["state_policy"]));
+  for (const py::handle item : py::cast<py::list>(dict["fields"])) {
+    const py::dict f = py::cast<py::dict>(item);
+    StateField field;
+    field.tensor = py::cast<std::string>(f["tensor"]);
+    field.field = py::cast<std::string>(f["field"]);
+    field.type = ParseElementType(py::cast<std::string>(f["type"]));
+    field.shape = py::cast<std::vector<int64_t>>(f["shape"]);
+    const HeldBytes held = Hold(py::cast<py::buffer>(f["bytes"]));
+    field.bytes.assign(held.bytes.begin(), held.bytes.end());
+    state.fields.push_back(std::move(field));
+  }
+  return state;
+}
+
+class PyClient;
+
+// Every open client, so an atexit hook can close them while the interpreter still runs: a gRPC
+// channel left to the C++ static destructors at exit races gRPC's own threads and can abort the
+// process ("terminate called without an active exception").
+std::mutex& OpenClientsMutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+std::set<PyClient*>& OpenClients() {
+  static auto* clients = new std::set<PyClient*>;
+  return *clients;
+}
+
+// Client with Python-shaped arguments. One Client registers one rank of one job.
+class PyClient {
+ public:
+  PyClient(const std::string& address, const std::string& transport, double rpc_timeout_s,
+           double connect_timeout_s, int max_attempts) {
+    ClientOptions options;
+    options.address = address;
+    options.transport = transport;
+    options.rpc_timeout = Millis(rpc_timeout_s);
+    options.connect_timeout = Millis(connect_timeout_s);
+    options.max_attempts = max_attempts;
+    absl::StatusOr<std::unique_ptr<Client>> client;
+    {
+      py::gil_scoped_release release;
+      client = Client::Connect(options);
+    }
+    client_ = std::shared_ptr<Client>(Value(std::move(client)));
+    std::lock_guard<std::mutex> lock(OpenClientsMutex());
+    OpenClients().insert(this);
+  }
+
+  ~PyClient() {
+    Close();
+    std::lock_guard<std::mutex> lock(OpenClientsMutex());
+    OpenClients().erase(this);
+  }
+
+  // Closes the channel (idempotent); later calls raise.
+  void Close() {
+    std::shared_ptr<Client> client = std::move(client_);
+    if (client != nullptr) {
+      py::gil_scoped_release release;
+      client.reset();
+    }
+  }
+
+  static void CloseAll() {
+    std::set<PyClient*> clients;
+    {
+      std::lock_guard<std::mutex> lock(OpenClientsMutex());
+      clients = OpenClients();
+    }
+    for (PyClient* client : clients) client->Close();
+  }
+
+  py::dict Register(
+      const std::string& job, int rank, int world_size,
+      const std::vector<std::tuple<std::string, int64_t, int64_t, std::string>>& tensors,
+      const py::dict& hyperparams, const py::dict& state_policy,
+      const std::vector<std::string>& serve, uint64_t seed, double max_grad_norm) {
+    v1::RegisterRequest request;
+    request.set_job(job);
+    request.set_rank(rank);
+    request.set_world_size(world_size);
+    for (const auto& [name, rows, cols, grad_type] : tensors) {
+      v1::TensorSpec* spec = request.add_tensors();
+      spec->set_name(name);
+      spec->set_rows(rows);
+      spec->set_cols(cols);
+      spec->set_grad_type(ParseElementType(grad_type));
+    }
+    *request.mutable_hyperparams() = ParseHyperparams(hyperparams);
+    *request.mutable_state_policy() = ParsePolicy(state_policy);
+    for (const std::string& format : serve) *request.add_serve() = ParseFormat(format);
+    request.set_seed(seed);
+    request.set_max_grad_norm(max_grad_norm);
+    absl::StatusOr<v1::RegisterResponse> response;
+    const std::shared_ptr<Client> client = Open();
+    {
+      py::gil_scoped_release release;
+      response = client->Register(request);
+    }
+    const v1::RegisterResponse r = Value(std::move(response));
+    py::dict out;
+    out["next_step"] = r.next_step();
+    out["version"] = r.version();
+    out["max_chunk_bytes"] = r.max_chunk_bytes();
+    out["transport"] = client->transport_name();
+    out["transport_reason"] = client->transport_reason();
+    return out;
+  }
+
+  void UploadInitialWeights(const std::string& job,
+                            const std::vector<std::pair<std::string, py::buffer>>& items) {
+    const std::shared_ptr<Client> client = Open();
+    PushBuffers(items, [&](std::span<const PushItem> push_items) {
+      return client->UploadInitialWeights(job, push_items);
+    });
+  }
+
+  void PushGradients(const std::string& job, int rank, int64_t step,
+                     const std::vector<std::pair<std::string, py::buffer>>& items) {
+    const std::shared_ptr<Client> client = Open();
+    PushBuffers(items, [&](std::span<const PushItem> push_items) {
+      return client->PushGradients(job, rank, step, push_items);
+    });
+  }
+
+  py::dict Commit(const std::string& job, int rank, int64_t step, std::optional<double> lr,
+                  std::optional<double> grad_scale) {
+    absl::StatusOr<v1::CommitResponse> response;
+    const std::shared_ptr<Client> client = Open();
+    {
+      py::gil_scoped_release release;
+      response = client->Commit(job, rank, step, lr, grad_scale);
+    }
+    const v1::CommitResponse r = Value(std::move(response));
+    py::dict out;
+    out["committed_ranks"] = r.committed_ranks();
+    out["step_started"] = r.step_started();
+    return out;
+  }
+
+  std::unique_ptr<PulledBytes> Pull(const std::string& job, const std::string& tensor,
+                                    const std::string& format, int64_t min_version,
+                                    double timeout_s) {
+    PullTarget target{job, tensor, ParseFormat(format), min_version};
+    Pulled pulled;
+    absl::Status status;
+    const std::shared_ptr<Client> client = Open();
+    {
+      py::gil_scoped_release release;
+      status = client->Pull(target, Millis(timeout_s), &pulled);
+    }
+    Check(status);
+    auto out = std::make_unique<PulledBytes>();
+    out->header = std::move(pulled.header);
+    out->bytes = std::move(pulled.data);
+    return out;
+  }
+
+  py::dict Status(const std::string& job) {
+    absl::StatusOr<v1::StatusResponse> response;
+    const std::shared_ptr<Client> client = Open();
+    {
+      py::gil_scoped_release release;
+      response = client->Status(job);
+    }
+    const v1::StatusResponse r = Value(std::move(response));
+    py::dict out;
+    out["backend"] = r.backend();
+    py::list jobs;
+    for (const v1::JobStatus& j : r.jobs()) {
+      py::dict d;
+      d["name"] = j.name();
+      d["world_size"] = j.world_size();
+      d["next_step"] = j.next_step();
+      d["applied_steps"] = j.applied_steps();
+      d["skipped_steps"] = j.skipped_steps();
+      d["last_step_seconds"] = j.last_step_seconds();
+      d["last_clip"] = j.last_clip();
+      d["state_bytes"] = j.state_bytes();
+      d["served_bytes"] = j.served_bytes();
+      d["slot_bytes"] = j.slot_bytes();
+      d["hyperparams"] = HyperparamsDict(j.hyperparams());
+      d["state_policy"] = PolicyDict(j.state_policy());
+      jobs.append(std::move(d));
+    }
+    out["jobs"] = std::move(jobs);
+    return out;
+  }
+
+  py::dict SetHyperparams(const std::string& job, std::optional<double> lr,
+                          std::optional<double> weight_decay) {
+    v1::SetHyperparamsRequest request;
+    request.set_job(job);
+    if (lr) request.set_lr(*lr);
+    if (weight_decay) request.set_weight_decay(*weight_decay);
+    absl::StatusOr<v1::SetHyperparamsResponse> response;
+    const std::shared_ptr<Client> client = Open();
+    {
+      py::gil_scoped_release release;
+      response = client->SetHyperparams(request);
+    }
+    return HyperparamsDict(Value(std::move(response)).hyperparams());
+  }
+
+  py::dict ExportState(const std::string& job) {
+    absl::StatusOr<JobState> state;
+    const std::shared_ptr<Client> client = Open();
+    {
+      py::gil_scoped_release release;
+      state = client->ExportState(job);
+    }
+    return StateDict(Value(std::move(state)));
+  }
+
+  void ImportState(const py::dict& state) {
+    const JobState parsed = StateFromDict(state);
+    absl::Status status;
+    const std::shared_ptr<Client> client = Open();
+    {
+      py::gil_scoped_release release;
+      status = client->ImportState(parsed);
+    }
+    Check(status);
+  }
+
+  std::string transport() const { return client_ ? client_->transport_name() : ""; }
+
+  // The client, or a Python error once closed. Called with the GIL held; the reference keeps
+  // the client alive through a call that a Close on another thread overlaps.
+  std::shared_ptr<Client> Open() const {
+    if (client_ == nullptr) throw py::value_error("this paramd client is closed");
+    return client_;
+  }
+
+ private:
+  static std::chrono::milliseconds Millis(double seconds) {
+    return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
+  }
+
+  std::shared_ptr<Client> client_;
+};
+
+}  // namespace
+}  // namespace paramd
+
+PYBIND11_MODULE(_paramd, m) {
+  using paramd::PulledBytes;
+  using paramd::PyClient;
+  m.doc() = "Bindings of the paramd C++ client (client/client.h)";
+
+  static py::exception<paramd::StatusError> status_error(m, "StatusError", PyExc_RuntimeError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const paramd::StatusError& e) {
+      // The code name ("NOT_FOUND", ...) rides along as an attribute for callers to branch on.
+      py::object error = py::reinterpret_borrow<py::object>(status_error.ptr())(e.what());
+      error.attr("code") = e.code();
+      PyErr_SetObject(status_error.ptr(), error.ptr());
+    }
+  });
+
+  py::class_<PulledBytes>(m, "PulledBytes", py::buffer_protocol(),
+                          "Bytes of one pull (data, then scales) or one state field")
+      .def_buffer([](PulledBytes& p) {
+        return py::buffer_info(p.bytes.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(p.bytes.size())}, {1});
+      })
+      .def("__len__", [](const PulledBytes& p) { return p.bytes.size(); })
+      .def_property_readonly("version", [](const PulledBytes& p) { return p.header.version(); })
+      .def_property_readonly("rows", [](const PulledBytes& p) { return p.header.rows(); })
+      .def_property_readonly("cols", [](const PulledBytes& p) { return p.header.cols(); })
+      .def_property_readonly("skipped", [](const PulledBytes& p) { return p.header.skipped(); })
+      .def_property_readonly("data_bytes",
+                             [](const PulledBytes& p) { return p.header.data_bytes(); })
+      .def_property_readonly("scale_bytes",
+                             [](const PulledBytes& p) { return p.header.scale_bytes(); })
+      .def_property_readonly("scale_type",
+                             [](const PulledBytes& p) {
+                               return paramd::EnumName(
+                                   paramd::v1::ScaleType_Name(p.header.scale_type()),
+                                   "SCALE_TYPE_");
+                             })
+      .def_property_readonly("scale_shape",
+                             [](const PulledBytes& p) {
+                               return std::vector<int64_t>(p.header.scale_shape().begin(),
+                                                           p.header.scale_shape().end());
+                             })
+      .def_property_readonly(
+          "format", [](const PulledBytes& p) { return paramd::FormatName(p.header.format()); });
+
+  py::class_<PyClient>(m, "Client", "One trainer rank's connection to a paramd daemon")
+      .def(py::init<const std::string&, const std::string&, double, double, int>(),
+           py::arg("address"), py::arg("transport") = "auto", py::arg("rpc_timeout_s") = 30.0,
+           py::arg("connect_timeout_s") = 10.0, py::arg("max_attempts") = 5)
+      .def("register", &PyClient::Register, py::arg("job"), py::arg("rank"), py::arg("world_size"),
+           py::arg("tensors"), py::arg("hyperparams"), py::arg("state_policy") = py::dict(),
+           py::arg("serve") = std::vector<std::string>(), py::arg("seed") = 0,
+           py::arg("max_grad_norm") = 0.0, "tensors: [(name, rows, cols, grad_type 'fp32'|'bf16')]")
+      .def("upload_initial_weights", &PyClient::UploadInitialWeights, py::arg("job"),
+           py::arg("items"))
+      .def("push_gradients", &PyClient::PushGradients, py::arg("job"), py::arg("rank"),
+           py::arg("step"), py::arg("items"))
+      .def("commit", &PyClient::Commit, py::arg("job"), py::arg("rank"), py::arg("step"),
+           py::arg("lr") = std::nullopt, py::arg("grad_scale") = std::nullopt)
+      .def("pull", &PyClient::Pull, py::arg("job"), py::arg("tensor"), py::arg("format") = "fp32",
+           py::arg("min_version") = 0, py::arg("timeout_s") = 60.0)
+      .def("status", &PyClient::Status, py::arg("job") = "")
+      .def("set_hyperparams", &PyClient::SetHyperparams, py::arg("job"),
+           py::arg("lr") = std::nullopt, py::arg("weight_decay") = std::nullopt)
+      .def("export_state", &PyClient::ExportState, py::arg("job"))
+      .def("import_state", &PyClient::ImportState, py::arg("state"))
+      .def_property_readonly("transport", &PyClient::transport)
+      .def("close", &PyClient::Close, "Closes the channel; later calls raise ValueError");
+
+  // Closes every client before the interpreter (and then the C++ runtime) shuts down.
+  py::module_::import("atexit").attr("register")(py::cpp_function(&PyClient::CloseAll));
+}

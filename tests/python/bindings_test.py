@@ -1,0 +1,117 @@
+"""paramd's Python bindings against a real daemon: register, push, commit, pull in every serve
+format (zero-copy views, dequantized against the recipes' error bounds), errors with codes."""
+
+import unittest
+
+import support
+
+support.require_torch()
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import paramd  # noqa: E402
+
+FORMATS = ["fp32", "bf16", "fp16", "fp8_tensor", "fp8_block", "mxfp8", "bf16:columnwise",
+           "fp8_block:columnwise", "mxfp8:columnwise"]
+# Largest error of one element relative to its block's amax (FP8 E4M3 keeps 3 mantissa bits:
+# half an ulp is 2^-4 of the value; the block's pow2 scale costs at most another factor 2) or to
+# the element itself (16-bit formats).
+FP8_BOUND = 2.0 ** -3
+ROWS, COLS = 130, 70  # not multiples of 128 or 32: edge blocks are partial
+
+
+class BindingsTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.daemon = support.daemon(step_threads=1)
+        cls.client = paramd.connect(cls.daemon.address)
+        cls.weights = torch.randn(ROWS, COLS, generator=torch.Generator().manual_seed(3)) * 0.02
+        reply = cls.client.register(
+            job="bind", rank=0, world_size=1, tensors=[("w", ROWS, COLS, "fp32")],
+            hyperparams=paramd.hyperparams(lr=1e-2, weight_decay=0.0),
+            serve=[f for f in FORMATS if f != "fp32"])
+        assert reply["version"] == -1 and reply["next_step"] == 0
+        paramd.upload_initial_weights(cls.client, "bind", {"w": cls.weights})
+
+    @classmethod
+    def tearDownClass(cls):
+        del cls.client
+        cls.daemon.__exit__(None, None, None)
+
+    def test_every_format_dequantizes_within_its_recipe_bound(self):
+        w = self.weights
+        for fmt in FORMATS:
+            with self.subTest(fmt=fmt):
+                served = paramd.pull(self.client, "bind", "w", fmt, 0)
+                self.assertEqual(served.version, 0)
+                columnwise = fmt.endswith(":columnwise") and not fmt.startswith("mxfp8")
+                self.assertEqual(tuple(served.data.shape),
+                                 (COLS, ROWS) if columnwise else (ROWS, COLS))
+                x = paramd.dequantize(served)
+                self.assertEqual(tuple(x.shape), (ROWS, COLS))
+                error = (x - w).abs()
+                if fmt == "fp32":
+                    self.assertTrue(torch.equal(x, w))
+                elif fmt.startswith(("bf16", "fp16")):
+                    self.assertEqual(served.data.dtype,
+                                     torch.bfloat16 if fmt.startswith("bf16") else torch.float16)
+                    # fp16 subnormals (below 2^-14) are spaced 2^-24 apart.
+                    self.assertTrue(bool((error <= w.abs() * 2.0 ** -8 + 2.0 ** -25).all()))
+                else:
+                    self.assertEqual(served.data.dtype, torch.float8_e4m3fn)
+                    self.assertIsNotNone(served.scale)
+                    self.assertLessEqual(float(error.max()), float(w.abs().max()) * FP8_BOUND)
+                    self.assertGreater(float(error.max()), 0.0)
+
+    def test_scales_have_the_headers_shapes(self):
+        expected = {"fp8_tensor": (1, 1), "fp8_block": (2, 1), "fp8_block:columnwise": (1, 2),
+                    "mxfp8": (ROWS, 3), "mxfp8:columnwise": (5, COLS)}
+        for fmt, shape in expected.items():
+            with self.subTest(fmt=fmt):
+                served = paramd.pull(self.client, "bind", "w", fmt, 0)
+                self.assertEqual(tuple(served.scale.shape), shape)
+                want = torch.uint8 if fmt.startswith("mxfp8") else torch.float32
+                self.assertEqual(served.scale.dtype, want)
+
+    def test_pulled_bytes_are_viewed_not_copied(self):
+        pulled = self.client.pull("bind", "w", "fp32", 0)
+        view = paramd.served(pulled)
+        start = np.asarray(pulled).ctypes.data
+        self.assertEqual(view.data.data_ptr(), start)
+        self.assertEqual(len(pulled), ROWS * COLS * 4)
+
+    def test_a_step_applies_adamw_to_the_pushed_gradient(self):
+        # One step of bias-corrected AdamW moves every weight by lr * sign(g) (to within eps).
+        # A job of its own: the other tests read version 0 of "bind".
+        client = paramd.connect(self.daemon.address)
+        client.register(job="step", rank=0, world_size=1, tensors=[("w", ROWS, COLS, "fp32")],
+                        hyperparams=paramd.hyperparams(lr=1e-2, weight_decay=0.0))
+        paramd.upload_initial_weights(client, "step", {"w": self.weights})
+        grad = torch.randn(ROWS, COLS, generator=torch.Generator().manual_seed(4))
+        paramd.push_gradients(client, "step", 0, 0, {"w": grad})
+        reply = client.commit("step", 0, 0, lr=1e-2, grad_scale=1.0)
+        self.assertTrue(reply["step_started"])
+        new = paramd.pull(client, "step", "w", "fp32", 1).data
+        moved = (self.weights - new) / 1e-2
+        self.assertTrue(torch.allclose(moved, grad.sign(), atol=1e-3))
+        status = client.status("step")["jobs"][0]
+        self.assertEqual(status["applied_steps"], 1)
+
+    def test_errors_carry_the_daemons_code(self):
+        with self.assertRaises(paramd.StatusError) as caught:
+            self.client.pull("bind", "no_such_tensor", "fp32", 0, 5.0)
+        self.assertEqual(caught.exception.code, "NOT_FOUND")
+        with self.assertRaises(ValueError):
+            self.client.pull("bind", "w", "fp7", 0, 5.0)
+        with self.assertRaises(ValueError):
+            paramd.state_policy({"exp_avg": "fp8", "momentum": "fp8"})
+
+    def test_non_contiguous_buffers_are_refused(self):
+        grad = np.zeros((ROWS, COLS * 2), dtype=np.float32)[:, ::2]
+        with self.assertRaises(ValueError):
+            self.client.push_gradients("bind", 0, 5, [("w", grad)])
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

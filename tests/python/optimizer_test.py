@@ -1,0 +1,217 @@
+"""paramd.torch.AdamW in one process against a real daemon: the same trajectory as
+torch.optim.AdamW (fp32 policy, param groups, an LR scheduler, gradient accumulation), lazy
+weight loading before each module's forward, served FP8 weights, state_dict round trips."""
+
+import copy
+import os
+import socket
+import tempfile
+import unittest
+
+import support
+
+support.require_torch()
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import paramd  # noqa: E402
+import paramd.torch  # noqa: E402
+
+
+def make_model(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(12, 40), nn.Tanh(), nn.Linear(40, 40), nn.Tanh(),
+                         nn.Linear(40, 3))
+
+
+def batch(step, micro=0):
+    g = torch.Generator().manual_seed(1000 * step + micro)
+    return torch.randn(16, 12, generator=g), torch.randint(0, 3, (16,), generator=g)
+
+
+def groups(model, named):
+    decay = [(n, p) for n, p in model.named_parameters() if p.dim() == 2]
+    no_decay = [(n, p) for n, p in model.named_parameters() if p.dim() != 2]
+    strip = (lambda pairs: pairs) if named else (lambda pairs: [p for _, p in pairs])
+    return [{"params": strip(decay), "weight_decay": 0.05},
+            {"params": strip(no_decay), "weight_decay": 0.0}]
+
+
+def train(model, opt, steps, micro_batches=1, first_step=0):
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+    for step in range(first_step, first_step + steps):
+        for micro in range(micro_batches):
+            x, y = batch(step, micro)
+            last = micro == micro_batches - 1
+            context = opt.accumulating() if (hasattr(opt, "accumulating") and not last) else (
+                _nothing())
+            with context:
+                F.cross_entropy(model(x), y).div(micro_batches).backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+
+
+def _two_rank_resume(rank, address, port, out_dir):
+    """Each rank trains 3 steps, saves, trains 3 more (A); then, on a new job with other initial
+    weights, loads the saved state and trains the same 3 steps (B). Rank r writes A == B."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)
+    torch.set_num_threads(1)
+
+    def run(job, seed, saved=None):
+        model = make_model(seed)
+        opt = paramd.torch.AdamW(model.named_parameters(), lr=1e-2, address=address, job=job,
+                                 module=model, state_policy="fp8", serve="bf16")
+        first = 0
+        if saved is not None:
+            opt.load_state_dict(saved)
+            first = 3
+        for step in range(first, 6):
+            if step == 3 and saved is None:
+                saved = opt.state_dict()
+            x, y = batch(step, rank)
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        opt.sync_weights()
+        opt.close()
+        return model, saved
+
+    straight, saved = run("resume-a", 0)
+    resumed, _ = run("resume-b", 7, saved)
+    same = all(torch.equal(p, q) for p, q in zip(straight.parameters(), resumed.parameters()))
+    with open(os.path.join(out_dir, f"rank{rank}"), "w") as f:
+        f.write("same" if same else "different")
+    dist.destroy_process_group()
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class OptimizerTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.daemon = support.daemon(step_threads=1)
+        cls.jobs = 0
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.daemon.__exit__(None, None, None)
+
+    def paramd_adamw(self, model, **kwargs):
+        OptimizerTest.jobs += 1
+        options = dict(lr=1e-2, address=self.daemon.address, job=f"opt{self.jobs}",
+                       module=model)
+        options.update(kwargs)
+        return paramd.torch.AdamW(groups(model, named=True), **options)
+
+    def assert_same_weights(self, a, b, rtol):
+        for (name, p), q in zip(a.named_parameters(), b.parameters()):
+            scale = float(q.detach().abs().max())
+            self.assertLessEqual(float((p - q).detach().abs().max()), rtol * scale, name)
+
+    def test_fp32_policy_follows_torch_adamw(self):
+        ours, theirs = make_model(), make_model()
+        opt = self.paramd_adamw(ours)
+        train(ours, opt, 8, micro_batches=2)
+        opt.sync_weights()
+        opt.close()
+        train(theirs, torch.optim.AdamW(groups(theirs, named=False), lr=1e-2), 8,
+              micro_batches=2)
+        self.assert_same_weights(ours, theirs, rtol=1e-5)
+
+    def test_weights_are_written_just_before_their_module_runs(self):
+        model = make_model()
+        opt = self.paramd_adamw(model)
+        before = copy.deepcopy(model)
+        x, y = batch(0)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        # Nothing written yet: the new version is loaded by the next forward, layer by layer.
+        self.assert_same_weights(model, before, rtol=0.0)
+        model[0](x)
+        self.assertFalse(torch.equal(model[0].weight, before[0].weight))
+        self.assertTrue(torch.equal(model[4].weight, before[4].weight))
+        model(x)
+        self.assertFalse(torch.equal(model[4].weight, before[4].weight))
+        self.assertEqual(opt.next_step, 1)
+        opt.close()
+
+    def test_fp8_weights_are_served_as_float8_with_scales(self):
+        model = make_model()
+        opt = self.paramd_adamw(model, serve=["fp32", "fp8_tensor", "mxfp8"],
+                                state_policy="fp8")
+        x, y = batch(0)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        model(x)
+        weight = model[2].weight
+        served = opt.served(weight, "fp8_tensor")
+        self.assertEqual(served.data.dtype, torch.float8_e4m3fn)
+        self.assertEqual(tuple(served.data.shape), tuple(weight.shape))
+        self.assertEqual(tuple(served.scale.shape), (1, 1))
+        self.assertEqual(served.version, 1)
+        approx = served.data.float() * served.scale
+        self.assertLess(float((approx - weight).detach().norm() / weight.detach().norm()), 0.05)
+        self.assertEqual(opt.served(weight, "mxfp8").scale.dtype, torch.uint8)
+        opt.close()
+
+    def test_parameters_without_gradients_still_step(self):
+        model = make_model()
+        opt = self.paramd_adamw(model)
+        model[4].weight.requires_grad_(False)
+        x, y = batch(0)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.sync_weights()
+        self.assertEqual(opt.daemon_status()[0]["applied_steps"], 1)
+        opt.close()
+
+    def test_state_dict_round_trip_continues_bit_identically(self):
+        for policy in ("fp32", "fp8"):
+            with self.subTest(policy=policy):
+                straight = make_model()
+                opt = self.paramd_adamw(straight, state_policy=policy, serve="bf16")
+                train(straight, opt, 4)
+                saved = opt.state_dict()
+                fields = saved["state"][0]
+                if policy == "fp8":
+                    self.assertEqual(fields["exp_avg"].dtype, torch.float8_e4m3fn)
+                    self.assertEqual(fields["exp_avg_sq"].dtype, torch.float16)
+                    self.assertIn("exp_avg_scales", fields)
+                train(straight, opt, 4, first_step=4)
+                opt.sync_weights()
+                opt.close()
+
+                resumed = make_model(seed=5)  # different weights: the import replaces them
+                opt2 = self.paramd_adamw(resumed, state_policy=policy, serve="bf16")
+                opt2.load_state_dict(saved)
+                self.assertEqual(opt2.next_step, 4)
+                train(resumed, opt2, 4, first_step=4)
+                opt2.sync_weights()
+                opt2.close()
+                self.assert_same_weights(resumed, straight, rtol=0.0)
+
+    def test_two_ranks_resume_from_a_state_dict_bit_identically(self):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        with tempfile.TemporaryDirectory() as out_dir:
+            mp.spawn(_two_rank_resume, args=(self.daemon.address, port, out_dir), nprocs=2)
+            for rank in range(2):
+                with open(os.path.join(out_dir, f"rank{rank}")) as f:
+                    self.assertEqual(f.read(), "same", f"rank {rank}")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
