@@ -2,6 +2,7 @@
 # `shm` push/pull against the CPU copy ceiling (memcpy, same run), and a whole step (push + commit
 # + pull, one rank, FP32) over shm and inline. Usage: bench/run_shm_bench.sh [BUILD_DIR] [ARGS...]
 # (ARGS go to paramd_shm_bench, e.g. --elements=1000000000 on a machine with the memory).
+# BUILD_DIR may also be a bundle made by scripts/bundle.sh (a machine without gRPC).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-${PARAMD_BUILD_DIR:-$root/build}}
@@ -11,11 +12,18 @@ pid=""
 cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
 
-"$build/server/paramd" --listen=127.0.0.1:0 --metrics_listen= --address_file="$work/addr" \
-  2>"$work/log" &
+# From the build tree, or through a bundle's run.sh (which execs, so $! is the daemon itself).
+if [ -x "$build/run.sh" ]; then
+  daemon=("$build/run.sh" paramd)
+  bench=("$build/run.sh" paramd_shm_bench)
+else
+  daemon=("$build/server/paramd")
+  bench=("$build/bench/paramd_shm_bench")
+fi
+"${daemon[@]}" --listen=127.0.0.1:0 --metrics_listen= --address_file="$work/addr" 2>"$work/log" &
 pid=$!
 for _ in $(seq 100); do [ -s "$work/addr" ] && break; sleep 0.1; done
-"$build/bench/paramd_shm_bench" --address="$(cat "$work/addr")" "$@" | tee "$work/out"
+"${bench[@]}" --address="$(cat "$work/addr")" "$@" | tee "$work/out"
 result=$(grep '^RESULT' "$work/out")
 python3 - "$result" <<'PY'
 import sys

@@ -157,6 +157,7 @@ int Main() {
   std::printf("shm pull in place + release: %.0f us, whatever the size\n", view_us);
 
   const int64_t step_elements = absl::GetFlag(FLAGS_elements);
+  std::printf("whole steps of %lld parameters...\n", static_cast<long long>(step_elements));
   const double shm_step = StepSeconds("shm", step_elements);
   std::printf("step of %lld parameters over shm: %.1f ms\n", static_cast<long long>(step_elements),
               shm_step * 1e3);
@@ -176,5 +177,6 @@ int Main() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a pipe as they are printed
   return paramd::Main();
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Packs the daemon, paramctl and the example trainers with the shared libraries they need that a
-# machine without gRPC, Abseil, protobuf or prometheus-cpp lacks, so they run there unchanged:
+# Packs the daemon, paramctl, the example trainers, benchmarks and the cuda_ipc GPU test with the
+# shared libraries they need that a machine without gRPC, Abseil, protobuf or prometheus-cpp lacks,
+# so they run there unchanged:
 #   scripts/bundle.sh [BUILD_DIR] [OUT_DIR]      -> OUT_DIR/{bin,lib}, run with OUT_DIR/run.sh CMD
 # System libraries (glibc, libstdc++, libgcc) and GPU driver/NCCL libraries are left out: the
 # target machine has its own (and NCCL must never travel).
@@ -11,7 +12,8 @@ out=${2:-$root/.bundle}
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"
 bins=(server/paramd tools/paramctl examples/mlp/paramd_train_mlp
-      examples/classifier/paramd_train_classifier bench/paramd_inline_bench)
+      examples/classifier/paramd_train_classifier bench/paramd_inline_bench bench/paramd_shm_bench
+      tests/gpu/cuda_ipc_test bench/gpu/paramd_cuda_ipc_bench)
 for b in "${bins[@]}"; do
   [ -x "$build/$b" ] && cp "$build/$b" "$out/bin/"
 done

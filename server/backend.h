@@ -5,8 +5,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -30,11 +32,92 @@ FormatKey FormatKeyOf(const v1::ServeFormat& format);
 kernels::Recipe KernelRecipe(v1::Recipe recipe);
 kernels::Direction KernelDirection(v1::Direction direction);
 
+class DeviceAllocator;
+
+// Where bytes lie in a backend's exported GPU memory (`cuda_ipc`, DESIGN.md §6).
+struct DevicePlace {
+  int32_t allocation = -1;  // index into DeviceExports::handles
+  int64_t offset = 0;       // bytes from the allocation's start
+};
+
+// An owned piece of a backend's exported GPU memory; returns to its allocator when destroyed.
+// Empty (null, size 0) where the backend exports none.
+class DeviceBytes {
+ public:
+  DeviceBytes() = default;
+  DeviceBytes(DeviceBytes&& other) noexcept { *this = std::move(other); }
+  DeviceBytes& operator=(DeviceBytes&& other) noexcept;
+  DeviceBytes(const DeviceBytes&) = delete;
+  DeviceBytes& operator=(const DeviceBytes&) = delete;
+  ~DeviceBytes() { Release(); }
+
+  void* get() const { return d_ptr_; }
+  int64_t size() const { return size_; }
+  bool empty() const { return d_ptr_ == nullptr; }
+  DevicePlace place() const { return place_; }
+
+ private:
+  friend class DeviceAllocator;
+  void Release();
+
+  DeviceAllocator* allocator_ = nullptr;
+  void* d_ptr_ = nullptr;
+  int64_t size_ = 0;
+  DevicePlace place_;
+};
+
+// What a trainer needs to map a backend's exported GPU memory.
+struct DeviceExports {
+  int device = -1;                   // CUDA ordinal in the daemon's process
+  std::string uuid;                  // the GPU's 16-byte UUID
+  std::vector<std::string> handles;  // cudaIpcMemHandle_t bytes, by DevicePlace::allocation
+  std::vector<uint64_t> bases;       // the allocations' addresses in this process
+};
+
+class DeviceAllocator {
+ public:
+  virtual ~DeviceAllocator() = default;
+
+ protected:
+  DeviceBytes Make(void* d_ptr, int64_t size, DevicePlace place) {
+    DeviceBytes bytes;
+    bytes.allocator_ = this;
+    bytes.d_ptr_ = d_ptr;
+    bytes.size_ = size;
+    bytes.place_ = place;
+    return bytes;
+  }
+  // Takes the bytes back. Called from any thread; must not wait on the device.
+  virtual void Free(void* d_ptr, int64_t size, DevicePlace place) = 0;
+  friend class DeviceBytes;
+};
+
+inline DeviceBytes& DeviceBytes::operator=(DeviceBytes&& other) noexcept {
+  if (this != &other) {
+    Release();
+    allocator_ = std::exchange(other.allocator_, nullptr);
+    d_ptr_ = std::exchange(other.d_ptr_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    place_ = std::exchange(other.place_, DevicePlace{});
+  }
+  return *this;
+}
+
+inline void DeviceBytes::Release() {
+  if (allocator_ != nullptr && d_ptr_ != nullptr) allocator_->Free(d_ptr_, size_, place_);
+  allocator_ = nullptr;
+  d_ptr_ = nullptr;
+  size_ = 0;
+}
+
 // One served format of one version: its bytes (data, then scales) and how they are laid out.
 struct ServedFormat {
   FormatKey key;
   kernels::ServeBufferLayout layout;
   HostBuffer bytes;  // layout.data_bytes + layout.scale_bytes
+  // The same bytes in the backend's exported GPU memory (`cuda_ipc` reads them in place); empty
+  // where the backend exports none. The backend fills both.
+  DeviceBytes device;
 
   uint8_t* data() { return bytes.data(); }
   uint8_t* scales() { return bytes.data() + layout.data_bytes; }
@@ -116,6 +199,9 @@ struct HostTensorState {
 struct TensorStep {
   TensorState* state = nullptr;
   std::vector<const void*> slots;  // one gradient buffer per rank, rank order
+  // Per rank (empty = none): a gradient a trainer wrote into the backend's exported GPU memory
+  // (`cuda_ipc`); where set, the step reads it there and slots[r] is not read.
+  std::vector<const void*> device_slots;
   kernels::SlotType slot_type = kernels::SlotType::kFp32;
   ServedTensor* out = nullptr;  // formats already sized; the backend fills the bytes
 };
@@ -166,6 +252,19 @@ class Backend {
   virtual absl::StatusOr<std::unique_ptr<TensorState>> ImportState(const TensorInfo& info,
                                                                    HostTensorState state,
                                                                    ServedTensor* out) = 0;
+
+  // `cuda_ipc` (DESIGN.md §6): GPU memory trainers on this node map. A backend without it (cpu)
+  // exports none, and the job keeps every buffer in host memory.
+  virtual std::optional<DeviceExports> Exports() const { return std::nullopt; }
+  // `bytes` of exported GPU memory (contents undefined).
+  virtual absl::StatusOr<DeviceBytes> AllocateExported(int64_t bytes) {
+    return absl::FailedPreconditionError("backend " + name() + " exports no GPU memory");
+  }
+  // A skipped step re-serves the previous version: copies the device bytes of `from`'s formats
+  // into `to`'s (the host bytes the job copies itself).
+  virtual absl::Status CopyServedOnDevice(const ServedTensor& from, ServedTensor* to) {
+    return absl::OkStatus();
+  }
 };
 
 }  // namespace paramd

@@ -2,12 +2,17 @@
 // the kernels' multi-tensor launches (kernels/cuda_step.h) over all tensors of the job. Gradients
 // arrive in host slots (the inline transport) and are copied up; served bytes are copied down into
 // the host buffers the transports read. Both host sides are page-locked once (cudaHostRegister),
-// so the copies run at the link's speed.
+// so the copies run at the link's speed. For `cuda_ipc` (DESIGN.md §6) the backend also exports GPU
+// memory: a few large allocations, carved into gradient slots and served bytes, whose IPC handles
+// trainers on the node open once; a slot a trainer wrote there is read in place, and the step
+// writes each version's served bytes there (besides the host copy).
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -72,6 +77,119 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
+// Exported GPU memory (`cuda_ipc`): buffers carved out of a few large allocations, so a trainer
+// opens each IPC handle once however many buffers a job has (a handle covers a whole cudaMalloc
+// allocation). First fit with coalescing of freed neighbours; an allocation is added when none has
+// room, and lives until the backend goes.
+class DeviceArena final : public DeviceAllocator {
+ public:
+  explicit DeviceArena(int device) : device_(device) {}
+  ~DeviceArena() override {
+    cudaSetDevice(device_);
+    for (const Allocation& a : allocations_) cudaFree(a.base);
+  }
+
+  absl::StatusOr<DeviceBytes> Allocate(int64_t bytes) {
+    if (bytes <= 0) return DeviceBytes();
+    const int64_t size = (bytes + kAlign - 1) / kAlign * kAlign;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < allocations_.size(); ++i) {
+      if (std::optional<int64_t> offset = Take(allocations_[i], size)) {
+        return Hand(i, *offset, bytes);
+      }
+    }
+    Allocation a;
+    a.size = std::max<int64_t>(kMinAllocationBytes, (size + kGranule - 1) / kGranule * kGranule);
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    if (cudaMalloc(&a.base, static_cast<size_t>(a.size)) != cudaSuccess) {
+      cudaGetLastError();  // a failed allocation leaves no sticky error
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cannot allocate ", a.size, " bytes of GPU memory to share with trainers (cuda_ipc)"));
+    }
+    cudaIpcMemHandle_t handle;
+    if (absl::Status s = CudaStatus(cudaIpcGetMemHandle(&handle, a.base),
+                                    "cudaIpcGetMemHandle(&handle, a.base)");
+        !s.ok()) {
+      cudaFree(a.base);
+      return s;
+    }
+    a.handle.assign(reinterpret_cast<const char*>(&handle), sizeof(handle));
+    a.free.emplace(0, a.size);
+    allocations_.push_back(std::move(a));
+    const size_t index = allocations_.size() - 1;
+    return Hand(index, *Take(allocations_[index], size), bytes);
+  }
+
+  DeviceExports Exports(const std::string& uuid) const {
+    DeviceExports exports;
+    exports.device = device_;
+    exports.uuid = uuid;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Allocation& a : allocations_) {
+      exports.handles.push_back(a.handle);
+      exports.bases.push_back(reinterpret_cast<uint64_t>(a.base));
+    }
+    return exports;
+  }
+
+ protected:
+  void Free(void* d_ptr, int64_t size, DevicePlace place) override {
+    const int64_t length = (size + kAlign - 1) / kAlign * kAlign;
+    std::lock_guard<std::mutex> lock(mu_);
+    std::map<int64_t, int64_t>& free = allocations_[static_cast<size_t>(place.allocation)].free;
+    auto [it, inserted] = free.emplace(place.offset, length);
+    if (auto next = std::next(it); next != free.end() && it->first + it->second == next->first) {
+      it->second += next->second;
+      free.erase(next);
+    }
+    if (it != free.begin()) {
+      if (auto prev = std::prev(it); prev->first + prev->second == it->first) {
+        prev->second += it->second;
+        free.erase(it);
+      }
+    }
+  }
+
+ private:
+  // 256-byte offsets keep every buffer aligned as cudaMalloc's are, for the kernels' vector stores.
+  static constexpr int64_t kAlign = 256;
+  static constexpr int64_t kGranule = 2 << 20;
+  static constexpr int64_t kMinAllocationBytes = 256 << 20;
+
+  struct Allocation {
+    void* base = nullptr;
+    int64_t size = 0;
+    std::string handle;               // cudaIpcMemHandle_t bytes
+    std::map<int64_t, int64_t> free;  // offset -> length, non-adjacent
+  };
+
+  static std::optional<int64_t> Take(Allocation& a, int64_t size) {
+    for (auto it = a.free.begin(); it != a.free.end(); ++it) {
+      if (it->second < size) continue;
+      const int64_t offset = it->first;
+      const int64_t rest = it->second - size;
+      a.free.erase(it);
+      if (rest > 0) a.free.emplace(offset + size, rest);
+      return offset;
+    }
+    return std::nullopt;
+  }
+  DeviceBytes Hand(size_t index, int64_t offset, int64_t bytes) {
+    return Make(static_cast<uint8_t*>(allocations_[index].base) + offset, bytes,
+                DevicePlace{static_cast<int32_t>(index), offset});
+  }
+
+  const int device_;
+  mutable std::mutex mu_;
+  std::vector<Allocation> allocations_;
+};
+
+// Where the step writes a served format straight into the version's exported bytes: there when
+// its scales (which follow the data) stay 16-byte aligned for the kernels' vector stores.
+bool WritesInPlace(const ServedFormat& f) {
+  return !f.device.empty() && f.layout.data_bytes % 16 == 0;
+}
+
 struct DeviceOutput {
   FormatKey key;
   kernels::ServeBufferLayout layout;
@@ -87,9 +205,11 @@ class CudaTensorState : public TensorState {
   const TensorInfo info;
   const int64_t n;
   DeviceBuffer master, remainder, exp_avg, exp_avg_scale_inv, exp_avg_sq, exp_avg_sq_scale_inv;
-  DeviceBuffer scalars;               // [fp8_tensor scale, fp8_delayed scale, master amax]
-  std::vector<DeviceOutput> outputs;  // in the served tensor's format order
-  std::vector<DeviceBuffer> slots;    // one per rank, allocated at the first step
+  DeviceBuffer scalars;  // [fp8_tensor scale, fp8_delayed scale, master amax]
+  // In the served tensor's format order; a format the step writes in place (WritesInPlace) gets
+  // these buffers only when a version has no exported bytes.
+  std::vector<DeviceOutput> outputs;
+  std::vector<DeviceBuffer> slots;  // host slots' copies, one per rank, allocated when first used
   kernels::AmaxHistory history{16};
   float delayed_scale = 1.0f;
 };
@@ -119,12 +239,34 @@ class CudaBackend : public Backend {
     PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     cudaDeviceProp prop;
     PARAMD_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device_));
+    uuid_.assign(prop.uuid.bytes, sizeof(prop.uuid.bytes));
+    arena_ = std::make_unique<DeviceArena>(device_);
     PARAMD_LOG(INFO) << "backend cuda:" << device_ << ": " << prop.name << ", "
                      << prop.totalGlobalMem / (1 << 30) << " GiB";
     return absl::OkStatus();
   }
 
   std::string name() const override { return absl::StrCat("cuda:", device_); }
+
+  std::optional<DeviceExports> Exports() const override { return arena_->Exports(uuid_); }
+  absl::StatusOr<DeviceBytes> AllocateExported(int64_t bytes) override {
+    return arena_->Allocate(bytes);
+  }
+
+  absl::Status CopyServedOnDevice(const ServedTensor& from, ServedTensor* to) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    for (size_t f = 0; f < from.formats.size() && f < to->formats.size(); ++f) {
+      const DeviceBytes& src = from.formats[f].device;
+      const DeviceBytes& dst = to->formats[f].device;
+      if (src.empty() || dst.empty()) continue;
+      PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst.get(), src.get(),
+                                                  static_cast<size_t>(dst.size()),
+                                                  cudaMemcpyDeviceToDevice, stream_));
+    }
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
+  }
 
   absl::StatusOr<std::unique_ptr<TensorState>> CreateState(const TensorInfo& info,
                                                            std::span<const float> initial,
@@ -158,6 +300,7 @@ class CudaBackend : public Backend {
     const float scalars[3] = {init.fp8_tensor_scale, init.delayed_scale, 0.0f};
     PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.scalars.get(), scalars, sizeof(scalars),
                                                 cudaMemcpyHostToDevice, stream_));
+    if (absl::Status st = UploadServed(*out); !st.ok()) return st;
     PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     return state;
   }
@@ -247,6 +390,7 @@ class CudaBackend : public Backend {
     const float scalars[3] = {host.scalars.fp8_tensor_scale, host.scalars.fp8_delayed_scale, 0.0f};
     PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.scalars.get(), scalars, sizeof(scalars),
                                                 cudaMemcpyHostToDevice, stream_));
+    if (absl::Status st = UploadServed(*out); !st.ok()) return st;
     PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     return state;
   }
@@ -319,14 +463,31 @@ class CudaBackend : public Backend {
     k.seed = scalars.seed;
     k.k = static_cast<uint32_t>(scalars.k);
     if (absl::Status s = FromKernel(kernels::FusedStepCuda(plan_, k, stream_)); !s.ok()) return s;
-    // Served bytes down into the host buffers the transports read, and each master's amax.
+    // Served bytes into the version's exported GPU bytes where the step did not write them there,
+    // then down into the host buffers the transports read, and each master's amax.
     std::vector<float> amax(tensors.size());
     for (size_t i = 0; i < tensors.size(); ++i) {
       auto& s = *static_cast<CudaTensorState*>(tensors[i].state);
       for (size_t f = 0; f < s.outputs.size(); ++f) {
         ServedFormat& host = tensors[i].out->formats[f];
         if (absl::Status st = Register(host.bytes.data(), host.bytes.size()); !st.ok()) return st;
+        if (WritesInPlace(host)) {
+          PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host.bytes.data(), host.device.get(),
+                                                      static_cast<size_t>(host.bytes.size()),
+                                                      cudaMemcpyDeviceToHost, stream_));
+          continue;
+        }
         const DeviceOutput& d = s.outputs[f];
+        if (!host.device.empty()) {
+          auto* exported = static_cast<uint8_t*>(host.device.get());
+          PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(exported, d.data.get(), d.data.bytes(),
+                                                      cudaMemcpyDeviceToDevice, stream_));
+          if (d.scales.bytes() > 0) {
+            PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(exported + host.layout.data_bytes,
+                                                        d.scales.get(), d.scales.bytes(),
+                                                        cudaMemcpyDeviceToDevice, stream_));
+          }
+        }
         PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host.data(), d.data.get(), d.data.bytes(),
                                                     cudaMemcpyDeviceToHost, stream_));
         if (d.scales.bytes() > 0) {
@@ -376,15 +537,30 @@ class CudaBackend : public Backend {
       DeviceOutput& o = s.outputs.emplace_back();
       o.key = f.key;
       o.layout = f.layout;
-      if (absl::Status st = o.data.Allocate(static_cast<size_t>(f.layout.data_bytes)); !st.ok()) {
-        return st;
-      }
-      if (absl::Status st = o.scales.Allocate(static_cast<size_t>(f.layout.scale_bytes));
-          !st.ok()) {
-        return st;
-      }
+      if (WritesInPlace(f)) continue;
+      if (absl::Status st = OwnOutput(o); !st.ok()) return st;
     }
     return state;
+  }
+
+  // The state's own buffers of a served format (for versions the step cannot write in place).
+  static absl::Status OwnOutput(DeviceOutput& o) {
+    if (o.data.get() != nullptr) return absl::OkStatus();
+    if (absl::Status st = o.data.Allocate(static_cast<size_t>(o.layout.data_bytes)); !st.ok()) {
+      return st;
+    }
+    return o.scales.Allocate(static_cast<size_t>(o.layout.scale_bytes));
+  }
+
+  // Version 0 (or an imported version), computed on the host, into its exported GPU bytes.
+  absl::Status UploadServed(const ServedTensor& out) {
+    for (const ServedFormat& f : out.formats) {
+      if (f.device.empty()) continue;
+      PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(f.device.get(), f.bytes.data(),
+                                                  static_cast<size_t>(f.bytes.size()),
+                                                  cudaMemcpyHostToDevice, stream_));
+    }
+    return absl::OkStatus();
   }
 
   // Page-locks a host buffer once, so copies to and from it run at the link's speed.
@@ -401,13 +577,13 @@ class CudaBackend : public Backend {
       auto& s = *static_cast<CudaTensorState*>(t.state);
       const size_t bytes =
           static_cast<size_t>(s.n) * (t.slot_type == kernels::SlotType::kBf16 ? 2 : 4);
-      if (s.slots.size() != t.slots.size()) {
-        s.slots = std::vector<DeviceBuffer>(t.slots.size());
-        for (DeviceBuffer& slot : s.slots) {
-          if (absl::Status st = slot.Allocate(bytes); !st.ok()) return st;
-        }
-      }
+      if (s.slots.size() != t.slots.size()) s.slots = std::vector<DeviceBuffer>(t.slots.size());
       for (size_t r = 0; r < t.slots.size(); ++r) {
+        // A slot a trainer wrote into exported GPU memory (cuda_ipc) is read where it lies.
+        if (r < t.device_slots.size() && t.device_slots[r] != nullptr) continue;
+        if (s.slots[r].get() == nullptr) {
+          if (absl::Status st = s.slots[r].Allocate(bytes); !st.ok()) return st;
+        }
         void* host = const_cast<void*>(t.slots[r]);
         if (absl::Status st = Register(host, bytes); !st.ok()) return st;
         PARAMD_CUDA_RETURN_IF_ERROR(
@@ -428,16 +604,33 @@ class CudaBackend : public Backend {
       d.policy = s.info.policy;
       d.tensor_index = s.info.index;
       d.slot_type = t.slot_type;
-      for (const DeviceBuffer& slot : s.slots) d.d_slots.push_back(slot.get());
+      for (size_t r = 0; r < s.slots.size(); ++r) {
+        const bool on_device = r < t.device_slots.size() && t.device_slots[r] != nullptr;
+        d.d_slots.push_back(on_device ? t.device_slots[r] : s.slots[r].get());
+      }
       d.d_master = s.master.get();
       d.d_master_remainder = static_cast<int16_t*>(s.remainder.get());
       d.d_exp_avg = s.exp_avg.get();
       d.d_exp_avg_scale_inv = static_cast<float*>(s.exp_avg_scale_inv.get());
       d.d_exp_avg_sq = s.exp_avg_sq.get();
       d.d_exp_avg_sq_scale_inv = static_cast<float*>(s.exp_avg_sq_scale_inv.get());
-      for (const DeviceOutput& o : s.outputs) {
-        d.outputs.push_back({KernelRecipe(o.key.recipe), KernelDirection(o.key.direction),
-                             o.data.get(), o.scales.get()});
+      for (size_t f = 0; f < s.outputs.size(); ++f) {
+        DeviceOutput& o = s.outputs[f];
+        const ServedFormat& served = t.out->formats[f];
+        void* data = nullptr;
+        void* scales = nullptr;
+        if (WritesInPlace(served)) {
+          data = served.device.get();
+          if (o.layout.scale_bytes > 0) {
+            scales = static_cast<uint8_t*>(served.device.get()) + o.layout.data_bytes;
+          }
+        } else {
+          if (absl::Status st = OwnOutput(o); !st.ok()) return st;
+          data = o.data.get();
+          scales = o.scales.get();
+        }
+        d.outputs.push_back(
+            {KernelRecipe(o.key.recipe), KernelDirection(o.key.direction), data, scales});
       }
       auto* scalars = static_cast<float*>(s.scalars.get());
       d.d_fp8_tensor_scale = scalars;
@@ -461,6 +654,8 @@ class CudaBackend : public Backend {
   kernels::CudaStepPlan plan_;
   DeviceBuffer workspace_;
   std::map<void*, size_t> registered_;
+  std::string uuid_;                    // the GPU's UUID bytes (cuda_ipc's trainers match it)
+  std::unique_ptr<DeviceArena> arena_;  // exported GPU memory (cuda_ipc)
 };
 
 }  // namespace

@@ -1,7 +1,7 @@
 // gRPC Data service: the daemon's end of the `inline` transport (gradient chunks in Push
 // messages, served bytes in Pull messages), of `shm` (Attach hands out places in shared memory,
 // in-place pushes mark slots written, place pulls lease served bytes, Release ends leases), and
-// Commit, which every transport uses.
+// Commit, which every transport uses; `cuda_ipc` as `shm`, with places in the backend's GPU memory.
 #pragma once
 
 #include "paramd/v1/data.grpc.pb.h"
@@ -30,6 +30,10 @@ class DataService final : public v1::Data::WithRawCallbackMethod_Pull<v1::Data::
                                     v1::ReleaseResponse* response) override;
 
  private:
+  // Attach for `cuda_ipc`: the backend's IPC handles, and with `step` the rank's slot places in
+  // GPU memory.
+  absl::Status AttachCudaIpc(const v1::AttachRequest& request, v1::AttachResponse* response);
+
   Daemon* const daemon_;
 };
 

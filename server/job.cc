@@ -47,7 +47,7 @@ Job::Job(const v1::RegisterRequest& spec, Backend* backend, BufferAllocator* buf
   hyper_ = spec_.hyperparams();
   last_commit_.assign(static_cast<size_t>(world_size_), -1);
   tensors_.resize(static_cast<size_t>(spec_.tensors_size()));
-  collecting_.resize(tensors_.size());
+  collecting_.host.resize(tensors_.size());
   for (int i = 0; i < spec_.tensors_size(); ++i) {
     Tensor& t = tensors_[static_cast<size_t>(i)];
     t.spec = spec_.tensors(i);
@@ -227,6 +227,35 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushGradient(Tensor& t, const v1::PushC
   }
   const size_t index = static_cast<size_t>(&t - tensors_.data());
   ChunkBuffer& slot = collecting_[index][static_cast<size_t>(chunk.rank())];
+  DeviceSlot* device = CollectingDeviceSlot(index, chunk.rank());
+  if (chunk.in_place_device() && chunk.in_place_bytes() <= 0) {
+    return absl::InvalidArgumentError("in_place_device marks in-place bytes; set in_place_bytes");
+  }
+  if (chunk.in_place_device() && !commits_.contains(chunk.rank())) {
+    // A slot's bytes lie wholly in host memory or wholly in GPU memory: the step reads one.
+    if (device == nullptr || device->bytes.size() != t.grad_bytes) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "an in-place device push of tensor \"", t.spec.name(),
+          "\" names a GPU slot the daemon did not hand out; ask Attach (cuda_ipc, step) for the "
+          "step's slot places first, or push inline"));
+    }
+    if (slot.size() != t.grad_bytes) slot.Reset(NewBuffer(t.grad_bytes));
+    if (slot.received() > 0 && !device->written) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("tensor \"", t.spec.name(), "\" has ", slot.received(), " bytes of step ",
+                       chunk.step(), " pushed inline; finish it inline"));
+    }
+    absl::StatusOr<ChunkBuffer::Stored> stored =
+        slot.MarkWritten(chunk.offset(), chunk.in_place_bytes());
+    if (stored.ok()) device->written = true;
+    return stored;
+  }
+  if (device != nullptr && device->written && !commits_.contains(chunk.rank()) &&
+      chunk.in_place_bytes() == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("tensor \"", t.spec.name(), "\" has ", slot.received(), " bytes of step ",
+                     chunk.step(), " written in GPU memory (cuda_ipc); finish it in place"));
+  }
   if (commits_.contains(chunk.rank())) {
     // The rank's slots are complete, so a chunk is either an identical re-send (a retry, or a
     // restarted trainer pushing again: acknowledged) or a change to committed gradients.
@@ -322,16 +351,17 @@ absl::StatusOr<CommitOutcome> Job::Commit(const v1::CommitRequest& request) {
   outcome.step_started = true;
   outcome.work = StepWork{next_step_, mine.lr, mine.grad_scale};
   taken_.emplace(next_step_, std::move(collecting_));
-  if (!spare_slot_sets_.empty()) {
-    collecting_ = std::move(spare_slot_sets_.back());
-    spare_slot_sets_.pop_back();
+  if (next_collecting_.has_value()) {
+    collecting_ = *std::move(next_collecting_);
+    next_collecting_.reset();
   } else {
-    collecting_.clear();
-    collecting_.resize(tensors_.size());
-    for (auto& per_tensor : collecting_) per_tensor.resize(static_cast<size_t>(world_size_));
+    collecting_ = NextSlotSet();
   }
-  for (auto& per_tensor : collecting_) {
+  for (auto& per_tensor : collecting_.host) {
     for (ChunkBuffer& slot : per_tensor) slot.Clear();
+  }
+  for (auto& per_tensor : collecting_.device) {
+    for (DeviceSlot& slot : per_tensor) slot.written = false;
   }
   if (next_step_ == 0) {
     for (Tensor& t : tensors_) t.upload.reset();  // no retry of the initial weights from now on
@@ -355,13 +385,66 @@ HostBuffer Job::NewBuffer(int64_t bytes) const {
 
 absl::StatusOr<Job::SlotPlaces> Job::SlotsForStep(int32_t rank, int64_t step) {
   absl::MutexLock lock(&mu_);
+  return SlotPlacesLocked(rank, step, false);
+}
+
+absl::StatusOr<Job::SlotPlaces> Job::DeviceSlotsForStep(int32_t rank, int64_t step) {
+  absl::MutexLock lock(&mu_);
+  return SlotPlacesLocked(rank, step, true);
+}
+
+Job::DeviceSlot* Job::CollectingDeviceSlot(size_t tensor, int32_t rank) {
+  if (tensor >= collecting_.device.size()) return nullptr;
+  std::vector<DeviceSlot>& per_rank = collecting_.device[tensor];
+  if (rank < 0 || static_cast<size_t>(rank) >= per_rank.size()) return nullptr;
+  DeviceSlot& slot = per_rank[static_cast<size_t>(rank)];
+  return slot.bytes.empty() ? nullptr : &slot;
+}
+
+Job::SlotSet Job::NextSlotSet() {
+  if (!spare_slot_sets_.empty()) {
+    SlotSet set = std::move(spare_slot_sets_.back());
+    spare_slot_sets_.pop_back();
+    return set;
+  }
+  SlotSet set;
+  set.host.resize(tensors_.size());
+  for (auto& per_tensor : set.host) per_tensor.resize(static_cast<size_t>(world_size_));
+  return set;
+}
+
+ShmPlace Job::DeviceSlotPlace(SlotSet& set, size_t tensor, int32_t rank) {
+  const int64_t bytes = tensors_[tensor].grad_bytes;
+  if (set.device.size() != tensors_.size()) set.device.resize(tensors_.size());
+  std::vector<DeviceSlot>& per_rank = set.device[tensor];
+  if (per_rank.size() != static_cast<size_t>(world_size_)) {
+    per_rank.resize(static_cast<size_t>(world_size_));
+  }
+  DeviceSlot& slot = per_rank[static_cast<size_t>(rank)];
+  if (slot.bytes.size() != bytes) {
+    slot = DeviceSlot();
+    absl::StatusOr<DeviceBytes> allocated = backend_->AllocateExported(bytes);
+    if (!allocated.ok()) {
+      if (!warned_device_fallback_.exchange(true)) {
+        PARAMD_LOG(WARNING) << "job " << name_ << ": " << allocated.status()
+                            << "; gradients that do not fit in GPU memory are pushed inline";
+      }
+      return ShmPlace{};
+    }
+    slot.bytes = *std::move(allocated);
+  }
+  return ShmPlace{slot.bytes.place().allocation, slot.bytes.place().offset};
+}
+
+absl::StatusOr<Job::SlotPlaces> Job::SlotPlacesLocked(int32_t rank, int64_t step, bool device) {
   PARAMD_RETURN_IF_ERROR(CheckRank(rank));
   if (step < next_step_) {
     return absl::FailedPreconditionError(absl::StrCat("step ", step, " of job \"", name_,
                                                       "\" is stale: the job collects step ",
                                                       next_step_, " now"));
   }
-  if (step > next_step_) {
+  const bool lookahead = device && step == next_step_ + 1;
+  if (step > next_step_ && !lookahead) {
     return absl::FailedPreconditionError(
         absl::StrCat("step ", step, " of job \"", name_, "\" is ahead of the step it collects (",
                      next_step_, "); every rank commits step ", next_step_, " first"));
@@ -371,12 +454,32 @@ absl::StatusOr<Job::SlotPlaces> Job::SlotsForStep(int32_t rank, int64_t step) {
         "job \"", name_, "\" has initial weights for ", initialized_tensors_, " of ",
         tensors_.size(), " tensors; rank 0 uploads all of them before gradients are pushed"));
   }
+  if (lookahead) {
+    // No step reads this set (a spare one's step has run), so the trainer may write it already;
+    // its pushes are accepted once the job collects `step`.
+    if (!next_collecting_.has_value()) next_collecting_ = NextSlotSet();
+    SlotSet& set = *next_collecting_;
+    SlotPlaces out;
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      ChunkBuffer& slot = set[i][static_cast<size_t>(rank)];
+      if (slot.size() != tensors_[i].grad_bytes) slot.Reset(NewBuffer(tensors_[i].grad_bytes));
+      out.places.push_back(DeviceSlotPlace(set, i, rank));
+      out.bytes.push_back(tensors_[i].grad_bytes);
+      out.received.push_back(0);  // the set is cleared when it starts collecting
+      out.tensors.push_back(tensors_[i].spec.name());
+    }
+    return out;
+  }
   SlotPlaces out;
   out.committed = commits_.contains(rank);
   for (size_t i = 0; i < tensors_.size(); ++i) {
     ChunkBuffer& slot = collecting_[i][static_cast<size_t>(rank)];
     if (slot.size() != tensors_[i].grad_bytes) slot.Reset(NewBuffer(tensors_[i].grad_bytes));
-    out.places.push_back(slot.place() != nullptr ? *slot.place() : ShmPlace{});
+    if (device) {
+      out.places.push_back(DeviceSlotPlace(collecting_, i, rank));
+    } else {
+      out.places.push_back(slot.place() != nullptr ? *slot.place() : ShmPlace{});
+    }
     out.bytes.push_back(tensors_[i].grad_bytes);
     out.received.push_back(slot.received());
     out.tensors.push_back(tensors_[i].spec.name());
@@ -406,6 +509,15 @@ std::shared_ptr<ServedTensor> Job::FreshServed(Tensor& t) const {
       format.layout = kernels::ServeLayout(KernelRecipe(f.recipe), KernelDirection(f.direction),
                                            t.spec.rows(), t.spec.cols());
       format.bytes = NewBuffer(format.layout.data_bytes + format.layout.scale_bytes);
+      if (backend_->Exports().has_value()) {
+        absl::StatusOr<DeviceBytes> device = backend_->AllocateExported(format.bytes.size());
+        if (device.ok()) {
+          format.device = *std::move(device);
+        } else if (!warned_device_fallback_.exchange(true)) {
+          PARAMD_LOG(WARNING) << "job " << name_ << ": " << device.status()
+                              << "; served bytes that do not fit are pulled from host memory";
+        }
+      }
     }
   }
   served->skipped = false;
@@ -478,6 +590,11 @@ StepReport Job::StepNow(const StepWork& work) {
       step.slot_type = t.spec.grad_type() == v1::ELEMENT_TYPE_BF16 ? kernels::SlotType::kBf16
                                                                    : kernels::SlotType::kFp32;
       for (const ChunkBuffer& slot : slots[i]) step.slots.push_back(slot.data());
+      if (i < slots.device.size()) {
+        for (const DeviceSlot& slot : slots.device[i]) {
+          step.device_slots.push_back(slot.written ? slot.bytes.get() : nullptr);
+        }
+      }
       step.out = outputs.back().get();
       steps.push_back(std::move(step));
     }
@@ -513,6 +630,8 @@ StepReport Job::StepNow(const StepWork& work) {
         std::memcpy(outputs[i]->formats[f].bytes.data(), previous[i]->formats[f].bytes.data(),
                     static_cast<size_t>(previous[i]->formats[f].bytes.size()));
       }
+      const absl::Status copied = backend_->CopyServedOnDevice(*previous[i], outputs[i].get());
+      PARAMD_CHECK(copied.ok()) << "step " << work.step << " of job " << name_ << ": " << copied;
       publish(i);
     }
   } else {
@@ -643,11 +762,15 @@ v1::JobStatus Job::Status() const {
   }
   int64_t slot_bytes = 0;
   auto count = [&slot_bytes](const SlotSet& set) {
-    for (const auto& per_tensor : set) {
+    for (const auto& per_tensor : set.host) {
       for (const ChunkBuffer& slot : per_tensor) slot_bytes += slot.size();
+    }
+    for (const auto& per_tensor : set.device) {
+      for (const DeviceSlot& slot : per_tensor) slot_bytes += slot.bytes.size();
     }
   };
   count(collecting_);
+  if (next_collecting_.has_value()) count(*next_collecting_);
   for (const auto& entry : taken_) count(entry.second);
   for (const SlotSet& set : spare_slot_sets_) count(set);
   s.set_state_bytes(state_bytes);

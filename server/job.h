@@ -81,6 +81,11 @@ class Job {
     bool committed = false;  // the rank committed the step (its slots are final)
   };
   absl::StatusOr<SlotPlaces> SlotsForStep(int32_t rank, int64_t step);
+  // `cuda_ipc`: the same with places in the backend's exported GPU memory (ShmPlace::segment =
+  // DevicePlace::allocation; -1 where that memory ran out: push the tensor inline). `step` may
+  // also be the step after the one being collected: its slots are set aside now (none received),
+  // so a trainer learns them before its commit and its next push needs no Attach first.
+  absl::StatusOr<SlotPlaces> DeviceSlotsForStep(int32_t rank, int64_t step);
   bool shared_memory() const { return buffers_->shared(); }
   // Records the transport a rank uses (Status reports it).
   void SetTrainerTransport(int32_t rank, const std::string& transport, const std::string& reason);
@@ -136,7 +141,21 @@ class Job {
     std::shared_ptr<const ServedTensor> served;  // newest published version
     std::shared_ptr<ServedTensor> spare;  // a retired version's buffers, reused when unleased
   };
-  using SlotSet = std::vector<std::vector<ChunkBuffer>>;  // [tensor][rank]
+  // A rank's gradient slot in the backend's exported GPU memory (`cuda_ipc`): allocated when the
+  // rank asks for device places, `written` once an in-place device push marked it this step (its
+  // ChunkBuffer then only counts the bytes).
+  struct DeviceSlot {
+    DeviceBytes bytes;
+    bool written = false;
+  };
+  // The gradient slots of one step: a host buffer per tensor and rank, and device slots for the
+  // ranks that use cuda_ipc.
+  struct SlotSet {
+    std::vector<std::vector<ChunkBuffer>> host;   // [tensor][rank]
+    std::vector<std::vector<DeviceSlot>> device;  // [tensor][rank], empty until asked for
+    std::vector<ChunkBuffer>& operator[](size_t i) { return host[i]; }
+    const std::vector<ChunkBuffer>& operator[](size_t i) const { return host[i]; }
+  };
   struct RankCommit {
     std::optional<double> lr;
     double grad_scale = 1.0;
@@ -156,6 +175,16 @@ class Job {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<ChunkBuffer::Stored> PushGradient(Tensor& t, const v1::PushChunk& chunk)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<SlotPlaces> SlotPlacesLocked(int32_t rank, int64_t step, bool device)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The device slot of (tensor, rank) in the collecting set, or null when none was allocated.
+  DeviceSlot* CollectingDeviceSlot(size_t tensor, int32_t rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The place of (tensor, rank)'s device slot in the collecting set, allocated now where missing;
+  // segment -1 when the backend's exported memory has no room.
+  ShmPlace DeviceSlotPlace(SlotSet& set, size_t tensor, int32_t rank)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A slot set to collect the next step in: a spare one, else a new one.
+  SlotSet NextSlotSet() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::shared_ptr<ServedTensor> FreshServed(Tensor& t) const;
   // A buffer from `buffers_`, or from the heap when that fails (logged once).
   HostBuffer NewBuffer(int64_t bytes) const;
@@ -187,6 +216,7 @@ class Job {
   Backend* const backend_;
   BufferAllocator* const buffers_;
   mutable std::atomic<bool> warned_heap_fallback_{false};
+  mutable std::atomic<bool> warned_device_fallback_{false};
 
   mutable absl::Mutex mu_;
   std::vector<Tensor> tensors_ ABSL_GUARDED_BY(mu_);
@@ -202,6 +232,9 @@ class Job {
   // Slots of steps handed to the executor, by step; their buffers are reused once a step ran.
   std::map<int64_t, SlotSet> taken_ ABSL_GUARDED_BY(mu_);
   std::vector<SlotSet> spare_slot_sets_ ABSL_GUARDED_BY(mu_);
+  // The set that collects next_step_ + 1, set aside early when a cuda_ipc trainer asked for its
+  // places (DeviceSlotsForStep).
+  std::optional<SlotSet> next_collecting_ ABSL_GUARDED_BY(mu_);
   double last_step_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t skipped_steps_ ABSL_GUARDED_BY(mu_) = 0;
   double last_clip_ ABSL_GUARDED_BY(mu_) = 1.0;

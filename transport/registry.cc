@@ -1,4 +1,5 @@
 #include "absl/strings/str_cat.h"
+#include "transport/cuda_ipc.h"
 #include "transport/inline.h"
 #include "transport/shm.h"
 #include "transport/transport.h"
@@ -7,6 +8,8 @@ namespace paramd {
 
 const std::vector<TransportEntry>& Transports() {
   static const std::vector<TransportEntry> kTransports = {
+      // cuda_ipc or shm, whichever the daemon's backend offers (DESIGN.md §6).
+      {"cuda_ipc", CudaIpcWhyNotViable, MakeCudaIpcTransport},
       {"shm", ShmWhyNotViable, MakeShmTransport},
       {"inline", [](const TransportContext&) { return std::string(); },
        [](const TransportContext& context) -> absl::StatusOr<std::unique_ptr<Transport>> {

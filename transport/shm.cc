@@ -10,14 +10,15 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "paramd/v1/data.grpc.pb.h"
+#include "transport/async_calls.h"
 #include "transport/inline.h"
 #include "transport/shm_segment.h"
 
 namespace paramd {
 namespace {
 
-// A copy-out pull holds its lease only while it copies; it is released with the next pull (or
-// when the transport closes), and expires after this long if the trainer dies first.
+// A copy-out pull holds its lease only while it copies, then releases it without waiting for the
+// answer; the lease expires after this long if the trainer dies first.
 constexpr std::chrono::milliseconds kCopyLease{10000};
 
 absl::Status AttachCall(v1::Data::Stub& stub, const v1::AttachRequest& request, Deadline deadline,
@@ -43,21 +44,7 @@ class ShmTransport final : public Transport {
         stub_(v1::Data::NewStub(context.channel)),
         inline_(MakeInlineTransport(context)) {}
 
-  ~ShmTransport() override {
-    std::vector<uint64_t> leases;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      leases.swap(pending_release_);
-    }
-    if (leases.empty()) return;
-    // Best effort: a lease not released here expires on the daemon.
-    grpc::ClientContext context;
-    context.set_deadline(Soon());
-    v1::ReleaseRequest request;
-    for (uint64_t lease : leases) request.add_leases(lease);
-    v1::ReleaseResponse response;
-    stub_->Release(&context, request, &response);
-  }
+  ~ShmTransport() override { async_.WaitIdle(); }
 
   std::string name() const override { return "shm"; }
 
@@ -123,8 +110,9 @@ class ShmTransport final : public Transport {
     absl::StatusOr<std::span<const std::byte>> bytes = View(out->header, deadline);
     if (!bytes.ok()) return bytes.status();
     out->data.assign(bytes->begin(), bytes->end());
-    std::lock_guard<std::mutex> lock(mu_);
-    pending_release_.push_back(out->header.lease());
+    // Promptly, so the next step finds these buffers free for reuse (a lease still held makes it
+    // allocate others).
+    ReleaseSoon(out->header.lease(), deadline);
     return absl::OkStatus();
   }
 
@@ -144,6 +132,16 @@ class ShmTransport final : public Transport {
     out->data = *bytes;
     out->lease = out->header.lease();
     return absl::OkStatus();
+  }
+
+  // Sends the release without waiting for the answer (there is nothing to report: unknown and
+  // expired leases are ignored); the transport waits for it when it closes.
+  void ReleaseSoon(uint64_t lease, Deadline deadline) {
+    auto* call = async_.Start<v1::ReleaseRequest, v1::ReleaseResponse>();
+    call->context.set_deadline(deadline);
+    call->request.add_leases(lease);
+    stub_->async()->Release(&call->context, &call->request, &call->response,
+                            [this, call](grpc::Status) { async_.Finished(call); });
   }
 
   absl::Status Release(uint64_t lease, Deadline deadline) override {
@@ -244,12 +242,6 @@ class ShmTransport final : public Transport {
     v1::PullRequest request = PullRequestOf(target);
     request.set_delivery(v1::PULL_DELIVERY_PLACE);
     request.set_lease_ms(lease.count());
-    std::vector<uint64_t> releases;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      releases.swap(pending_release_);
-    }
-    for (uint64_t id : releases) request.add_release(id);
     return PullStream(*stub_, request, deadline, out);
   }
 
@@ -311,8 +303,8 @@ class ShmTransport final : public Transport {
   std::mutex mu_;
   std::vector<std::string> names_;
   std::map<int, std::unique_ptr<ShmSegment>> mapped_;
-  std::shared_ptr<SlotCache> slots_;       // the last step pushed
-  std::vector<uint64_t> pending_release_;  // copy-out leases, released with the next pull
+  std::shared_ptr<SlotCache> slots_;  // the last step pushed
+  AsyncCalls async_;                  // releases in flight
 };
 
 }  // namespace

@@ -1,0 +1,129 @@
+// What `cuda_ipc` does beyond the conformance suite: gradients pushed from GPU memory, in-place
+// reads of served bytes in GPU memory under a lease that later steps respect, and the automatic
+// choice. A daemon on cuda:0 runs in this process (label gpu; skips with the reason without one).
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+#include <random>
+
+#include "tests/conformance/transport_conformance.h"
+
+namespace paramd::testing {
+namespace {
+
+using CudaIpcTest = TransportConformanceTest;
+
+v1::TensorSpec Spec(const std::string& name, int64_t rows, int64_t cols) {
+  v1::TensorSpec spec;
+  spec.set_name(name);
+  spec.set_rows(rows);
+  spec.set_cols(cols);
+  spec.set_grad_type(v1::ELEMENT_TYPE_FP32);
+  return spec;
+}
+
+std::vector<float> Random(size_t n, uint32_t seed, float scale) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+std::span<const std::byte> Bytes(const std::vector<float>& v) {
+  return std::as_bytes(std::span<const float>(v));
+}
+
+PullTarget Target(const std::string& job, const std::string& tensor, int64_t version,
+                  v1::Recipe recipe = v1::RECIPE_FP32) {
+  PullTarget target{job, tensor, {}, version};
+  target.format.set_recipe(recipe);
+  return target;
+}
+
+// The bytes of a device view, copied to the host.
+std::vector<std::byte> HostCopy(const PulledView& view) {
+  std::vector<std::byte> host(view.data.size());
+  EXPECT_EQ(cudaMemcpy(host.data(), view.data.data(), host.size(), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  return host;
+}
+
+TEST_P(CudaIpcTest, GradientsFromGpuMemoryGiveTheSameStepAsFromHostMemory) {
+  constexpr size_t kN = 4099;  // not a multiple of any block
+  Register("dev", {Spec("t", 1, kN)}, 1);
+  Register("host", {Spec("t", 1, kN)}, 1);
+  const std::vector<float> p = Random(kN, 1, 0.02f), g = Random(kN, 2, 1e-3f);
+  const PushItem init[] = {{"t", Bytes(p)}};
+  for (const char* job : {"dev", "host"}) {
+    ASSERT_TRUE(transport_->Push({job, 0, 0, v1::PUSH_KIND_INITIAL_WEIGHTS}, init, Soon()).ok());
+  }
+  void* d_grad = nullptr;
+  ASSERT_EQ(cudaMalloc(&d_grad, kN * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_grad, g.data(), kN * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  const PushItem from_device[] = {
+      {"t", std::span<const std::byte>(static_cast<const std::byte*>(d_grad), kN * 4)}};
+  const PushItem from_host[] = {{"t", Bytes(g)}};
+  ASSERT_TRUE(transport_->Push({"dev", 0, 0, v1::PUSH_KIND_GRADIENT}, from_device, Soon()).ok());
+  // A retry of the same device bytes is acknowledged.
+  ASSERT_TRUE(transport_->Push({"dev", 0, 0, v1::PUSH_KIND_GRADIENT}, from_device, Soon()).ok());
+  ASSERT_TRUE(transport_->Push({"host", 0, 0, v1::PUSH_KIND_GRADIENT}, from_host, Soon()).ok());
+  ASSERT_TRUE(Commit("dev", 0, 0).ok());
+  ASSERT_TRUE(Commit("host", 0, 0).ok());
+  Pulled a, b;
+  ASSERT_TRUE(transport_->Pull(Target("dev", "t", 1), Soon(), &a).ok());
+  ASSERT_TRUE(transport_->Pull(Target("host", "t", 1), Soon(), &b).ok());
+  EXPECT_EQ(a.header.version(), 1);
+  EXPECT_EQ(a.data, b.data);
+  EXPECT_NE(std::memcmp(a.data.data(), p.data(), a.data.size()), 0);
+  cudaFree(d_grad);
+}
+
+TEST_P(CudaIpcTest, InPlaceViewIsInGpuMemoryAndStaysUnchangedUnderItsLease) {
+  constexpr size_t kN = 1 << 12;
+  v1::ServeFormat fp8;
+  fp8.set_recipe(v1::RECIPE_FP8_BLOCK);
+  Register("lease", {Spec("t", 64, 64)}, 1, {fp8});
+  const std::vector<float> p = Random(kN, 3, 0.02f);
+  const PushItem init[] = {{"t", Bytes(p)}};
+  ASSERT_TRUE(transport_->Push({"lease", 0, 0, v1::PUSH_KIND_INITIAL_WEIGHTS}, init, Soon()).ok());
+  auto step = [&](int64_t s) {
+    const std::vector<float> g = Random(kN, 10 + static_cast<uint32_t>(s), 1e-2f);
+    const PushItem items[] = {{"t", Bytes(g)}};
+    ASSERT_TRUE(transport_->Push({"lease", 0, s, v1::PUSH_KIND_GRADIENT}, items, Soon()).ok());
+    ASSERT_TRUE(Commit("lease", 0, s).ok());
+  };
+  step(0);
+  PulledView view;
+  ASSERT_TRUE(transport_
+                  ->PullInPlace(Target("lease", "t", 1, v1::RECIPE_FP8_BLOCK), Soon(),
+                                std::chrono::seconds(60), &view)
+                  .ok());
+  cudaPointerAttributes attributes;
+  ASSERT_EQ(cudaPointerGetAttributes(&attributes, view.data.data()), cudaSuccess);
+  EXPECT_EQ(attributes.type, cudaMemoryTypeDevice);
+  const std::vector<std::byte> before = HostCopy(view);
+  Pulled copy;
+  ASSERT_TRUE(transport_->Pull(Target("lease", "t", 1, v1::RECIPE_FP8_BLOCK), Soon(), &copy).ok());
+  EXPECT_EQ(copy.data, before) << "the in-place view and the copy of version 1 differ";
+  for (int64_t s = 1; s < 4; ++s) step(s);
+  Pulled newest;
+  ASSERT_TRUE(
+      transport_->Pull(Target("lease", "t", 4, v1::RECIPE_FP8_BLOCK), Soon(), &newest).ok());
+  EXPECT_NE(newest.data, before);
+  EXPECT_EQ(HostCopy(view), before) << "a later step overwrote leased bytes";
+  ASSERT_TRUE(transport_->Release(view.lease, Soon()).ok());
+}
+
+TEST_P(CudaIpcTest, IsTheAutomaticChoiceOnAGpuDaemon) {
+  TransportContext context{channel_, kChunkBytes, "", 0};
+  std::string reason;
+  absl::StatusOr<std::unique_ptr<Transport>> chosen = ChooseTransport("auto", context, &reason);
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  EXPECT_EQ((*chosen)->name(), "cuda_ipc") << reason;
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpu, CudaIpcTest, ::testing::Values("cuda_ipc"));
+
+}  // namespace
+}  // namespace paramd::testing

@@ -1,0 +1,586 @@
+#include "transport/cuda_ipc.h"
+
+#include <cuda_runtime_api.h>
+#include <grpcpp/client_context.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <list>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "paramd/v1/data.grpc.pb.h"
+#include "transport/inline.h"
+
+namespace paramd {
+namespace {
+
+// Wraps a CUDA error once, where it happens, with the call that failed.
+absl::Status CudaStatus(cudaError_t error, const char* call) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(call, ": ", cudaGetErrorString(error)));
+}
+#define PARAMD_CUDA_RETURN_IF_ERROR(call)                                 \
+  do {                                                                    \
+    if (absl::Status _s = CudaStatus((call), #call); !_s.ok()) return _s; \
+  } while (0)
+
+constexpr char kName[] = "cuda_ipc";
+// A copy-out pull holds its lease only while it copies; it is released with the next pull (or
+// when the transport closes), and expires after this long if the trainer dies first.
+constexpr std::chrono::milliseconds kCopyLease{10000};
+// A gradient is copied and marked in pieces of at most this size, so the marks' round trips run
+// while later pieces still copy (a multiple of every element size).
+constexpr int64_t kPieceBytes = int64_t{512} << 20;
+
+Deadline Soon() { return std::chrono::system_clock::now() + std::chrono::seconds(10); }
+
+absl::Status AttachCall(v1::Data::Stub& stub, const v1::AttachRequest& request, Deadline deadline,
+                        v1::AttachResponse* response) {
+  grpc::ClientContext context;
+  context.set_deadline(deadline);
+  return FromGrpcStatus(stub.Attach(&context, request, response));
+}
+
+v1::AttachRequest ProbeRequest() {
+  v1::AttachRequest request;
+  request.set_transport(kName);
+  return request;
+}
+
+// The local ordinal of the GPU with this UUID, or -1.
+absl::StatusOr<int> DeviceWithUuid(const std::string& uuid) {
+  int count = 0;
+  PARAMD_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
+  for (int d = 0; d < count; ++d) {
+    cudaDeviceProp prop;
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, d));
+    if (uuid.size() == sizeof(prop.uuid.bytes) &&
+        std::memcmp(uuid.data(), prop.uuid.bytes, uuid.size()) == 0) {
+      return d;
+    }
+  }
+  return -1;
+}
+
+class CudaIpcTransport final : public Transport {
+ public:
+  explicit CudaIpcTransport(const TransportContext& context)
+      : context_(context),
+        stub_(v1::Data::NewStub(context.channel)),
+        inline_(MakeInlineTransport(context)) {}
+
+  ~CudaIpcTransport() override {
+    {
+      // Releases and slot look-aheads still in flight use this object; their deadlines bound this.
+      std::unique_lock<std::mutex> lock(mu_);
+      idle_.wait(lock, [this] { return in_flight_ == 0; });
+    }
+    std::vector<uint64_t> leases;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      leases.swap(pending_release_);
+    }
+    if (!leases.empty()) {
+      // Best effort: a lease not released here expires on the daemon.
+      grpc::ClientContext context;
+      context.set_deadline(Soon());
+      v1::ReleaseRequest request;
+      for (uint64_t lease : leases) request.add_leases(lease);
+      v1::ReleaseResponse response;
+      stub_->Release(&context, request, &response);
+    }
+    if (device_ < 0) return;
+    cudaSetDevice(device_);
+    for (const auto& [index, mapping] : mapped_) {
+      if (mapping.opened) cudaIpcCloseMemHandle(mapping.base);
+    }
+    for (cudaEvent_t event : events_) cudaEventDestroy(event);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  std::string name() const override { return kName; }
+
+  // Asks the daemon for its GPU and checks that this process sees it; takes the current device as
+  // the one this transport copies from (the trainer's GPU).
+  absl::Status Probe(Deadline deadline) {
+    v1::AttachResponse response;
+    if (absl::Status s = AttachCall(*stub_, ProbeRequest(), deadline, &response); !s.ok()) {
+      return s;
+    }
+    int count = 0;
+    if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess || count == 0) {
+      cudaGetLastError();
+      return absl::FailedPreconditionError(absl::StrCat(
+          "no GPU visible (", e == cudaSuccess ? "no devices" : cudaGetErrorString(e), ")"));
+    }
+    absl::StatusOr<int> daemon_gpu = DeviceWithUuid(response.device_uuid());
+    if (!daemon_gpu.ok()) return daemon_gpu.status();
+    if (*daemon_gpu < 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the daemon's GPU (cuda:", response.device(),
+                       " there) is not visible to this process (another node, or hidden by "
+                       "CUDA_VISIBLE_DEVICES)"));
+    }
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device_));
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    Remember(response);
+    return absl::OkStatus();
+  }
+
+  absl::Status Push(const PushTarget& target, std::span<const PushItem> items,
+                    Deadline deadline) override {
+    if (target.kind == v1::PUSH_KIND_INITIAL_WEIGHTS) {
+      return inline_->Push(target, items, deadline);  // once per job, from rank 0
+    }
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    absl::StatusOr<std::shared_ptr<SlotCache>> slots = Slots(target, deadline);
+    if (!slots.ok()) return slots.status();
+    std::vector<PushItem> inline_items;
+    std::vector<const PushItem*> placed;
+    std::vector<uint8_t*> slots_of;  // where each placed item goes
+    for (const PushItem& item : items) {
+      auto it = (*slots)->index.find(item.tensor);
+      const v1::ShmPlace* place =
+          it == (*slots)->index.end() ? nullptr : &(*slots)->places.slots(it->second);
+      // Unknown tensors and sizes that do not match go inline, so the daemon's answer is the same
+      // as for any other transport.
+      if (place == nullptr || place->segment() < 0 || place->offset() < 0 ||
+          place->bytes() != static_cast<int64_t>(item.data.size())) {
+        inline_items.push_back(item);
+        continue;
+      }
+      absl::StatusOr<uint8_t*> base = Map(place->segment(), deadline);
+      if (!base.ok()) return base.status();
+      uint8_t* slot = *base + place->offset();
+      const int64_t received = (*slots)->received[static_cast<size_t>(it->second)];
+      if (received == place->bytes()) {
+        // Pushed before (a retry, or a restarted trainer): the same rule as inline pushes.
+        absl::StatusOr<bool> same = SameBytes(slot, item.data);
+        if (!same.ok()) return same.status();
+        if (*same) continue;
+        return absl::FailedPreconditionError(
+            absl::StrCat("a different gradient of tensor \"", item.tensor,
+                         "\" was already pushed for step ", target.step, " by rank ", target.rank,
+                         "; pushes are idempotent only for identical bytes"));
+      }
+      if (received > 0) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("tensor \"", item.tensor, "\" has ", received, " of ", place->bytes(),
+                         " bytes of step ", target.step, " pushed inline; finish it inline"));
+      }
+      placed.push_back(&item);
+      slots_of.push_back(slot);
+    }
+    if (!placed.empty()) {
+      // Each piece is marked once its copy has completed (see the header); the stream is
+      // synchronized whatever happens, as the caller may reuse its buffers when Push returns.
+      std::lock_guard<std::mutex> push_lock(push_mu_);
+      absl::Status s = CopyAndMark(target, placed, slots_of, deadline);
+      if (absl::Status synced =
+              CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(stream_)");
+          s.ok()) {
+        s = synced;
+      }
+      if (!s.ok()) return s;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (const PushItem* item : placed) {
+          const int i = (*slots)->index.at(item->tensor);
+          (*slots)->received[static_cast<size_t>(i)] = (*slots)->places.slots(i).bytes();
+        }
+      }
+      LookAhead(target);
+    }
+    if (!inline_items.empty()) return inline_->Push(target, inline_items, deadline);
+    return absl::OkStatus();
+  }
+
+  absl::Status Pull(const PullTarget& target, Deadline deadline, Pulled* out) override {
+    if (absl::Status s = PlacedPull(target, deadline, kCopyLease, out); !s.ok()) return s;
+    if (!out->header.has_place()) return absl::OkStatus();  // streamed: already in out->data
+    absl::StatusOr<const uint8_t*> bytes = View(out->header, deadline);
+    if (!bytes.ok()) return bytes.status();
+    out->data.resize(static_cast<size_t>(out->header.place().bytes()));
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    PARAMD_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(out->data.data(), *bytes, out->data.size(), cudaMemcpyDefault, stream_));
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_release_.push_back(out->header.lease());
+    return absl::OkStatus();
+  }
+
+  absl::Status PullInPlace(const PullTarget& target, Deadline deadline,
+                           std::chrono::milliseconds lease, PulledView* out) override {
+    Pulled pulled;
+    if (absl::Status s = PlacedPull(target, deadline, lease, &pulled); !s.ok()) return s;
+    if (!pulled.header.has_place()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the daemon keeps ", target.tensor,
+          " out of its exported GPU memory (it ran out of room); use Pull, which copies"));
+    }
+    absl::StatusOr<const uint8_t*> bytes = View(pulled.header, deadline);
+    if (!bytes.ok()) return bytes.status();
+    out->header = std::move(pulled.header);
+    out->data = std::span<const std::byte>(reinterpret_cast<const std::byte*>(*bytes),
+                                           static_cast<size_t>(out->header.place().bytes()));
+    out->lease = out->header.lease();
+    return absl::OkStatus();
+  }
+
+  // Sent without waiting for the answer, which has nothing to report (the daemon ignores unknown
+  // and expired leases): the trainer has already stopped reading the bytes, and a pull needs no
+  // round trip more. The transport waits for the call when it closes.
+  absl::Status Release(uint64_t lease, Deadline deadline) override {
+    auto call = std::make_unique<AsyncCall<v1::ReleaseRequest, v1::ReleaseResponse>>();
+    call->context.set_deadline(deadline);
+    call->request.add_leases(lease);
+    auto* c = Start(std::move(call));
+    stub_->async()->Release(&c->context, &c->request, &c->response,
+                            [this, c](grpc::Status) { Finished(c); });
+    return absl::OkStatus();
+  }
+
+ private:
+  // The slot places of a rank's step, and what this transport knows was received.
+  struct SlotCache {
+    std::string job;
+    int32_t rank = 0;
+    int64_t step = -1;
+    v1::AttachResponse places;
+    std::map<std::string, int> index;  // tensor -> slot
+    std::vector<int64_t> received;     // guarded by mu_
+  };
+  // One of the daemon's allocations as this process sees it.
+  struct Mapping {
+    uint8_t* base = nullptr;
+    bool opened = false;  // by cudaIpcOpenMemHandle (closed with the transport)
+  };
+
+  absl::StatusOr<std::shared_ptr<SlotCache>> Slots(const PushTarget& target, Deadline deadline) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      auto matches = [&target](const std::shared_ptr<SlotCache>& cache) {
+        return cache != nullptr && cache->job == target.job && cache->rank == target.rank &&
+               cache->step == target.step;
+      };
+      if (matches(slots_)) return slots_;
+      // The places asked for ahead (LookAhead), once that call is back; a failed one left none.
+      idle_.wait(lock, [this] { return !ahead_pending_; });
+      if (matches(ahead_)) {
+        slots_ = std::move(ahead_);
+        ahead_.reset();
+        return slots_;
+      }
+    }
+    v1::AttachRequest request;
+    request.set_job(target.job);
+    request.set_rank(target.rank);
+    request.set_transport(kName);
+    request.set_step(target.step);
+    auto cache = std::make_shared<SlotCache>();
+    if (absl::Status s = AttachCall(*stub_, request, deadline, &cache->places); !s.ok()) return s;
+    Remember(cache->places);
+    cache->job = target.job;
+    cache->rank = target.rank;
+    cache->step = target.step;
+    for (int i = 0; i < cache->places.slots_size(); ++i) {
+      cache->index.emplace(cache->places.slots(i).tensor(), i);
+      cache->received.push_back(cache->places.slots(i).received());
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    slots_ = cache;
+    return cache;
+  }
+
+  // Asks, without waiting, for the places of the step after `target`'s, so the next push copies
+  // at once (the daemon sets that step's slots aside early). Once per step; a refusal (e.g. the
+  // job has not reached `target.step` yet) only leaves the next push to ask itself.
+  void LookAhead(const PushTarget& target) {
+    auto call = std::make_unique<AsyncCall<v1::AttachRequest, v1::AttachResponse>>();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (ahead_pending_ || (ahead_ != nullptr && ahead_->job == target.job &&
+                             ahead_->rank == target.rank && ahead_->step == target.step + 1)) {
+        return;
+      }
+      ahead_pending_ = true;
+      ahead_.reset();
+    }
+    call->context.set_deadline(Soon());
+    call->request.set_job(target.job);
+    call->request.set_rank(target.rank);
+    call->request.set_transport(kName);
+    call->request.set_step(target.step + 1);
+    auto* c = Start(std::move(call));
+    stub_->async()->Attach(&c->context, &c->request, &c->response, [this, c](grpc::Status status) {
+      std::shared_ptr<SlotCache> cache;
+      if (status.ok()) {
+        Remember(c->response);
+        cache = std::make_shared<SlotCache>();
+        cache->job = c->request.job();
+        cache->rank = c->request.rank();
+        cache->step = c->request.step();
+        cache->places = c->response;
+        for (int i = 0; i < cache->places.slots_size(); ++i) {
+          cache->index.emplace(cache->places.slots(i).tensor(), i);
+          cache->received.push_back(cache->places.slots(i).received());
+        }
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ahead_ = std::move(cache);
+        ahead_pending_ = false;
+      }
+      Finished(c);
+    });
+  }
+
+  // A call made with gRPC's callback API: alive until its callback ran (Finished).
+  struct AsyncCallBase {
+    virtual ~AsyncCallBase() = default;
+    grpc::ClientContext context;
+  };
+  template <typename Request, typename Response>
+  struct AsyncCall : AsyncCallBase {
+    Request request;
+    Response response;
+  };
+  template <typename Call>
+  Call* Start(std::unique_ptr<Call> call) {
+    Call* raw = call.get();
+    std::lock_guard<std::mutex> lock(mu_);
+    finished_.clear();  // calls whose callbacks have returned
+    calls_.emplace(raw, std::move(call));
+    ++in_flight_;
+    return raw;
+  }
+  // Called last by a callback: the call's objects are freed later (by the next Start or the
+  // destructor), not while gRPC may still be returning from the callback.
+  void Finished(AsyncCallBase* call) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = calls_.find(call);
+    finished_.push_back(std::move(it->second));
+    calls_.erase(it);
+    --in_flight_;
+    idle_.notify_all();
+  }
+
+  // Whether the slot already holds `data` (host or device memory), read back to the host: only a
+  // retry gets here.
+  absl::StatusOr<bool> SameBytes(const uint8_t* slot, std::span<const std::byte> data) {
+    std::vector<std::byte> theirs(data.size()), mine(data.size());
+    PARAMD_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(theirs.data(), slot, data.size(), cudaMemcpyDefault, stream_));
+    PARAMD_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(mine.data(), data.data(), data.size(), cudaMemcpyDefault, stream_));
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    return theirs == mine;
+  }
+
+  // Copies the placed items into their slots in pieces, an event after each, and marks each piece
+  // written in device memory, in one Push stream, once its event has completed. The caller holds
+  // push_mu_ (the events) and synchronizes the stream afterwards.
+  absl::Status CopyAndMark(const PushTarget& target, const std::vector<const PushItem*>& placed,
+                           const std::vector<uint8_t*>& slots, Deadline deadline) {
+    struct Piece {
+      const PushItem* item;
+      int64_t offset;
+      int64_t bytes;
+    };
+    std::vector<Piece> pieces;
+    for (size_t i = 0; i < placed.size(); ++i) {
+      const int64_t size = static_cast<int64_t>(placed[i]->data.size());
+      for (int64_t offset = 0; offset < size; offset += kPieceBytes) {
+        const Piece piece{placed[i], offset, std::min(kPieceBytes, size - offset)};
+        if (pieces.size() == events_.size()) {
+          cudaEvent_t event;
+          PARAMD_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+          events_.push_back(event);
+        }
+        PARAMD_CUDA_RETURN_IF_ERROR(
+            cudaMemcpyAsync(slots[i] + offset, placed[i]->data.data() + offset,
+                            static_cast<size_t>(piece.bytes), cudaMemcpyDefault, stream_));
+        PARAMD_CUDA_RETURN_IF_ERROR(cudaEventRecord(events_[pieces.size()], stream_));
+        pieces.push_back(piece);
+      }
+    }
+    grpc::ClientContext context;
+    context.set_deadline(deadline);
+    v1::PushResponse response;
+    std::unique_ptr<grpc::ClientWriter<v1::PushChunk>> writer = stub_->Push(&context, &response);
+    v1::PushChunk chunk;
+    chunk.set_job(target.job);
+    chunk.set_rank(target.rank);
+    chunk.set_step(target.step);
+    chunk.set_kind(target.kind);
+    chunk.set_in_place_device(true);
+    bool open = true;
+    for (size_t p = 0; p < pieces.size() && open; ++p) {
+      if (absl::Status s =
+              CudaStatus(cudaEventSynchronize(events_[p]), "cudaEventSynchronize(events_[p])");
+          !s.ok()) {
+        context.TryCancel();
+        writer->Finish();
+        return s;
+      }
+      chunk.set_tensor(pieces[p].item->tensor);
+      chunk.set_offset(pieces[p].offset);
+      chunk.set_in_place_bytes(pieces[p].bytes);
+      if (p + 1 < pieces.size()) {
+        open = writer->Write(chunk);  // false: the daemon ended the stream, Finish says why
+      } else {
+        writer->WriteLast(chunk, grpc::WriteOptions());  // also closes the stream: one write less
+        open = false;
+      }
+    }
+    return FromGrpcStatus(writer->Finish());
+  }
+
+  absl::Status PlacedPull(const PullTarget& target, Deadline deadline,
+                          std::chrono::milliseconds lease, Pulled* out) {
+    v1::PullRequest request = PullRequestOf(target);
+    request.set_delivery(v1::PULL_DELIVERY_PLACE);
+    request.set_lease_ms(lease.count());
+    std::vector<uint64_t> releases;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      releases.swap(pending_release_);
+    }
+    for (uint64_t id : releases) request.add_release(id);
+    return PullStream(*stub_, request, deadline, out);
+  }
+
+  absl::StatusOr<const uint8_t*> View(const v1::PullHeader& header, Deadline deadline) {
+    const v1::ShmPlace& place = header.place();
+    if (!header.place_on_device()) {
+      return absl::DataLossError(
+          "the daemon answered a cuda_ipc pull with a shared-memory place, not a GPU one");
+    }
+    if (place.offset() < 0 || place.bytes() != header.data_bytes() + header.scale_bytes()) {
+      return absl::DataLossError(absl::StrCat(
+          "pulled GPU place [", place.offset(), ", +", place.bytes(), ") does not hold ",
+          header.data_bytes(), " + ", header.scale_bytes(), " bytes"));
+    }
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    absl::StatusOr<uint8_t*> base = Map(place.segment(), deadline);
+    if (!base.ok()) return base.status();
+    return *base + place.offset();
+  }
+
+  void Remember(const v1::AttachResponse& response) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (response.ipc_handles_size() > static_cast<int>(handles_.size())) {
+      handles_.assign(response.ipc_handles().begin(), response.ipc_handles().end());
+      bases_.assign(response.ipc_bases().begin(), response.ipc_bases().end());
+      daemon_pid_ = response.pid();
+    }
+  }
+
+  // Allocation `index` as this process sees it, opened on first use (asking for new handles when
+  // needed). The caller has made device_ current.
+  absl::StatusOr<uint8_t*> Map(int index, Deadline deadline) {
+    if (index < 0) return absl::DataLossError(absl::StrCat("GPU allocation index ", index));
+    std::string handle;
+    uint64_t base = 0;
+    int64_t pid = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = mapped_.find(index);
+      if (it != mapped_.end()) return it->second.base;
+      if (index < static_cast<int>(handles_.size())) {
+        handle = handles_[static_cast<size_t>(index)];
+        base = bases_[static_cast<size_t>(index)];
+        pid = daemon_pid_;
+      }
+    }
+    if (handle.empty()) {
+      v1::AttachResponse response;
+      if (absl::Status s = AttachCall(*stub_, ProbeRequest(), deadline, &response); !s.ok()) {
+        return s;
+      }
+      if (index >= response.ipc_handles_size()) {
+        return absl::DataLossError(absl::StrCat("the daemon named GPU allocation ", index, " of ",
+                                                response.ipc_handles_size()));
+      }
+      Remember(response);
+      handle = response.ipc_handles(index);
+      base = response.ipc_bases(index);
+      pid = response.pid();
+    }
+    Mapping mapping;
+    if (pid == static_cast<int64_t>(getpid()) && InThisProcess(base)) {
+      // The daemon runs in this process (tests): CUDA refuses to open a process's own handles, and
+      // its address is valid here as it is.
+      mapping.base = reinterpret_cast<uint8_t*>(base);
+    } else {
+      cudaIpcMemHandle_t h;
+      if (handle.size() != sizeof(h)) {
+        return absl::DataLossError(absl::StrCat("IPC handle of ", handle.size(), " bytes"));
+      }
+      std::memcpy(&h, handle.data(), sizeof(h));
+      void* opened = nullptr;
+      PARAMD_CUDA_RETURN_IF_ERROR(cudaIpcOpenMemHandle(&opened, h, cudaIpcMemLazyEnablePeerAccess));
+      mapping.base = static_cast<uint8_t*>(opened);
+      mapping.opened = true;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    auto [it, inserted] = mapped_.emplace(index, mapping);
+    if (!inserted && mapping.opened) cudaIpcCloseMemHandle(mapping.base);  // another thread won
+    return it->second.base;
+  }
+
+  static bool InThisProcess(uint64_t base) {
+    cudaPointerAttributes attributes;
+    if (cudaPointerGetAttributes(&attributes, reinterpret_cast<void*>(base)) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return attributes.type == cudaMemoryTypeDevice;
+  }
+
+  const TransportContext context_;
+  std::unique_ptr<v1::Data::Stub> stub_;
+  std::unique_ptr<Transport> inline_;
+  int device_ = -1;  // the trainer's GPU: its stream, and the context handles are opened in
+  cudaStream_t stream_ = nullptr;
+  std::mutex push_mu_;               // one push's copies and marks at a time: the events
+  std::vector<cudaEvent_t> events_;  // one per piece of a push, reused
+
+  std::mutex mu_;
+  std::condition_variable idle_;  // signalled when an async call finishes
+  int in_flight_ = 0;
+  std::map<AsyncCallBase*, std::unique_ptr<AsyncCallBase>> calls_;
+  std::list<std::unique_ptr<AsyncCallBase>> finished_;
+  bool ahead_pending_ = false;
+  std::shared_ptr<SlotCache> ahead_;  // the places of the step after the last one pushed
+  std::vector<std::string> handles_;
+  std::vector<uint64_t> bases_;
+  int64_t daemon_pid_ = 0;
+  std::map<int, Mapping> mapped_;
+  std::shared_ptr<SlotCache> slots_;       // the last step pushed
+  std::vector<uint64_t> pending_release_;  // copy-out leases, released with the next pull
+};
+
+}  // namespace
+
+std::string CudaIpcWhyNotViable(const TransportContext& context) {
+  CudaIpcTransport probe(context);
+  absl::Status status = probe.Probe(Soon());
+  return status.ok() ? std::string() : std::string(status.message());
+}
+
+absl::StatusOr<std::unique_ptr<Transport>> MakeCudaIpcTransport(const TransportContext& context) {
+  auto transport = std::make_unique<CudaIpcTransport>(context);
+  if (absl::Status s = transport->Probe(Soon()); !s.ok()) return s;
+  return transport;
+}
+
+}  // namespace paramd

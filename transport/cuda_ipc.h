@@ -1,0 +1,36 @@
+// `cuda_ipc`: same node, cuda:N backend (DESIGN.md §6). The daemon keeps gradient slots and each
+// version's served bytes in a few large GPU allocations whose IPC handles it hands out in Attach;
+// the trainer opens each handle once (on its current device, with peer access where the daemon's
+// GPU is another one) and copies on a stream of its own.
+//
+// Push copies each gradient (host or device memory: the copy reads either) into its slot, in
+// pieces, and marks each piece with an in-place push once the copy of that piece has completed (an
+// event on its stream, waited for on the host). Waiting on the host is the ordering: Push must not
+// return before the caller's buffer has been read anyway, and once a copy has completed its bytes
+// are in the daemon's GPU memory for any later work there (the step starts only after the commit
+// that follows the marks), so no IPC event is needed; marking piece by piece lets the marks' round
+// trips run while later pieces still copy. After a push, the places of the next step are asked
+// for in the background, so the next push copies at once.
+//
+// Pull copies the leased served bytes into host memory (Pulled::data). PullInPlace returns a view
+// of the served bytes in the daemon's GPU memory: PulledView::data then holds a DEVICE pointer (of
+// the trainer's CUDA context), valid and unchanged until the lease is released or expires; read it
+// with kernels or copies on the trainer's streams and call Release only after that work finished.
+// Release is sent without waiting for its answer (there is none to report).
+// Initial weights, and any buffer the daemon could not place in GPU memory, travel inline.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "transport/transport.h"
+
+namespace paramd {
+
+// Empty when this process can map the daemon's GPU memory, else why not ("built without CUDA", "no
+// GPU visible", the daemon's backend is not cuda:N, the daemon's GPU is not visible here).
+std::string CudaIpcWhyNotViable(const TransportContext& context);
+absl::StatusOr<std::unique_ptr<Transport>> MakeCudaIpcTransport(const TransportContext& context);
+
+}  // namespace paramd
