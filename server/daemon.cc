@@ -107,6 +107,7 @@ void Daemon::UpdateGauges() {
   int64_t state = 0, served = 0, slots = 0, leases = 0;
   std::map<std::string, int> by_transport = {{"inline", 0}};
   if (shm_ != nullptr) by_transport["shm"] = 0;
+  if (backend_->Exports().has_value()) by_transport["cuda_ipc"] = 0;
   const auto jobs = registry_->Jobs();
   for (const auto& job : jobs) {
     const v1::JobStatus s = job->Status();
@@ -130,6 +131,8 @@ v1::StatusResponse Daemon::Status(const std::string& job) const {
   v1::StatusResponse response;
   response.set_daemon_version(kDaemonVersion);
   response.set_backend(backend_name_);
+  // DESIGN.md §6's order: same node first (by backend), then the rest.
+  if (backend_->Exports().has_value()) response.add_transports("cuda_ipc");
   if (shm_ != nullptr) {
     response.add_transports("shm");
     response.set_shm_segments(static_cast<int32_t>(shm_->segment_names().size()));
