@@ -22,7 +22,7 @@ tests=(
   tests/unit/server/job_test tests/unit/server/job_bad_input_test
   tests/unit/server/chunk_buffer_test tests/unit/server/registration_test
   tests/unit/server/registry_test tests/unit/server/config_test
-  tests/unit/server/state_transfer_test
+  tests/unit/server/state_transfer_test tests/unit/server/shm_arena_test
   tests/conformance/inline_conformance_test tests/conformance/shm_conformance_test
   tests/integration/bad_input_test tests/integration/served_formats_test
   tests/integration/client_retry_test tests/integration/shm_test
