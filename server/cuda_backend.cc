@@ -17,25 +17,17 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
 #include "common/logging.h"
 #include "kernels/cuda_step.h"
 #include "kernels/step_rules.h"
 #include "server/backends.h"
+#include "server/free_ranges.h"
 #include "server/initial_state.h"
 #include "server/kernel_status.h"
 
 namespace paramd {
 namespace {
-
-// Wraps a CUDA error once, where it happens, with the call that failed.
-absl::Status CudaStatus(cudaError_t error, const char* call) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(call, ": ", cudaGetErrorString(error)));
-}
-#define PARAMD_CUDA_RETURN_IF_ERROR(call)                                 \
-  do {                                                                    \
-    if (absl::Status _s = CudaStatus((call), #call); !_s.ok()) return _s; \
-  } while (0)
 
 // One device allocation, freed with its owner.
 class DeviceBuffer {
@@ -94,7 +86,7 @@ class DeviceArena final : public DeviceAllocator {
     const int64_t size = (bytes + kAlign - 1) / kAlign * kAlign;
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t i = 0; i < allocations_.size(); ++i) {
-      if (std::optional<int64_t> offset = Take(allocations_[i], size)) {
+      if (std::optional<int64_t> offset = allocations_[i].free.Take(size, kAlign)) {
         return Hand(i, *offset, bytes);
       }
     }
@@ -114,10 +106,10 @@ class DeviceArena final : public DeviceAllocator {
       return s;
     }
     a.handle.assign(reinterpret_cast<const char*>(&handle), sizeof(handle));
-    a.free.emplace(0, a.size);
+    a.free = FreeRanges(a.size);
     allocations_.push_back(std::move(a));
     const size_t index = allocations_.size() - 1;
-    return Hand(index, *Take(allocations_[index], size), bytes);
+    return Hand(index, *allocations_[index].free.Take(size, kAlign), bytes);
   }
 
   DeviceExports Exports(const std::string& uuid) const {
@@ -136,18 +128,7 @@ class DeviceArena final : public DeviceAllocator {
   void Free(void* d_ptr, int64_t size, DevicePlace place) override {
     const int64_t length = (size + kAlign - 1) / kAlign * kAlign;
     std::lock_guard<std::mutex> lock(mu_);
-    std::map<int64_t, int64_t>& free = allocations_[static_cast<size_t>(place.allocation)].free;
-    auto [it, inserted] = free.emplace(place.offset, length);
-    if (auto next = std::next(it); next != free.end() && it->first + it->second == next->first) {
-      it->second += next->second;
-      free.erase(next);
-    }
-    if (it != free.begin()) {
-      if (auto prev = std::prev(it); prev->first + prev->second == it->first) {
-        prev->second += it->second;
-        free.erase(it);
-      }
-    }
+    allocations_[static_cast<size_t>(place.allocation)].free.Give(place.offset, length);
   }
 
  private:
@@ -159,21 +140,10 @@ class DeviceArena final : public DeviceAllocator {
   struct Allocation {
     void* base = nullptr;
     int64_t size = 0;
-    std::string handle;               // cudaIpcMemHandle_t bytes
-    std::map<int64_t, int64_t> free;  // offset -> length, non-adjacent
+    std::string handle;  // cudaIpcMemHandle_t bytes
+    FreeRanges free{0};
   };
 
-  static std::optional<int64_t> Take(Allocation& a, int64_t size) {
-    for (auto it = a.free.begin(); it != a.free.end(); ++it) {
-      if (it->second < size) continue;
-      const int64_t offset = it->first;
-      const int64_t rest = it->second - size;
-      a.free.erase(it);
-      if (rest > 0) a.free.emplace(offset + size, rest);
-      return offset;
-    }
-    return std::nullopt;
-  }
   DeviceBytes Hand(size_t index, int64_t offset, int64_t bytes) {
     return Make(static_cast<uint8_t*>(allocations_[index].base) + offset, bytes,
                 DevicePlace{static_cast<int32_t>(index), offset});

@@ -41,20 +41,11 @@ absl::StatusOr<HostBuffer> ShmArena::Allocate(int64_t bytes) {
   const int64_t length = Aligned(bytes);
   absl::MutexLock lock(&mu_);
   for (size_t s = 0; s < segments_.size(); ++s) {
-    std::map<int64_t, int64_t>& free = segments_[s].free;
-    // First fit; the gap in front of an aligned start stays free.
-    for (auto it = free.begin(); it != free.end(); ++it) {
-      const int64_t start = it->first;
-      const int64_t end = it->first + it->second;
-      const int64_t offset = RoundUp(start, Alignment(bytes));
-      if (offset + length > end) continue;
-      free.erase(it);
-      if (offset > start) free.emplace(start, offset - start);
-      if (end > offset + length) free.emplace(offset + length, end - offset - length);
+    if (std::optional<int64_t> offset = segments_[s].free.Take(length, Alignment(bytes))) {
       used_ += length;
-      uint8_t* data = segments_[s].shm->data() + offset;
+      uint8_t* data = segments_[s].shm->data() + *offset;
       std::memset(data, 0, static_cast<size_t>(bytes));
-      return Make(data, bytes, ShmPlace{static_cast<int32_t>(s), offset});
+      return Make(data, bytes, ShmPlace{static_cast<int32_t>(s), *offset});
     }
   }
   const int64_t size = std::max(min_segment_bytes_,
@@ -62,9 +53,8 @@ absl::StatusOr<HostBuffer> ShmArena::Allocate(int64_t bytes) {
   absl::StatusOr<std::unique_ptr<ShmSegment>> shm =
       ShmSegment::Create(absl::StrCat(prefix_, segments_.size()), size);
   if (!shm.ok()) return shm.status();
-  Segment& segment = segments_.emplace_back();
-  segment.shm = *std::move(shm);
-  if (size > length) segment.free.emplace(length, size - length);
+  Segment& segment = segments_.emplace_back(Segment{*std::move(shm), FreeRanges(size)});
+  segment.free.Take(length, Alignment(bytes));  // offset 0 of a fresh segment
   reserved_ += size;
   used_ += length;
   PARAMD_LOG(DEBUG) << "shared memory segment " << segment.shm->name() << ": " << size << " bytes";
@@ -75,22 +65,7 @@ absl::StatusOr<HostBuffer> ShmArena::Allocate(int64_t bytes) {
 void ShmArena::Free(uint8_t* data, int64_t size, ShmPlace place) {
   const int64_t length = Aligned(size);
   absl::MutexLock lock(&mu_);
-  std::map<int64_t, int64_t>& free = segments_[static_cast<size_t>(place.segment)].free;
-  int64_t offset = place.offset;
-  int64_t end = offset + length;
-  auto next = free.lower_bound(offset);
-  if (next != free.end() && next->first == end) {
-    end += next->second;
-    next = free.erase(next);
-  }
-  if (next != free.begin()) {
-    auto prev = std::prev(next);
-    if (prev->first + prev->second == offset) {
-      offset = prev->first;
-      free.erase(prev);
-    }
-  }
-  free.emplace(offset, end - offset);
+  segments_[static_cast<size_t>(place.segment)].free.Give(place.offset, length);
   used_ -= length;
 }
 

@@ -7,12 +7,12 @@
 #include <sys/types.h>
 
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "server/free_ranges.h"
 #include "server/host_buffer.h"
 #include "transport/shm_segment.h"
 
@@ -48,7 +48,7 @@ class ShmArena final : public BufferAllocator {
 
   struct Segment {
     std::unique_ptr<ShmSegment> shm;
-    std::map<int64_t, int64_t> free;  // offset -> length, non-adjacent
+    FreeRanges free;
   };
 
   const std::string prefix_;

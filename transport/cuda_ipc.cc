@@ -7,45 +7,28 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
-#include <list>
 #include <map>
 #include <mutex>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
 #include "common/grpc_status.h"
 #include "paramd/v1/data.grpc.pb.h"
+#include "transport/async_calls.h"
 #include "transport/inline.h"
+#include "transport/slot_places.h"
 
 namespace paramd {
 namespace {
 
-// Wraps a CUDA error once, where it happens, with the call that failed.
-absl::Status CudaStatus(cudaError_t error, const char* call) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(call, ": ", cudaGetErrorString(error)));
-}
-#define PARAMD_CUDA_RETURN_IF_ERROR(call)                                 \
-  do {                                                                    \
-    if (absl::Status _s = CudaStatus((call), #call); !_s.ok()) return _s; \
-  } while (0)
-
 constexpr char kName[] = "cuda_ipc";
-// A copy-out pull holds its lease only while it copies; it is released with the next pull (or
-// when the transport closes), and expires after this long if the trainer dies first.
+// A copy-out pull holds its lease only while it copies, then releases it without waiting for the
+// answer; the lease expires after this long if the trainer dies first.
 constexpr std::chrono::milliseconds kCopyLease{10000};
 // A gradient is copied and marked in pieces of at most this size, so the marks' round trips run
 // while later pieces still copy (a multiple of every element size).
 constexpr int64_t kPieceBytes = int64_t{512} << 20;
-
-Deadline Soon() { return std::chrono::system_clock::now() + std::chrono::seconds(10); }
-
-absl::Status AttachCall(v1::Data::Stub& stub, const v1::AttachRequest& request, Deadline deadline,
-                        v1::AttachResponse* response) {
-  grpc::ClientContext context;
-  context.set_deadline(deadline);
-  return FromGrpcStatus(stub.Attach(&context, request, response));
-}
 
 v1::AttachRequest ProbeRequest() {
   v1::AttachRequest request;
@@ -76,25 +59,8 @@ class CudaIpcTransport final : public Transport {
         inline_(MakeInlineTransport(context)) {}
 
   ~CudaIpcTransport() override {
-    {
-      // Releases and slot look-aheads still in flight use this object; their deadlines bound this.
-      std::unique_lock<std::mutex> lock(mu_);
-      idle_.wait(lock, [this] { return in_flight_ == 0; });
-    }
-    std::vector<uint64_t> leases;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      leases.swap(pending_release_);
-    }
-    if (!leases.empty()) {
-      // Best effort: a lease not released here expires on the daemon.
-      grpc::ClientContext context;
-      context.set_deadline(Soon());
-      v1::ReleaseRequest request;
-      for (uint64_t lease : leases) request.add_leases(lease);
-      v1::ReleaseResponse response;
-      stub_->Release(&context, request, &response);
-    }
+    // Releases and slot look-aheads still in flight use this object; their deadlines bound this.
+    async_.WaitIdle();
     if (device_ < 0) return;
     cudaSetDevice(device_);
     for (const auto& [index, mapping] : mapped_) {
@@ -142,47 +108,23 @@ class CudaIpcTransport final : public Transport {
     PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     absl::StatusOr<std::shared_ptr<SlotCache>> slots = Slots(target, deadline);
     if (!slots.ok()) return slots.status();
-    std::vector<PushItem> inline_items;
-    std::vector<const PushItem*> placed;
-    std::vector<uint8_t*> slots_of;  // where each placed item goes
-    for (const PushItem& item : items) {
-      auto it = (*slots)->index.find(item.tensor);
-      const v1::ShmPlace* place =
-          it == (*slots)->index.end() ? nullptr : &(*slots)->places.slots(it->second);
-      // Unknown tensors and sizes that do not match go inline, so the daemon's answer is the same
-      // as for any other transport.
-      if (place == nullptr || place->segment() < 0 || place->offset() < 0 ||
-          place->bytes() != static_cast<int64_t>(item.data.size())) {
-        inline_items.push_back(item);
-        continue;
-      }
-      absl::StatusOr<uint8_t*> base = Map(place->segment(), deadline);
+    auto locate = [&](const v1::ShmPlace& place) -> absl::StatusOr<uint8_t*> {
+      absl::StatusOr<uint8_t*> base = Map(place.segment(), deadline);
       if (!base.ok()) return base.status();
-      uint8_t* slot = *base + place->offset();
-      const int64_t received = (*slots)->received[static_cast<size_t>(it->second)];
-      if (received == place->bytes()) {
-        // Pushed before (a retry, or a restarted trainer): the same rule as inline pushes.
-        absl::StatusOr<bool> same = SameBytes(slot, item.data);
-        if (!same.ok()) return same.status();
-        if (*same) continue;
-        return absl::FailedPreconditionError(
-            absl::StrCat("a different gradient of tensor \"", item.tensor,
-                         "\" was already pushed for step ", target.step, " by rank ", target.rank,
-                         "; pushes are idempotent only for identical bytes"));
-      }
-      if (received > 0) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("tensor \"", item.tensor, "\" has ", received, " of ", place->bytes(),
-                         " bytes of step ", target.step, " pushed inline; finish it inline"));
-      }
-      placed.push_back(&item);
-      slots_of.push_back(slot);
-    }
+      return *base + place.offset();
+    };
+    auto same = [this](const uint8_t* slot, std::span<const std::byte> data) {
+      return SameBytes(slot, data);
+    };
+    absl::StatusOr<PushPlan> plan = PlanPush(**slots, target, items, locate, same);
+    if (!plan.ok()) return plan.status();
+    const std::vector<const PushItem*>& placed = plan->placed;
     if (!placed.empty()) {
+      // Each piece is marked    if (!placed.empty()) {
       // Each piece is marked once its copy has completed (see the header); the stream is
       // synchronized whatever happens, as the caller may reuse its buffers when Push returns.
       std::lock_guard<std::mutex> push_lock(push_mu_);
-      absl::Status s = CopyAndMark(target, placed, slots_of, deadline);
+      absl::Status s = CopyAndMark(target, placed, plan->slots, deadline);
       if (absl::Status synced =
               CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(stream_)");
           s.ok()) {
@@ -191,14 +133,11 @@ class CudaIpcTransport final : public Transport {
       if (!s.ok()) return s;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        for (const PushItem* item : placed) {
-          const int i = (*slots)->index.at(item->tensor);
-          (*slots)->received[static_cast<size_t>(i)] = (*slots)->places.slots(i).bytes();
-        }
+        (*slots)->MarkReceived(placed);
       }
       LookAhead(target);
     }
-    if (!inline_items.empty()) return inline_->Push(target, inline_items, deadline);
+    if (!plan->inline_items.empty()) return inline_->Push(target, plan->inline_items, deadline);
     return absl::OkStatus();
   }
 
@@ -212,9 +151,8 @@ class CudaIpcTransport final : public Transport {
     PARAMD_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(out->data.data(), *bytes, out->data.size(), cudaMemcpyDefault, stream_));
     PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-    std::lock_guard<std::mutex> lock(mu_);
-    pending_release_.push_back(out->header.lease());
-    return absl::OkStatus();
+    // At once, so the next step finds these device buffers free for reuse.
+    return Release(out->header.lease(), deadline);
   }
 
   absl::Status PullInPlace(const PullTarget& target, Deadline deadline,
@@ -239,25 +177,15 @@ class CudaIpcTransport final : public Transport {
   // and expired leases): the trainer has already stopped reading the bytes, and a pull needs no
   // round trip more. The transport waits for the call when it closes.
   absl::Status Release(uint64_t lease, Deadline deadline) override {
-    auto call = std::make_unique<AsyncCall<v1::ReleaseRequest, v1::ReleaseResponse>>();
+    auto* call = async_.Start<v1::ReleaseRequest, v1::ReleaseResponse>();
     call->context.set_deadline(deadline);
     call->request.add_leases(lease);
-    auto* c = Start(std::move(call));
-    stub_->async()->Release(&c->context, &c->request, &c->response,
-                            [this, c](grpc::Status) { Finished(c); });
+    stub_->async()->Release(&call->context, &call->request, &call->response,
+                            [this, call](grpc::Status) { async_.Finished(call); });
     return absl::OkStatus();
   }
 
  private:
-  // The slot places of a rank's step, and what this transport knows was received.
-  struct SlotCache {
-    std::string job;
-    int32_t rank = 0;
-    int64_t step = -1;
-    v1::AttachResponse places;
-    std::map<std::string, int> index;  // tensor -> slot
-    std::vector<int64_t> received;     // guarded by mu_
-  };
   // One of the daemon's allocations as this process sees it.
   struct Mapping {
     uint8_t* base = nullptr;
@@ -267,34 +195,20 @@ class CudaIpcTransport final : public Transport {
   absl::StatusOr<std::shared_ptr<SlotCache>> Slots(const PushTarget& target, Deadline deadline) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      auto matches = [&target](const std::shared_ptr<SlotCache>& cache) {
-        return cache != nullptr && cache->job == target.job && cache->rank == target.rank &&
-               cache->step == target.step;
-      };
-      if (matches(slots_)) return slots_;
+      if (slots_ != nullptr && slots_->Serves(target)) return slots_;
       // The places asked for ahead (LookAhead), once that call is back; a failed one left none.
-      idle_.wait(lock, [this] { return !ahead_pending_; });
-      if (matches(ahead_)) {
+      ahead_done_.wait(lock, [this] { return !ahead_pending_; });
+      if (ahead_ != nullptr && ahead_->Serves(target)) {
         slots_ = std::move(ahead_);
         ahead_.reset();
         return slots_;
       }
     }
-    v1::AttachRequest request;
-    request.set_job(target.job);
-    request.set_rank(target.rank);
-    request.set_transport(kName);
-    request.set_step(target.step);
-    auto cache = std::make_shared<SlotCache>();
-    if (absl::Status s = AttachCall(*stub_, request, deadline, &cache->places); !s.ok()) return s;
-    Remember(cache->places);
-    cache->job = target.job;
-    cache->rank = target.rank;
-    cache->step = target.step;
-    for (int i = 0; i < cache->places.slots_size(); ++i) {
-      cache->index.emplace(cache->places.slots(i).tensor(), i);
-      cache->received.push_back(cache->places.slots(i).received());
-    }
+    const v1::AttachRequest request = SlotRequest(target, kName);
+    v1::AttachResponse response;
+    if (absl::Status s = AttachCall(*stub_, request, deadline, &response); !s.ok()) return s;
+    Remember(response);
+    std::shared_ptr<SlotCache> cache = SlotCache::Of(request, std::move(response));
     std::lock_guard<std::mutex> lock(mu_);
     slots_ = cache;
     return cache;
@@ -304,73 +218,32 @@ class CudaIpcTransport final : public Transport {
   // at once (the daemon sets that step's slots aside early). Once per step; a refusal (e.g. the
   // job has not reached `target.step` yet) only leaves the next push to ask itself.
   void LookAhead(const PushTarget& target) {
-    auto call = std::make_unique<AsyncCall<v1::AttachRequest, v1::AttachResponse>>();
+    PushTarget next = target;
+    ++next.step;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (ahead_pending_ || (ahead_ != nullptr && ahead_->job == target.job &&
-                             ahead_->rank == target.rank && ahead_->step == target.step + 1)) {
-        return;
-      }
+      if (ahead_pending_ || (ahead_ != nullptr && ahead_->Serves(next))) return;
       ahead_pending_ = true;
       ahead_.reset();
     }
+    auto* call = async_.Start<v1::AttachRequest, v1::AttachResponse>();
     call->context.set_deadline(Soon());
-    call->request.set_job(target.job);
-    call->request.set_rank(target.rank);
-    call->request.set_transport(kName);
-    call->request.set_step(target.step + 1);
-    auto* c = Start(std::move(call));
-    stub_->async()->Attach(&c->context, &c->request, &c->response, [this, c](grpc::Status status) {
-      std::shared_ptr<SlotCache> cache;
-      if (status.ok()) {
-        Remember(c->response);
-        cache = std::make_shared<SlotCache>();
-        cache->job = c->request.job();
-        cache->rank = c->request.rank();
-        cache->step = c->request.step();
-        cache->places = c->response;
-        for (int i = 0; i < cache->places.slots_size(); ++i) {
-          cache->index.emplace(cache->places.slots(i).tensor(), i);
-          cache->received.push_back(cache->places.slots(i).received());
-        }
-      }
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        ahead_ = std::move(cache);
-        ahead_pending_ = false;
-      }
-      Finished(c);
-    });
-  }
-
-  // A call made with gRPC's callback API: alive until its callback ran (Finished).
-  struct AsyncCallBase {
-    virtual ~AsyncCallBase() = default;
-    grpc::ClientContext context;
-  };
-  template <typename Request, typename Response>
-  struct AsyncCall : AsyncCallBase {
-    Request request;
-    Response response;
-  };
-  template <typename Call>
-  Call* Start(std::unique_ptr<Call> call) {
-    Call* raw = call.get();
-    std::lock_guard<std::mutex> lock(mu_);
-    finished_.clear();  // calls whose callbacks have returned
-    calls_.emplace(raw, std::move(call));
-    ++in_flight_;
-    return raw;
-  }
-  // Called last by a callback: the call's objects are freed later (by the next Start or the
-  // destructor), not while gRPC may still be returning from the callback.
-  void Finished(AsyncCallBase* call) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = calls_.find(call);
-    finished_.push_back(std::move(it->second));
-    calls_.erase(it);
-    --in_flight_;
-    idle_.notify_all();
+    call->request = SlotRequest(next, kName);
+    stub_->async()->Attach(&call->context, &call->request, &call->response,
+                           [this, call](grpc::Status status) {
+                             std::shared_ptr<SlotCache> cache;
+                             if (status.ok()) {
+                               Remember(call->response);
+                               cache = SlotCache::Of(call->request, call->response);
+                             }
+                             {
+                               std::lock_guard<std::mutex> lock(mu_);
+                               ahead_ = std::move(cache);
+                               ahead_pending_ = false;
+                             }
+                             ahead_done_.notify_all();
+                             async_.Finished(call);
+                           });
   }
 
   // Whether the slot already holds `data` (host or device memory), read back to the host: only a
@@ -449,12 +322,6 @@ class CudaIpcTransport final : public Transport {
     v1::PullRequest request = PullRequestOf(target);
     request.set_delivery(v1::PULL_DELIVERY_PLACE);
     request.set_lease_ms(lease.count());
-    std::vector<uint64_t> releases;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      releases.swap(pending_release_);
-    }
-    for (uint64_t id : releases) request.add_release(id);
     return PullStream(*stub_, request, deadline, out);
   }
 
@@ -555,18 +422,15 @@ class CudaIpcTransport final : public Transport {
   std::vector<cudaEvent_t> events_;  // one per piece of a push, reused
 
   std::mutex mu_;
-  std::condition_variable idle_;  // signalled when an async call finishes
-  int in_flight_ = 0;
-  std::map<AsyncCallBase*, std::unique_ptr<AsyncCallBase>> calls_;
-  std::list<std::unique_ptr<AsyncCallBase>> finished_;
+  std::condition_variable ahead_done_;  // signalled when a look-ahead is back
   bool ahead_pending_ = false;
   std::shared_ptr<SlotCache> ahead_;  // the places of the step after the last one pushed
   std::vector<std::string> handles_;
   std::vector<uint64_t> bases_;
   int64_t daemon_pid_ = 0;
   std::map<int, Mapping> mapped_;
-  std::shared_ptr<SlotCache> slots_;       // the last step pushed
-  std::vector<uint64_t> pending_release_;  // copy-out leases, released with the next pull
+  std::shared_ptr<SlotCache> slots_;  // the last step pushed
+  AsyncCalls async_;  // releases and look-aheads in flight (last: it waits for them first)
 };
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "transport/async_calls.h"
 #include "transport/inline.h"
 #include "transport/shm_segment.h"
+#include "transport/slot_places.h"
 
 namespace paramd {
 namespace {
@@ -21,21 +22,12 @@ namespace {
 // answer; the lease expires after this long if the trainer dies first.
 constexpr std::chrono::milliseconds kCopyLease{10000};
 
-absl::Status AttachCall(v1::Data::Stub& stub, const v1::AttachRequest& request, Deadline deadline,
-                        v1::AttachResponse* response) {
-  grpc::ClientContext context;
-  context.set_deadline(deadline);
-  return FromGrpcStatus(stub.Attach(&context, request, response));
-}
-
 // Asks only for the segment names and the probe.
 v1::AttachRequest ProbeRequest() {
   v1::AttachRequest request;
   request.set_transport("shm");
   return request;
 }
-
-Deadline Soon() { return std::chrono::system_clock::now() + std::chrono::seconds(10); }
 
 class ShmTransport final : public Transport {
  public:
@@ -55,52 +47,29 @@ class ShmTransport final : public Transport {
     }
     absl::StatusOr<std::shared_ptr<SlotCache>> slots = Slots(target, deadline);
     if (!slots.ok()) return slots.status();
-    std::vector<PushItem> inline_items;
-    std::vector<const PushItem*> placed;
-    for (const PushItem& item : items) {
-      auto it = (*slots)->index.find(item.tensor);
-      const v1::ShmPlace* place =
-          it == (*slots)->index.end() ? nullptr : &(*slots)->places.slots(it->second);
-      // Unknown tensors and sizes that do not match go inline, so the daemon's answer is the same
-      // as for any other transport.
-      if (place == nullptr || place->segment() < 0 ||
-          place->bytes() != static_cast<int64_t>(item.data.size())) {
-        inline_items.push_back(item);
-        continue;
-      }
-      absl::StatusOr<ShmSegment*> segment = Segment(place->segment(), deadline);
+    auto locate = [&](const v1::ShmPlace& place) -> absl::StatusOr<uint8_t*> {
+      absl::StatusOr<ShmSegment*> segment = Segment(place.segment(), deadline);
       if (!segment.ok()) return segment.status();
-      if (place->offset() < 0 || place->offset() + place->bytes() > (*segment)->size()) {
+      if (place.offset() + place.bytes() > (*segment)->size()) {
         return absl::DataLossError(
-            absl::StrCat("slot of ", item.tensor, " lies outside segment ", (*segment)->name()));
+            absl::StrCat("slot of ", place.tensor(), " lies outside segment ", (*segment)->name()));
       }
-      uint8_t* slot = (*segment)->data() + place->offset();
-      const int64_t received = (*slots)->received[static_cast<size_t>(it->second)];
-      if (received == place->bytes()) {
-        // Pushed before (a retry, or a restarted trainer): the same rule as inline pushes.
-        if (std::memcmp(slot, item.data.data(), item.data.size()) == 0) continue;
-        return absl::FailedPreconditionError(
-            absl::StrCat("a different gradient of tensor \"", item.tensor,
-                         "\" was already pushed for step ", target.step, " by rank ", target.rank,
-                         "; pushes are idempotent only for identical bytes"));
-      }
-      if (received > 0) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("tensor \"", item.tensor, "\" has ", received, " of ", place->bytes(),
-                         " bytes of step ", target.step, " pushed inline; finish it inline"));
-      }
-      std::memcpy(slot, item.data.data(), item.data.size());
-      placed.push_back(&item);
+      return (*segment)->data() + place.offset();
+    };
+    auto same = [](const uint8_t* slot, std::span<const std::byte> data) -> absl::StatusOr<bool> {
+      return std::memcmp(slot, data.data(), data.size()) == 0;
+    };
+    absl::StatusOr<PushPlan> plan = PlanPush(**slots, target, items, locate, same);
+    if (!plan.ok()) return plan.status();
+    for (size_t i = 0; i < plan->placed.size(); ++i) {
+      std::memcpy(plan->slots[i], plan->placed[i]->data.data(), plan->placed[i]->data.size());
     }
-    if (!placed.empty()) {
-      if (absl::Status s = Mark(target, placed, deadline); !s.ok()) return s;
+    if (!plan->placed.empty()) {
+      if (absl::Status s = Mark(target, plan->placed, deadline); !s.ok()) return s;
       std::lock_guard<std::mutex> lock(mu_);
-      for (const PushItem* item : placed) {
-        const int i = (*slots)->index.at(item->tensor);
-        (*slots)->received[static_cast<size_t>(i)] = (*slots)->places.slots(i).bytes();
-      }
+      (*slots)->MarkReceived(plan->placed);
     }
-    if (!inline_items.empty()) return inline_->Push(target, inline_items, deadline);
+    if (!plan->inline_items.empty()) return inline_->Push(target, plan->inline_items, deadline);
     return absl::OkStatus();
   }
 
@@ -176,40 +145,17 @@ class ShmTransport final : public Transport {
   }
 
  private:
-  // The slot places of a rank's step, and what this transport knows was received.
-  struct SlotCache {
-    std::string job;
-    int32_t rank = 0;
-    int64_t step = -1;
-    v1::AttachResponse places;
-    std::map<std::string, int> index;  // tensor -> slot
-    std::vector<int64_t> received;     // guarded by mu_
-  };
-
   // The slot places of the target's step, asked once per step (and rank and job).
   absl::StatusOr<std::shared_ptr<SlotCache>> Slots(const PushTarget& target, Deadline deadline) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (slots_ != nullptr && slots_->job == target.job && slots_->rank == target.rank &&
-          slots_->step == target.step) {
-        return slots_;
-      }
+      if (slots_ != nullptr && slots_->Serves(target)) return slots_;
     }
-    v1::AttachRequest request;
-    request.set_job(target.job);
-    request.set_rank(target.rank);
-    request.set_transport("shm");
-    request.set_step(target.step);
-    auto cache = std::make_shared<SlotCache>();
-    if (absl::Status s = AttachCall(*stub_, request, deadline, &cache->places); !s.ok()) return s;
-    Remember(cache->places);
-    cache->job = target.job;
-    cache->rank = target.rank;
-    cache->step = target.step;
-    for (int i = 0; i < cache->places.slots_size(); ++i) {
-      cache->index.emplace(cache->places.slots(i).tensor(), i);
-      cache->received.push_back(cache->places.slots(i).received());
-    }
+    const v1::AttachRequest request = SlotRequest(target, "shm");
+    v1::AttachResponse response;
+    if (absl::Status s = AttachCall(*stub_, request, deadline, &response); !s.ok()) return s;
+    Remember(response);
+    std::shared_ptr<SlotCache> cache = SlotCache::Of(request, std::move(response));
     std::lock_guard<std::mutex> lock(mu_);
     slots_ = cache;
     return cache;

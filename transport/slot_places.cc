@@ -1,0 +1,86 @@
+#include "transport/slot_places.h"
+
+#include <grpcpp/client_context.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+
+namespace paramd {
+
+Deadline Soon() { return std::chrono::system_clock::now() + std::chrono::seconds(10); }
+
+absl::Status AttachCall(v1::Data::Stub& stub, const v1::AttachRequest& request, Deadline deadline,
+                        v1::AttachResponse* response) {
+  grpc::ClientContext context;
+  context.set_deadline(deadline);
+  return FromGrpcStatus(stub.Attach(&context, request, response));
+}
+
+v1::AttachRequest SlotRequest(const PushTarget& target, const std::string& transport) {
+  v1::AttachRequest request;
+  request.set_job(target.job);
+  request.set_rank(target.rank);
+  request.set_transport(transport);
+  request.set_step(target.step);
+  return request;
+}
+
+std::shared_ptr<SlotCache> SlotCache::Of(const v1::AttachRequest& request,
+                                         v1::AttachResponse response) {
+  auto cache = std::make_shared<SlotCache>();
+  cache->job = request.job();
+  cache->rank = request.rank();
+  cache->step = request.step();
+  cache->places = std::move(response);
+  for (int i = 0; i < cache->places.slots_size(); ++i) {
+    cache->index.emplace(cache->places.slots(i).tensor(), i);
+    cache->received.push_back(cache->places.slots(i).received());
+  }
+  return cache;
+}
+
+void SlotCache::MarkReceived(std::span<const PushItem* const> placed) {
+  for (const PushItem* item : placed) {
+    const int i = index.at(item->tensor);
+    received[static_cast<size_t>(i)] = places.slots(i).bytes();
+  }
+}
+
+absl::StatusOr<PushPlan> PlanPush(
+    const SlotCache& slots, const PushTarget& target, std::span<const PushItem> items,
+    const std::function<absl::StatusOr<uint8_t*>(const v1::ShmPlace&)>& locate,
+    const std::function<absl::StatusOr<bool>(const uint8_t*, std::span<const std::byte>)>& same) {
+  PushPlan plan;
+  for (const PushItem& item : items) {
+    auto it = slots.index.find(item.tensor);
+    const v1::ShmPlace* place = it == slots.index.end() ? nullptr : &slots.places.slots(it->second);
+    if (place == nullptr || place->segment() < 0 || place->offset() < 0 ||
+        place->bytes() != static_cast<int64_t>(item.data.size())) {
+      plan.inline_items.push_back(item);
+      continue;
+    }
+    absl::StatusOr<uint8_t*> slot = locate(*place);
+    if (!slot.ok()) return slot.status();
+    const int64_t received = slots.received[static_cast<size_t>(it->second)];
+    if (received == place->bytes()) {
+      // Pushed before (a retry, or a restarted trainer): the same rule as inline pushes.
+      absl::StatusOr<bool> identical = same(*slot, item.data);
+      if (!identical.ok()) return identical.status();
+      if (*identical) continue;
+      return absl::FailedPreconditionError(
+          absl::StrCat("a different gradient of tensor \"", item.tensor,
+                       "\" was already pushed for step ", target.step, " by rank ", target.rank,
+                       "; pushes are idempotent only for identical bytes"));
+    }
+    if (received > 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("tensor \"", item.tensor, "\" has ", received, " of ", place->bytes(),
+                       " bytes of step ", target.step, " pushed inline; finish it inline"));
+    }
+    plan.placed.push_back(&item);
+    plan.slots.push_back(*slot);
+  }
+  return plan;
+}
+
+}  // namespace paramd
