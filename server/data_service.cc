@@ -196,9 +196,9 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     }
     v1::PullHeader* header = message_.mutable_header();
     header->set_version(served_->version);
-    const v1::JobStatus status = job_->Status();
-    header->set_rows(status.tensors(tensor_).rows());
-    header->set_cols(status.tensors(tensor_).cols());
+    const v1::TensorSpec& spec = job_->Spec(tensor_);
+    header->set_rows(spec.rows());
+    header->set_cols(spec.cols());
     header->mutable_format()->set_recipe(format_.recipe);
     header->mutable_format()->set_direction(format_.direction);
     header->set_data_bytes(format->layout.data_bytes);

@@ -120,6 +120,8 @@ class Job {
   // True when the waiter was removed before it fired.
   bool RemoveWaiter(uint64_t id);
 
+  // A tensor's registered description (immutable), by index.
+  const v1::TensorSpec& Spec(int tensor) const { return spec_.tensors(tensor); }
   // Index of a tensor by name, or NOT_FOUND.
   absl::StatusOr<int> TensorIndex(const std::string& name) const;
   // INVALID_ARGUMENT when the job does not serve `format`.
