@@ -21,6 +21,7 @@ ABSL_FLAG(int, mib, 256, "Size of the transfer tensor, MiB");
 ABSL_FLAG(int, iters, 10, "Timed transfers");
 ABSL_FLAG(int64_t, elements, int64_t{1} << 26, "Parameters of the whole-step figure");
 ABSL_FLAG(int, step_iters, 4, "Timed whole steps per transport");
+ABSL_FLAG(int, call_iters, 300, "Timed steps of the per-call figures (a 4 KiB tensor)");
 
 namespace paramd {
 namespace {
@@ -101,7 +102,66 @@ double StepSeconds(const std::string& transport, int64_t elements) {
   return Median(seconds);
 }
 
+// Per-call costs over shm with a 4 KiB tensor, where the bytes cost nothing and each call is its
+// RPCs: median microseconds of a push, a commit, a pull copying out, a pull in place and its
+// release, against a unary round trip that does nothing (a release of no lease).
+struct CallCosts {
+  double unary_us, push_us, commit_us, pull_us, view_us, release_us;
+};
+
+CallCosts MeasureCallCosts() {
+  std::unique_ptr<Client> client = Connect("shm");
+  Check(client->Register(Job("calls", 1024)).status(), "register calls job");
+  std::vector<float> grad(1024, 1e-3f);
+  const std::vector<PushItem> items = {{"t", std::as_bytes(std::span<const float>(grad))}};
+  Check(client->UploadInitialWeights("calls", items), "upload");
+  std::vector<double> unary, push, commit, pull, view, release;
+  Pulled pulled;
+  const int iters = absl::GetFlag(FLAGS_call_iters);
+  for (int i = 0; i < iters + 1; ++i) {
+    const bool timed = i > 0;  // the first step allocates the slots
+    auto start = Clock::now();
+    Check(client->Release(PulledView{}), "empty release");
+    if (timed) unary.push_back(Seconds(start));
+    grad[0] = static_cast<float>(i);
+    start = Clock::now();
+    Check(client->PushGradients("calls", 0, i, items), "push");
+    if (timed) push.push_back(Seconds(start));
+    start = Clock::now();
+    Check(client->Commit("calls", 0, i).status(), "commit");
+    if (timed) commit.push_back(Seconds(start));
+    PullTarget target{"calls", "t", {}, i + 1};
+    target.format.set_recipe(v1::RECIPE_FP32);
+    Check(client->Pull(target, std::chrono::seconds(60), &pulled), "pull (wait)");
+    start = Clock::now();
+    Check(client->Pull(target, std::chrono::seconds(60), &pulled), "pull");
+    if (timed) pull.push_back(Seconds(start));
+    start = Clock::now();
+    absl::StatusOr<PulledView> v =
+        client->PullInPlace(target, std::chrono::seconds(60), std::chrono::seconds(60));
+    Check(v.status(), "pull in place");
+    if (timed) view.push_back(Seconds(start));
+    start = Clock::now();
+    Check(client->Release(*v), "release");
+    if (timed) release.push_back(Seconds(start));
+  }
+  return {Median(unary) * 1e6,  Median(push) * 1e6, Median(commit) * 1e6,
+          Median(pull) * 1e6,   Median(view) * 1e6, Median(release) * 1e6};
+}
+
 int Main() {
+  if (absl::GetFlag(FLAGS_call_iters) > 0) {
+    const CallCosts c = MeasureCallCosts();
+    std::printf(
+        "per call, 4 KiB over shm (median us): unary no-op %.0f, push %.0f, commit %.0f, pull "
+        "copy %.0f, pull in place %.0f, release %.0f\n",
+        c.unary_us, c.push_us, c.commit_us, c.pull_us, c.view_us, c.release_us);
+    std::printf(
+        "CALLS unary_us=%.1f push_us=%.1f commit_us=%.1f pull_us=%.1f view_us=%.1f "
+        "release_us=%.1f\n",
+        c.unary_us, c.push_us, c.commit_us, c.pull_us, c.view_us, c.release_us);
+  }
+
   const int64_t elements = int64_t{absl::GetFlag(FLAGS_mib)} << 18;
   const size_t bytes = static_cast<size_t>(elements) * 4;
   const int iters = absl::GetFlag(FLAGS_iters);

@@ -229,6 +229,11 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       placed_ = true;
     }
     grpc::SerializationTraits<v1::PullChunk>::Serialize(message_, &buffer_, &own_buffer);
+    if (placed_) {
+      // The header is the whole answer: written and finished in one batch.
+      StartWriteAndFinish(&buffer_, grpc::WriteOptions(), grpc::Status::OK);
+      return;
+    }
     StartWrite(&buffer_);
   }
 

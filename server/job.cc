@@ -443,7 +443,7 @@ absl::StatusOr<Job::SlotPlaces> Job::SlotPlacesLocked(int32_t rank, int64_t step
                                                       "\" is stale: the job collects step ",
                                                       next_step_, " now"));
   }
-  const bool lookahead = device && step == next_step_ + 1;
+  const bool lookahead = step == next_step_ + 1;
   if (step > next_step_ && !lookahead) {
     return absl::FailedPreconditionError(
         absl::StrCat("step ", step, " of job \"", name_, "\" is ahead of the step it collects (",
@@ -463,7 +463,11 @@ absl::StatusOr<Job::SlotPlaces> Job::SlotPlacesLocked(int32_t rank, int64_t step
     for (size_t i = 0; i < tensors_.size(); ++i) {
       ChunkBuffer& slot = set[i][static_cast<size_t>(rank)];
       if (slot.size() != tensors_[i].grad_bytes) slot.Reset(NewBuffer(tensors_[i].grad_bytes));
-      out.places.push_back(DeviceSlotPlace(set, i, rank));
+      if (device) {
+        out.places.push_back(DeviceSlotPlace(set, i, rank));
+      } else {
+        out.places.push_back(slot.place() != nullptr ? *slot.place() : ShmPlace{});
+      }
       out.bytes.push_back(tensors_[i].grad_bytes);
       out.received.push_back(0);  // the set is cleared when it starts collecting
       out.tensors.push_back(tensors_[i].spec.name());

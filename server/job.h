@@ -71,8 +71,10 @@ class Job {
   absl::StatusOr<ChunkBuffer::Stored> Push(const v1::PushChunk& chunk);
 
   // `shm`: the places of a rank's gradient slots for `step`, allocated now where missing (a place
-  // with segment -1 is heap memory), with the bytes already received in each. FAILED_PRECONDITION
-  // unless `step` is the step being collected.
+  // with segment -1 is heap memory), with the bytes already received in each. `step` is the step
+  // being collected, or the one after it: its slots are then set aside now (none received), so a
+  // trainer learns them before its commit and its next push needs no Attach first. Other steps
+  // are FAILED_PRECONDITION.
   struct SlotPlaces {
     std::vector<ShmPlace> places;  // per tensor, registration order
     std::vector<int64_t> bytes;    // per tensor
@@ -82,9 +84,8 @@ class Job {
   };
   absl::StatusOr<SlotPlaces> SlotsForStep(int32_t rank, int64_t step);
   // `cuda_ipc`: the same with places in the backend's exported GPU memory (ShmPlace::segment =
-  // DevicePlace::allocation; -1 where that memory ran out: push the tensor inline). `step` may
-  // also be the step after the one being collected: its slots are set aside now (none received),
-  // so a trainer learns them before its commit and its next push needs no Attach first.
+  // DevicePlace::allocation; -1 where that memory ran out: push the tensor inline), with the same
+  // rule for `step`.
   absl::StatusOr<SlotPlaces> DeviceSlotsForStep(int32_t rank, int64_t step);
   bool shared_memory() const { return buffers_->shared(); }
   // Records the transport a rank uses (Status reports it).
@@ -234,8 +235,7 @@ class Job {
   // Slots of steps handed to the executor, by step; their buffers are reused once a step ran.
   std::map<int64_t, SlotSet> taken_ ABSL_GUARDED_BY(mu_);
   std::vector<SlotSet> spare_slot_sets_ ABSL_GUARDED_BY(mu_);
-  // The set that collects next_step_ + 1, set aside early when a cuda_ipc trainer asked for its
-  // places (DeviceSlotsForStep).
+  // The set that collects next_step_ + 1, set aside early when a trainer asked for its places.
   std::optional<SlotSet> next_collecting_ ABSL_GUARDED_BY(mu_);
   double last_step_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t skipped_steps_ ABSL_GUARDED_BY(mu_) = 0;

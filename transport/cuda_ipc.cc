@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -56,10 +55,12 @@ class CudaIpcTransport final : public Transport {
   explicit CudaIpcTransport(const TransportContext& context)
       : context_(context),
         stub_(v1::Data::NewStub(context.channel)),
-        inline_(MakeInlineTransport(context)) {}
+        inline_(MakeInlineTransport(context)),
+        slots_(stub_.get(), kName, [this](const v1::AttachResponse& r) { Remember(r); }) {}
 
   ~CudaIpcTransport() override {
     // Releases and slot look-aheads still in flight use this object; their deadlines bound this.
+    slots_.WaitIdle();
     async_.WaitIdle();
     if (device_ < 0) return;
     cudaSetDevice(device_);
@@ -106,7 +107,7 @@ class CudaIpcTransport final : public Transport {
       return inline_->Push(target, items, deadline);  // once per job, from rank 0
     }
     PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    absl::StatusOr<std::shared_ptr<SlotCache>> slots = Slots(target, deadline);
+    absl::StatusOr<std::shared_ptr<SlotCache>> slots = slots_.For(target, deadline);
     if (!slots.ok()) return slots.status();
     auto locate = [&](const v1::ShmPlace& place) -> absl::StatusOr<uint8_t*> {
       absl::StatusOr<uint8_t*> base = Map(place.segment(), deadline);
@@ -131,11 +132,8 @@ class CudaIpcTransport final : public Transport {
         s = synced;
       }
       if (!s.ok()) return s;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        (*slots)->MarkReceived(placed);
-      }
-      LookAhead(target);
+      slots_.MarkReceived(**slots, placed);
+      slots_.LookAhead(target);
     }
     if (!plan->inline_items.empty()) return inline_->Push(target, plan->inline_items, deadline);
     return absl::OkStatus();
@@ -192,60 +190,6 @@ class CudaIpcTransport final : public Transport {
     bool opened = false;  // by cudaIpcOpenMemHandle (closed with the transport)
   };
 
-  absl::StatusOr<std::shared_ptr<SlotCache>> Slots(const PushTarget& target, Deadline deadline) {
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      if (slots_ != nullptr && slots_->Serves(target)) return slots_;
-      // The places asked for ahead (LookAhead), once that call is back; a failed one left none.
-      ahead_done_.wait(lock, [this] { return !ahead_pending_; });
-      if (ahead_ != nullptr && ahead_->Serves(target)) {
-        slots_ = std::move(ahead_);
-        ahead_.reset();
-        return slots_;
-      }
-    }
-    const v1::AttachRequest request = SlotRequest(target, kName);
-    v1::AttachResponse response;
-    if (absl::Status s = AttachCall(*stub_, request, deadline, &response); !s.ok()) return s;
-    Remember(response);
-    std::shared_ptr<SlotCache> cache = SlotCache::Of(request, std::move(response));
-    std::lock_guard<std::mutex> lock(mu_);
-    slots_ = cache;
-    return cache;
-  }
-
-  // Asks, without waiting, for the places of the step after `target`'s, so the next push copies
-  // at once (the daemon sets that step's slots aside early). Once per step; a refusal (e.g. the
-  // job has not reached `target.step` yet) only leaves the next push to ask itself.
-  void LookAhead(const PushTarget& target) {
-    PushTarget next = target;
-    ++next.step;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (ahead_pending_ || (ahead_ != nullptr && ahead_->Serves(next))) return;
-      ahead_pending_ = true;
-      ahead_.reset();
-    }
-    auto* call = async_.Start<v1::AttachRequest, v1::AttachResponse>();
-    call->context.set_deadline(Soon());
-    call->request = SlotRequest(next, kName);
-    stub_->async()->Attach(&call->context, &call->request, &call->response,
-                           [this, call](grpc::Status status) {
-                             std::shared_ptr<SlotCache> cache;
-                             if (status.ok()) {
-                               Remember(call->response);
-                               cache = SlotCache::Of(call->request, call->response);
-                             }
-                             {
-                               std::lock_guard<std::mutex> lock(mu_);
-                               ahead_ = std::move(cache);
-                               ahead_pending_ = false;
-                             }
-                             ahead_done_.notify_all();
-                             async_.Finished(call);
-                           });
-  }
-
   // Whether the slot already holds `data` (host or device memory), read back to the host: only a
   // retry gets here.
   absl::StatusOr<bool> SameBytes(const uint8_t* slot, std::span<const std::byte> data) {
@@ -287,6 +231,8 @@ class CudaIpcTransport final : public Transport {
     }
     grpc::ClientContext context;
     context.set_deadline(deadline);
+    // Sent with the first write, where there is one: one batch less.
+    context.set_initial_metadata_corked(!pieces.empty());
     v1::PushResponse response;
     std::unique_ptr<grpc::ClientWriter<v1::PushChunk>> writer = stub_->Push(&context, &response);
     v1::PushChunk chunk;
@@ -422,15 +368,12 @@ class CudaIpcTransport final : public Transport {
   std::vector<cudaEvent_t> events_;  // one per piece of a push, reused
 
   std::mutex mu_;
-  std::condition_variable ahead_done_;  // signalled when a look-ahead is back
-  bool ahead_pending_ = false;
-  std::shared_ptr<SlotCache> ahead_;  // the places of the step after the last one pushed
   std::vector<std::string> handles_;
   std::vector<uint64_t> bases_;
   int64_t daemon_pid_ = 0;
   std::map<int, Mapping> mapped_;
-  std::shared_ptr<SlotCache> slots_;  // the last step pushed
-  AsyncCalls async_;  // releases and look-aheads in flight (last: it waits for them first)
+  StepSlots slots_;   // after what Remember uses
+  AsyncCalls async_;  // releases in flight (last: it waits for them first)
 };
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/borrowed_bytes.h"
@@ -31,6 +32,9 @@ class InlineTransport final : public Transport {
                     Deadline deadline) override {
     grpc::ClientContext context;
     context.set_deadline(deadline);
+    // The initial metadata goes with the first chunk where there is one: one batch less.
+    context.set_initial_metadata_corked(
+        std::any_of(items.begin(), items.end(), [](const PushItem& i) { return !i.data.empty(); }));
     v1::PushResponse response;
     std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
         grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel_.get(), push_method_,
@@ -40,7 +44,9 @@ class InlineTransport final : public Transport {
     chunk.set_rank(target.rank);
     chunk.set_step(target.step);
     chunk.set_kind(target.kind);
+    // Each chunk is written once the next one exists, so the last goes with the stream's close.
     bool open = true;
+    std::optional<grpc::ByteBuffer> pending;
     for (const PushItem& item : items) {
       chunk.set_tensor(item.tensor);
       const int64_t size = static_cast<int64_t>(item.data.size());
@@ -48,12 +54,17 @@ class InlineTransport final : public Transport {
         const int64_t length = std::min(max_chunk_bytes_, size - offset);
         chunk.set_offset(offset);
         // A failed write means the daemon ended the stream; Finish says why.
+        if (pending.has_value()) open = writer->Write(*pending);
         // The payload (field 7) is a slice over the caller's memory, which outlives the call.
-        open = writer->Write(WithBorrowedBytesField(
-            chunk.SerializeAsString(), 7, item.data.data() + offset, static_cast<size_t>(length)));
+        pending = WithBorrowedBytesField(chunk.SerializeAsString(), 7, item.data.data() + offset,
+                                         static_cast<size_t>(length));
       }
     }
-    if (open) writer->WritesDone();
+    if (open && pending.has_value()) {
+      writer->WriteLast(*pending, grpc::WriteOptions());
+    } else if (open) {
+      writer->WritesDone();
+    }
     return FromGrpcStatus(writer->Finish());
   }
 

@@ -34,9 +34,13 @@ class ShmTransport final : public Transport {
   explicit ShmTransport(const TransportContext& context)
       : context_(context),
         stub_(v1::Data::NewStub(context.channel)),
-        inline_(MakeInlineTransport(context)) {}
+        inline_(MakeInlineTransport(context)),
+        slots_(stub_.get(), "shm", [this](const v1::AttachResponse& r) { Remember(r); }) {}
 
-  ~ShmTransport() override { async_.WaitIdle(); }
+  ~ShmTransport() override {
+    slots_.WaitIdle();
+    async_.WaitIdle();
+  }
 
   std::string name() const override { return "shm"; }
 
@@ -45,7 +49,7 @@ class ShmTransport final : public Transport {
     if (target.kind == v1::PUSH_KIND_INITIAL_WEIGHTS) {
       return inline_->Push(target, items, deadline);  // once per job, from rank 0
     }
-    absl::StatusOr<std::shared_ptr<SlotCache>> slots = Slots(target, deadline);
+    absl::StatusOr<std::shared_ptr<SlotCache>> slots = slots_.For(target, deadline);
     if (!slots.ok()) return slots.status();
     auto locate = [&](const v1::ShmPlace& place) -> absl::StatusOr<uint8_t*> {
       absl::StatusOr<ShmSegment*> segment = Segment(place.segment(), deadline);
@@ -66,8 +70,8 @@ class ShmTransport final : public Transport {
     }
     if (!plan->placed.empty()) {
       if (absl::Status s = Mark(target, plan->placed, deadline); !s.ok()) return s;
-      std::lock_guard<std::mutex> lock(mu_);
-      (*slots)->MarkReceived(plan->placed);
+      slots_.MarkReceived(**slots, plan->placed);
+      slots_.LookAhead(target);
     }
     if (!plan->inline_items.empty()) return inline_->Push(target, plan->inline_items, deadline);
     return absl::OkStatus();
@@ -145,27 +149,12 @@ class ShmTransport final : public Transport {
   }
 
  private:
-  // The slot places of the target's step, asked once per step (and rank and job).
-  absl::StatusOr<std::shared_ptr<SlotCache>> Slots(const PushTarget& target, Deadline deadline) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (slots_ != nullptr && slots_->Serves(target)) return slots_;
-    }
-    const v1::AttachRequest request = SlotRequest(target, "shm");
-    v1::AttachResponse response;
-    if (absl::Status s = AttachCall(*stub_, request, deadline, &response); !s.ok()) return s;
-    Remember(response);
-    std::shared_ptr<SlotCache> cache = SlotCache::Of(request, std::move(response));
-    std::lock_guard<std::mutex> lock(mu_);
-    slots_ = cache;
-    return cache;
-  }
-
   // Marks the placed items written, in one Push stream.
   absl::Status Mark(const PushTarget& target, const std::vector<const PushItem*>& placed,
                     Deadline deadline) {
     grpc::ClientContext context;
     context.set_deadline(deadline);
+    context.set_initial_metadata_corked(true);  // sent with the first write: one batch less
     v1::PushResponse response;
     std::unique_ptr<grpc::ClientWriter<v1::PushChunk>> writer = stub_->Push(&context, &response);
     v1::PushChunk chunk;
@@ -173,13 +162,15 @@ class ShmTransport final : public Transport {
     chunk.set_rank(target.rank);
     chunk.set_step(target.step);
     chunk.set_kind(target.kind);
-    bool open = true;
-    for (const PushItem* item : placed) {
-      chunk.set_tensor(item->tensor);
-      chunk.set_in_place_bytes(static_cast<int64_t>(item->data.size()));
-      if (!(open = writer->Write(chunk))) break;  // the daemon ended the stream: Finish says why
+    for (size_t i = 0; i < placed.size(); ++i) {
+      chunk.set_tensor(placed[i]->tensor);
+      chunk.set_in_place_bytes(static_cast<int64_t>(placed[i]->data.size()));
+      if (i + 1 == placed.size()) {
+        writer->WriteLast(chunk, grpc::WriteOptions());  // also closes the stream: one write less
+      } else if (!writer->Write(chunk)) {
+        break;  // the daemon ended the stream: Finish says why
+      }
     }
-    if (open) writer->WritesDone();
     return FromGrpcStatus(writer->Finish());
   }
 
@@ -249,8 +240,8 @@ class ShmTransport final : public Transport {
   std::mutex mu_;
   std::vector<std::string> names_;
   std::map<int, std::unique_ptr<ShmSegment>> mapped_;
-  std::shared_ptr<SlotCache> slots_;  // the last step pushed
-  AsyncCalls async_;                  // releases in flight
+  StepSlots slots_;   // after what Remember uses
+  AsyncCalls async_;  // releases in flight
 };
 
 }  // namespace

@@ -39,6 +39,62 @@ std::shared_ptr<SlotCache> SlotCache::Of(const v1::AttachRequest& request,
   return cache;
 }
 
+absl::StatusOr<std::shared_ptr<SlotCache>> StepSlots::For(const PushTarget& target,
+                                                          Deadline deadline) {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (last_ != nullptr && last_->Serves(target)) return last_;
+    ahead_done_.wait(lock, [this] { return !ahead_pending_; });
+    if (ahead_ != nullptr && ahead_->Serves(target)) {
+      last_ = std::move(ahead_);
+      ahead_.reset();
+      return last_;
+    }
+  }
+  const v1::AttachRequest request = SlotRequest(target, transport_);
+  v1::AttachResponse response;
+  if (absl::Status s = AttachCall(*stub_, request, deadline, &response); !s.ok()) return s;
+  remember_(response);
+  std::shared_ptr<SlotCache> cache = SlotCache::Of(request, std::move(response));
+  std::lock_guard<std::mutex> lock(mu_);
+  last_ = cache;
+  return cache;
+}
+
+void StepSlots::LookAhead(const PushTarget& target) {
+  PushTarget next = target;
+  ++next.step;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ahead_pending_ || (ahead_ != nullptr && ahead_->Serves(next))) return;
+    ahead_pending_ = true;
+    ahead_.reset();
+  }
+  auto* call = async_.Start<v1::AttachRequest, v1::AttachResponse>();
+  call->context.set_deadline(Soon());
+  call->request = SlotRequest(next, transport_);
+  stub_->async()->Attach(&call->context, &call->request, &call->response,
+                         [this, call](grpc::Status status) {
+                           std::shared_ptr<SlotCache> cache;
+                           if (status.ok()) {
+                             remember_(call->response);
+                             cache = SlotCache::Of(call->request, call->response);
+                           }
+                           {
+                             std::lock_guard<std::mutex> lock(mu_);
+                             ahead_ = std::move(cache);
+                             ahead_pending_ = false;
+                           }
+                           ahead_done_.notify_all();
+                           async_.Finished(call);
+                         });
+}
+
+void StepSlots::MarkReceived(SlotCache& slots, std::span<const PushItem* const> placed) {
+  std::lock_guard<std::mutex> lock(mu_);
+  slots.MarkReceived(placed);
+}
+
 void SlotCache::MarkReceived(std::span<const PushItem* const> placed) {
   for (const PushItem* item : placed) {
     const int i = index.at(item->tensor);

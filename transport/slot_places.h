@@ -1,18 +1,21 @@
 // What the same-node transports (`shm`, `cuda_ipc`) share on the trainer's side: the Attach call,
-// a rank's slot places for a step (asked once per step), and the rule that sorts a push's items
-// into slots written in place and items that go inline.
+// a rank's slot places for a step (asked once per step, and for the next step as soon as a push is
+// done, so the next push copies at once), and the rule that sorts a push's items into slots written in place and items that go inline.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "paramd/v1/data.grpc.pb.h"
+#include "transport/async_calls.h"
 #include "transport/transport.h"
 
 namespace paramd {
@@ -34,7 +37,7 @@ struct SlotCache {
   int64_t step = -1;
   v1::AttachResponse places;
   std::map<std::string, int> index;  // tensor -> slot
-  std::vector<int64_t> received;     // guarded by the owning transport's mutex
+  std::vector<int64_t> received;     // written under its StepSlots' mutex
 
   // From the answer to `request` (a SlotRequest).
   static std::shared_ptr<SlotCache> Of(const v1::AttachRequest& request,
@@ -44,6 +47,39 @@ struct SlotCache {
   }
   // Records the placed items as received whole.
   void MarkReceived(std::span<const PushItem* const> placed);
+};
+
+// A rank's slot places per step over one transport: the last step's, and the next step's, asked
+// ahead without waiting once a push is done (the daemon sets a step's slots aside one step early).
+// `remember` sees every Attach answer (segment names or IPC handles may have grown); it runs on a
+// gRPC thread for the look-ahead, and must not call back into this object.
+class StepSlots {
+ public:
+  StepSlots(v1::Data::Stub* stub, std::string transport,
+            std::function<void(const v1::AttachResponse&)> remember)
+      : stub_(stub), transport_(std::move(transport)), remember_(std::move(remember)) {}
+  ~StepSlots() { WaitIdle(); }
+
+  // The places of `target`'s step: cached, asked ahead, or asked now.
+  absl::StatusOr<std::shared_ptr<SlotCache>> For(const PushTarget& target, Deadline deadline);
+  // Asks for the places of the step after `target`'s, unless asked already. A refusal (the job
+  // has not reached `target.step`, say) only leaves the next push to ask itself.
+  void LookAhead(const PushTarget& target);
+  // Records the placed items as received whole in `slots`.
+  void MarkReceived(SlotCache& slots, std::span<const PushItem* const> placed);
+  // Waits for a look-ahead in flight (its deadline bounds the wait).
+  void WaitIdle() { async_.WaitIdle(); }
+
+ private:
+  v1::Data::Stub* const stub_;
+  const std::string transport_;
+  const std::function<void(const v1::AttachResponse&)> remember_;
+  std::mutex mu_;
+  std::condition_variable ahead_done_;  // signalled when a look-ahead is back
+  bool ahead_pending_ = false;
+  std::shared_ptr<SlotCache> ahead_;  // the step after the last one pushed
+  std::shared_ptr<SlotCache> last_;   // the last step pushed
+  AsyncCalls async_;                  // the look-ahead in flight (last: it waits first)
 };
 
 // A push sorted: items to write into their slots (with the slots' addresses), and items to push

@@ -220,6 +220,40 @@ TEST_F(ShmTest, ReleasedLeasesLetTheStepReuseItsBuffers) {
   EXPECT_EQ(used(), settled) << "shared memory grew although every lease was released";
 }
 
+// A rank learns the next step's slot places before it commits (the transport asks once a push is
+// done), so its next push writes at once; steps further ahead are refused.
+TEST_F(ShmTest, TheNextStepsSlotsAreSetAsideEarly) {
+  StartJob();
+  auto channel = grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Data::NewStub(channel);
+  auto attach = [&](int64_t step, v1::AttachResponse* response) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::AttachRequest request;
+    request.set_job("j");
+    request.set_rank(0);
+    request.set_transport("shm");
+    request.set_step(step);
+    return FromGrpcStatus(stub->Attach(&context, request, response));
+  };
+  v1::AttachResponse now, ahead, too_far, later;
+  ASSERT_TRUE(attach(0, &now).ok());
+  ASSERT_TRUE(attach(1, &ahead).ok());
+  const absl::Status refused = attach(2, &too_far);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  ASSERT_EQ(now.slots_size(), 1);
+  ASSERT_EQ(ahead.slots_size(), 1);
+  EXPECT_GE(ahead.slots(0).segment(), 0);
+  EXPECT_EQ(ahead.slots(0).received(), 0);
+  // Step 1's slot is its own (step 0's may be written meanwhile) and is the one step 1 collects.
+  EXPECT_FALSE(ahead.slots(0).segment() == now.slots(0).segment() &&
+               ahead.slots(0).offset() == now.slots(0).offset());
+  Step(0);
+  ASSERT_TRUE(attach(1, &later).ok());
+  EXPECT_EQ(later.slots(0).segment(), ahead.slots(0).segment());
+  EXPECT_EQ(later.slots(0).offset(), ahead.slots(0).offset());
+}
+
 TEST_F(ShmTest, StatusReportsEachRanksTransportAndWhy) {
   StartJob();
   const v1::JobStatus status = JobStatus();

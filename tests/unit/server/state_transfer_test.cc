@@ -566,7 +566,9 @@ TEST(StateExportTest, StepsWaitForAnExportAndRunInOrderOnceItEnds) {
   std::string master;
   while (*(*exporting)->Next(&chunk)) {
     if (chunk.has_field()) master = chunk.field().tensor() + "/" + chunk.field().field();
-    if (master == "scalar/master") EXPECT_EQ(FromBytes<float>(chunk.data())[0], initial[0][0]);
+    if (master == "scalar/master") {
+      EXPECT_EQ(FromBytes<float>(chunk.data())[0], initial[0][0]);
+    }
   }
   EXPECT_EQ(first.header().next_step(), 0);
   exporting->reset();  // the export ends: the newest held step goes back to the executor
