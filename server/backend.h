@@ -253,6 +253,11 @@ class Backend {
                                                                    HostTensorState state,
                                                                    ServedTensor* out) = 0;
 
+  // Host memory for jobs' gradient slots and served bytes when the backend wants its own (cuda:N:
+  // page-locked, so the copies to and from the GPU run at the link's speed); null leaves the
+  // choice to the daemon (shared memory, or the heap). It lives as long as the process.
+  virtual BufferAllocator* HostAllocator() { return nullptr; }
+
   // `cuda_ipc` (DESIGN.md §6): GPU memory trainers on this node map. A backend without it (cpu)
   // exports none, and the job keeps every buffer in host memory.
   virtual std::optional<DeviceExports> Exports() const { return std::nullopt; }

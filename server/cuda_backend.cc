@@ -1,8 +1,8 @@
 // The `cuda:N` backend: master weights, moments and served formats live in GPU memory; a step is
 // the kernels' multi-tensor launches (kernels/cuda_step.h) over all tensors of the job. Gradients
 // arrive in host slots (the inline transport) and are copied up; served bytes are copied down into
-// the host buffers the transports read. Both host sides are page-locked once (cudaHostRegister),
-// so the copies run at the link's speed. For `cuda_ipc` (DESIGN.md §6) the backend also exports GPU
+// the host buffers the transports read. Both host sides are allocated page-locked (the backend's
+// HostAllocator), so the copies run at the link's speed. For `cuda_ipc` (DESIGN.md §6) the backend also exports GPU
 // memory: a few large allocations, carved into gradient slots and served bytes, whose IPC handles
 // trainers on the node open once; a slot a trainer wrote there is read in place, and the step
 // writes each version's served bytes there (besides the host copy).
@@ -28,6 +28,43 @@
 
 namespace paramd {
 namespace {
+
+// Page-locked host memory (cudaHostAlloc) for the jobs' slots and served bytes: the copies to and
+// from the GPU need no staging. A failed allocation leaves the job a heap buffer (slower copies).
+class PinnedAllocator final : public BufferAllocator {
+ public:
+  explicit PinnedAllocator(int device) : device_(device) {}
+
+  absl::StatusOr<HostBuffer> Allocate(int64_t bytes) override {
+    if (bytes == 0) return HostBuffer();
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));  // the backend's device, on any thread
+    void* data = nullptr;
+    if (cudaHostAlloc(&data, static_cast<size_t>(bytes), cudaHostAllocPortable) != cudaSuccess) {
+      cudaGetLastError();
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot allocate ", bytes, " bytes of page-locked host memory"));
+    }
+    std::memset(data, 0, static_cast<size_t>(bytes));
+    return Make(static_cast<uint8_t*>(data), bytes, ShmPlace{});
+  }
+  bool shared() const override { return false; }
+
+ protected:
+  void Free(uint8_t* data, int64_t, ShmPlace) override { cudaFreeHost(data); }
+
+ private:
+  const int device_;
+};
+
+// One per device, for the process's life: a buffer (a lease's, say) may outlive its backend.
+BufferAllocator* PinnedAllocatorOf(int device) {
+  static std::mutex mu;
+  static auto* allocators = new std::map<int, std::unique_ptr<PinnedAllocator>>();
+  std::lock_guard<std::mutex> lock(mu);
+  std::unique_ptr<PinnedAllocator>& a = (*allocators)[device];
+  if (a == nullptr) a = std::make_unique<PinnedAllocator>(device);
+  return a.get();
+}
 
 // One device allocation, freed with its owner.
 class DeviceBuffer {
@@ -189,7 +226,6 @@ class CudaBackend : public Backend {
   CudaBackend(int device, int host_threads) : device_(device), pool_(host_threads) {}
   ~CudaBackend() override {
     cudaSetDevice(device_);
-    for (const auto& [ptr, bytes] : registered_) cudaHostUnregister(ptr);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
@@ -217,6 +253,7 @@ class CudaBackend : public Backend {
   }
 
   std::string name() const override { return absl::StrCat("cuda:", device_); }
+  BufferAllocator* HostAllocator() override { return PinnedAllocatorOf(device_); }
 
   std::optional<DeviceExports> Exports() const override { return arena_->Exports(uuid_); }
   absl::StatusOr<DeviceBytes> AllocateExported(int64_t bytes) override {
@@ -440,7 +477,6 @@ class CudaBackend : public Backend {
       auto& s = *static_cast<CudaTensorState*>(tensors[i].state);
       for (size_t f = 0; f < s.outputs.size(); ++f) {
         ServedFormat& host = tensors[i].out->formats[f];
-        if (absl::Status st = Register(host.bytes.data(), host.bytes.size()); !st.ok()) return st;
         if (WritesInPlace(host)) {
           PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host.bytes.data(), host.device.get(),
                                                       static_cast<size_t>(host.bytes.size()),
@@ -533,14 +569,6 @@ class CudaBackend : public Backend {
     return absl::OkStatus();
   }
 
-  // Page-locks a host buffer once, so copies to and from it run at the link's speed.
-  absl::Status Register(void* ptr, size_t bytes) {
-    if (bytes == 0 || registered_.contains(ptr)) return absl::OkStatus();
-    PARAMD_CUDA_RETURN_IF_ERROR(cudaHostRegister(ptr, bytes, cudaHostRegisterDefault));
-    registered_.emplace(ptr, bytes);
-    return absl::OkStatus();
-  }
-
   // Copies every rank's gradient slots up to the device.
   absl::Status Upload(std::span<TensorStep> tensors) {
     for (TensorStep& t : tensors) {
@@ -554,8 +582,7 @@ class CudaBackend : public Backend {
         if (s.slots[r].get() == nullptr) {
           if (absl::Status st = s.slots[r].Allocate(bytes); !st.ok()) return st;
         }
-        void* host = const_cast<void*>(t.slots[r]);
-        if (absl::Status st = Register(host, bytes); !st.ok()) return st;
+        const void* host = t.slots[r];
         PARAMD_CUDA_RETURN_IF_ERROR(
             cudaMemcpyAsync(s.slots[r].get(), host, bytes, cudaMemcpyHostToDevice, stream_));
       }
@@ -623,7 +650,6 @@ class CudaBackend : public Backend {
   cudaStream_t stream_ = nullptr;
   kernels::CudaStepPlan plan_;
   DeviceBuffer workspace_;
-  std::map<void*, size_t> registered_;
   std::string uuid_;                    // the GPU's UUID bytes (cuda_ipc's trainers match it)
   std::unique_ptr<DeviceArena> arena_;  // exported GPU memory (cuda_ipc)
 };

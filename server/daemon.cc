@@ -53,9 +53,9 @@ Daemon::Daemon(const v1::DaemonConfig& config, std::unique_ptr<Backend> backend,
   limits.max_tensors_per_job = config.max_tensors_per_job();
   limits.max_job_bytes = config.max_job_bytes();
   limits.max_chunk_bytes = config.max_chunk_bytes();
-  registry_ = std::make_unique<JobRegistry>(
-      backend_.get(), limits,
-      shm_ != nullptr ? static_cast<BufferAllocator*>(shm_.get()) : HeapAllocator());
+  BufferAllocator* buffers = backend_->HostAllocator();
+  if (buffers == nullptr) buffers = shm_ != nullptr ? shm_.get() : HeapAllocator();
+  registry_ = std::make_unique<JobRegistry>(backend_.get(), limits, buffers);
 }
 
 Daemon::~Daemon() { executor_.WaitIdle(); }

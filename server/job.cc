@@ -377,8 +377,11 @@ HostBuffer Job::NewBuffer(int64_t bytes) const {
   if (buffer.ok()) return *std::move(buffer);
   if (!warned_heap_fallback_.exchange(true)) {
     PARAMD_LOG(WARNING) << "job " << name_ << ": " << buffer.status()
-                        << "; buffers that do not fit go to the heap, and trainers move their "
-                           "bytes inline (raise /dev/shm's size to keep them in shared memory)";
+                        << "; buffers that do not fit go to the heap"
+                        << (buffers_->shared()
+                                ? ", and trainers move their bytes inline (raise /dev/shm's size "
+                                  "to keep them in shared memory)"
+                                : " (pageable memory: slower copies to and from the GPU)");
   }
   return HeapBuffer(bytes);
 }
