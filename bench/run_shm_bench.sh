@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# `shm` push/pull against the CPU copy ceiling (memcpy, same run), and a whole step (push + commit
-# + pull, one rank, FP32) over shm and inline. Usage: bench/run_shm_bench.sh [BUILD_DIR] [ARGS...]
-# (ARGS go to paramd_shm_bench, e.g. --elements=1000000000 on a machine with the memory).
+# `shm` push/pull against the CPU copy ceiling (memcpy, same run), per-call costs, and a whole step
+# (push + commit + pull, one rank) over shm and over inline, each transport's step in a daemon of
+# its own (a daemon keeps every job it registered, and 1e9 parameters are many bytes).
+# Usage: bench/run_shm_bench.sh [BUILD_DIR] [ARGS...]; ARGS go to paramd_shm_bench, e.g.
+# --elements=1000000000 --step_policy=fp8 (13 bytes per parameter in the daemon).
 # BUILD_DIR may also be a bundle made by scripts/bundle.sh (a machine without gRPC).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -20,22 +22,61 @@ else
   daemon=("$build/server/paramd")
   bench=("$build/bench/paramd_shm_bench")
 fi
-"${daemon[@]}" --listen=127.0.0.1:0 --metrics_listen= --address_file="$work/addr" 2>"$work/log" &
-pid=$!
-for _ in $(seq 100); do [ -s "$work/addr" ] && break; sleep 0.1; done
-"${bench[@]}" --address="$(cat "$work/addr")" "$@" | tee "$work/out"
-result=$(grep '^RESULT' "$work/out")
-python3 - "$result" <<'PY'
+
+# Runs the bench with ARGS against a daemon started for it; its output goes to $work/out.$1.
+phase() {
+  local name=$1
+  shift
+  rm -f "$work/addr"
+  "${daemon[@]}" --listen=127.0.0.1:0 --metrics_listen= --address_file="$work/addr" \
+    2>"$work/log.$name" &
+  pid=$!
+  for _ in $(seq 100); do [ -s "$work/addr" ] && break; sleep 0.1; done
+  "${bench[@]}" --address="$(cat "$work/addr")" "$@" | tee "$work/out.$name"
+  kill "$pid"
+  wait "$pid" 2>/dev/null || true
+  pid=""
+}
+phase shm "$@" --step_transports=shm
+phase inline "$@" --transfers=false --call_iters=0 --step_transports=inline
+
+python3 - "$work/out.shm" "$work/out.inline" <<'PY'
 import sys
-r = {k: float(v) for k, v in (kv.split("=") for kv in sys.argv[1].split()[1:])}
-copy = r["copy_gbps"]
+
+def fields(path, tag):
+    out = {}
+    for line in open(path):
+        if line.startswith(tag + " ") or line.rstrip() == tag:
+            for kv in line.split()[1:]:
+                k, v = kv.split("=")
+                try:
+                    out[k] = float(v)
+                except ValueError:
+                    out[k] = v
+    return out
+
+r = fields(sys.argv[1], "RESULT")
+r.update(fields(sys.argv[2], "RESULT"))
+calls = fields(sys.argv[1], "CALLS")
 print()
-print("| what | figure | ratio to memcpy (best, %.2f GB/s, one thread) | target |" % copy)
+print("| what | figure | ratio | target |")
 print("| --- | --- | --- | --- |")
-print("| shm push | %.2f GB/s | %.2f | >= 0.8 |" % (r["push_gbps"], r["push_gbps"] / copy))
-print("| shm pull (copy out) | %.2f GB/s | %.2f | >= 0.8 |" % (r["pull_gbps"], r["pull_gbps"] / copy))
-print("| shm pull in place + release | %.0f us | no copy | |" % r["view_us"])
-print("| step of %.3g parameters, shm | %.1f ms | | |" % (r["elements"], r["shm_step_ms"]))
-print("| step of %.3g parameters, inline | %.1f ms | shm %.2fx faster | |" %
-      (r["elements"], r["inline_step_ms"], r["inline_step_ms"] / r["shm_step_ms"]))
+if "copy_gbps" in r:
+    copy = r["copy_gbps"]
+    print("| memcpy, one thread (the ceiling) | %.2f GB/s | 1 | |" % copy)
+    print("| shm push | %.2f GB/s | %.2f of memcpy | >= 0.8 |" % (r["push_gbps"], r["push_gbps"] / copy))
+    print("| shm pull (copy out) | %.2f GB/s | %.2f of memcpy | >= 0.8 |" %
+          (r["pull_gbps"], r["pull_gbps"] / copy))
+    print("| shm pull in place + release | %.0f us | no copy | |" % r["view_us"])
+if calls:
+    u = calls["unary_us"]
+    for key, what in (("push_us", "push"), ("commit_us", "commit"), ("pull_us", "pull, copy out"),
+                      ("view_us", "pull in place"), ("release_us", "release")):
+        print("| per call, small tensor: %s | %.0f us | %.2f of a no-op unary RPC (%.0f us) | |" %
+              (what, calls[key], calls[key] / u, u))
+if "shm_step_ms" in r and "inline_step_ms" in r:
+    print("| step of %.3g parameters (%s policy), shm | %.1f ms | | |" %
+          (r["elements"], r["policy"], r["shm_step_ms"]))
+    print("| step of %.3g parameters (%s policy), inline | %.1f ms | shm %.2fx faster | |" %
+          (r["elements"], r["policy"], r["inline_step_ms"], r["inline_step_ms"] / r["shm_step_ms"]))
 PY

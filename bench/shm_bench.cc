@@ -14,6 +14,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "client/client.h"
 
 ABSL_FLAG(std::string, address, "127.0.0.1:50051", "Daemon address");
@@ -21,7 +23,16 @@ ABSL_FLAG(int, mib, 256, "Size of the transfer tensor, MiB");
 ABSL_FLAG(int, iters, 10, "Timed transfers");
 ABSL_FLAG(int64_t, elements, int64_t{1} << 26, "Parameters of the whole-step figure");
 ABSL_FLAG(int, step_iters, 4, "Timed whole steps per transport");
-ABSL_FLAG(int, call_iters, 300, "Timed steps of the per-call figures (a 4 KiB tensor)");
+ABSL_FLAG(std::string, step_policy, "fp32",
+          "State policy of the whole-step figure: fp32 (FP32 gradients, states and pulls) or fp8 "
+          "(BF16 gradients, FP8 exp_avg, FP16 exp_avg_sq, BF16 served and pulled; 13 bytes per "
+          "parameter in the daemon, which lets 1e9 parameters fit a smaller machine)");
+ABSL_FLAG(int, call_iters, 300, "Timed steps of the per-call figures");
+ABSL_FLAG(bool, transfers, true, "Measure the 256 MiB (--mib) push and pull figures");
+ABSL_FLAG(std::string, step_transports, "shm,inline",
+          "Transports of the whole-step figure, comma-separated (one per daemon keeps the memory "
+          "of one job: bench/run_shm_bench.sh does that)");
+ABSL_FLAG(int, call_kib, 4, "Size of the per-call figures' tensor, KiB");
 
 namespace paramd {
 namespace {
@@ -78,32 +89,52 @@ std::unique_ptr<Client> Connect(const std::string& transport) {
 double StepSeconds(const std::string& transport, int64_t elements) {
   std::unique_ptr<Client> client = Connect(transport);
   const std::string job = "step_" + transport;
-  Check(client->Register(Job(job, elements)).status(), "register step job");
+  const bool fp8 = absl::GetFlag(FLAGS_step_policy) == "fp8";
+  v1::RegisterRequest request = Job(job, elements);
+  v1::ServeFormat pulled_format;
+  pulled_format.set_recipe(fp8 ? v1::RECIPE_BF16 : v1::RECIPE_FP32);
+  if (fp8) {
+    request.mutable_tensors(0)->set_grad_type(v1::ELEMENT_TYPE_BF16);
+    request.mutable_state_policy()->set_exp_avg(v1::MOMENT_TYPE_FP8);
+    request.mutable_state_policy()->set_exp_avg_sq(v1::MOMENT_TYPE_FP16);
+    *request.add_serve() = pulled_format;
+  }
+  Check(client->Register(request).status(), "register step job");
   if (client->transport_name() != transport) {
     std::fprintf(stderr, "shm_bench: got transport %s, not %s\n", client->transport_name().c_str(),
                  transport.c_str());
     std::exit(1);
   }
-  std::vector<float> grad(static_cast<size_t>(elements), 1e-3f);
-  const std::vector<PushItem> items = {{"t", std::as_bytes(std::span<const float>(grad))}};
-  Check(client->UploadInitialWeights(job, items), "upload");
+  std::vector<float> weights(static_cast<size_t>(elements), 1e-3f);
+  const std::vector<PushItem> initial = {{"t", std::as_bytes(std::span<const float>(weights))}};
+  Check(client->UploadInitialWeights(job, initial), "upload");
+  if (fp8) std::vector<float>().swap(weights);  // BF16 gradients: the FP32 copy is not needed
+  // The gradient: FP32 1e-3, or its BF16 bits (0x3A83).
+  std::vector<uint16_t> grad16(fp8 ? static_cast<size_t>(elements) : 0, uint16_t{0x3A83});
+  std::vector<float>& grad32 = weights;
+  const std::vector<PushItem> items = {
+      {"t", fp8 ? std::as_bytes(std::span<const uint16_t>(grad16))
+                : std::as_bytes(std::span<const float>(grad32))}};
   Pulled pulled;
   std::vector<double> seconds;
   for (int i = 0; i < absl::GetFlag(FLAGS_step_iters) + 1; ++i) {
-    grad[0] = static_cast<float>(i);
+    if (fp8) {
+      grad16[0] = static_cast<uint16_t>(0x3A83 + i);
+    } else {
+      grad32[0] = static_cast<float>(i);
+    }
     const auto start = Clock::now();
     Check(client->PushGradients(job, 0, i, items), "step push");
     Check(client->Commit(job, 0, i).status(), "step commit");
-    PullTarget target{job, "t", {}, i + 1};
-    target.format.set_recipe(v1::RECIPE_FP32);
+    PullTarget target{job, "t", pulled_format, i + 1};
     Check(client->Pull(target, std::chrono::seconds(600), &pulled), "step pull");
     if (i > 0) seconds.push_back(Seconds(start));  // the first step allocates the slots
   }
   return Median(seconds);
 }
 
-// Per-call costs over shm with a 4 KiB tensor, where the bytes cost nothing and each call is its
-// RPCs: median microseconds of a push, a commit, a pull copying out, a pull in place and its
+// Per-call costs over shm with a small tensor (4 KiB by default), where the bytes cost nothing and
+// each call is its RPCs: median microseconds of a push, a commit, a pull copying out, a pull in place and its
 // release, against a unary round trip that does nothing (a release of no lease).
 struct CallCosts {
   double unary_us, push_us, commit_us, pull_us, view_us, release_us;
@@ -111,8 +142,9 @@ struct CallCosts {
 
 CallCosts MeasureCallCosts() {
   std::unique_ptr<Client> client = Connect("shm");
-  Check(client->Register(Job("calls", 1024)).status(), "register calls job");
-  std::vector<float> grad(1024, 1e-3f);
+  const int64_t elements = int64_t{absl::GetFlag(FLAGS_call_kib)} * 256;
+  Check(client->Register(Job("calls", elements)).status(), "register calls job");
+  std::vector<float> grad(static_cast<size_t>(elements), 1e-3f);
   const std::vector<PushItem> items = {{"t", std::as_bytes(std::span<const float>(grad))}};
   Check(client->UploadInitialWeights("calls", items), "upload");
   std::vector<double> unary, push, commit, pull, view, release;
@@ -149,19 +181,9 @@ CallCosts MeasureCallCosts() {
           Median(pull) * 1e6,   Median(view) * 1e6, Median(release) * 1e6};
 }
 
-int Main() {
-  if (absl::GetFlag(FLAGS_call_iters) > 0) {
-    const CallCosts c = MeasureCallCosts();
-    std::printf(
-        "per call, 4 KiB over shm (median us): unary no-op %.0f, push %.0f, commit %.0f, pull "
-        "copy %.0f, pull in place %.0f, release %.0f\n",
-        c.unary_us, c.push_us, c.commit_us, c.pull_us, c.view_us, c.release_us);
-    std::printf(
-        "CALLS unary_us=%.1f push_us=%.1f commit_us=%.1f pull_us=%.1f view_us=%.1f "
-        "release_us=%.1f\n",
-        c.unary_us, c.push_us, c.commit_us, c.pull_us, c.view_us, c.release_us);
-  }
-
+// shm push and pull of --mib MiB against one thread's memcpy of the same bytes; prints its
+// figures and adds them to `result`.
+void MeasureTransfers(std::string* result) {
   const int64_t elements = int64_t{absl::GetFlag(FLAGS_mib)} << 18;
   const size_t bytes = static_cast<size_t>(elements) * 4;
   const int iters = absl::GetFlag(FLAGS_iters);
@@ -214,21 +236,44 @@ int Main() {
               push_s.size());
   std::printf("shm pull %d MiB (copy out): %.2f GB/s (median of %zu)\n", absl::GetFlag(FLAGS_mib),
               pull_gbps, pull_s.size());
-  std::printf("shm pull in place + release: %.0f us, whatever the size\n", view_us);
+  std::printf("shm pull in place + release: %.0f us (no copy)\n", view_us);
+  absl::StrAppendFormat(result, " copy_gbps=%.3f push_gbps=%.3f pull_gbps=%.3f view_us=%.1f",
+                        copy_gbps, push_gbps, pull_gbps, view_us);
+}
 
+int Main() {
+  if (const std::string policy = absl::GetFlag(FLAGS_step_policy);
+      policy != "fp32" && policy != "fp8") {
+    std::fprintf(stderr, "shm_bench: --step_policy is fp32 or fp8, not %s\n", policy.c_str());
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_call_iters) > 0) {
+    const CallCosts c = MeasureCallCosts();
+    std::printf(
+        "per call, %d KiB over shm (median us): unary no-op %.0f, push %.0f, commit %.0f, pull "
+        "copy %.0f, pull in place %.0f, release %.0f\n",
+        absl::GetFlag(FLAGS_call_kib), c.unary_us, c.push_us, c.commit_us, c.pull_us, c.view_us,
+        c.release_us);
+    std::printf(
+        "CALLS unary_us=%.1f push_us=%.1f commit_us=%.1f pull_us=%.1f view_us=%.1f "
+        "release_us=%.1f\n",
+        c.unary_us, c.push_us, c.commit_us, c.pull_us, c.view_us, c.release_us);
+  }
+
+  std::string result;
+  if (absl::GetFlag(FLAGS_transfers)) MeasureTransfers(&result);
   const int64_t step_elements = absl::GetFlag(FLAGS_elements);
-  std::printf("whole steps of %lld parameters...\n", static_cast<long long>(step_elements));
-  const double shm_step = StepSeconds("shm", step_elements);
-  std::printf("step of %lld parameters over shm: %.1f ms\n", static_cast<long long>(step_elements),
-              shm_step * 1e3);
-  const double inline_step = StepSeconds("inline", step_elements);
-  std::printf("step of %lld parameters over inline: %.1f ms\n",
-              static_cast<long long>(step_elements), inline_step * 1e3);
-  std::printf(
-      "RESULT copy_gbps=%.3f push_gbps=%.3f pull_gbps=%.3f view_us=%.1f elements=%lld "
-      "shm_step_ms=%.2f inline_step_ms=%.2f\n",
-      copy_gbps, push_gbps, pull_gbps, view_us, static_cast<long long>(step_elements),
-      shm_step * 1e3, inline_step * 1e3);
+  for (absl::string_view transport :
+       absl::StrSplit(absl::GetFlag(FLAGS_step_transports), ',', absl::SkipEmpty())) {
+    std::printf("whole steps of %lld parameters over %s...\n",
+                static_cast<long long>(step_elements), std::string(transport).c_str());
+    const double step = StepSeconds(std::string(transport), step_elements);
+    std::printf("step of %lld parameters over %s: %.1f ms\n",
+                static_cast<long long>(step_elements), std::string(transport).c_str(), step * 1e3);
+    absl::StrAppendFormat(&result, " %s_step_ms=%.2f", transport, step * 1e3);
+  }
+  std::printf("RESULT%s elements=%lld policy=%s\n", result.c_str(),
+              static_cast<long long>(step_elements), absl::GetFlag(FLAGS_step_policy).c_str());
   return 0;
 }
 
