@@ -1,12 +1,17 @@
 // cuda_ipc push and pull against the copy a process makes between its own buffers on the same two
 // GPUs, measured in the same run (DESIGN.md §10: >= 0.9 of the device copy on one GPU, of the peer
 // copy across two). A daemon on --daemon_device runs in another process; this process works on
-// --device. One push = Attach (the step's slot places) + the copy on the trainer's stream + a
-// stream sync + the in-place mark; one pull = the place pull (lease) + the copy into this process's
-// buffer + a stream sync + Release. The ratio counts the call's whole time, RPCs included.
-// Correctness rides along: a small tensor pushed and pulled through cuda_ipc must end bit-identical
-// to a job pushed and pulled inline with the same gradients.
+// --device. One push = the copy on the trainer's stream + a stream sync + the in-place marks (the
+// step's slot places were asked ahead by the previous push); one pull = the place pull (lease) +
+// the copy into this process's buffer + a stream sync + Release. The ratio counts the call's whole
+// time, RPCs included. Correctness rides along: a small tensor pushed and pulled through cuda_ipc
+// must end bit-identical to a job pushed and pulled inline with the same gradients.
+// With --step_mparams=N, also a whole training step of N million parameters by transport, as a GPU
+// trainer sees it (BF16 gradients in its GPU memory, BF16 weights wanted there; fp32 master, FP8
+// exp_avg, FP16 exp_avg_sq): cuda_ipc pushes from and pulls into GPU memory; inline copies the
+// gradients down to page-locked host memory, pushes, pulls, and copies the weights up.
 //   paramd_cuda_ipc_bench --address=HOST:PORT [--device=0] [--daemon_device=0] [--mib=4096]
+//                         [--step_mparams=1000] [--step_iters=3]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -31,6 +36,8 @@ struct Flags {
   int64_t mib = 4096;                       // MiB of the tensor moved per push and per pull
   int iters = 8;                            // timed pushes (each a step) and pulls
   std::string job = "ipc_bench";            // job name prefix
+  int64_t step_mparams = 0;                 // whole-step figure's parameters, millions (0: none)
+  int step_iters = 3;                       // timed whole steps per transport
 };
 Flags flags;
 
@@ -52,6 +59,10 @@ bool ParseFlags(int argc, char** argv) {
       flags.iters = std::stoi(value);
     } else if (key == "--job") {
       flags.job = value;
+    } else if (key == "--step_mparams") {
+      flags.step_mparams = std::stoll(value);
+    } else if (key == "--step_iters") {
+      flags.step_iters = std::stoi(value);
     } else {
       std::fprintf(stderr, "cuda_ipc_bench: unknown flag %s\n", arg.c_str());
       return false;
@@ -129,6 +140,70 @@ double CopyRate(void* dst, const void* src, size_t bytes, int iters, cudaStream_
     if (i > 0) best = std::min(best, Seconds(start));  // the first warms up
   }
   return static_cast<double>(bytes) / best / 1e9;
+}
+
+// Median milliseconds of a whole step (push + commit + pull of every parameter) of `elements`
+// parameters over `transport`, with the gradients and the weights in this process's GPU memory.
+double StepMs(const std::string& transport, int64_t elements, cudaStream_t stream) {
+  std::unique_ptr<Client> client = Connect(transport);
+  const std::string job = flags.job + "_step_" + transport + "_" + std::to_string(flags.device);
+  v1::RegisterRequest request = Job(job, elements, 0);
+  request.mutable_tensors()->DeleteSubrange(1, 1);  // "big" only
+  request.mutable_tensors(0)->set_grad_type(v1::ELEMENT_TYPE_BF16);
+  request.mutable_state_policy()->set_exp_avg(v1::MOMENT_TYPE_FP8);
+  request.mutable_state_policy()->set_exp_avg_sq(v1::MOMENT_TYPE_FP16);
+  v1::ServeFormat bf16;
+  bf16.set_recipe(v1::RECIPE_BF16);
+  *request.add_serve() = bf16;
+  Check(client->Register(request).status(), "register step job");
+  if (client->transport_name() != transport) {
+    std::fprintf(stderr, "cuda_ipc_bench: got transport %s, not %s\n",
+                 client->transport_name().c_str(), transport.c_str());
+    std::exit(1);
+  }
+  {
+    const std::vector<float> initial(static_cast<size_t>(elements), 0.01f);
+    const PushItem items[] = {{"big", std::as_bytes(std::span<const float>(initial))}};
+    Check(client->UploadInitialWeights(job, items), "step job's initial weights");
+  }
+  const size_t bytes = static_cast<size_t>(elements) * 2;
+  void *d_grad = nullptr, *d_weights = nullptr, *h_grad = nullptr;
+  CheckCuda(cudaMalloc(&d_grad, bytes), "cudaMalloc step grad");
+  CheckCuda(cudaMalloc(&d_weights, bytes), "cudaMalloc step weights");
+  CheckCuda(cudaMemset(d_grad, 0x3A, bytes), "memset step grad");  // BF16 0x3A3A: about 7e-4
+  const bool ipc = transport == "cuda_ipc";
+  if (!ipc) CheckCuda(cudaMallocHost(&h_grad, bytes), "cudaMallocHost step grad");
+  std::vector<double> ms;
+  for (int s = 0; s < flags.step_iters + 1; ++s) {
+    PullTarget target{job, "big", bf16, s + 1};
+    const auto start = Clock::now();
+    if (ipc) {
+      const PushItem items[] = {{"big", DeviceSpan(d_grad, bytes)}};
+      Check(client->PushGradients(job, 0, s, items), "step push");
+      Check(client->Commit(job, 0, s).status(), "step commit");
+      absl::StatusOr<PulledView> view = client->PullInPlace(target, std::chrono::minutes(5));
+      Check(view.status(), "step pull in place");
+      CheckCuda(cudaMemcpyAsync(d_weights, view->data.data(), bytes, cudaMemcpyDefault, stream),
+                "step weights copy");
+      CheckCuda(cudaStreamSynchronize(stream), "step sync");
+      Check(client->Release(*view), "step release");
+    } else {
+      CheckCuda(cudaMemcpyAsync(h_grad, d_grad, bytes, cudaMemcpyDeviceToHost, stream), "down");
+      CheckCuda(cudaStreamSynchronize(stream), "down sync");
+      const PushItem items[] = {{"big", DeviceSpan(h_grad, bytes)}};
+      Check(client->PushGradients(job, 0, s, items), "step push");
+      Check(client->Commit(job, 0, s).status(), "step commit");
+      Pulled pulled;
+      Check(client->Pull(target, std::chrono::minutes(5), &pulled), "step pull");
+      CheckCuda(cudaMemcpy(d_weights, pulled.data.data(), bytes, cudaMemcpyHostToDevice), "up");
+    }
+    if (s > 0) ms.push_back(Seconds(start) * 1e3);  // the first step allocates and maps
+  }
+  cudaFree(d_grad);
+  cudaFree(d_weights);
+  if (h_grad != nullptr) cudaFreeHost(h_grad);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
 }
 
 int Main() {
@@ -253,6 +328,17 @@ int Main() {
   std::printf("| cuda_ipc pull without the Release call | %.0f | %.0f | %.3f |\n", pull_nr,
               pull_ceiling, pull_nr / pull_ceiling);
   std::printf("bit-identical to the inline reference: %s\n", exact ? "yes" : "NO");
+  if (flags.step_mparams > 0) {
+    const int64_t elements = flags.step_mparams * 1000000;
+    const double ipc_ms = StepMs("cuda_ipc", elements, stream);
+    const double inline_ms = StepMs("inline", elements, stream);
+    std::printf("\nwhole step of %lld M parameters (BF16 gradients and weights in GPU %d's memory)\n",
+                static_cast<long long>(flags.step_mparams), device);
+    std::printf("| transport | ms per step (median of %d) | |\n| --- | --- | --- |\n",
+                flags.step_iters);
+    std::printf("| cuda_ipc | %.1f | %.2fx faster than inline |\n", ipc_ms, inline_ms / ipc_ms);
+    std::printf("| inline | %.1f | |\n", inline_ms);
+  }
   cudaFree(d_small);
   cudaFree(d_grad);
   cudaFree(d_out);
