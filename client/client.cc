@@ -90,20 +90,21 @@ absl::StatusOr<v1::RegisterResponse> Client::Register(const v1::RegisterRequest&
     transport_reason_ = reason;
     PARAMD_LOG(INFO) << "job " << request.job() << " rank " << request.rank() << ": transport "
                      << transport_->name() << " (" << reason << ")";
-    // Tells the daemon, which reports each rank's transport in Status and metrics.
-    v1::AttachRequest attach;
-    attach.set_job(request.job());
-    attach.set_rank(request.rank());
-    attach.set_transport(transport_->name());
-    attach.set_reason(reason);
-    v1::AttachResponse attached;
-    status = Retry([&] {
-      return Unary(NextDeadline(), [&](grpc::ClientContext* context) {
-        return data_->Attach(context, attach, &attached);
-      });
-    });
-    if (!status.ok()) return status;
   }
+  // Tells the daemon (each time: it may have restarted), which reports each rank's transport in
+  // Status and metrics.
+  v1::AttachRequest attach;
+  attach.set_job(request.job());
+  attach.set_rank(request.rank());
+  attach.set_transport(transport_->name());
+  attach.set_reason(transport_reason_);
+  v1::AttachResponse attached;
+  status = Retry([&] {
+    return Unary(NextDeadline(), [&](grpc::ClientContext* context) {
+      return data_->Attach(context, attach, &attached);
+    });
+  });
+  if (!status.ok()) return status;
   return response;
 }
 

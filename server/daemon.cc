@@ -16,6 +16,10 @@ inline constexpr char kDaemonVersion[] = "0.1.0";
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const v1::DaemonConfig& config) {
   absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(config);
   if (!backend.ok()) return backend.status();
+  // This start's identity (also the shm probe, and the tag in the segment names: two daemons'
+  // names stay apart even where process ids repeat, in containers).
+  std::random_device random;
+  const uint64_t instance = (uint64_t{random()} << 32) | random();
   std::unique_ptr<ShmArena> shm;
   // `shm` serves the cpu backend (DESIGN.md §6); a cuda:N job's host buffers are page-locked
   // staging for the GPU, and same-node GPU trainers use cuda_ipc.
@@ -25,12 +29,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const v1::DaemonConfig& c
                           << " shared-memory segments left by a daemon of this user that was "
                              "killed";
     }
-    // A random tag keeps two daemons' names apart even where process ids repeat (containers).
-    std::random_device random;
-    const uint64_t probe = (uint64_t{random()} << 32) | random();
     absl::StatusOr<std::unique_ptr<ShmArena>> arena = ShmArena::Create(
-        ShmSegmentPrefix(getuid(), getpid(), absl::StrCat(absl::Hex(probe, absl::kZeroPad16))),
-        config.shm_segment_bytes(), probe);
+        ShmSegmentPrefix(getuid(), getpid(), absl::StrCat(absl::Hex(instance, absl::kZeroPad16))),
+        config.shm_segment_bytes(), instance);
     if (arena.ok()) {
       shm = *std::move(arena);
     } else {
@@ -38,12 +39,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const v1::DaemonConfig& c
                           << "); jobs keep their buffers on the heap and the shm transport is off";
     }
   }
-  return std::unique_ptr<Daemon>(new Daemon(config, *std::move(backend), std::move(shm)));
+  return std::unique_ptr<Daemon>(
+      new Daemon(config, *std::move(backend), std::move(shm), instance));
 }
 
 Daemon::Daemon(const v1::DaemonConfig& config, std::unique_ptr<Backend> backend,
-               std::unique_ptr<ShmArena> shm)
+               std::unique_ptr<ShmArena> shm, uint64_t instance)
     : config_(config),
+      instance_(instance),
       shm_(std::move(shm)),
       backend_(std::move(backend)),
       backend_name_(backend_->name()),

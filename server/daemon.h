@@ -33,6 +33,9 @@ class Daemon {
   LeaseTable& leases() { return *leases_; }
   // The shared-memory region (null when jobs keep their buffers on the heap).
   const ShmArena* shm() const { return shm_.get(); }
+  // A random value drawn at start: places handed out by another start of the daemon (at the same
+  // address) are told apart by it (AttachResponse.instance).
+  uint64_t instance() const { return instance_; }
   const std::string& backend_name() const { return backend_name_; }
   // The backend's exported GPU memory (`cuda_ipc`); none on the cpu backend.
   std::optional<DeviceExports> device_exports() const { return backend_->Exports(); }
@@ -59,9 +62,10 @@ class Daemon {
 
  private:
   Daemon(const v1::DaemonConfig& config, std::unique_ptr<Backend> backend,
-         std::unique_ptr<ShmArena> shm);
+         std::unique_ptr<ShmArena> shm, uint64_t instance);
 
   const v1::DaemonConfig config_;
+  const uint64_t instance_;
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   // The shared-memory region outlives every buffer carved from it: it is destroyed last.
   std::unique_ptr<ShmArena> shm_;

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/borrowed_bytes.h"
+#include "common/daemon_instance.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -58,6 +59,13 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushChunk> {
       return absl::ResourceExhaustedError(absl::StrCat(
           "chunk of ", chunk_.data().size(), " bytes exceeds this daemon's max_chunk_bytes (",
           limit, "); split pushes into chunks of at most that size"));
+    }
+    if (chunk_.in_place_bytes() != 0 && chunk_.instance() != 0 &&
+        chunk_.instance() != daemon_->instance()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the slot place of tensor \"", chunk_.tensor(), "\" ", kFromAnotherDaemonStart,
+          ", whose memory this one does not see; ask Attach for the step's slot places again and "
+          "write the bytes there"));
     }
     if (job_ == nullptr || job_->name() != chunk_.job()) {
       absl::StatusOr<std::shared_ptr<Job>> job = daemon_->registry().Find(chunk_.job());
@@ -219,6 +227,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       p->set_offset(place->offset);
       p->set_bytes(bytes_->size());
       header->set_place_on_device(on_device);
+      header->set_instance(daemon_->instance());
       const auto expires = LeaseTable::Clock::now() + std::chrono::milliseconds(lease_ms_);
       header->set_lease(daemon_->leases().Take(job_->name(), served_, expires));
       header->set_lease_expires_unix_ms(
@@ -414,6 +423,7 @@ grpc::ServerUnaryReactor* DataService::Attach(grpc::CallbackServerContext* conte
     return absl::OkStatus();
   };
   const absl::Status status = attach();
+  response->set_instance(daemon_->instance());
   CountError(daemon_, "Attach", status);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));

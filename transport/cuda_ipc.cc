@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
+#include "common/daemon_instance.h"
 #include "common/grpc_status.h"
 #include "paramd/v1/data.grpc.pb.h"
 #include "transport/async_calls.h"
@@ -67,6 +68,9 @@ class CudaIpcTransport final : public Transport {
     for (const auto& [index, mapping] : mapped_) {
       if (mapping.opened) cudaIpcCloseMemHandle(mapping.base);
     }
+    for (const Mapping& mapping : retired_) {
+      if (mapping.opened) cudaIpcCloseMemHandle(mapping.base);
+    }
     for (cudaEvent_t event : events_) cudaEventDestroy(event);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
@@ -107,6 +111,17 @@ class CudaIpcTransport final : public Transport {
       return inline_->Push(target, items, deadline);  // once per job, from rank 0
     }
     PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    absl::Status status = PushPlaced(target, items, deadline);
+    if (FromAnotherDaemonStart(status)) {
+      // The daemon restarted since it handed out the places: ask again, write anew.
+      slots_.Forget();
+      status = PushPlaced(target, items, deadline);
+    }
+    return status;
+  }
+
+  absl::Status PushPlaced(const PushTarget& target, std::span<const PushItem> items,
+                          Deadline deadline) {
     absl::StatusOr<std::shared_ptr<SlotCache>> slots = slots_.For(target, deadline);
     if (!slots.ok()) return slots.status();
     auto locate = [&](const v1::ShmPlace& place) -> absl::StatusOr<uint8_t*> {
@@ -125,7 +140,7 @@ class CudaIpcTransport final : public Transport {
       // Each piece is marked once its copy has completed (see the header); the stream is
       // synchronized whatever happens, as the caller may reuse its buffers when Push returns.
       std::lock_guard<std::mutex> push_lock(push_mu_);
-      absl::Status s = CopyAndMark(target, placed, plan->slots, deadline);
+      absl::Status s = CopyAndMark(target, (*slots)->instance, placed, plan->slots, deadline);
       if (absl::Status synced =
               CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(stream_)");
           s.ok()) {
@@ -203,36 +218,43 @@ class CudaIpcTransport final : public Transport {
   }
 
   // Copies the placed items into their slots in pieces, an event after each, and marks each piece
-  // written in device memory, in one Push stream, once its event has completed. The caller holds
-  // push_mu_ (the events) and synchronizes the stream afterwards.
-  absl::Status CopyAndMark(const PushTarget& target, const std::vector<const PushItem*>& placed,
+  // written in device memory, in one Push stream naming the daemon start whose places they are,
+  // once its event has completed (an item whose slot holds it already, a retry, is marked only).
+  // The caller holds push_mu_ (the events) and synchronizes the stream afterwards.
+  absl::Status CopyAndMark(const PushTarget& target, uint64_t instance,
+                           const std::vector<const PushItem*>& placed,
                            const std::vector<uint8_t*>& slots, Deadline deadline) {
     struct Piece {
       const PushItem* item;
       int64_t offset;
       int64_t bytes;
+      int event;  // index into events_; -1: nothing copied
     };
     std::vector<Piece> pieces;
+    size_t used_events = 0;
     for (size_t i = 0; i < placed.size(); ++i) {
       const int64_t size = static_cast<int64_t>(placed[i]->data.size());
       for (int64_t offset = 0; offset < size; offset += kPieceBytes) {
-        const Piece piece{placed[i], offset, std::min(kPieceBytes, size - offset)};
-        if (pieces.size() == events_.size()) {
-          cudaEvent_t event;
-          PARAMD_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-          events_.push_back(event);
+        Piece piece{placed[i], offset, std::min(kPieceBytes, size - offset), -1};
+        if (slots[i] != nullptr) {
+          if (used_events == events_.size()) {
+            cudaEvent_t event;
+            PARAMD_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+            events_.push_back(event);
+          }
+          PARAMD_CUDA_RETURN_IF_ERROR(
+              cudaMemcpyAsync(slots[i] + offset, placed[i]->data.data() + offset,
+                              static_cast<size_t>(piece.bytes), cudaMemcpyDefault, stream_));
+          PARAMD_CUDA_RETURN_IF_ERROR(cudaEventRecord(events_[used_events], stream_));
+          piece.event = static_cast<int>(used_events++);
         }
-        PARAMD_CUDA_RETURN_IF_ERROR(
-            cudaMemcpyAsync(slots[i] + offset, placed[i]->data.data() + offset,
-                            static_cast<size_t>(piece.bytes), cudaMemcpyDefault, stream_));
-        PARAMD_CUDA_RETURN_IF_ERROR(cudaEventRecord(events_[pieces.size()], stream_));
         pieces.push_back(piece);
       }
     }
+    if (pieces.empty()) return absl::OkStatus();  // empty tensors: nothing to mark
     grpc::ClientContext context;
     context.set_deadline(deadline);
-    // Sent with the first write, where there is one: one batch less.
-    context.set_initial_metadata_corked(!pieces.empty());
+    context.set_initial_metadata_corked(true);  // sent with the first write: one batch less
     v1::PushResponse response;
     std::unique_ptr<grpc::ClientWriter<v1::PushChunk>> writer = stub_->Push(&context, &response);
     v1::PushChunk chunk;
@@ -241,10 +263,13 @@ class CudaIpcTransport final : public Transport {
     chunk.set_step(target.step);
     chunk.set_kind(target.kind);
     chunk.set_in_place_device(true);
+    chunk.set_instance(instance);
     bool open = true;
     for (size_t p = 0; p < pieces.size() && open; ++p) {
-      if (absl::Status s =
-              CudaStatus(cudaEventSynchronize(events_[p]), "cudaEventSynchronize(events_[p])");
+      if (absl::Status s = pieces[p].event < 0
+                               ? absl::OkStatus()
+                               : CudaStatus(cudaEventSynchronize(events_[pieces[p].event]),
+                                            "cudaEventSynchronize");
           !s.ok()) {
         context.TryCancel();
         writer->Finish();
@@ -272,6 +297,7 @@ class CudaIpcTransport final : public Transport {
   }
 
   absl::StatusOr<const uint8_t*> View(const v1::PullHeader& header, Deadline deadline) {
+    if (absl::Status s = FollowStart(header.instance(), deadline); !s.ok()) return s;
     const v1::ShmPlace& place = header.place();
     if (!header.place_on_device()) {
       return absl::DataLossError(
@@ -288,13 +314,45 @@ class CudaIpcTransport final : public Transport {
     return *base + place.offset();
   }
 
+  // Takes the IPC handles of an Attach answer. From a new start of the daemon (it restarted at
+  // the same address), they replace the old ones, whose mappings stay open until the transport
+  // goes (a view may still point into them); a late answer of a past start is ignored.
   void Remember(const v1::AttachResponse& response) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (response.ipc_handles_size() > static_cast<int>(handles_.size())) {
-      handles_.assign(response.ipc_handles().begin(), response.ipc_handles().end());
-      bases_.assign(response.ipc_bases().begin(), response.ipc_bases().end());
-      daemon_pid_ = response.pid();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const DaemonStarts::Seen seen = starts_.See(response.instance());
+      if (seen == DaemonStarts::Seen::kPast) return;
+      if (seen == DaemonStarts::Seen::kNew) {
+        for (const auto& [index, mapping] : mapped_) retired_.push_back(mapping);
+        mapped_.clear();
+        handles_.clear();
+        bases_.clear();
+      }
+      if (response.ipc_handles_size() > static_cast<int>(handles_.size())) {
+        handles_.assign(response.ipc_handles().begin(), response.ipc_handles().end());
+        bases_.assign(response.ipc_bases().begin(), response.ipc_bases().end());
+        daemon_pid_ = response.pid();
+      }
     }
+    slots_.Observe(response.instance());
+  }
+
+  // Makes sure the handles opened are those of daemon start `instance` (a pull's), asking for
+  // them when it is a start not seen yet. UNAVAILABLE (retried) when the answer came from a start
+  // that is gone.
+  absl::Status FollowStart(uint64_t instance, Deadline deadline) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (instance == 0 || instance == starts_.current()) return absl::OkStatus();
+    }
+    v1::AttachResponse response;
+    if (absl::Status s = AttachCall(*stub_, ProbeRequest(), deadline, &response); !s.ok()) {
+      return s;
+    }
+    Remember(response);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (instance == starts_.current()) return absl::OkStatus();
+    return absl::UnavailableError("the daemon restarted while it answered this pull; pull again");
   }
 
   // Allocation `index` as this process sees it, opened on first use (asking for new handles when
@@ -372,7 +430,9 @@ class CudaIpcTransport final : public Transport {
   std::vector<uint64_t> bases_;
   int64_t daemon_pid_ = 0;
   std::map<int, Mapping> mapped_;
-  StepSlots slots_;   // after what Remember uses
+  DaemonStarts starts_;           // whose handles handles_ and mapped_ are
+  std::vector<Mapping> retired_;  // mappings of past starts
+  StepSlots slots_;               // after what Remember uses
   AsyncCalls async_;  // releases in flight (last: it waits for them first)
 };
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/daemon_instance.h"
 #include "common/grpc_status.h"
 #include "paramd/v1/data.grpc.pb.h"
 #include "transport/async_calls.h"
@@ -49,6 +50,17 @@ class ShmTransport final : public Transport {
     if (target.kind == v1::PUSH_KIND_INITIAL_WEIGHTS) {
       return inline_->Push(target, items, deadline);  // once per job, from rank 0
     }
+    absl::Status status = PushPlaced(target, items, deadline);
+    if (FromAnotherDaemonStart(status)) {
+      // The daemon restarted since it handed out the places: ask again, write anew.
+      slots_.Forget();
+      status = PushPlaced(target, items, deadline);
+    }
+    return status;
+  }
+
+  absl::Status PushPlaced(const PushTarget& target, std::span<const PushItem> items,
+                          Deadline deadline) {
     absl::StatusOr<std::shared_ptr<SlotCache>> slots = slots_.For(target, deadline);
     if (!slots.ok()) return slots.status();
     auto locate = [&](const v1::ShmPlace& place) -> absl::StatusOr<uint8_t*> {
@@ -66,10 +78,13 @@ class ShmTransport final : public Transport {
     absl::StatusOr<PushPlan> plan = PlanPush(**slots, target, items, locate, same);
     if (!plan.ok()) return plan.status();
     for (size_t i = 0; i < plan->placed.size(); ++i) {
+      if (plan->slots[i] == nullptr) continue;  // there already: marked again only
       std::memcpy(plan->slots[i], plan->placed[i]->data.data(), plan->placed[i]->data.size());
     }
     if (!plan->placed.empty()) {
-      if (absl::Status s = Mark(target, plan->placed, deadline); !s.ok()) return s;
+      if (absl::Status s = Mark(target, (*slots)->instance, plan->placed, deadline); !s.ok()) {
+        return s;
+      }
       slots_.MarkReceived(**slots, plan->placed);
       slots_.LookAhead(target);
     }
@@ -149,9 +164,10 @@ class ShmTransport final : public Transport {
   }
 
  private:
-  // Marks the placed items written, in one Push stream.
-  absl::Status Mark(const PushTarget& target, const std::vector<const PushItem*>& placed,
-                    Deadline deadline) {
+  // Marks the placed items written, in one Push stream, naming the daemon start whose places
+  // they are.
+  absl::Status Mark(const PushTarget& target, uint64_t instance,
+                    const std::vector<const PushItem*>& placed, Deadline deadline) {
     grpc::ClientContext context;
     context.set_deadline(deadline);
     context.set_initial_metadata_corked(true);  // sent with the first write: one batch less
@@ -162,6 +178,7 @@ class ShmTransport final : public Transport {
     chunk.set_rank(target.rank);
     chunk.set_step(target.step);
     chunk.set_kind(target.kind);
+    chunk.set_instance(instance);
     for (size_t i = 0; i < placed.size(); ++i) {
       chunk.set_tensor(placed[i]->tensor);
       chunk.set_in_place_bytes(static_cast<int64_t>(placed[i]->data.size()));
@@ -183,6 +200,7 @@ class ShmTransport final : public Transport {
   }
 
   absl::StatusOr<std::span<const std::byte>> View(const v1::PullHeader& header, Deadline deadline) {
+    if (absl::Status s = FollowStart(header.instance(), deadline); !s.ok()) return s;
     absl::StatusOr<ShmSegment*> segment = Segment(header.place().segment(), deadline);
     if (!segment.ok()) return segment.status();
     const v1::ShmPlace& place = header.place();
@@ -197,11 +215,42 @@ class ShmTransport final : public Transport {
         static_cast<size_t>(place.bytes()));
   }
 
+  // Takes the segment names of an Attach answer. From a new start of the daemon (it restarted at
+  // the same address), they replace the old ones, whose mappings stay until the transport goes
+  // (a view may still point into them); a late answer of a past start is ignored.
   void Remember(const v1::AttachResponse& response) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (response.segments_size() > static_cast<int>(names_.size())) {
-      names_.assign(response.segments().begin(), response.segments().end());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const DaemonStarts::Seen seen = starts_.See(response.instance());
+      if (seen == DaemonStarts::Seen::kPast) return;
+      if (seen == DaemonStarts::Seen::kNew) {
+        for (auto& [index, segment] : mapped_) retired_.push_back(std::move(segment));
+        mapped_.clear();
+        names_.clear();
+      }
+      if (response.segments_size() > static_cast<int>(names_.size())) {
+        names_.assign(response.segments().begin(), response.segments().end());
+      }
     }
+    slots_.Observe(response.instance());
+  }
+
+  // Makes sure the segments mapped are those of daemon start `instance` (a pull's), asking for
+  // the names when it is a start not seen yet. UNAVAILABLE (retried) when the answer came from a
+  // start that is gone.
+  absl::Status FollowStart(uint64_t instance, Deadline deadline) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (instance == 0 || instance == starts_.current()) return absl::OkStatus();
+    }
+    v1::AttachResponse response;
+    if (absl::Status s = AttachCall(*stub_, ProbeRequest(), deadline, &response); !s.ok()) {
+      return s;
+    }
+    Remember(response);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (instance == starts_.current()) return absl::OkStatus();
+    return absl::UnavailableError("the daemon restarted while it answered this pull; pull again");
   }
 
   // The mapping of segment `index`, made on first use (asking for new names when needed).
@@ -240,7 +289,9 @@ class ShmTransport final : public Transport {
   std::mutex mu_;
   std::vector<std::string> names_;
   std::map<int, std::unique_ptr<ShmSegment>> mapped_;
-  StepSlots slots_;   // after what Remember uses
+  DaemonStarts starts_;                               // whose segments names_ and mapped_ are
+  std::vector<std::unique_ptr<ShmSegment>> retired_;  // mappings of past starts
+  StepSlots slots_;                                   // after what Remember uses
   AsyncCalls async_;  // releases in flight
 };
 

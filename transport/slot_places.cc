@@ -31,6 +31,7 @@ std::shared_ptr<SlotCache> SlotCache::Of(const v1::AttachRequest& request,
   cache->job = request.job();
   cache->rank = request.rank();
   cache->step = request.step();
+  cache->instance = response.instance();
   cache->places = std::move(response);
   for (int i = 0; i < cache->places.slots_size(); ++i) {
     cache->index.emplace(cache->places.slots(i).tensor(), i);
@@ -57,8 +58,27 @@ absl::StatusOr<std::shared_ptr<SlotCache>> StepSlots::For(const PushTarget& targ
   remember_(response);
   std::shared_ptr<SlotCache> cache = SlotCache::Of(request, std::move(response));
   std::lock_guard<std::mutex> lock(mu_);
-  last_ = cache;
+  ObserveLocked(cache->instance);
+  if (cache->instance == starts_.current()) last_ = cache;
   return cache;
+}
+
+void StepSlots::Observe(uint64_t instance) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ObserveLocked(instance);
+}
+
+void StepSlots::ObserveLocked(uint64_t instance) {
+  starts_.See(instance);
+  const uint64_t current = starts_.current();
+  if (last_ != nullptr && last_->instance != current) last_.reset();
+  if (ahead_ != nullptr && ahead_->instance != current) ahead_.reset();
+}
+
+void StepSlots::Forget() {
+  std::lock_guard<std::mutex> lock(mu_);
+  last_.reset();
+  ahead_.reset();
 }
 
 void StepSlots::LookAhead(const PushTarget& target) {
@@ -82,6 +102,10 @@ void StepSlots::LookAhead(const PushTarget& target) {
                            }
                            {
                              std::lock_guard<std::mutex> lock(mu_);
+                             if (cache != nullptr) ObserveLocked(cache->instance);
+                             if (cache != nullptr && cache->instance != starts_.current()) {
+                               cache.reset();
+                             }
                              ahead_ = std::move(cache);
                              ahead_pending_ = false;
                            }
@@ -119,10 +143,16 @@ absl::StatusOr<PushPlan> PlanPush(
     if (!slot.ok()) return slot.status();
     const int64_t received = slots.received[static_cast<size_t>(it->second)];
     if (received == place->bytes()) {
-      // Pushed before (a retry, or a restarted trainer): the same rule as inline pushes.
+      // Pushed before (a retry, or a restarted trainer): the same rule as inline pushes. Identical
+      // bytes are marked again, not copied: the daemon judges (a duplicate is acknowledged; a
+      // daemon restarted since these places were handed out refuses them).
       absl::StatusOr<bool> identical = same(*slot, item.data);
       if (!identical.ok()) return identical.status();
-      if (*identical) continue;
+      if (*identical) {
+        plan.placed.push_back(&item);
+        plan.slots.push_back(nullptr);
+        continue;
+      }
       return absl::FailedPreconditionError(
           absl::StrCat("a different gradient of tensor \"", item.tensor,
                        "\" was already pushed for step ", target.step, " by rank ", target.rank,

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -29,12 +30,35 @@ absl::Status AttachCall(v1::Data::Stub& stub, const v1::AttachRequest& request, 
 // The Attach request for the slot places of `target`'s rank and step over `transport`.
 v1::AttachRequest SlotRequest(const PushTarget& target, const std::string& transport);
 
+// Which start of the daemon (AttachResponse.instance) a transport's mappings and places belong
+// to. Answers come from the newest start seen, from a new one (the daemon restarted at the same
+// address: forget what the old one handed out), or late from a past one (ignore them). Not
+// thread-safe: its owner's lock guards it.
+class DaemonStarts {
+ public:
+  enum class Seen { kCurrent, kNew, kPast };
+  Seen See(uint64_t instance) {
+    if (instance == 0 || instance == current_) return Seen::kCurrent;  // 0: not told
+    if (past_.contains(instance)) return Seen::kPast;
+    if (current_ != 0) past_.insert(current_);
+    const bool first = current_ == 0;
+    current_ = instance;
+    return first ? Seen::kCurrent : Seen::kNew;
+  }
+  uint64_t current() const { return current_; }
+
+ private:
+  uint64_t current_ = 0;
+  std::set<uint64_t> past_;
+};
+
 // A rank's slot places for one step, indexed by tensor, with the bytes this process knows the
 // daemon has received in each.
 struct SlotCache {
   std::string job;
   int32_t rank = 0;
   int64_t step = -1;
+  uint64_t instance = 0;  // the daemon start that handed the places out (AttachResponse.instance)
   v1::AttachResponse places;
   std::map<std::string, int> index;  // tensor -> slot
   std::vector<int64_t> received;     // written under its StepSlots' mutex
@@ -51,8 +75,10 @@ struct SlotCache {
 
 // A rank's slot places per step over one transport: the last step's, and the next step's, asked
 // ahead without waiting once a push is done (the daemon sets a step's slots aside one step early).
-// `remember` sees every Attach answer (segment names or IPC handles may have grown); it runs on a
-// gRPC thread for the look-ahead, and must not call back into this object.
+// Places of another daemon start than the newest seen are never handed out. `remember` sees every
+// Attach answer (segment names or IPC handles may have grown, or belong to a new start) before
+// this object uses it; it runs on a gRPC thread for the look-ahead, and must not call back into
+// this object.
 class StepSlots {
  public:
   StepSlots(v1::Data::Stub* stub, std::string transport,
@@ -67,6 +93,10 @@ class StepSlots {
   void LookAhead(const PushTarget& target);
   // Records the placed items as received whole in `slots`.
   void MarkReceived(SlotCache& slots, std::span<const PushItem* const> placed);
+  // The daemon's start seen in an answer (a pull's, say): places of other starts are dropped.
+  void Observe(uint64_t instance);
+  // Drops every cached place (the daemon refused a mark as from another start).
+  void Forget();
   // Waits for a look-ahead in flight (its deadline bounds the wait).
   void WaitIdle() { async_.WaitIdle(); }
 
@@ -79,7 +109,10 @@ class StepSlots {
   bool ahead_pending_ = false;
   std::shared_ptr<SlotCache> ahead_;  // the step after the last one pushed
   std::shared_ptr<SlotCache> last_;   // the last step pushed
-  AsyncCalls async_;                  // the look-ahead in flight (last: it waits first)
+  DaemonStarts starts_;
+  AsyncCalls async_;  // the look-ahead in flight (last: it waits first)
+
+  void ObserveLocked(uint64_t instance);
 };
 
 // A push sorted: items to write into their slots (with the slots' addresses), and items to push
@@ -87,13 +120,14 @@ class StepSlots {
 // answers as for any other transport).
 struct PushPlan {
   std::vector<const PushItem*> placed;
-  std::vector<uint8_t*> slots;
+  std::vector<uint8_t*> slots;  // null: the slot holds these bytes already (a retry): mark only
   std::vector<PushItem> inline_items;
 };
 
 // Sorts `items` by `slots`. `locate` gives a slot place's address; `same` whether a slot the
-// daemon already holds whole has the item's bytes (then the item is a retry and is left out; else
-// FAILED_PRECONDITION, as for inline pushes). A slot partly pushed inline is FAILED_PRECONDITION.
+// daemon already holds whole has the item's bytes (then the item is a retry, marked again without
+// a copy; else FAILED_PRECONDITION, as for inline pushes). A slot partly pushed inline is
+// FAILED_PRECONDITION.
 absl::StatusOr<PushPlan> PlanPush(
     const SlotCache& slots, const PushTarget& target, std::span<const PushItem> items,
     const std::function<absl::StatusOr<uint8_t*>(const v1::ShmPlace&)>& locate,

@@ -29,7 +29,11 @@ class TransportConformanceTest : public ::testing::TestWithParam<std::string> {
                 const std::vector<v1::ServeFormat>& serve = {});
   absl::Status Commit(const std::string& job, int rank, int64_t step, double grad_scale = 1.0);
   Deadline Soon() const;
+  // Stops the daemon and starts another on the same address (jobs gone, as after a restart
+  // without a checkpoint); the channel and the transport under test stay.
+  void RestartServer();
 
+  v1::DaemonConfig config_;
   std::unique_ptr<Server> server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Control::Stub> control_;

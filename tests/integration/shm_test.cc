@@ -95,8 +95,10 @@ class ShmTest : public ::testing::Test {
   void Step(int64_t step) {
     std::vector<float> grad(64 * 64, 0.01f * static_cast<float>(step + 1));
     const PushItem items[] = {{"w", std::as_bytes(std::span<const float>(grad))}};
-    ASSERT_TRUE(client_->PushGradients("j", 0, step, items).ok());
-    ASSERT_TRUE(client_->Commit("j", 0, step).ok());
+    const absl::Status pushed = client_->PushGradients("j", 0, step, items);
+    ASSERT_TRUE(pushed.ok()) << pushed;
+    const absl::StatusOr<v1::CommitResponse> committed = client_->Commit("j", 0, step);
+    ASSERT_TRUE(committed.ok()) << committed.status();
   }
 
   v1::JobStatus JobStatus() {
@@ -252,6 +254,49 @@ TEST_F(ShmTest, TheNextStepsSlotsAreSetAsideEarly) {
   ASSERT_TRUE(attach(1, &later).ok());
   EXPECT_EQ(later.slots(0).segment(), ahead.slots(0).segment());
   EXPECT_EQ(later.slots(0).offset(), ahead.slots(0).offset());
+}
+
+// A daemon restarted at the same address has new segments (the old ones are gone with it): the
+// trainer's transport must notice, whatever it cached (mappings, slot places asked ahead), and
+// neither write gradients into nor read weights from the old daemon's memory.
+TEST_F(ShmTest, ARestartedDaemonIsNeverReadOrWrittenThroughTheOldOnesMemory) {
+  // One step of the same job on a fresh daemon: its served version 1, copied out and in place.
+  auto one_step = [this](std::vector<uint8_t>* copied, std::vector<uint8_t>* in_place) {
+    StartJob();
+    Step(0);
+    Pulled pulled;
+    ASSERT_TRUE(client_->Pull({"j", "w", {}, 1}, milliseconds(10000), &pulled).ok());
+    copied->assign(reinterpret_cast<const uint8_t*>(pulled.data.data()),
+                   reinterpret_cast<const uint8_t*>(pulled.data.data()) + pulled.data.size());
+    absl::StatusOr<PulledView> view =
+        client_->PullInPlace({"j", "w", {}, 1}, milliseconds(10000), milliseconds(60000));
+    ASSERT_TRUE(view.ok()) << view.status();
+    in_place->assign(reinterpret_cast<const uint8_t*>(view->data.data()),
+                     reinterpret_cast<const uint8_t*>(view->data.data()) + view->data.size());
+    ASSERT_TRUE(client_->Release(*view).ok());
+  };
+  std::vector<uint8_t> first_copied, first_in_place;
+  one_step(&first_copied, &first_in_place);
+  EXPECT_EQ(first_copied, first_in_place);
+  // The trainer has pushed step 0 and asked for step 1's places ahead; then the daemon goes and
+  // another starts on the same address (the job registered again, as after a restart without a
+  // checkpoint). The client object stays.
+  const std::string address = server_->address();
+  server_->Shutdown();
+  server_.reset();
+  v1::DaemonConfig config;
+  config.set_listen(address);
+  config.set_metrics_listen("");
+  config.set_step_threads(2);
+  config.set_log_level("warning");
+  absl::StatusOr<std::unique_ptr<Server>> restarted = Server::Start(config);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  server_ = *std::move(restarted);
+  std::vector<uint8_t> second_copied, second_in_place;
+  one_step(&second_copied, &second_in_place);
+  EXPECT_EQ(second_copied, first_copied) << "the step did not see the pushed gradient";
+  EXPECT_EQ(second_in_place, first_copied);
+  EXPECT_EQ(JobStatus().trainers_size(), 1) << "the new daemon was not told the transport";
 }
 
 TEST_F(ShmTest, StatusReportsEachRanksTransportAndWhy) {
