@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Everything that runs from a bundle on the GPU machine (scripts/bundle.sh, built on a machine with
+# gRPC), part by part, each under its own time limit, with a short table last:
+#   ipc     scripts/gpu_ipc.sh: cuda_ipc_test (the conformance suite and cuda_ipc's own tests), then
+#           cuda_ipc push/pull against device and peer copies, and a whole step of 1e9 parameters
+#           by transport (cuda_ipc, inline)
+#   daemon  scripts/gpu_daemon.sh: the example jobs through paramd --backend=cuda:0
+#   shm     bench/run_shm_bench.sh at 1e9 parameters, fp32 and fp8 policies (the host's CPU)
+# Usage: scripts/gpu_bundle.sh BUNDLE_DIR [PART...]   (default: all three; logs go to $OUT when
+# set, else to a temporary folder)
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+bundle=$(cd "${1:?bundle dir}" && pwd)
+shift
+parts=("$@")
+[ ${#parts[@]} -eq 0 ] && parts=(ipc daemon shm)
+logs=${OUT:-$(mktemp -d)}
+mkdir -p "$logs"
+rows=()
+status=0
+
+part() {
+  local name=$1 limit=$2
+  shift 2
+  local start=$SECONDS
+  timeout --signal=TERM --kill-after=10 "$limit" "$@" >"$logs/$name.log" 2>&1
+  local rc=$?
+  tail -20 "$logs/$name.log"
+  local verdict=pass
+  [ $rc -eq 124 ] && verdict="TIMEOUT after ${limit} s"
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] && verdict="FAIL (exit $rc)"
+  [ $rc -ne 0 ] && status=1
+  rows+=("$name|$verdict|$((SECONDS - start)) s|$logs/$name.log")
+}
+
+for p in "${parts[@]}"; do
+  case "$p" in
+    ipc) part ipc "${IPC_TIMEOUT:-300}" "$root/scripts/gpu_ipc.sh" "$bundle" 4096 1000 ;;
+    daemon) part daemon "${DAEMON_TIMEOUT:-200}" "$root/scripts/gpu_daemon.sh" "$bundle" ;;
+    shm)
+      part shm_fp32 "${SHM_TIMEOUT:-240}" "$root/bench/run_shm_bench.sh" "$bundle" \
+        --elements=1000000000 --step_iters=2 --iters=5
+      part shm_fp8 "${SHM_TIMEOUT:-240}" "$root/bench/run_shm_bench.sh" "$bundle" \
+        --elements=1000000000 --step_iters=2 --iters=5 --step_policy=fp8 --call_iters=0
+      ;;
+    *) echo "gpu_bundle: unknown part $p (ipc, daemon, shm)"; exit 2 ;;
+  esac
+done
+
+echo
+echo "| part | result | time | log |"
+echo "| --- | --- | --- | --- |"
+for r in "${rows[@]}"; do
+  IFS='|' read -r a b c d <<<"$r"
+  echo "| $a | $b | $c | $d |"
+done
+for f in "$logs"/*.log; do
+  grep -E "^\| (cuda_ipc|inline|shm|step|same|peer|per call|memcpy|what)" "$f" | sed "s|^|$(basename "$f" .log): |" | head -20
+done
+exit $status
