@@ -164,6 +164,32 @@ absl::Status Client::Release(const PulledView& view) {
   return Retry([&] { return transport_->Release(view.lease, NextDeadline()); });
 }
 
+absl::Status Client::PullMany(const PullManyTarget& target, std::chrono::milliseconds timeout,
+                              std::vector<Pulled>* out) {
+  if (absl::Status s = NeedTransport(); !s.ok()) return s;
+  const Deadline deadline = std::chrono::system_clock::now() + timeout;
+  return Retry([&] { return transport_->PullMany(target, deadline, out); });
+}
+
+absl::StatusOr<std::vector<PulledView>> Client::PullInPlaceMany(const PullManyTarget& target,
+                                                                std::chrono::milliseconds timeout,
+                                                                std::chrono::milliseconds lease) {
+  if (absl::Status s = NeedTransport(); !s.ok()) return s;
+  const Deadline deadline = std::chrono::system_clock::now() + timeout;
+  std::vector<PulledView> views;
+  absl::Status status =
+      Retry([&] { return transport_->PullInPlaceMany(target, deadline, lease, &views); });
+  if (!status.ok()) return status;
+  return views;
+}
+
+absl::Status Client::Release(std::span<const PulledView> views) {
+  if (absl::Status s = NeedTransport(); !s.ok()) return s;
+  std::vector<uint64_t> leases;
+  for (const PulledView& view : views) leases.push_back(view.lease);
+  return Retry([&] { return transport_->ReleaseMany(leases, NextDeadline()); });
+}
+
 absl::StatusOr<v1::StatusResponse> Client::Status(const std::string& job) {
   v1::StatusRequest request;
   request.set_job(job);

@@ -63,6 +63,17 @@ class Client {
                                          std::chrono::milliseconds lease = {});
   // Ends the lease of a PullInPlace view.
   absl::Status Release(const PulledView& view);
+  // Several tensors in one call, in `target.tensors`' order: over shm and cuda_ipc one request,
+  // each tensor copied as soon as the daemon has published it (per-tensor publish), so a trainer
+  // pulls a whole model with one round trip; other transports pull them one by one.
+  absl::Status PullMany(const PullManyTarget& target, std::chrono::milliseconds timeout,
+                        std::vector<Pulled>* out);
+  // The same in place: one view per tensor, each with its lease; end them with Release(views).
+  absl::StatusOr<std::vector<PulledView>> PullInPlaceMany(const PullManyTarget& target,
+                                                          std::chrono::milliseconds timeout,
+                                                          std::chrono::milliseconds lease = {});
+  // Ends the leases of several views in one call.
+  absl::Status Release(std::span<const PulledView> views);
 
   absl::StatusOr<v1::StatusResponse> Status(const std::string& job = "");
   absl::StatusOr<v1::GetLayoutResponse> GetLayout(const std::string& job);

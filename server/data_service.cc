@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <deque>
+#include <map>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
@@ -104,8 +106,9 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushChunk> {
   std::shared_ptr<Job> job_;
 };
 
-// Waits for the version (without holding a thread), then streams a header and the bytes of the
-// served version it leases: the shared pointer keeps those bytes alive and unchanged.
+// Waits for the versions (without holding a thread), then streams, tensor by tensor in the order
+// they are published, a header and the bytes of the served version it leases: the shared pointer
+// keeps those bytes alive and unchanged while they are written.
 class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   PullReactor(Daemon* daemon, const grpc::ByteBuffer* raw) : daemon_(daemon) {
@@ -120,34 +123,56 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       End(status);
       return;
     }
-    bool ready = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      waiter_ = job_->AddWaiter(tensor_, min_version_, [this] { OnVersionReady(); });
-      ready = waiter_ == 0;
-      waiting_ = !ready;
+      for (size_t i = 0; i < tensors_.size(); ++i) {
+        const uint64_t id = job_->AddWaiter(tensors_[i], min_version_, [this, i] { OnReady(i); });
+        if (id == 0) {
+          ready_.push_back(i);
+        } else {
+          waiters_.emplace(i, id);
+        }
+      }
     }
-    if (ready) Begin();
+    Pump();
   }
 
   void OnCancel() override {
-    bool finish = false;
+    bool busy = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       cancelled_ = true;
-      // If the waiter already fired, OnVersionReady is on its way and finishes the call.
-      finish = waiting_ && job_->RemoveWaiter(waiter_);
-      if (finish) waiting_ = false;
+      busy = writing_;  // then the write's OnWriteDone ends the call
     }
-    if (finish) End(absl::CancelledError("pull cancelled or its deadline passed while waiting"));
+    if (!busy) End(absl::CancelledError("pull cancelled or its deadline passed while waiting"));
   }
 
   void OnWriteDone(bool ok) override {
-    if (!ok) {
+    bool cancelled = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      cancelled = cancelled_;
+    }
+    if (!ok || cancelled) {
       End(absl::CancelledError("the puller went away"));
       return;
     }
-    WriteNext();
+    if (offset_ < static_cast<int64_t>(bytes_->size())) {
+      WriteNext();
+      return;
+    }
+    if (!placed_) daemon_->metrics().Pulled(kInline, bytes_->size());
+    bool all = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      writing_ = false;
+      all = begun_ == tensors_.size();
+    }
+    if (all) {
+      End(absl::OkStatus());
+      return;
+    }
+    Pump();
   }
 
   void OnDone() override { delete this; }
@@ -158,9 +183,28 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     absl::StatusOr<std::shared_ptr<Job>> job = daemon_->registry().Find(request.job());
     if (!job.ok()) return job.status();
     job_ = *std::move(job);
-    absl::StatusOr<int> tensor = job_->TensorIndex(request.tensor());
-    if (!tensor.ok()) return tensor.status();
-    tensor_ = *tensor;
+    place_ = request.delivery() == v1::PULL_DELIVERY_PLACE;
+    if (!request.tensors().empty()) {
+      if (!request.tensor().empty()) {
+        return absl::InvalidArgumentError("a pull names `tensor` or `tensors`, not both");
+      }
+      if (!place_) {
+        return absl::InvalidArgumentError(
+            "a pull of several tensors (`tensors`) needs delivery PULL_DELIVERY_PLACE; pull "
+            "streamed bytes one tensor at a time");
+      }
+    }
+    std::vector<std::string> names(request.tensors().begin(), request.tensors().end());
+    if (names.empty()) names.push_back(request.tensor());
+    for (const std::string& name : names) {
+      absl::StatusOr<int> tensor = job_->TensorIndex(name);
+      if (!tensor.ok()) return tensor.status();
+      if (std::find(tensors_.begin(), tensors_.end(), *tensor) != tensors_.end()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor \"", name, "\" is named twice in one pull"));
+      }
+      tensors_.push_back(*tensor);
+    }
     PARAMD_RETURN_IF_ERROR(job_->CheckServes(request.format()));
     format_ = FormatKeyOf(request.format());
     min_version_ = request.min_version();
@@ -169,31 +213,50 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
           "lease_ms = ", request.lease_ms(), " is outside [0, ", daemon_->config().max_lease_ms(),
           "] (0 = the daemon's default, ", daemon_->config().lease_ms(), ")"));
     }
-    place_ = request.delivery() == v1::PULL_DELIVERY_PLACE;
     lease_ms_ = request.lease_ms() > 0 ? request.lease_ms() : daemon_->config().lease_ms();
     daemon_->leases().Release(
         std::vector<uint64_t>(request.release().begin(), request.release().end()));
     return absl::OkStatus();
   }
 
-  void OnVersionReady() {
-    bool cancelled;
+  void OnReady(size_t i) {
+    bool end = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      waiting_ = false;
-      cancelled = cancelled_;
+      waiters_.erase(i);
+      if (cancelled_ || ending_) {
+        end = waiters_.empty();  // the last callback on its way finishes the call
+      } else {
+        ready_.push_back(i);
+      }
     }
-    if (cancelled) {
+    if (end) {
       End(absl::CancelledError("pull cancelled while waiting"));
       return;
     }
-    Begin();
+    Pump();
   }
 
-  void Begin() {
-    served_ = job_->Served(tensor_, min_version_);
+  // Starts writing the next published tensor, unless a write is under way or none is ready.
+  void Pump() {
+    size_t i = 0;
+    bool last = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (writing_ || cancelled_ || ending_ || ready_.empty()) return;
+      i = ready_.front();
+      ready_.pop_front();
+      writing_ = true;
+      last = ++begun_ == tensors_.size();
+    }
+    Begin(tensors_[i], last);
+  }
+
+  void Begin(int tensor, bool last) {
+    served_ = job_->Served(tensor, min_version_);
     const ServedFormat* format = served_->Find(format_);
     bytes_ = &format->bytes;
+    offset_ = 0;
     const ShmPlace* place = place_ ? bytes_->place() : nullptr;
     // A cuda:N backend serves place pulls from its exported GPU memory (cuda_ipc).
     ShmPlace device_place;
@@ -202,15 +265,16 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       device_place = {format->device.place().allocation, format->device.place().offset};
       place = &device_place;
     }
-    v1::PullHeader* header = message_.mutable_header();
+    v1::PullChunk message;
+    v1::PullHeader* header = message.mutable_header();
     header->set_version(served_->version);
-    const v1::TensorSpec& spec = job_->Spec(tensor_);
+    const v1::TensorSpec& spec = job_->Spec(tensor);
+    header->set_tensor(spec.name());
     header->set_rows(spec.rows());
     header->set_cols(spec.cols());
     header->mutable_format()->set_recipe(format_.recipe);
     header->mutable_format()->set_direction(format_.direction);
     header->set_data_bytes(format->layout.data_bytes);
-    bool own_buffer = false;
     header->set_skipped(served_->skipped);
     if (format->layout.scale_count > 0) {
       header->set_scale_bytes(format->layout.scale_bytes);
@@ -220,7 +284,8 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       header->add_scale_shape(format->layout.scale_rows);
       header->add_scale_shape(format->layout.scale_cols);
     }
-    if (place != nullptr) {
+    placed_ = place != nullptr;
+    if (placed_) {
       // The bytes stay where they are; the lease keeps them alive and unchanged.
       v1::ShmPlace* p = header->mutable_place();
       p->set_segment(place->segment);
@@ -235,11 +300,16 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
               .count());
       offset_ = bytes_->size();  // no data chunks follow
       daemon_->metrics().Pulled(on_device ? kCudaIpc : kShm, bytes_->size());
-      placed_ = true;
     }
-    grpc::SerializationTraits<v1::PullChunk>::Serialize(message_, &buffer_, &own_buffer);
-    if (placed_) {
-      // The header is the whole answer: written and finished in one batch.
+    bool own_buffer = false;
+    buffer_.Clear();  // the previous tensor's last message is written
+    grpc::SerializationTraits<v1::PullChunk>::Serialize(message, &buffer_, &own_buffer);
+    if (placed_ && last) {
+      // The last header is the rest of the answer: written and finished in one batch.
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        finished_ = true;
+      }
       StartWriteAndFinish(&buffer_, grpc::WriteOptions(), grpc::Status::OK);
       return;
     }
@@ -248,11 +318,6 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   void WriteNext() {
     const int64_t size = static_cast<int64_t>(bytes_->size());
-    if (offset_ >= size) {
-      if (!placed_) daemon_->metrics().Pulled(kInline, size);
-      End(absl::OkStatus());
-      return;
-    }
     const int64_t length = std::min(size - offset_, daemon_->config().pull_chunk_bytes());
     // PullChunk field 2 (`data`) as a slice over the leased buffer, which stays alive and
     // unchanged until this call is done.
@@ -262,29 +327,52 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     StartWrite(&buffer_);
   }
 
+  // Finishes the call once, with the status of the first caller. Waiters not fired yet are
+  // removed; while one that fired has its OnReady on the way, that call finishes instead (so no
+  // callback ever reaches a finished, deleted reactor).
   void End(const absl::Status& status) {
-    CountError(daemon_, "Pull", status);
-    Finish(ToGrpcStatus(status));
+    absl::Status final_status;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (finished_) return;
+      if (!ending_) {
+        ending_ = true;
+        end_status_ = status;
+      }
+      for (auto it = waiters_.begin(); it != waiters_.end();) {
+        it = job_->RemoveWaiter(it->second) ? waiters_.erase(it) : std::next(it);
+      }
+      if (!waiters_.empty()) return;
+      finished_ = true;
+      final_status = end_status_;
+    }
+    CountError(daemon_, "Pull", final_status);
+    Finish(ToGrpcStatus(final_status));
   }
 
   Daemon* const daemon_;
   std::shared_ptr<Job> job_;
-  int tensor_ = 0;
+  std::vector<int> tensors_;  // job tensor indices, as named
   FormatKey format_;
   int64_t min_version_ = 0;
+  bool place_ = false;  // the puller asked for PULL_DELIVERY_PLACE
+  int64_t lease_ms_ = 0;
 
-  std::mutex mu_;  // the waiting phase: OnCancel against OnVersionReady
-  uint64_t waiter_ = 0;
-  bool waiting_ = false;
+  std::mutex mu_;
+  std::map<size_t, uint64_t> waiters_;  // tensors_ index -> the job's waiter, not fired yet
+  std::deque<size_t> ready_;            // published, not begun
+  size_t begun_ = 0;
+  bool writing_ = false;
   bool cancelled_ = false;
+  bool ending_ = false;    // End was called; end_status_ is the call's status
+  absl::Status end_status_;
+  bool finished_ = false;  // Finish (or StartWriteAndFinish) was called
 
+  // The tensor being written.
   std::shared_ptr<const ServedTensor> served_;  // the lease
   const HostBuffer* bytes_ = nullptr;
-  bool place_ = false;   // the puller asked for PULL_DELIVERY_PLACE
-  bool placed_ = false;  // ... and got a place (the bytes are in shared memory)
-  int64_t lease_ms_ = 0;
+  bool placed_ = false;  // the header carries a place (no data chunks follow)
   int64_t offset_ = 0;
-  v1::PullChunk message_;    // the header
   grpc::ByteBuffer buffer_;  // the message being written
 };
 

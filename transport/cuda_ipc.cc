@@ -186,13 +186,72 @@ class CudaIpcTransport final : public Transport {
     return absl::OkStatus();
   }
 
+  absl::Status PullMany(const PullManyTarget& target, Deadline deadline,
+                        std::vector<Pulled>* out) override {
+    out->assign(target.tensors.size(), Pulled{});
+    std::vector<uint64_t> leases;
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    // Each tensor's copy is queued as its header arrives; one synchronization at the end.
+    absl::Status status = PullPlacesEach(
+        *stub_, target, kCopyLease, deadline, [&](size_t i, Pulled&& pulled) -> absl::Status {
+          if (pulled.header.has_place()) {
+            leases.push_back(pulled.header.lease());
+            absl::StatusOr<const uint8_t*> bytes = View(pulled.header, deadline);
+            if (!bytes.ok()) return bytes.status();
+            pulled.data.resize(static_cast<size_t>(pulled.header.place().bytes()));
+            PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pulled.data.data(), *bytes,
+                                                        pulled.data.size(), cudaMemcpyDefault,
+                                                        stream_));
+          }
+          (*out)[i] = std::move(pulled);
+          return absl::OkStatus();
+        });
+    const absl::Status synced =
+        CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(stream_)");
+    if (!leases.empty()) ReleaseMany(leases, deadline).IgnoreError();  // asynchronous: always OK
+    return status.ok() ? synced : status;
+  }
+
+  absl::Status PullInPlaceMany(const PullManyTarget& target, Deadline deadline,
+                               std::chrono::milliseconds lease,
+                               std::vector<PulledView>* out) override {
+    out->assign(target.tensors.size(), PulledView{});
+    std::vector<uint64_t> leases;
+    absl::Status status = PullPlacesEach(
+        *stub_, target, lease, deadline, [&](size_t i, Pulled&& pulled) -> absl::Status {
+          if (!pulled.header.has_place()) {
+            return absl::FailedPreconditionError(absl::StrCat(
+                "the daemon keeps ", pulled.header.tensor(),
+                " out of its exported GPU memory (it ran out of room); use PullMany, which "
+                "copies"));
+          }
+          leases.push_back(pulled.header.lease());
+          absl::StatusOr<const uint8_t*> bytes = View(pulled.header, deadline);
+          if (!bytes.ok()) return bytes.status();
+          PulledView& view = (*out)[i];
+          view.header = std::move(pulled.header);
+          view.data = std::span<const std::byte>(reinterpret_cast<const std::byte*>(*bytes),
+                                                 static_cast<size_t>(view.header.place().bytes()));
+          view.lease = view.header.lease();
+          return absl::OkStatus();
+        });
+    if (!status.ok() && !leases.empty()) {
+      ReleaseMany(leases, deadline).IgnoreError();  // nothing handed out; asynchronous: always OK
+    }
+    return status;
+  }
+
+  absl::Status Release(uint64_t lease, Deadline deadline) override {
+    return ReleaseMany({&lease, 1}, deadline);
+  }
+
   // Sent without waiting for the answer, which has nothing to report (the daemon ignores unknown
   // and expired leases): the trainer has already stopped reading the bytes, and a pull needs no
   // round trip more. The transport waits for the call when it closes.
-  absl::Status Release(uint64_t lease, Deadline deadline) override {
+  absl::Status ReleaseMany(std::span<const uint64_t> leases, Deadline deadline) override {
     auto* call = async_.Start<v1::ReleaseRequest, v1::ReleaseResponse>();
     call->context.set_deadline(deadline);
-    call->request.add_leases(lease);
+    for (uint64_t lease : leases) call->request.add_leases(lease);
     stub_->async()->Release(&call->context, &call->request, &call->response,
                             [this, call](grpc::Status) { async_.Finished(call); });
     return absl::OkStatus();

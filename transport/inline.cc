@@ -90,39 +90,70 @@ v1::PullRequest PullRequestOf(const PullTarget& target) {
   return request;
 }
 
-absl::Status PullStream(v1::Data::Stub& stub, const v1::PullRequest& request, Deadline deadline,
-                        Pulled* out) {
+absl::Status PullStreamEach(v1::Data::Stub& stub, const v1::PullRequest& request,
+                            Deadline deadline, const std::function<absl::Status(Pulled&&)>& each) {
   grpc::ClientContext context;
   context.set_deadline(deadline);
   std::unique_ptr<grpc::ClientReader<v1::PullChunk>> reader = stub.Pull(&context, request);
   v1::PullChunk chunk;
-  bool have_header = false;
+  std::optional<Pulled> current;  // a header whose streamed bytes are still arriving
   int64_t filled = 0;
   int64_t expected = 0;
+  const size_t wanted = request.tensors().empty() ? 1 : request.tensors().size();
+  size_t delivered = 0;
+  auto fail = [&](absl::Status status) {
+    context.TryCancel();
+    reader->Finish();
+    return status;
+  };
+  auto deliver = [&]() -> absl::Status {
+    ++delivered;
+    absl::Status status = each(*std::move(current));
+    current.reset();
+    return status;
+  };
   while (reader->Read(&chunk)) {
     if (chunk.has_header()) {
-      out->header = chunk.header();
+      if (current.has_value()) {
+        return fail(absl::DataLossError("pull stream sent a header before the previous one's bytes"));
+      }
+      current.emplace();
+      current->header = std::move(*chunk.mutable_header());
       // A placed pull's bytes stay in shared memory: nothing follows the header.
-      expected = out->header.has_place() ? 0 : out->header.data_bytes() + out->header.scale_bytes();
-      out->data.resize(static_cast<size_t>(expected));
-      have_header = true;
+      expected = current->header.has_place()
+                     ? 0
+                     : current->header.data_bytes() + current->header.scale_bytes();
+      current->data.resize(static_cast<size_t>(expected));
+      filled = 0;
+      if (expected == 0) {
+        if (absl::Status s = deliver(); !s.ok()) return fail(s);
+      }
       continue;
     }
     const int64_t length = static_cast<int64_t>(chunk.data().size());
-    if (!have_header || filled + length > expected) {
-      context.TryCancel();
-      reader->Finish();
-      return absl::DataLossError("pull stream sent data beyond its header's size");
+    if (!current.has_value() || filled + length > expected) {
+      return fail(absl::DataLossError("pull stream sent data beyond its header's size"));
     }
-    std::memcpy(out->data.data() + filled, chunk.data().data(), chunk.data().size());
+    std::memcpy(current->data.data() + filled, chunk.data().data(), chunk.data().size());
     filled += length;
+    if (filled == expected) {
+      if (absl::Status s = deliver(); !s.ok()) return fail(s);
+    }
   }
   absl::Status status = FromGrpcStatus(reader->Finish());
-  if (status.ok() && (!have_header || filled != expected)) {
-    return absl::DataLossError(absl::StrCat("pull of ", request.tensor(), " ended after ", filled,
-                                            " of ", expected, " bytes"));
+  if (status.ok() && (current.has_value() || delivered != wanted)) {
+    return absl::DataLossError(absl::StrCat("pull of ", wanted, " tensor(s) ended after ",
+                                            delivered, " whole ones"));
   }
   return status;
+}
+
+absl::Status PullStream(v1::Data::Stub& stub, const v1::PullRequest& request, Deadline deadline,
+                        Pulled* out) {
+  return PullStreamEach(stub, request, deadline, [out](Pulled&& pulled) {
+    *out = std::move(pulled);
+    return absl::OkStatus();
+  });
 }
 
 std::unique_ptr<Transport> MakeInlineTransport(const TransportContext& context) {

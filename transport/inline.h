@@ -2,6 +2,7 @@
 // end is the Data service's Push and Pull (server/data_service.cc).
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "paramd/v1/data.grpc.pb.h"
@@ -17,5 +18,10 @@ v1::PullRequest PullRequestOf(const PullTarget& target);
 // streamed bytes into `out->data`.
 absl::Status PullStream(v1::Data::Stub& stub, const v1::PullRequest& request, Deadline deadline,
                         Pulled* out);
+// Runs one Pull call of one or several tensors (PullRequest.tensors): `each` gets every tensor's
+// header with its streamed bytes (none where the header has a place) as it arrives; an error it
+// returns cancels the call and is returned.
+absl::Status PullStreamEach(v1::Data::Stub& stub, const v1::PullRequest& request,
+                            Deadline deadline, const std::function<absl::Status(Pulled&&)>& each);
 
 }  // namespace paramd

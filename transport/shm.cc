@@ -100,7 +100,8 @@ class ShmTransport final : public Transport {
     out->data.assign(bytes->begin(), bytes->end());
     // Promptly, so the next step finds these buffers free for reuse (a lease still held makes it
     // allocate others).
-    ReleaseSoon(out->header.lease(), deadline);
+    const uint64_t lease = out->header.lease();
+    ReleaseSoon({&lease, 1}, deadline);
     return absl::OkStatus();
   }
 
@@ -122,12 +123,66 @@ class ShmTransport final : public Transport {
     return absl::OkStatus();
   }
 
+  absl::Status PullMany(const PullManyTarget& target, Deadline deadline,
+                        std::vector<Pulled>* out) override {
+    out->assign(target.tensors.size(), Pulled{});
+    std::vector<uint64_t> leases;
+    absl::Status status = PullPlacesEach(
+        *stub_, target, kCopyLease, deadline, [&](size_t i, Pulled&& pulled) -> absl::Status {
+          if (pulled.header.has_place()) {
+            leases.push_back(pulled.header.lease());
+            absl::StatusOr<std::span<const std::byte>> bytes = View(pulled.header, deadline);
+            if (!bytes.ok()) return bytes.status();
+            pulled.data.assign(bytes->begin(), bytes->end());
+          }
+          (*out)[i] = std::move(pulled);
+          return absl::OkStatus();
+        });
+    if (!leases.empty()) ReleaseSoon(leases, deadline);  // one call for all, not waited for
+    return status;
+  }
+
+  absl::Status PullInPlaceMany(const PullManyTarget& target, Deadline deadline,
+                               std::chrono::milliseconds lease,
+                               std::vector<PulledView>* out) override {
+    out->assign(target.tensors.size(), PulledView{});
+    std::vector<uint64_t> leases;
+    absl::Status status = PullPlacesEach(
+        *stub_, target, lease, deadline, [&](size_t i, Pulled&& pulled) -> absl::Status {
+          if (!pulled.header.has_place()) {
+            return absl::FailedPreconditionError(
+                absl::StrCat("the daemon keeps ", pulled.header.tensor(),
+                             " out of shared memory (it ran out of room); use PullMany, which "
+                             "copies"));
+          }
+          leases.push_back(pulled.header.lease());
+          absl::StatusOr<std::span<const std::byte>> bytes = View(pulled.header, deadline);
+          if (!bytes.ok()) return bytes.status();
+          PulledView& view = (*out)[i];
+          view.header = std::move(pulled.header);
+          view.data = *bytes;
+          view.lease = view.header.lease();
+          return absl::OkStatus();
+        });
+    if (!status.ok() && !leases.empty()) ReleaseSoon(leases, deadline);  // nothing handed out
+    return status;
+  }
+
+  absl::Status ReleaseMany(std::span<const uint64_t> leases, Deadline deadline) override {
+    grpc::ClientContext context;
+    context.set_deadline(deadline);
+    v1::ReleaseRequest request;
+    for (uint64_t lease : leases) request.add_leases(lease);
+    v1::ReleaseResponse response;
+    return FromGrpcStatus(stub_->Release(&context, request, &response));
+  }
+
   // Sends the release without waiting for the answer (there is nothing to report: unknown and
   // expired leases are ignored); the transport waits for it when it closes.
-  void ReleaseSoon(uint64_t lease, Deadline deadline) {
+  void ReleaseSoon(std::span<const uint64_t> leases, Deadline deadline) {
     auto* call = async_.Start<v1::ReleaseRequest, v1::ReleaseResponse>();
     call->context.set_deadline(deadline);
-    call->request.add_leases(lease);
+    for (uint64_t lease : leases) call->request.add_leases(lease);
     stub_->async()->Release(&call->context, &call->request, &call->response,
                             [this, call](grpc::Status) { async_.Finished(call); });
   }

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "transport/inline.h"
 
 namespace paramd {
 
@@ -124,6 +125,31 @@ void SlotCache::MarkReceived(std::span<const PushItem* const> placed) {
     const int i = index.at(item->tensor);
     received[static_cast<size_t>(i)] = places.slots(i).bytes();
   }
+}
+
+absl::Status PullPlacesEach(v1::Data::Stub& stub, const PullManyTarget& target,
+                            std::chrono::milliseconds lease, Deadline deadline,
+                            const std::function<absl::Status(size_t, Pulled&&)>& each) {
+  v1::PullRequest request;
+  request.set_job(target.job);
+  for (const std::string& tensor : target.tensors) request.add_tensors(tensor);
+  *request.mutable_format() = target.format;
+  request.set_min_version(target.min_version);
+  request.set_delivery(v1::PULL_DELIVERY_PLACE);
+  request.set_lease_ms(lease.count());
+  std::map<std::string, size_t> order;
+  for (size_t i = 0; i < target.tensors.size(); ++i) order.emplace(target.tensors[i], i);
+  return PullStreamEach(stub, request, deadline, [&](Pulled&& pulled) -> absl::Status {
+    auto it = order.find(pulled.header.tensor());
+    if (it == order.end()) {
+      return absl::DataLossError(
+          absl::StrCat("the daemon answered with tensor \"", pulled.header.tensor(),
+                       "\", which this pull did not ask for"));
+    }
+    const size_t index = it->second;
+    order.erase(it);  // once each
+    return each(index, std::move(pulled));
+  });
 }
 
 absl::StatusOr<PushPlan> PlanPush(

@@ -115,6 +115,13 @@ class StepSlots {
   void ObserveLocked(uint64_t instance);
 };
 
+// One Pull call for the places of several tensors (PullRequest.tensors, PULL_DELIVERY_PLACE, leases
+// of `lease`): `each` gets every answer with its index in `target.tensors`, as it arrives (with
+// streamed bytes where the daemon had no place for them).
+absl::Status PullPlacesEach(v1::Data::Stub& stub, const PullManyTarget& target,
+                            std::chrono::milliseconds lease, Deadline deadline,
+                            const std::function<absl::Status(size_t, Pulled&&)>& each);
+
 // A push sorted: items to write into their slots (with the slots' addresses), and items to push
 // inline (unknown tensors, sizes that do not match, slots outside shared memory: the daemon then
 // answers as for any other transport).

@@ -41,6 +41,14 @@ struct PullTarget {
   int64_t min_version = 0;
 };
 
+// Several tensors of one job, in one format, at a minimum version.
+struct PullManyTarget {
+  std::string job;
+  std::vector<std::string> tensors;
+  v1::ServeFormat format;
+  int64_t min_version = 0;
+};
+
 // What a pull delivered: the header, and the bytes in `data`.
 struct Pulled {
   v1::PullHeader header;
@@ -74,6 +82,33 @@ class Transport {
   }
   // Ends a lease of PullInPlace (the view's bytes must not be read afterwards).
   virtual absl::Status Release(uint64_t lease, Deadline deadline) { return absl::OkStatus(); }
+
+  // Several tensors, copied out, in `target.tensors`' order. This default pulls them one by one;
+  // the same-node transports ask once (PullRequest.tensors) and copy each as soon as the daemon
+  // has published it.
+  virtual absl::Status PullMany(const PullManyTarget& target, Deadline deadline,
+                                std::vector<Pulled>* out) {
+    out->assign(target.tensors.size(), Pulled{});
+    for (size_t i = 0; i < target.tensors.size(); ++i) {
+      const PullTarget one{target.job, target.tensors[i], target.format, target.min_version};
+      if (absl::Status s = Pull(one, deadline, &(*out)[i]); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+  // Several tensors in place, in `target.tensors`' order, each view with its lease.
+  virtual absl::Status PullInPlaceMany(const PullManyTarget& target, Deadline deadline,
+                                       std::chrono::milliseconds lease,
+                                       std::vector<PulledView>* out) {
+    return absl::FailedPreconditionError("transport " + name() +
+                                         " cannot read in place; use PullMany (a copy)");
+  }
+  // Ends several leases at once (this default: one by one).
+  virtual absl::Status ReleaseMany(std::span<const uint64_t> leases, Deadline deadline) {
+    for (uint64_t lease : leases) {
+      if (absl::Status s = Release(lease, deadline); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
 };
 
 // What a transport needs to start and to judge whether it can work with a daemon.

@@ -229,6 +229,113 @@ TEST_P(TransportConformanceTest, PullOfAVersionThatNeverComesEndsAtTheDeadline) 
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
 }
 
+// Several tensors in one pull: each answer is the tensor asked for in that position, byte for byte
+// what a pull of it alone gives, the call waits for the version of every one, and in-place views
+// (where the transport has them) show the same bytes until their leases end together.
+TEST_P(TransportConformanceTest, PullManyGivesEveryTensorAsAPullOfItAlone) {
+  const std::vector<std::string> names = {"a", "b", "c"};
+  Register("many", {Spec("a", 4, 16), Spec("b", 1, 1000), Spec("c", 33, 3)}, 1);
+  std::vector<std::vector<float>> p = {Random(64, 21, 1.0f), Random(1000, 22, 1.0f),
+                                       Random(99, 23, 1.0f)};
+  std::vector<PushItem> init, grads;
+  std::vector<std::vector<float>> g;
+  for (size_t i = 0; i < names.size(); ++i) {
+    init.push_back({names[i], Bytes(p[i])});
+    g.push_back(Random(p[i].size(), 30 + static_cast<uint32_t>(i), 1e-2f));
+  }
+  for (size_t i = 0; i < names.size(); ++i) grads.push_back({names[i], Bytes(g[i])});
+  ASSERT_TRUE(transport_->Push({"many", 0, 0, v1::PUSH_KIND_INITIAL_WEIGHTS}, init, Soon()).ok());
+  PullManyTarget target{"many", {"c", "a", "b"}, {}, 1};
+  target.format.set_recipe(v1::RECIPE_FP32);
+  std::vector<Pulled> many;
+  absl::Status many_status;
+  std::thread puller([&] { many_status = transport_->PullMany(target, Soon(), &many); });
+  ASSERT_TRUE(transport_->Push({"many", 0, 0, v1::PUSH_KIND_GRADIENT}, grads, Soon()).ok());
+  ASSERT_TRUE(Commit("many", 0, 0).ok());
+  puller.join();
+  ASSERT_TRUE(many_status.ok()) << many_status;
+  ASSERT_EQ(many.size(), 3u);
+  for (size_t i = 0; i < target.tensors.size(); ++i) {
+    Pulled alone;
+    ASSERT_TRUE(transport_->Pull(Target("many", target.tensors[i], 1), Soon(), &alone).ok());
+    EXPECT_EQ(many[i].header.tensor(), target.tensors[i]);
+    EXPECT_EQ(many[i].header.version(), 1);
+    EXPECT_EQ(many[i].data, alone.data) << target.tensors[i];
+  }
+  EXPECT_NE(Floats(many[1]), p[0]);  // "a" was stepped
+
+  std::vector<PulledView> views;
+  if (transport_->PullInPlaceMany(target, Soon(), std::chrono::seconds(30), &views).ok()) {
+    ASSERT_EQ(views.size(), 3u);
+    std::vector<uint64_t> leases;
+    for (size_t i = 0; i < views.size(); ++i) {
+      EXPECT_EQ(views[i].header.tensor(), target.tensors[i]);
+      leases.push_back(views[i].lease);
+      if (views[i].header.place_on_device()) continue;  // GPU memory: not read by this suite
+      ASSERT_EQ(views[i].data.size(), many[i].data.size());
+      EXPECT_EQ(std::memcmp(views[i].data.data(), many[i].data.data(), views[i].data.size()), 0);
+    }
+    EXPECT_TRUE(transport_->ReleaseMany(leases, Soon()).ok());
+  }
+}
+
+// A pull of several tensors one of which never reaches the version ends at its deadline, and the
+// daemon goes on serving (the waiters of the others are gone with the call).
+TEST_P(TransportConformanceTest, PullManyOfAVersionThatNeverComesEndsAtTheDeadline) {
+  Register("stuck", {Spec("x", 1, 8), Spec("y", 2, 8)}, 1);
+  const std::vector<float> x(8, 1.0f), y(16, 2.0f);
+  const PushItem init[] = {{"x", Bytes(x)}, {"y", Bytes(y)}};
+  ASSERT_TRUE(transport_->Push({"stuck", 0, 0, v1::PUSH_KIND_INITIAL_WEIGHTS}, init, Soon()).ok());
+  PullManyTarget target{"stuck", {"x", "y"}, {}, 2};
+  std::vector<Pulled> out;
+  const absl::Status status = transport_->PullMany(
+      target, std::chrono::system_clock::now() + std::chrono::milliseconds(200), &out);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  // Version 1 comes later; a pull of it works.
+  const std::vector<float> gx(8, 0.5f), gy(16, 0.25f);
+  const PushItem items[] = {{"x", Bytes(gx)}, {"y", Bytes(gy)}};
+  ASSERT_TRUE(transport_->Push({"stuck", 0, 0, v1::PUSH_KIND_GRADIENT}, items, Soon()).ok());
+  ASSERT_TRUE(Commit("stuck", 0, 0).ok());
+  target.min_version = 1;
+  EXPECT_TRUE(transport_->PullMany(target, Soon(), &out).ok());
+}
+
+// A pull naming several tensors is refused, changing nothing, unless it asks for places, names
+// each tensor once, and does not also name `tensor`.
+TEST_P(TransportConformanceTest, ABadPullOfSeveralTensorsIsRefused) {
+  Register("bad", {Spec("x", 1, 8)}, 1);
+  const std::vector<float> x(8, 1.0f);
+  const PushItem init[] = {{"x", Bytes(x)}};
+  ASSERT_TRUE(transport_->Push({"bad", 0, 0, v1::PUSH_KIND_INITIAL_WEIGHTS}, init, Soon()).ok());
+  auto pull = [&](const v1::PullRequest& request) {
+    grpc::ClientContext context;
+    context.set_deadline(Soon());
+    std::unique_ptr<grpc::ClientReader<v1::PullChunk>> reader = data_->Pull(&context, request);
+    v1::PullChunk chunk;
+    int headers = 0;
+    while (reader->Read(&chunk)) headers += chunk.has_header() ? 1 : 0;
+    const absl::Status status = FromGrpcStatus(reader->Finish());
+    EXPECT_EQ(headers, 0) << "a refused pull sent a header";
+    return status;
+  };
+  v1::PullRequest streamed;
+  streamed.set_job("bad");
+  streamed.add_tensors("x");
+  EXPECT_EQ(pull(streamed).code(), absl::StatusCode::kInvalidArgument);
+  v1::PullRequest twice = streamed;
+  twice.set_delivery(v1::PULL_DELIVERY_PLACE);
+  twice.add_tensors("x");
+  EXPECT_EQ(pull(twice).code(), absl::StatusCode::kInvalidArgument);
+  v1::PullRequest both = streamed;
+  both.set_delivery(v1::PULL_DELIVERY_PLACE);
+  both.set_tensor("x");
+  EXPECT_EQ(pull(both).code(), absl::StatusCode::kInvalidArgument);
+  v1::PullRequest unknown = streamed;
+  unknown.set_delivery(v1::PULL_DELIVERY_PLACE);
+  unknown.add_tensors("nope");
+  EXPECT_EQ(pull(unknown).code(), absl::StatusCode::kNotFound);
+}
+
 TEST_P(TransportConformanceTest, RepeatedPushIsAcknowledgedAndADifferentOneRefused) {
   Register("idem", {Spec("t", 1, 256)}, 1);
   const std::vector<float> p = Random(256, 6, 1.0f), g = Random(256, 7, 1.0f);
