@@ -38,7 +38,7 @@ phase() {
   pid=""
 }
 phase shm "$@" --step_transports=shm
-phase inline "$@" --transfers=false --call_iters=0 --step_transports=inline
+phase inline "$@" --transfers=false --call_iters=0 --many_tensors=0 --step_transports=inline
 
 python3 - "$work/out.shm" "$work/out.inline" <<'PY'
 import sys
@@ -74,6 +74,11 @@ if calls:
                       ("view_us", "pull in place"), ("release_us", "release")):
         print("| per call, small tensor: %s | %.0f us | %.2f of a no-op unary RPC (%.0f us) | |" %
               (what, calls[key], calls[key] / u, u))
+if "many_ms" in r:
+    print("| pull of %d tensors of %d KiB after a step, one Pull each | %.2f ms | | |" %
+          (r["many_tensors"], r["many_kib"], r["one_by_one_ms"]))
+    print("| the same, one PullMany | %.2f ms | %.2fx faster | |" %
+          (r["many_ms"], r["one_by_one_ms"] / r["many_ms"]))
 if "shm_step_ms" in r and "inline_step_ms" in r:
     print("| step of %.3g parameters (%s policy), shm | %.1f ms | | |" %
           (r["elements"], r["policy"], r["shm_step_ms"]))

@@ -33,6 +33,9 @@ ABSL_FLAG(std::string, step_transports, "shm,inline",
           "Transports of the whole-step figure, comma-separated (one per daemon keeps the memory "
           "of one job: bench/run_shm_bench.sh does that)");
 ABSL_FLAG(int, call_kib, 4, "Size of the per-call figures' tensor, KiB");
+ABSL_FLAG(int, many_tensors, 291, "Tensors of the many-tensor pull figure (0: none)");
+ABSL_FLAG(int, many_kib, 256, "Size of each tensor of the many-tensor pull figure, KiB");
+ABSL_FLAG(int, many_iters, 10, "Timed steps per way of pulling in the many-tensor figure");
 
 namespace paramd {
 namespace {
@@ -181,6 +184,55 @@ CallCosts MeasureCallCosts() {
           Median(pull) * 1e6,   Median(view) * 1e6, Median(release) * 1e6};
 }
 
+// Pulling every tensor of a many-tensor job after its step, over shm: one Pull per tensor against
+// one PullMany, steps alternating between the two ways. Median milliseconds of each pull phase.
+struct ManyCosts {
+  double one_by_one_ms, many_ms;
+};
+
+ManyCosts MeasureManyPulls() {
+  std::unique_ptr<Client> client = Connect("shm");
+  const int n = absl::GetFlag(FLAGS_many_tensors);
+  const int64_t elements = int64_t{absl::GetFlag(FLAGS_many_kib)} * 256;
+  v1::RegisterRequest request = Job("many", elements);
+  const v1::TensorSpec shape = request.tensors(0);
+  request.clear_tensors();
+  PullManyTarget target{"many", {}, {}, 0};
+  target.format.set_recipe(v1::RECIPE_FP32);
+  for (int i = 0; i < n; ++i) {
+    v1::TensorSpec* t = request.add_tensors();
+    *t = shape;
+    t->set_name("t" + std::to_string(i));
+    target.tensors.push_back(t->name());
+  }
+  Check(client->Register(request).status(), "register many job");
+  std::vector<float> values(static_cast<size_t>(elements), 1e-3f);
+  std::vector<PushItem> items;
+  for (const std::string& name : target.tensors) {
+    items.push_back({name, std::as_bytes(std::span<const float>(values))});
+  }
+  Check(client->UploadInitialWeights("many", items), "upload many");
+  std::vector<double> one_by_one, many;
+  std::vector<Pulled> pulled(static_cast<size_t>(n));
+  for (int s = 0; s < 2 * absl::GetFlag(FLAGS_many_iters) + 2; ++s) {
+    Check(client->PushGradients("many", 0, s, items), "push many");
+    Check(client->Commit("many", 0, s).status(), "commit many");
+    target.min_version = s + 1;
+    const auto start = Clock::now();
+    if (s % 2 == 0) {
+      for (int i = 0; i < n; ++i) {
+        PullTarget one{"many", target.tensors[static_cast<size_t>(i)], target.format, s + 1};
+        Check(client->Pull(one, std::chrono::seconds(60), &pulled[static_cast<size_t>(i)]),
+              "pull one");
+      }
+    } else {
+      Check(client->PullMany(target, std::chrono::seconds(60), &pulled), "pull many");
+    }
+    if (s >= 2) (s % 2 == 0 ? one_by_one : many).push_back(Seconds(start) * 1e3);
+  }
+  return {Median(one_by_one), Median(many)};
+}
+
 // shm push and pull of --mib MiB against one thread's memcpy of the same bytes; prints its
 // figures and adds them to `result`.
 void MeasureTransfers(std::string* result) {
@@ -262,6 +314,17 @@ int Main() {
 
   std::string result;
   if (absl::GetFlag(FLAGS_transfers)) MeasureTransfers(&result);
+  if (absl::GetFlag(FLAGS_many_tensors) > 0) {
+    const ManyCosts m = MeasureManyPulls();
+    std::printf(
+        "pulling %d tensors of %d KiB after each step over shm (median ms): one Pull each %.2f, "
+        "one PullMany %.2f\n",
+        absl::GetFlag(FLAGS_many_tensors), absl::GetFlag(FLAGS_many_kib), m.one_by_one_ms,
+        m.many_ms);
+    absl::StrAppendFormat(&result, " many_tensors=%d many_kib=%d one_by_one_ms=%.3f many_ms=%.3f",
+                          absl::GetFlag(FLAGS_many_tensors), absl::GetFlag(FLAGS_many_kib),
+                          m.one_by_one_ms, m.many_ms);
+  }
   const int64_t step_elements = absl::GetFlag(FLAGS_elements);
   for (absl::string_view transport :
        absl::StrSplit(absl::GetFlag(FLAGS_step_transports), ',', absl::SkipEmpty())) {
