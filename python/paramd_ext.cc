@@ -397,6 +397,30 @@ class PyClient {
     return out;
   }
 
+  // Several tensors in one call (Client::PullMany), in the order named.
+  std::vector<std::unique_ptr<PulledBytes>> PullMany(const std::string& job,
+                                                     const std::vector<std::string>& tensors,
+                                                     const std::string& format,
+                                                     int64_t min_version, double timeout_s) {
+    PullManyTarget target{job, tensors, ParseFormat(format), min_version};
+    std::vector<Pulled> pulled;
+    absl::Status status;
+    const std::shared_ptr<Client> client = Open();
+    {
+      py::gil_scoped_release release;
+      status = client->PullMany(target, Millis(timeout_s), &pulled);
+    }
+    Check(status);
+    std::vector<std::unique_ptr<PulledBytes>> out;
+    for (Pulled& p : pulled) {
+      auto bytes = std::make_unique<PulledBytes>();
+      bytes->header = std::move(p.header);
+      bytes->bytes = std::move(p.data);
+      out.push_back(std::move(bytes));
+    }
+    return out;
+  }
+
   py::dict Status(const std::string& job) {
     absl::StatusOr<v1::StatusResponse> response;
     const std::shared_ptr<Client> client = Open();
@@ -546,6 +570,9 @@ PYBIND11_MODULE(_paramd, m) {
            py::arg("lr") = std::nullopt, py::arg("grad_scale") = std::nullopt)
       .def("pull", &PyClient::Pull, py::arg("job"), py::arg("tensor"), py::arg("format") = "fp32",
            py::arg("min_version") = 0, py::arg("timeout_s") = 60.0)
+      .def("pull_many", &PyClient::PullMany, py::arg("job"), py::arg("tensors"),
+           py::arg("format") = "fp32", py::arg("min_version") = 0, py::arg("timeout_s") = 60.0,
+           "Several tensors in one call, in the order named (one request over shm and cuda_ipc)")
       .def("status", &PyClient::Status, py::arg("job") = "")
       .def("set_hyperparams", &PyClient::SetHyperparams, py::arg("job"),
            py::arg("lr") = std::nullopt, py::arg("weight_decay") = std::nullopt)

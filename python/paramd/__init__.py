@@ -19,7 +19,7 @@ from paramd._paramd import Client, PulledBytes, StatusError
 
 __all__ = [
     "Client", "PulledBytes", "StatusError", "byte_view", "connect", "dequantize",
-    "hyperparams", "pull", "push_gradients", "served", "state_policy",
+    "hyperparams", "pull", "pull_many", "push_gradients", "served", "state_policy",
     "upload_initial_weights",
 ]
 
@@ -78,6 +78,12 @@ def push_gradients(client, job, rank, step, grads):
 def pull(client, job, tensor, fmt="fp32", min_version=0, timeout_s=60.0):
     """Waits for `min_version` and returns the served weight as a ServedWeight (no copy)."""
     return served(client.pull(job, tensor, fmt, min_version, timeout_s))
+
+
+def pull_many(client, job, tensors, fmt="fp32", min_version=0, timeout_s=60.0):
+    """Several tensors in one call: {name: ServedWeight}, each as soon as its step published it."""
+    pulled = client.pull_many(job, list(tensors), fmt, min_version, timeout_s)
+    return {name: served(p) for name, p in zip(tensors, pulled)}
 
 
 # The tensor helpers need torch; they are imported on first use so that the bindings alone work

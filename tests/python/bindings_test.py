@@ -98,6 +98,28 @@ class BindingsTest(unittest.TestCase):
         status = client.status("step")["jobs"][0]
         self.assertEqual(status["applied_steps"], 1)
 
+    def test_pull_many_gives_each_tensor_in_the_order_asked(self):
+        shapes = {"a": (3, 5), "b": (64, 2), "c": (1, 7)}
+        self.client.register(job="many", rank=0, world_size=1,
+                             tensors=[(n, r, c, "fp32") for n, (r, c) in shapes.items()],
+                             hyperparams=paramd.hyperparams(), serve=["bf16"])
+        weights = {n: torch.randn(r, c, generator=torch.Generator().manual_seed(i))
+                   for i, (n, (r, c)) in enumerate(shapes.items())}
+        paramd.upload_initial_weights(self.client, "many", weights)
+        for fmt in ("fp32", "bf16"):
+            with self.subTest(fmt=fmt):
+                many = paramd.pull_many(self.client, "many", ["c", "a", "b"], fmt, 0)
+                self.assertEqual(list(many), ["c", "a", "b"])
+                for name, got in many.items():
+                    alone = paramd.pull(self.client, "many", name, fmt, 0)
+                    self.assertEqual(tuple(got.data.shape), shapes[name])
+                    self.assertTrue(torch.equal(got.data, alone.data), name)
+                    if fmt == "fp32":
+                        self.assertTrue(torch.equal(got.data, weights[name]), name)
+        with self.assertRaises(paramd.StatusError) as caught:
+            self.client.pull_many("many", ["a", "a"], "fp32", 0, 5.0)
+        self.assertEqual(caught.exception.code, "INVALID_ARGUMENT")
+
     def test_errors_carry_the_daemons_code(self):
         with self.assertRaises(paramd.StatusError) as caught:
             self.client.pull("bind", "no_such_tensor", "fp32", 0, 5.0)
