@@ -26,7 +26,7 @@ tests=(
   tests/conformance/inline_conformance_test tests/conformance/shm_conformance_test
   tests/integration/bad_input_test tests/integration/served_formats_test
   tests/integration/client_retry_test tests/integration/shm_test
-  tests/integration/state_transfer_rpc_test
+  tests/integration/state_transfer_rpc_test tests/integration/pull_many_stress_test
 )
 
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=None \

@@ -294,7 +294,12 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       header->set_place_on_device(on_device);
       header->set_instance(daemon_->instance());
       const auto expires = LeaseTable::Clock::now() + std::chrono::milliseconds(lease_ms_);
-      header->set_lease(daemon_->leases().Take(job_->name(), served_, expires));
+      const uint64_t lease = daemon_->leases().Take(job_->name(), served_, expires);
+      header->set_lease(lease);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        taken_.push_back(lease);
+      }
       header->set_lease_expires_unix_ms(
           std::chrono::duration_cast<std::chrono::milliseconds>(expires.time_since_epoch())
               .count());
@@ -345,6 +350,9 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       if (!waiters_.empty()) return;
       finished_ = true;
       final_status = end_status_;
+      // A pull that fails hands no place to its caller (the client drops what it read): the
+      // leases this call took end now rather than at their expiry.
+      if (!final_status.ok()) daemon_->leases().Release(taken_);
     }
     CountError(daemon_, "Pull", final_status);
     Finish(ToGrpcStatus(final_status));
@@ -367,6 +375,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   bool ending_ = false;    // End was called; end_status_ is the call's status
   absl::Status end_status_;
   bool finished_ = false;  // Finish (or StartWriteAndFinish) was called
+  std::vector<uint64_t> taken_;  // the leases of the places this call sent
 
   // The tensor being written.
   std::shared_ptr<const ServedTensor> served_;  // the lease
