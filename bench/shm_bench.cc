@@ -115,9 +115,8 @@ double StepSeconds(const std::string& transport, int64_t elements) {
   // The gradient: FP32 1e-3, or its BF16 bits (0x3A83).
   std::vector<uint16_t> grad16(fp8 ? static_cast<size_t>(elements) : 0, uint16_t{0x3A83});
   std::vector<float>& grad32 = weights;
-  const std::vector<PushItem> items = {
-      {"t", fp8 ? std::as_bytes(std::span<const uint16_t>(grad16))
-                : std::as_bytes(std::span<const float>(grad32))}};
+  const std::vector<PushItem> items = {{"t", fp8 ? std::as_bytes(std::span<const uint16_t>(grad16))
+                                                 : std::as_bytes(std::span<const float>(grad32))}};
   Pulled pulled;
   std::vector<double> seconds;
   for (int i = 0; i < absl::GetFlag(FLAGS_step_iters) + 1; ++i) {
@@ -137,8 +136,8 @@ double StepSeconds(const std::string& transport, int64_t elements) {
 }
 
 // Per-call costs over shm with a small tensor (4 KiB by default), where the bytes cost nothing and
-// each call is its RPCs: median microseconds of a push, a commit, a pull copying out, a pull in place and its
-// release, against a unary round trip that does nothing (a release of no lease).
+// each call is its RPCs: median microseconds of a push, a commit, a pull copying out, a pull in
+// place and its release, against a unary round trip that does nothing (a release of no lease).
 struct CallCosts {
   double unary_us, push_us, commit_us, pull_us, view_us, release_us;
 };
@@ -180,8 +179,8 @@ CallCosts MeasureCallCosts() {
     Check(client->Release(*v), "release");
     if (timed) release.push_back(Seconds(start));
   }
-  return {Median(unary) * 1e6,  Median(push) * 1e6, Median(commit) * 1e6,
-          Median(pull) * 1e6,   Median(view) * 1e6, Median(release) * 1e6};
+  return {Median(unary) * 1e6, Median(push) * 1e6, Median(commit) * 1e6,
+          Median(pull) * 1e6,  Median(view) * 1e6, Median(release) * 1e6};
 }
 
 // Pulling every tensor of a many-tensor job after its step, over shm: one Pull per tensor against
@@ -331,8 +330,8 @@ int Main() {
     std::printf("whole steps of %lld parameters over %s...\n",
                 static_cast<long long>(step_elements), std::string(transport).c_str());
     const double step = StepSeconds(std::string(transport), step_elements);
-    std::printf("step of %lld parameters over %s: %.1f ms\n",
-                static_cast<long long>(step_elements), std::string(transport).c_str(), step * 1e3);
+    std::printf("step of %lld parameters over %s: %.1f ms\n", static_cast<long long>(step_elements),
+                std::string(transport).c_str(), step * 1e3);
     absl::StrAppendFormat(&result, " %s_step_ms=%.2f", transport, step * 1e3);
   }
   std::printf("RESULT%s elements=%lld policy=%s\n", result.c_str(),

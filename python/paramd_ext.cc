@@ -400,8 +400,8 @@ class PyClient {
   // Several tensors in one call (Client::PullMany), in the order named.
   std::vector<std::unique_ptr<PulledBytes>> PullMany(const std::string& job,
                                                      const std::vector<std::string>& tensors,
-                                                     const std::string& format,
-                                                     int64_t min_version, double timeout_s) {
+                                                     const std::string& format, int64_t min_version,
+                                                     double timeout_s) {
     PullManyTarget target{job, tensors, ParseFormat(format), min_version};
     std::vector<Pulled> pulled;
     absl::Status status;

@@ -2,10 +2,10 @@
 // the kernels' multi-tensor launches (kernels/cuda_step.h) over all tensors of the job. Gradients
 // arrive in host slots (the inline transport) and are copied up; served bytes are copied down into
 // the host buffers the transports read. Both host sides are allocated page-locked (the backend's
-// HostAllocator), so the copies run at the link's speed. For `cuda_ipc` (DESIGN.md §6) the backend also exports GPU
-// memory: a few large allocations, carved into gradient slots and served bytes, whose IPC handles
-// trainers on the node open once; a slot a trainer wrote there is read in place, and the step
-// writes each version's served bytes there (besides the host copy).
+// HostAllocator), so the copies run at the link's speed. For `cuda_ipc` (DESIGN.md §6) the backend
+// also exports GPU memory: a few large allocations, carved into gradient slots and served bytes,
+// whose IPC handles trainers on the node open once; a slot a trainer wrote there is read in place,
+// and the step writes each version's served bytes there (besides the host copy).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>

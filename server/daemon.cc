@@ -39,8 +39,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const v1::DaemonConfig& c
                           << "); jobs keep their buffers on the heap and the shm transport is off";
     }
   }
-  return std::unique_ptr<Daemon>(
-      new Daemon(config, *std::move(backend), std::move(shm), instance));
+  return std::unique_ptr<Daemon>(new Daemon(config, *std::move(backend), std::move(shm), instance));
 }
 
 Daemon::Daemon(const v1::DaemonConfig& config, std::unique_ptr<Backend> backend,

@@ -372,9 +372,9 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   size_t begun_ = 0;
   bool writing_ = false;
   bool cancelled_ = false;
-  bool ending_ = false;    // End was called; end_status_ is the call's status
+  bool ending_ = false;  // End was called; end_status_ is the call's status
   absl::Status end_status_;
-  bool finished_ = false;  // Finish (or StartWriteAndFinish) was called
+  bool finished_ = false;        // Finish (or StartWriteAndFinish) was called
   std::vector<uint64_t> taken_;  // the leases of the places this call sent
 
   // The tensor being written.

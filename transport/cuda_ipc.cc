@@ -199,9 +199,8 @@ class CudaIpcTransport final : public Transport {
             absl::StatusOr<const uint8_t*> bytes = View(pulled.header, deadline);
             if (!bytes.ok()) return bytes.status();
             pulled.data.resize(static_cast<size_t>(pulled.header.place().bytes()));
-            PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pulled.data.data(), *bytes,
-                                                        pulled.data.size(), cudaMemcpyDefault,
-                                                        stream_));
+            PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+                pulled.data.data(), *bytes, pulled.data.size(), cudaMemcpyDefault, stream_));
           }
           (*out)[i] = std::move(pulled);
           return absl::OkStatus();
@@ -492,7 +491,7 @@ class CudaIpcTransport final : public Transport {
   DaemonStarts starts_;           // whose handles handles_ and mapped_ are
   std::vector<Mapping> retired_;  // mappings of past starts
   StepSlots slots_;               // after what Remember uses
-  AsyncCalls async_;  // releases in flight (last: it waits for them first)
+  AsyncCalls async_;              // releases in flight (last: it waits for them first)
 };
 
 }  // namespace

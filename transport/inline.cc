@@ -90,8 +90,8 @@ v1::PullRequest PullRequestOf(const PullTarget& target) {
   return request;
 }
 
-absl::Status PullStreamEach(v1::Data::Stub& stub, const v1::PullRequest& request,
-                            Deadline deadline, const std::function<absl::Status(Pulled&&)>& each) {
+absl::Status PullStreamEach(v1::Data::Stub& stub, const v1::PullRequest& request, Deadline deadline,
+                            const std::function<absl::Status(Pulled&&)>& each) {
   grpc::ClientContext context;
   context.set_deadline(deadline);
   std::unique_ptr<grpc::ClientReader<v1::PullChunk>> reader = stub.Pull(&context, request);
@@ -115,7 +115,8 @@ absl::Status PullStreamEach(v1::Data::Stub& stub, const v1::PullRequest& request
   while (reader->Read(&chunk)) {
     if (chunk.has_header()) {
       if (current.has_value()) {
-        return fail(absl::DataLossError("pull stream sent a header before the previous one's bytes"));
+        return fail(
+            absl::DataLossError("pull stream sent a header before the previous one's bytes"));
       }
       current.emplace();
       current->header = std::move(*chunk.mutable_header());
@@ -142,8 +143,8 @@ absl::Status PullStreamEach(v1::Data::Stub& stub, const v1::PullRequest& request
   }
   absl::Status status = FromGrpcStatus(reader->Finish());
   if (status.ok() && (current.has_value() || delivered != wanted)) {
-    return absl::DataLossError(absl::StrCat("pull of ", wanted, " tensor(s) ended after ",
-                                            delivered, " whole ones"));
+    return absl::DataLossError(
+        absl::StrCat("pull of ", wanted, " tensor(s) ended after ", delivered, " whole ones"));
   }
   return status;
 }

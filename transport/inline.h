@@ -21,7 +21,7 @@ absl::Status PullStream(v1::Data::Stub& stub, const v1::PullRequest& request, De
 // Runs one Pull call of one or several tensors (PullRequest.tensors): `each` gets every tensor's
 // header with its streamed bytes (none where the header has a place) as it arrives; an error it
 // returns cancels the call and is returned.
-absl::Status PullStreamEach(v1::Data::Stub& stub, const v1::PullRequest& request,
-                            Deadline deadline, const std::function<absl::Status(Pulled&&)>& each);
+absl::Status PullStreamEach(v1::Data::Stub& stub, const v1::PullRequest& request, Deadline deadline,
+                            const std::function<absl::Status(Pulled&&)>& each);
 
 }  // namespace paramd

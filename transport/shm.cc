@@ -347,7 +347,7 @@ class ShmTransport final : public Transport {
   DaemonStarts starts_;                               // whose segments names_ and mapped_ are
   std::vector<std::unique_ptr<ShmSegment>> retired_;  // mappings of past starts
   StepSlots slots_;                                   // after what Remember uses
-  AsyncCalls async_;  // releases in flight
+  AsyncCalls async_;                                  // releases in flight
 };
 
 }  // namespace

@@ -142,9 +142,9 @@ absl::Status PullPlacesEach(v1::Data::Stub& stub, const PullManyTarget& target,
   return PullStreamEach(stub, request, deadline, [&](Pulled&& pulled) -> absl::Status {
     auto it = order.find(pulled.header.tensor());
     if (it == order.end()) {
-      return absl::DataLossError(
-          absl::StrCat("the daemon answered with tensor \"", pulled.header.tensor(),
-                       "\", which this pull did not ask for"));
+      return absl::DataLossError(absl::StrCat("the daemon answered with tensor \"",
+                                              pulled.header.tensor(),
+                                              "\", which this pull did not ask for"));
     }
     const size_t index = it->second;
     order.erase(it);  // once each

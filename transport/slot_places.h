@@ -1,6 +1,7 @@
 // What the same-node transports (`shm`, `cuda_ipc`) share on the trainer's side: the Attach call,
 // a rank's slot places for a step (asked once per step, and for the next step as soon as a push is
-// done, so the next push copies at once), and the rule that sorts a push's items into slots written in place and items that go inline.
+// done, so the next push copies at once), and the rule that sorts a push's items into slots written
+// in place and items that go inline.
 #pragma once
 
 #include <condition_variable>

@@ -332,8 +332,9 @@ int Main() {
     const int64_t elements = flags.step_mparams * 1000000;
     const double ipc_ms = StepMs("cuda_ipc", elements, stream);
     const double inline_ms = StepMs("inline", elements, stream);
-    std::printf("\nwhole step of %lld M parameters (BF16 gradients and weights in GPU %d's memory)\n",
-                static_cast<long long>(flags.step_mparams), device);
+    std::printf(
+        "\nwhole step of %lld M parameters (BF16 gradients and weights in GPU %d's memory)\n",
+        static_cast<long long>(flags.step_mparams), device);
     std::printf("| transport | ms per step (median of %d) | |\n| --- | --- | --- |\n",
                 flags.step_iters);
     std::printf("| cuda_ipc | %.1f | %.2fx faster than inline |\n", ipc_ms, inline_ms / ipc_ms);

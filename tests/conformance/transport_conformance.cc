@@ -364,10 +364,11 @@ TEST_P(TransportConformanceTest, ADaemonRestartedAtTheSameAddressGetsWhatIsPushe
     if (start == 1) ASSERT_NO_FATAL_FAILURE(RestartServer());
     ASSERT_NO_FATAL_FAILURE(Register("again", {Spec("t", 10, 100)}, 1));
     const PushItem init[] = {{"t", Bytes(p)}};
-    ASSERT_TRUE(transport_->Push({"again", 0, 0, v1::PUSH_KIND_INITIAL_WEIGHTS}, init, Soon()).ok());
+    ASSERT_TRUE(
+        transport_->Push({"again", 0, 0, v1::PUSH_KIND_INITIAL_WEIGHTS}, init, Soon()).ok());
     const PushItem items[] = {{"t", Bytes(g)}};
-    const absl::Status pushed = transport_->Push({"again", 0, 0, v1::PUSH_KIND_GRADIENT}, items,
-                                                 Soon());
+    const absl::Status pushed =
+        transport_->Push({"again", 0, 0, v1::PUSH_KIND_GRADIENT}, items, Soon());
     ASSERT_TRUE(pushed.ok()) << pushed;
     const absl::Status committed = Commit("again", 0, 0);
     ASSERT_TRUE(committed.ok()) << "start " << start << ": " << committed;
