@@ -12,7 +12,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
-#include "common/daemon_instance.h"
 #include "common/grpc_status.h"
 #include "paramd/v1/data.grpc.pb.h"
 #include "transport/async_calls.h"
@@ -111,13 +110,7 @@ class CudaIpcTransport final : public Transport {
       return inline_->Push(target, items, deadline);  // once per job, from rank 0
     }
     PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    absl::Status status = PushPlaced(target, items, deadline);
-    if (FromAnotherDaemonStart(status)) {
-      // The daemon restarted since it handed out the places: ask again, write anew.
-      slots_.Forget();
-      status = PushPlaced(target, items, deadline);
-    }
-    return status;
+    return slots_.PushFollowingRestarts([&] { return PushPlaced(target, items, deadline); });
   }
 
   absl::Status PushPlaced(const PushTarget& target, std::span<const PushItem> items,
@@ -395,22 +388,15 @@ class CudaIpcTransport final : public Transport {
     slots_.Observe(response.instance());
   }
 
-  // Makes sure the handles opened are those of daemon start `instance` (a pull's), asking for
-  // them when it is a start not seen yet. UNAVAILABLE (retried) when the answer came from a start
-  // that is gone.
+  // Makes sure the handles opened are those of daemon start `instance` (a pull's).
   absl::Status FollowStart(uint64_t instance, Deadline deadline) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (instance == 0 || instance == starts_.current()) return absl::OkStatus();
-    }
-    v1::AttachResponse response;
-    if (absl::Status s = AttachCall(*stub_, ProbeRequest(), deadline, &response); !s.ok()) {
-      return s;
-    }
-    Remember(response);
-    std::lock_guard<std::mutex> lock(mu_);
-    if (instance == starts_.current()) return absl::OkStatus();
-    return absl::UnavailableError("the daemon restarted while it answered this pull; pull again");
+    return paramd::FollowStart(
+        *stub_, ProbeRequest(), instance, deadline,
+        [this] {
+          std::lock_guard<std::mutex> lock(mu_);
+          return starts_.current();
+        },
+        [this](const v1::AttachResponse& response) { Remember(response); });
   }
 
   // Allocation `index` as this process sees it, opened on first use (asking for new handles when

@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/daemon_instance.h"
 #include "common/grpc_status.h"
 #include "paramd/v1/data.grpc.pb.h"
 #include "transport/async_calls.h"
@@ -50,13 +49,7 @@ class ShmTransport final : public Transport {
     if (target.kind == v1::PUSH_KIND_INITIAL_WEIGHTS) {
       return inline_->Push(target, items, deadline);  // once per job, from rank 0
     }
-    absl::Status status = PushPlaced(target, items, deadline);
-    if (FromAnotherDaemonStart(status)) {
-      // The daemon restarted since it handed out the places: ask again, write anew.
-      slots_.Forget();
-      status = PushPlaced(target, items, deadline);
-    }
-    return status;
+    return slots_.PushFollowingRestarts([&] { return PushPlaced(target, items, deadline); });
   }
 
   absl::Status PushPlaced(const PushTarget& target, std::span<const PushItem> items,
@@ -290,22 +283,15 @@ class ShmTransport final : public Transport {
     slots_.Observe(response.instance());
   }
 
-  // Makes sure the segments mapped are those of daemon start `instance` (a pull's), asking for
-  // the names when it is a start not seen yet. UNAVAILABLE (retried) when the answer came from a
-  // start that is gone.
+  // Makes sure the segments mapped are those of daemon start `instance` (a pull's).
   absl::Status FollowStart(uint64_t instance, Deadline deadline) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (instance == 0 || instance == starts_.current()) return absl::OkStatus();
-    }
-    v1::AttachResponse response;
-    if (absl::Status s = AttachCall(*stub_, ProbeRequest(), deadline, &response); !s.ok()) {
-      return s;
-    }
-    Remember(response);
-    std::lock_guard<std::mutex> lock(mu_);
-    if (instance == starts_.current()) return absl::OkStatus();
-    return absl::UnavailableError("the daemon restarted while it answered this pull; pull again");
+    return paramd::FollowStart(
+        *stub_, ProbeRequest(), instance, deadline,
+        [this] {
+          std::lock_guard<std::mutex> lock(mu_);
+          return starts_.current();
+        },
+        [this](const v1::AttachResponse& response) { Remember(response); });
   }
 
   // The mapping of segment `index`, made on first use (asking for new names when needed).

@@ -3,6 +3,7 @@
 #include <grpcpp/client_context.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/daemon_instance.h"
 #include "common/grpc_status.h"
 #include "transport/inline.h"
 
@@ -82,6 +83,13 @@ void StepSlots::Forget() {
   ahead_.reset();
 }
 
+absl::Status StepSlots::PushFollowingRestarts(const std::function<absl::Status()>& push) {
+  absl::Status status = push();
+  if (!FromAnotherDaemonStart(status)) return status;
+  Forget();
+  return push();
+}
+
 void StepSlots::LookAhead(const PushTarget& target) {
   PushTarget next = target;
   ++next.step;
@@ -125,6 +133,17 @@ void SlotCache::MarkReceived(std::span<const PushItem* const> placed) {
     const int i = index.at(item->tensor);
     received[static_cast<size_t>(i)] = places.slots(i).bytes();
   }
+}
+
+absl::Status FollowStart(v1::Data::Stub& stub, const v1::AttachRequest& probe, uint64_t instance,
+                         Deadline deadline, const std::function<uint64_t()>& current,
+                         const std::function<void(const v1::AttachResponse&)>& remember) {
+  if (instance == 0 || instance == current()) return absl::OkStatus();
+  v1::AttachResponse response;
+  if (absl::Status s = AttachCall(stub, probe, deadline, &response); !s.ok()) return s;
+  remember(response);
+  if (instance == current()) return absl::OkStatus();
+  return absl::UnavailableError("the daemon restarted while it answered this pull; pull again");
 }
 
 absl::Status PullPlacesEach(v1::Data::Stub& stub, const PullManyTarget& target,

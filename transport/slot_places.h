@@ -98,6 +98,9 @@ class StepSlots {
   void Observe(uint64_t instance);
   // Drops every cached place (the daemon refused a mark as from another start).
   void Forget();
+  // Runs `push` (which asks For its places); when the daemon refused them as a past start's
+  // (it restarted since), forgets every place and runs it once more: asked anew, written anew.
+  absl::Status PushFollowingRestarts(const std::function<absl::Status()>& push);
   // Waits for a look-ahead in flight (its deadline bounds the wait).
   void WaitIdle() { async_.WaitIdle(); }
 
@@ -115,6 +118,14 @@ class StepSlots {
 
   void ObserveLocked(uint64_t instance);
 };
+
+// Makes sure a transport's mappings belong to daemon start `instance` (a pulled place's): when
+// `current()` (the start they belong to) is another, asks Attach with `probe` and gives the
+// answer to `remember`, which takes the new start's names or handles. UNAVAILABLE (retried) when
+// the place came from a start that is gone.
+absl::Status FollowStart(v1::Data::Stub& stub, const v1::AttachRequest& probe, uint64_t instance,
+                         Deadline deadline, const std::function<uint64_t()>& current,
+                         const std::function<void(const v1::AttachResponse&)>& remember);
 
 // One Pull call for the places of several tensors (PullRequest.tensors, PULL_DELIVERY_PLACE, leases
 // of `lease`): `each` gets every answer with its index in `target.tensors`, as it arrives (with

@@ -47,15 +47,20 @@ bool Exists(const std::string& segment) { return std::filesystem::exists("/dev/s
 
 class ShmTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  // Starts the daemon on `listen` (shm on, by default).
+  void StartServer(const std::string& listen) {
     v1::DaemonConfig config;
-    config.set_listen("127.0.0.1:0");
+    config.set_listen(listen);
     config.set_metrics_listen("");
     config.set_step_threads(2);
     config.set_log_level("warning");
     absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(config);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
+  }
+
+  void SetUp() override {
+    ASSERT_NO_FATAL_FAILURE(StartServer("127.0.0.1:0"));
     ClientOptions options;
     options.address = server_->address();
     options.transport = "shm";
@@ -284,14 +289,7 @@ TEST_F(ShmTest, ARestartedDaemonIsNeverReadOrWrittenThroughTheOldOnesMemory) {
   const std::string address = server_->address();
   server_->Shutdown();
   server_.reset();
-  v1::DaemonConfig config;
-  config.set_listen(address);
-  config.set_metrics_listen("");
-  config.set_step_threads(2);
-  config.set_log_level("warning");
-  absl::StatusOr<std::unique_ptr<Server>> restarted = Server::Start(config);
-  ASSERT_TRUE(restarted.ok()) << restarted.status();
-  server_ = *std::move(restarted);
+  ASSERT_NO_FATAL_FAILURE(StartServer(address));
   std::vector<uint8_t> second_copied, second_in_place;
   one_step(&second_copied, &second_in_place);
   EXPECT_EQ(second_copied, first_copied) << "the step did not see the pushed gradient";
