@@ -75,28 +75,26 @@ v1::RegisterRequest Registration(const TrainSettings& s, const std::string& job,
   return r;
 }
 
-// Pulls every tensor at `min_version` in `recipe`; FP32 goes to `params`. In place: each tensor is
-// read where the daemon keeps it, copied out, and its lease released.
+// Pulls every tensor at `min_version` in `recipe`, all in one call (PullMany: over shm, one request
+// whose answers come as the step publishes each tensor). In place: each tensor is read where the
+// daemon keeps it, copied out, and the leases released together.
 absl::Status PullAll(Client& client, const std::string& job, int64_t min_version, v1::Recipe recipe,
                      std::vector<Pulled>* pulled) {
-  pulled->resize(kNumTensors);
-  for (int t = 0; t < kNumTensors; ++t) {
-    PullTarget target{job, kShapes[t].name, {}, min_version};
-    target.format.set_recipe(recipe);
-    if (!absl::GetFlag(FLAGS_in_place)) {
-      absl::Status s = client.Pull(target, std::chrono::seconds(120), &(*pulled)[t]);
-      if (!s.ok()) return s;
-      continue;
-    }
-    absl::StatusOr<PulledView> view =
-        client.PullInPlace(target, std::chrono::seconds(120),
-                           std::chrono::milliseconds(absl::GetFlag(FLAGS_lease_ms)));
-    if (!view.ok()) return view.status();
-    (*pulled)[t].header = view->header;
-    (*pulled)[t].data.assign(view->data.begin(), view->data.end());
-    if (absl::Status s = client.Release(*view); !s.ok()) return s;
+  PullManyTarget target{job, {}, {}, min_version};
+  target.format.set_recipe(recipe);
+  for (int t = 0; t < kNumTensors; ++t) target.tensors.push_back(kShapes[t].name);
+  if (!absl::GetFlag(FLAGS_in_place)) {
+    return client.PullMany(target, std::chrono::seconds(120), pulled);
   }
-  return absl::OkStatus();
+  absl::StatusOr<std::vector<PulledView>> views = client.PullInPlaceMany(
+      target, std::chrono::seconds(120), std::chrono::milliseconds(absl::GetFlag(FLAGS_lease_ms)));
+  if (!views.ok()) return views.status();
+  pulled->resize(views->size());
+  for (size_t t = 0; t < views->size(); ++t) {
+    (*pulled)[t].header = (*views)[t].header;
+    (*pulled)[t].data.assign((*views)[t].data.begin(), (*views)[t].data.end());
+  }
+  return client.Release(*views);
 }
 
 void Unpack(const std::vector<Pulled>& pulled, Params* params) {
