@@ -7,16 +7,11 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "server/rpc_outcome.h"
 #include "server/state_transfer.h"
 
 namespace paramd {
 namespace {
-
-void CountError(Daemon* daemon, const char* method, const absl::Status& status) {
-  if (status.ok()) return;
-  daemon->metrics().RpcError(method, static_cast<int>(status.code()));
-  PARAMD_LOG(DEBUG) << method << " failed: " << status;
-}
 
 // Streams a job's state chunk by chunk (server/state_transfer.h). The export holds the job's
 // steps back from its start until End, so End releases it before the call finishes.
@@ -74,7 +69,7 @@ class ExportReactor final : public grpc::ServerWriteReactor<v1::StateChunk> {
 
   void End(const absl::Status& status) {
     export_.reset();
-    CountError(daemon_, "ExportState", status);
+    CountRpcError(daemon_, "ExportState", status);
     Finish(ToGrpcStatus(status));
   }
 
@@ -136,7 +131,7 @@ class ImportReactor final : public grpc::ServerReadReactor<v1::StateChunk> {
 
   void End(const absl::Status& status) {
     import_.reset();  // the staged bytes go now, not when the call is done
-    CountError(daemon_, "ImportState", status);
+    CountRpcError(daemon_, "ImportState", status);
     Finish(ToGrpcStatus(status));
   }
 
@@ -149,17 +144,6 @@ class ImportReactor final : public grpc::ServerReadReactor<v1::StateChunk> {
 
 }  // namespace
 
-grpc::ServerUnaryReactor* ControlService::Finish(grpc::CallbackServerContext* context,
-                                                 const char* method, const absl::Status& status) {
-  if (!status.ok()) {
-    daemon_->metrics().RpcError(method, static_cast<int>(status.code()));
-    PARAMD_LOG(DEBUG) << method << " failed: " << status;
-  }
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
-}
-
 grpc::ServerUnaryReactor* ControlService::Register(grpc::CallbackServerContext* context,
                                                    const v1::RegisterRequest* request,
                                                    v1::RegisterResponse* response) {
@@ -169,7 +153,7 @@ grpc::ServerUnaryReactor* ControlService::Register(grpc::CallbackServerContext* 
     status = result.status();
     if (result.ok()) *response = *std::move(result);
   }
-  return Finish(context, "Register", status);
+  return FinishUnary(context, daemon_, "Register", status);
 }
 
 grpc::ServerUnaryReactor* ControlService::GetLayout(grpc::CallbackServerContext* context,
@@ -184,7 +168,7 @@ grpc::ServerUnaryReactor* ControlService::GetLayout(grpc::CallbackServerContext*
       p->set_daemon(address_);
     }
   }
-  return Finish(context, "GetLayout", job.status());
+  return FinishUnary(context, daemon_, "GetLayout", job.status());
 }
 
 grpc::ServerUnaryReactor* ControlService::SetHyperparams(grpc::CallbackServerContext* context,
@@ -204,7 +188,7 @@ grpc::ServerUnaryReactor* ControlService::SetHyperparams(grpc::CallbackServerCon
       }
     }
   }
-  return Finish(context, "SetHyperparams", status);
+  return FinishUnary(context, daemon_, "SetHyperparams", status);
 }
 
 grpc::ServerUnaryReactor* ControlService::Status(grpc::CallbackServerContext* context,
@@ -213,7 +197,7 @@ grpc::ServerUnaryReactor* ControlService::Status(grpc::CallbackServerContext* co
   absl::Status status;
   if (!request->job().empty()) status = daemon_->registry().Find(request->job()).status();
   if (status.ok()) *response = daemon_->Status(request->job());
-  return Finish(context, "Status", status);
+  return FinishUnary(context, daemon_, "Status", status);
 }
 
 grpc::ServerUnaryReactor* ControlService::Drain(grpc::CallbackServerContext* context,
@@ -221,7 +205,7 @@ grpc::ServerUnaryReactor* ControlService::Drain(grpc::CallbackServerContext* con
                                                 v1::DrainResponse* response) {
   daemon_->Drain();
   response->set_running_steps(daemon_->pending_steps());
-  return Finish(context, "Drain", absl::OkStatus());
+  return FinishUnary(context, daemon_, "Drain", absl::OkStatus());
 }
 
 grpc::ServerWriteReactor<v1::StateChunk>* ControlService::ExportState(

@@ -35,9 +35,6 @@ class ControlService final : public v1::Control::CallbackService {
                                                        v1::ImportStateResponse* response) override;
 
  private:
-  grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context, const char* method,
-                                   const absl::Status& status);
-
   Daemon* const daemon_;
   std::string address_;
 };

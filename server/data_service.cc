@@ -17,6 +17,7 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "server/rpc_outcome.h"
 
 namespace paramd {
 namespace {
@@ -24,12 +25,6 @@ namespace {
 constexpr char kInline[] = "inline";
 constexpr char kShm[] = "shm";
 constexpr char kCudaIpc[] = "cuda_ipc";
-
-void CountError(Daemon* daemon, const char* method, const absl::Status& status) {
-  if (status.ok()) return;
-  daemon->metrics().RpcError(method, static_cast<int>(status.code()));
-  PARAMD_LOG(DEBUG) << method << " failed: " << status;
-}
 
 // Reads chunks one at a time and stores each on arrival; the first bad one ends the stream.
 class PushReactor final : public grpc::ServerReadReactor<v1::PushChunk> {
@@ -96,7 +91,7 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushChunk> {
   }
 
   void End(const absl::Status& status) {
-    CountError(daemon_, "Push", status);
+    CountRpcError(daemon_, "Push", status);
     Finish(ToGrpcStatus(status));
   }
 
@@ -354,7 +349,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       // leases this call took end now rather than at their expiry.
       if (!final_status.ok()) daemon_->leases().Release(taken_);
     }
-    CountError(daemon_, "Pull", final_status);
+    CountRpcError(daemon_, "Pull", final_status);
     Finish(ToGrpcStatus(final_status));
   }
 
@@ -457,10 +452,7 @@ grpc::ServerUnaryReactor* DataService::Commit(grpc::CallbackServerContext* conte
       }
     }
   }
-  CountError(daemon_, "Commit", status);
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
+  return FinishUnary(context, daemon_, "Commit", status);
 }
 
 grpc::ServerUnaryReactor* DataService::Attach(grpc::CallbackServerContext* context,
@@ -521,10 +513,7 @@ grpc::ServerUnaryReactor* DataService::Attach(grpc::CallbackServerContext* conte
   };
   const absl::Status status = attach();
   response->set_instance(daemon_->instance());
-  CountError(daemon_, "Attach", status);
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
+  return FinishUnary(context, daemon_, "Attach", status);
 }
 
 grpc::ServerUnaryReactor* DataService::Release(grpc::CallbackServerContext* context,
@@ -532,9 +521,7 @@ grpc::ServerUnaryReactor* DataService::Release(grpc::CallbackServerContext* cont
                                                v1::ReleaseResponse* response) {
   response->set_released(daemon_->leases().Release(
       std::vector<uint64_t>(request->leases().begin(), request->leases().end())));
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+  return FinishUnary(context, daemon_, "Release", absl::OkStatus());
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* DataService::Pull(grpc::CallbackServerContext* context,

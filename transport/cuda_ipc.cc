@@ -148,35 +148,12 @@ class CudaIpcTransport final : public Transport {
   }
 
   absl::Status Pull(const PullTarget& target, Deadline deadline, Pulled* out) override {
-    if (absl::Status s = PlacedPull(target, deadline, kCopyLease, out); !s.ok()) return s;
-    if (!out->header.has_place()) return absl::OkStatus();  // streamed: already in out->data
-    absl::StatusOr<const uint8_t*> bytes = View(out->header, deadline);
-    if (!bytes.ok()) return bytes.status();
-    out->data.resize(static_cast<size_t>(out->header.place().bytes()));
-    PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    PARAMD_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(out->data.data(), *bytes, out->data.size(), cudaMemcpyDefault, stream_));
-    PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-    // At once, so the next step finds these device buffers free for reuse.
-    return Release(out->header.lease(), deadline);
+    return PullOneOfMany(*this, target, deadline, out);
   }
 
   absl::Status PullInPlace(const PullTarget& target, Deadline deadline,
                            std::chrono::milliseconds lease, PulledView* out) override {
-    Pulled pulled;
-    if (absl::Status s = PlacedPull(target, deadline, lease, &pulled); !s.ok()) return s;
-    if (!pulled.header.has_place()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the daemon keeps ", target.tensor,
-          " out of its exported GPU memory (it ran out of room); use Pull, which copies"));
-    }
-    absl::StatusOr<const uint8_t*> bytes = View(pulled.header, deadline);
-    if (!bytes.ok()) return bytes.status();
-    out->header = std::move(pulled.header);
-    out->data = std::span<const std::byte>(reinterpret_cast<const std::byte*>(*bytes),
-                                           static_cast<size_t>(out->header.place().bytes()));
-    out->lease = out->header.lease();
-    return absl::OkStatus();
+    return PullInPlaceOneOfMany(*this, target, deadline, lease, out);
   }
 
   absl::Status PullMany(const PullManyTarget& target, Deadline deadline,
@@ -214,8 +191,8 @@ class CudaIpcTransport final : public Transport {
           if (!pulled.header.has_place()) {
             return absl::FailedPreconditionError(absl::StrCat(
                 "the daemon keeps ", pulled.header.tensor(),
-                " out of its exported GPU memory (it ran out of room); use PullMany, which "
-                "copies"));
+                " out of its exported GPU memory (it ran out of room); use a pull that copies "
+                "(Pull, PullMany)"));
           }
           leases.push_back(pulled.header.lease());
           absl::StatusOr<const uint8_t*> bytes = View(pulled.header, deadline);
@@ -337,14 +314,6 @@ class CudaIpcTransport final : public Transport {
       }
     }
     return FromGrpcStatus(writer->Finish());
-  }
-
-  absl::Status PlacedPull(const PullTarget& target, Deadline deadline,
-                          std::chrono::milliseconds lease, Pulled* out) {
-    v1::PullRequest request = PullRequestOf(target);
-    request.set_delivery(v1::PULL_DELIVERY_PLACE);
-    request.set_lease_ms(lease.count());
-    return PullStream(*stub_, request, deadline, out);
   }
 
   absl::StatusOr<const uint8_t*> View(const v1::PullHeader& header, Deadline deadline) {

@@ -86,34 +86,12 @@ class ShmTransport final : public Transport {
   }
 
   absl::Status Pull(const PullTarget& target, Deadline deadline, Pulled* out) override {
-    if (absl::Status s = PlacedPull(target, deadline, kCopyLease, out); !s.ok()) return s;
-    if (!out->header.has_place()) return absl::OkStatus();  // streamed: already in out->data
-    absl::StatusOr<std::span<const std::byte>> bytes = View(out->header, deadline);
-    if (!bytes.ok()) return bytes.status();
-    out->data.assign(bytes->begin(), bytes->end());
-    // Promptly, so the next step finds these buffers free for reuse (a lease still held makes it
-    // allocate others).
-    const uint64_t lease = out->header.lease();
-    ReleaseSoon({&lease, 1}, deadline);
-    return absl::OkStatus();
+    return PullOneOfMany(*this, target, deadline, out);
   }
 
   absl::Status PullInPlace(const PullTarget& target, Deadline deadline,
                            std::chrono::milliseconds lease, PulledView* out) override {
-    Pulled pulled;
-    if (absl::Status s = PlacedPull(target, deadline, lease, &pulled); !s.ok()) return s;
-    if (!pulled.header.has_place()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("the daemon keeps ", target.tensor,
-                       " out of shared memory (it ran out of room); use "
-                       "Pull, which copies"));
-    }
-    absl::StatusOr<std::span<const std::byte>> bytes = View(pulled.header, deadline);
-    if (!bytes.ok()) return bytes.status();
-    out->header = std::move(pulled.header);
-    out->data = *bytes;
-    out->lease = out->header.lease();
-    return absl::OkStatus();
+    return PullInPlaceOneOfMany(*this, target, deadline, lease, out);
   }
 
   absl::Status PullMany(const PullManyTarget& target, Deadline deadline,
@@ -145,8 +123,8 @@ class ShmTransport final : public Transport {
           if (!pulled.header.has_place()) {
             return absl::FailedPreconditionError(
                 absl::StrCat("the daemon keeps ", pulled.header.tensor(),
-                             " out of shared memory (it ran out of room); use PullMany, which "
-                             "copies"));
+                             " out of shared memory (it ran out of room); use a pull that copies "
+                             "(Pull, PullMany)"));
           }
           leases.push_back(pulled.header.lease());
           absl::StatusOr<std::span<const std::byte>> bytes = View(pulled.header, deadline);
@@ -237,14 +215,6 @@ class ShmTransport final : public Transport {
       }
     }
     return FromGrpcStatus(writer->Finish());
-  }
-
-  absl::Status PlacedPull(const PullTarget& target, Deadline deadline,
-                          std::chrono::milliseconds lease, Pulled* out) {
-    v1::PullRequest request = PullRequestOf(target);
-    request.set_delivery(v1::PULL_DELIVERY_PLACE);
-    request.set_lease_ms(lease.count());
-    return PullStream(*stub_, request, deadline, out);
   }
 
   absl::StatusOr<std::span<const std::byte>> View(const v1::PullHeader& header, Deadline deadline) {

@@ -171,6 +171,31 @@ absl::Status PullPlacesEach(v1::Data::Stub& stub, const PullManyTarget& target,
   });
 }
 
+namespace {
+PullManyTarget OneTensor(const PullTarget& target) {
+  return {target.job, {target.tensor}, target.format, target.min_version};
+}
+}  // namespace
+
+absl::Status PullOneOfMany(Transport& transport, const PullTarget& target, Deadline deadline,
+                           Pulled* out) {
+  std::vector<Pulled> pulled;
+  if (absl::Status s = transport.PullMany(OneTensor(target), deadline, &pulled); !s.ok()) return s;
+  *out = std::move(pulled.front());
+  return absl::OkStatus();
+}
+
+absl::Status PullInPlaceOneOfMany(Transport& transport, const PullTarget& target, Deadline deadline,
+                                  std::chrono::milliseconds lease, PulledView* out) {
+  std::vector<PulledView> views;
+  if (absl::Status s = transport.PullInPlaceMany(OneTensor(target), deadline, lease, &views);
+      !s.ok()) {
+    return s;
+  }
+  *out = std::move(views.front());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<PushPlan> PlanPush(
     const SlotCache& slots, const PushTarget& target, std::span<const PushItem> items,
     const std::function<absl::StatusOr<uint8_t*>(const v1::ShmPlace&)>& locate,

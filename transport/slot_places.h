@@ -134,6 +134,13 @@ absl::Status PullPlacesEach(v1::Data::Stub& stub, const PullManyTarget& target,
                             std::chrono::milliseconds lease, Deadline deadline,
                             const std::function<absl::Status(size_t, Pulled&&)>& each);
 
+// One tensor through a transport's pulls of several (the same-node transports ask for one tensor
+// the way they ask for many: one request, the place, the copy or the view, the lease).
+absl::Status PullOneOfMany(Transport& transport, const PullTarget& target, Deadline deadline,
+                           Pulled* out);
+absl::Status PullInPlaceOneOfMany(Transport& transport, const PullTarget& target, Deadline deadline,
+                                  std::chrono::milliseconds lease, PulledView* out);
+
 // A push sorted: items to write into their slots (with the slots' addresses), and items to push
 // inline (unknown tensors, sizes that do not match, slots outside shared memory: the daemon then
 // answers as for any other transport).
