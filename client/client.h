@@ -82,8 +82,9 @@ class Client {
   absl::StatusOr<v1::DrainResponse> Drain();
 
   // The job's whole state in its stored dtypes (client/job_state.h), streamed in chunks of at
-  // most the daemon's max_chunk_bytes. Waits for a running step of the job to finish; the job's
-  // next step waits while the export streams (pushes, commits and pulls go on).
+  // most the daemon's max_chunk_bytes: the state after every step all ranks committed before the
+  // call (it waits for those to run); later steps wait while the export streams (pushes, commits
+  // and pulls go on).
   absl::StatusOr<JobState> ExportState(const std::string& job);
   // Replaces the state of a registered job (same tensors, state policy and serve formats) with
   // `state`, which need not come from this daemon; the job then collects state.next_step and

@@ -534,11 +534,10 @@ std::shared_ptr<ServedTensor> Job::FreshServed(Tensor& t) const {
 StepReport Job::RunStep(const StepWork& work) {
   {
     absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(
-        +[](Job* j) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-          return j->exporters_ == 0 && j->export_waiting_ == 0 && !j->step_running_;
-        },
-        this));
+    const auto runnable = [this, &work]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return !step_running_ && work.step < HoldFromLocked();
+    };
+    mu_.Await(absl::Condition(&runnable));
     held_.erase(work.step);
     step_running_ = true;
   }
@@ -555,11 +554,12 @@ std::vector<StepReport> Job::RunOrHoldStep(const StepWork& work) {
     // A step that already ran (its tick came back from an export) or that an import discarded.
     if (work.step < steps_run_ || !taken_.contains(work.step)) return {};
     held_.emplace(work.step, work);
-    if (exporters_ > 0 || export_waiting_ > 0) return {};
-    // Steps run in step order: the held ones from the next step on, as far as they are taken.
-    // Every step gets a tick of its own; a tick that finds earlier steps missing leaves its step
-    // to theirs.
-    for (int64_t next = steps_run_; !held_.empty() && held_.begin()->first == next; ++next) {
+    // Steps run in step order: the held ones from the next step on, as far as they are taken and
+    // no export holds them. Every step gets a tick of its own; a tick that finds earlier steps
+    // missing leaves its step to theirs.
+    const int64_t hold_from = HoldFromLocked();
+    for (int64_t next = steps_run_;
+         !held_.empty() && held_.begin()->first == next && next < hold_from; ++next) {
       run.push_back(held_.begin()->second);
       held_.erase(held_.begin());
     }

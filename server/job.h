@@ -196,8 +196,9 @@ class Job {
   // The body of RunStep; the caller has claimed step_running_.
   StepReport StepNow(const StepWork& work);
 
-  // Export (StateExport): waits until no step runs, then holds steps back until EndExport, which
-  // returns the newest step held meanwhile. The snapshot is what the export reads.
+  // Export (StateExport): waits until every step committed before it ran, then holds later steps
+  // back until EndExport, which returns the newest step held meanwhile when any can run. The
+  // snapshot is what the export reads.
   struct ExportedTensor {
     std::string name;
     TensorInfo info;
@@ -211,6 +212,9 @@ class Job {
   };
   absl::StatusOr<ExportSnapshot> BeginExport();
   std::optional<StepWork> EndExport();
+  // Steps from this one on wait for an export: every step while one streams, and those committed
+  // after the start of one waiting for earlier steps to run.
+  int64_t HoldFromLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string name_;
   const int world_size_;
@@ -246,8 +250,9 @@ class Job {
   // Steps run so far (the version they published); an import sets it to the imported version.
   int64_t steps_run_ ABSL_GUARDED_BY(mu_) = 0;
   bool step_running_ ABSL_GUARDED_BY(mu_) = false;
-  int exporters_ ABSL_GUARDED_BY(mu_) = 0;                 // exports streaming
-  int export_waiting_ ABSL_GUARDED_BY(mu_) = 0;            // exports waiting for a running step
+  int exporters_ ABSL_GUARDED_BY(mu_) = 0;  // exports streaming
+  // Per export waiting to start: the step it waits to have run (every step committed before it).
+  std::multiset<int64_t> export_waits_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, StepWork> held_ ABSL_GUARDED_BY(mu_);  // steps held back by an export
 };
 

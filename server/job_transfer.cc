@@ -1,6 +1,7 @@
 // Job's side of state export and import (server/state_transfer.h): holding steps back while an
 // export reads the state, and swapping in an imported state.
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -18,11 +19,15 @@ absl::StatusOr<Job::ExportSnapshot> Job::BeginExport() {
         "job \"", name_, "\" has initial weights for ", initialized_tensors_, " of ",
         tensors_.size(), " tensors; its state exists once rank 0 uploaded all of them"));
   }
-  // Steps wait from now on (RunOrHoldStep); the one running, if any, finishes first.
-  ++export_waiting_;
-  mu_.Await(absl::Condition(
-      +[](Job* j) ABSL_NO_THREAD_SAFETY_ANALYSIS { return !j->step_running_; }, this));
-  --export_waiting_;
+  // The export is the state after every step all ranks committed before it: those queued run
+  // first. Steps committed from now on wait (RunOrHoldStep) until it ends.
+  const int64_t wait_for = next_step_;
+  const auto it = export_waits_.insert(wait_for);
+  const auto caught_up = [this, wait_for]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return steps_run_ >= wait_for && !step_running_;
+  };
+  mu_.Await(absl::Condition(&caught_up));
+  export_waits_.erase(it);
   ++exporters_;
   ExportSnapshot snapshot;
   v1::StateHeader& h = snapshot.header;
@@ -44,9 +49,15 @@ absl::StatusOr<Job::ExportSnapshot> Job::BeginExport() {
 std::optional<StepWork> Job::EndExport() {
   absl::MutexLock lock(&mu_);
   --exporters_;
-  if (exporters_ > 0 || export_waiting_ > 0 || held_.empty()) return std::nullopt;
-  // One tick for the newest held step runs every held step in order (RunOrHoldStep).
+  if (held_.empty() || held_.begin()->first >= HoldFromLocked()) return std::nullopt;
+  // One tick for the newest held step runs every held step it may in order (RunOrHoldStep).
   return held_.rbegin()->second;
+}
+
+int64_t Job::HoldFromLocked() const {
+  if (exporters_ > 0) return std::numeric_limits<int64_t>::min();
+  if (export_waits_.empty()) return std::numeric_limits<int64_t>::max();
+  return *export_waits_.begin();
 }
 
 absl::StatusOr<v1::ImportStateResponse> Job::Import(StagedState staged) {
@@ -61,7 +72,7 @@ absl::StatusOr<v1::ImportStateResponse> Job::Import(StagedState staged) {
           refused, "step ", taken_.empty() ? next_step_ - 1 : taken_.begin()->first,
           " is running or queued; import between steps, once every rank pulled its weights"));
     }
-    if (exporters_ > 0 || export_waiting_ > 0) {
+    if (exporters_ > 0 || !export_waits_.empty()) {
       return absl::FailedPreconditionError(
           absl::StrCat(refused, "an export of its state is streaming; retry when it ends"));
     }

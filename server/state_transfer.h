@@ -29,7 +29,8 @@ struct StagedState {
 // end hands the newest held step to `resume`, for the step executor.
 class StateExport {
  public:
-  // Waits for a running step of the job to finish. FAILED_PRECONDITION before every tensor has
+  // Waits for every step all ranks committed before it to run (queued or running); the
+  // executor must keep running steps meanwhile. FAILED_PRECONDITION before every tensor has
   // its initial weights. `max_chunk_bytes` >= 1 bounds the data of one chunk.
   static absl::StatusOr<std::unique_ptr<StateExport>> Begin(
       std::shared_ptr<Job> job, int64_t max_chunk_bytes,

@@ -15,10 +15,12 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "server/cpu_backend.h"
 #include "server/job.h"
 #include "tests/unit/server/reference_job.h"
@@ -402,6 +404,13 @@ class StateImportRefusalTest : public ::testing::Test {
 
   void ExpectRefused(const std::vector<v1::StateChunk>& chunks, absl::StatusCode code,
                      const std::vector<std::string>& words) {
+    ExpectRefusedStatus(chunks, code, words);
+    ExpectUnchanged();
+  }
+
+  // The refusal alone, for a job whose export would wait on a queued step.
+  void ExpectRefusedStatus(const std::vector<v1::StateChunk>& chunks, absl::StatusCode code,
+                           const std::vector<std::string>& words) {
     absl::StatusOr<v1::ImportStateResponse> imported = target_.Import(chunks);
     ASSERT_FALSE(imported.ok());
     EXPECT_EQ(imported.status().code(), code) << imported.status();
@@ -409,7 +418,6 @@ class StateImportRefusalTest : public ::testing::Test {
       EXPECT_NE(imported.status().message().find(w), std::string::npos)
           << "\"" << w << "\" missing from: " << imported.status().message();
     }
-    ExpectUnchanged();
   }
 
   const v1::RegisterRequest spec_;
@@ -510,24 +518,23 @@ TEST_F(StateImportRefusalTest, MismatchesAreInvalidArgumentNamingTheTensorAndFie
 TEST_F(StateImportRefusalTest, AnImportIsRefusedWhileAStepIsCollectedQueuedOrExported) {
   constexpr auto kPrecondition = absl::StatusCode::kFailedPrecondition;
   const StepGradients g = RandomGradients(spec_, 100);
+  // While an export streams.
+  {
+    absl::StatusOr<std::unique_ptr<StateExport>> exporting =
+        StateExport::Begin(target_.shared(), 4096, nullptr);
+    ASSERT_TRUE(exporting.ok());
+    ExpectRefused(state_, kPrecondition, {"an export of its state is streaming"});
+  }
   // A push of the step being collected.
   ASSERT_TRUE(target_.Push(1, 1, 2, g[2][1]).ok());
   ExpectRefused(state_, kPrecondition, {"rank 1 pushed", "\"panels\"", "step 1"});
   // Committed and taken, not yet run.
   absl::StatusOr<StepWork> work = target_.PushAndCommit(1, g, std::nullopt);
   ASSERT_TRUE(work.ok()) << work.status();
-  ExpectRefused(state_, kPrecondition, {"step 1 is running or queued"});
-  // While an export streams.
-  {
-    absl::StatusOr<std::unique_ptr<StateExport>> exporting =
-        StateExport::Begin(target_.shared(), 4096, nullptr);
-    ASSERT_TRUE(exporting.ok());
-    (void)target_.job().RunOrHoldStep(*work);  // held back: the export reads the state
-    absl::StatusOr<v1::ImportStateResponse> imported = target_.Import(state_);
-    EXPECT_EQ(imported.status().code(), kPrecondition) << imported.status();
-  }
+  ExpectRefusedStatus(state_, kPrecondition, {"step 1 is running or queued"});
   target_.job().RunStep(*work);
-  ASSERT_NE(target_.job().Served(0, 2), nullptr);
+  ASSERT_NE(target_.job().Served(0, 2), nullptr);  // the step's version, not the refused import's
+  EXPECT_EQ(target_.job().Served(0, 3), nullptr);
   // Between steps it goes through, back to version 3 of the source.
   absl::StatusOr<v1::ImportStateResponse> imported = target_.Import(state_);
   ASSERT_TRUE(imported.ok()) << imported.status();
@@ -581,6 +588,57 @@ TEST(StateExportTest, StepsWaitForAnExportAndRunInOrderOnceItEnds) {
   EXPECT_EQ(d.Served(2), reference.Served(2));
   // A tick of a step that already ran does nothing.
   EXPECT_TRUE(d.job().RunOrHoldStep(resumed[0]).empty());
+}
+
+// A trainer that commits a step and exports at once gets the state after that step: the export
+// waits for the steps every rank committed before it, queued or running; a step committed while
+// it waits is held back until it ends.
+TEST(StateExportTest, AnExportIsTheStateAfterEveryStepCommittedBeforeIt) {
+  const v1::RegisterRequest spec = Spec(v1::StatePolicy());
+  CpuBackend backend(2);
+  Driver d(spec, &backend);
+  Driver reference(spec, &backend);
+  const std::vector<std::vector<float>> initial = RandomWeights(spec, 12);
+  ASSERT_TRUE(d.Upload(initial).ok());
+  ASSERT_TRUE(reference.Upload(initial).ok());
+  const StepGradients g0 = RandomGradients(spec, 300);
+  absl::StatusOr<StepWork> step0 = d.PushAndCommit(0, g0, std::nullopt);
+  ASSERT_TRUE(step0.ok()) << step0.status();
+  ASSERT_TRUE(reference.Step(0, g0, std::nullopt).ok());
+
+  // Step 0 is queued (its tick has not reached the executor) when the export begins.
+  std::vector<StepWork> resumed;
+  absl::Notification begun;
+  absl::StatusOr<std::unique_ptr<StateExport>> exporting;
+  std::thread exporter([&] {
+    exporting =
+        StateExport::Begin(d.shared(), 4096, [&](const StepWork& w) { resumed.push_back(w); });
+    begun.Notify();
+  });
+  EXPECT_FALSE(begun.WaitForNotificationWithTimeout(absl::Milliseconds(200)))
+      << "the export began before the step committed ahead of it ran";
+  // Step 1, committed while the export waits, is held; step 0's tick runs step 0 alone.
+  const StepGradients g1 = RandomGradients(spec, 301);
+  absl::StatusOr<StepWork> step1 = d.PushAndCommit(1, g1, std::nullopt);
+  ASSERT_TRUE(step1.ok()) << step1.status();
+  EXPECT_TRUE(d.job().RunOrHoldStep(*step1).empty());
+  const std::vector<StepReport> ran = d.job().RunOrHoldStep(*step0);
+  ASSERT_EQ(ran.size(), 1u);
+  EXPECT_EQ(ran[0].step, 0);
+  exporter.join();
+  ASSERT_TRUE(exporting.ok()) << exporting.status();
+  v1::StateChunk header;
+  ASSERT_TRUE(*(*exporting)->Next(&header));
+  EXPECT_EQ(header.header().next_step(), 1);
+  EXPECT_EQ(header.header().applied_steps(), 1);
+  EXPECT_EQ(d.job().Served(0, 2), nullptr);  // step 1 still held
+
+  exporting->reset();  // the export ends: step 1 goes back to the executor
+  ASSERT_EQ(resumed.size(), 1u);
+  EXPECT_EQ(resumed[0].step, 1);
+  ASSERT_EQ(d.job().RunOrHoldStep(resumed[0]).size(), 1u);
+  ASSERT_TRUE(reference.Step(1, g1, std::nullopt).ok());
+  EXPECT_EQ(d.Served(2), reference.Served(2));
 }
 
 TEST(StateExportTest, AJobWithoutItsInitialWeightsHasNoStateToExport) {
