@@ -544,15 +544,29 @@ TEST_F(StateImportRefusalTest, AnImportIsRefusedWhileAStepIsCollectedQueuedOrExp
 // ---------------------------------------------------------------------------------------------
 // An export holds steps back without blocking the step executor, and hands them back at its end.
 
-TEST(StateExportTest, StepsWaitForAnExportAndRunInOrderOnceItEnds) {
-  const v1::RegisterRequest spec = Spec(v1::StatePolicy());
-  CpuBackend backend(2);
-  Driver d(spec, &backend);
-  Driver reference(spec, &backend);
-  const std::vector<std::vector<float>> initial = RandomWeights(spec, 11);
-  ASSERT_TRUE(d.Upload(initial).ok());
-  ASSERT_TRUE(reference.Upload(initial).ok());
+// A job and a reference copy of it stepped without exports, both from the same initial weights.
+class ExportHoldTest : public ::testing::Test {
+ protected:
+  ExportHoldTest()
+      : spec(Spec(v1::StatePolicy())),
+        backend(2),
+        d(spec, &backend),
+        reference(spec, &backend),
+        initial(RandomWeights(spec, 11)) {}
 
+  void SetUp() override {
+    ASSERT_TRUE(d.Upload(initial).ok());
+    ASSERT_TRUE(reference.Upload(initial).ok());
+  }
+
+  const v1::RegisterRequest spec;
+  CpuBackend backend;
+  Driver d;
+  Driver reference;
+  const std::vector<std::vector<float>> initial;
+};
+
+TEST_F(ExportHoldTest, StepsWaitForAnExportAndRunInOrderOnceItEnds) {
   std::vector<StepWork> resumed;
   absl::StatusOr<std::unique_ptr<StateExport>> exporting =
       StateExport::Begin(d.shared(), 4096, [&](const StepWork& w) { resumed.push_back(w); });
@@ -593,14 +607,7 @@ TEST(StateExportTest, StepsWaitForAnExportAndRunInOrderOnceItEnds) {
 // A trainer that commits a step and exports at once gets the state after that step: the export
 // waits for the steps every rank committed before it, queued or running; a step committed while
 // it waits is held back until it ends.
-TEST(StateExportTest, AnExportIsTheStateAfterEveryStepCommittedBeforeIt) {
-  const v1::RegisterRequest spec = Spec(v1::StatePolicy());
-  CpuBackend backend(2);
-  Driver d(spec, &backend);
-  Driver reference(spec, &backend);
-  const std::vector<std::vector<float>> initial = RandomWeights(spec, 12);
-  ASSERT_TRUE(d.Upload(initial).ok());
-  ASSERT_TRUE(reference.Upload(initial).ok());
+TEST_F(ExportHoldTest, AnExportIsTheStateAfterEveryStepCommittedBeforeIt) {
   const StepGradients g0 = RandomGradients(spec, 300);
   absl::StatusOr<StepWork> step0 = d.PushAndCommit(0, g0, std::nullopt);
   ASSERT_TRUE(step0.ok()) << step0.status();
