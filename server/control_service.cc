@@ -13,17 +13,14 @@
 namespace paramd {
 namespace {
 
-// Streams a job's state chunk by chunk (server/state_transfer.h). The export holds the job's
-// steps back from its start until End, so End releases it before the call finishes.
+// Streams a job's state chunk by chunk (server/state_transfer.h). The export starts once the
+// steps committed before it ran, without holding a thread meanwhile, and holds the job's later
+// steps back until End, which releases it before the call finishes.
 class ExportReactor final : public grpc::ServerWriteReactor<v1::StateChunk> {
  public:
   ExportReactor(Daemon* daemon, const v1::ExportStateRequest& request) : daemon_(daemon) {
     absl::Status status = Begin(request);
-    if (!status.ok()) {
-      End(status);
-      return;
-    }
-    WriteNext();
+    if (!status.ok()) End(status);
   }
 
   void OnWriteDone(bool ok) override {
@@ -49,10 +46,16 @@ class ExportReactor final : public grpc::ServerWriteReactor<v1::StateChunk> {
     PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, daemon_->registry().Find(request.job()));
     Daemon* daemon = daemon_;
     // A step held back while the export streamed goes back to the step executor at its end.
-    PARAMD_ASSIGN_OR_RETURN(export_,
-                            StateExport::Begin(job, chunk, [daemon, job](const StepWork& held) {
-                              daemon->StartStep(job, held);
-                            }));
+    StateExport::Begin(
+        job, chunk, [daemon, job](const StepWork& held) { daemon->StartStep(job, held); },
+        [this](absl::StatusOr<std::unique_ptr<StateExport>> started) {
+          if (!started.ok()) {
+            End(started.status());
+            return;
+          }
+          export_ = *std::move(started);
+          WriteNext();
+        });
     return absl::OkStatus();
   }
 

@@ -162,6 +162,12 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       std::lock_guard<std::mutex> lock(mu_);
       writing_ = false;
       all = begun_ == tensors_.size();
+      // A cancel that came during this write left the call's end to it (OnCancel saw writing_).
+      cancelled = cancelled_;
+    }
+    if (cancelled) {
+      End(absl::CancelledError("the puller went away"));
+      return;
     }
     if (all) {
       End(absl::OkStatus());
@@ -249,6 +255,14 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   void Begin(int tensor, bool last) {
     served_ = job_->Served(tensor, min_version_);
+    if (served_ == nullptr) {
+      // Published, then replaced by an imported state of an earlier version before its turn.
+      End(absl::AbortedError(
+          absl::StrCat("tensor \"", job_->Spec(tensor).name(), "\" of job \"", job_->name(),
+                       "\" went back below version ", min_version_,
+                       ": an imported state replaced it; pull the version the import serves")));
+      return;
+    }
     const ServedFormat* format = served_->Find(format_);
     bytes_ = &format->bytes;
     offset_ = 0;

@@ -542,8 +542,7 @@ StepReport Job::RunStep(const StepWork& work) {
     step_running_ = true;
   }
   StepReport report = StepNow(work);
-  absl::MutexLock lock(&mu_);
-  step_running_ = false;
+  EndStepsRunning();
   return report;
 }
 
@@ -568,9 +567,18 @@ std::vector<StepReport> Job::RunOrHoldStep(const StepWork& work) {
   }
   std::vector<StepReport> reports;
   for (const StepWork& w : run) reports.push_back(StepNow(w));
-  absl::MutexLock lock(&mu_);
-  step_running_ = false;
+  EndStepsRunning();
   return reports;
+}
+
+void Job::EndStepsRunning() {
+  std::vector<std::function<void()>> started;
+  {
+    absl::MutexLock lock(&mu_);
+    step_running_ = false;
+    started = StartCaughtUpExportsLocked();
+  }
+  for (auto& s : started) s();
 }
 
 StepReport Job::StepNow(const StepWork& work) {
@@ -616,6 +624,20 @@ StepReport Job::StepNow(const StepWork& work) {
   const bool skipped = !check->finite;
   // Publishes tensor i's new version and wakes its pullers (DESIGN.md §2: the next forward starts
   // on the first layers while later ones are still being stepped).
+  // The step counts as run with its last tensor, before that tensor's pullers wake: a trainer
+  // that pulled every tensor sees the step in Status and may import or export at once.
+  double seconds = 0;
+  auto count_step = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // mu_ held
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (skipped) {
+      ++skipped_steps_;
+    } else {
+      ++applied_steps_;
+    }
+    steps_run_ = work.step + 1;
+    last_step_seconds_ = seconds;
+    last_clip_ = scalars.clip;
+  };
   size_t published = 0;
   auto publish = [&](size_t i) {
     PARAMD_CHECK(i < outputs.size() && outputs[i] != nullptr)
@@ -626,8 +648,8 @@ StepReport Job::StepNow(const StepWork& work) {
       outputs[i]->version = work.step + 1;
       outputs[i]->skipped = skipped;
       Publish(static_cast<int>(i), std::move(outputs[i]), &wake);
+      if (++published == outputs.size()) count_step();
     }
-    ++published;
     for (auto& w : wake) w();
   };
   if (skipped) {
@@ -658,19 +680,9 @@ StepReport Job::StepNow(const StepWork& work) {
   PARAMD_CHECK(published == outputs.size())
       << "job " << name_ << ": the backend reported " << published << " of " << outputs.size()
       << " tensors of step " << work.step;
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-
-  StepReport report{work.step, seconds, 0, skipped, scalars.clip};
   absl::MutexLock lock(&mu_);
-  if (skipped) {
-    ++skipped_steps_;
-  } else {
-    ++applied_steps_;
-  }
-  steps_run_ = work.step + 1;
-  last_step_seconds_ = seconds;
-  last_clip_ = scalars.clip;
+  if (outputs.empty()) count_step();
+  StepReport report{work.step, seconds, 0, skipped, scalars.clip};
   for (const Tensor& t : tensors_) report.elements += t.elements;
   spare_slot_sets_.push_back(std::move(taken_.at(work.step)));
   taken_.erase(work.step);

@@ -195,10 +195,14 @@ class Job {
                std::vector<std::function<void()>>* wake);
   // The body of RunStep; the caller has claimed step_running_.
   StepReport StepNow(const StepWork& work);
+  // Lets go of step_running_ and starts the exports that waited for the steps that ran.
+  void EndStepsRunning();
 
-  // Export (StateExport): waits until every step committed before it ran, then holds later steps
-  // back until EndExport, which returns the newest step held meanwhile when any can run. The
-  // snapshot is what the export reads.
+  // Export (StateExport): starts once every step committed before it ran, then holds later steps
+  // back until EndExport, which returns the newest step held meanwhile when any can run. `start`
+  // gets the snapshot the export reads (or why there is none): at once when no committed step is
+  // queued or running, else from the thread that finishes the last of them. It is called
+  // without the job's lock, and nothing waits for it.
   struct ExportedTensor {
     std::string name;
     TensorInfo info;
@@ -210,11 +214,16 @@ class Job {
     std::vector<FormatKey> formats;
     Backend* backend;
   };
-  absl::StatusOr<ExportSnapshot> BeginExport();
+  using ExportStart = std::function<void(absl::StatusOr<ExportSnapshot>)>;
+  void BeginExport(ExportStart start);
   std::optional<StepWork> EndExport();
   // Steps from this one on wait for an export: every step while one streams, and those committed
   // after the start of one waiting for earlier steps to run.
   int64_t HoldFromLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts the waiting exports whose steps have run; what to call once the lock is let go.
+  std::vector<std::function<void()>> StartCaughtUpExportsLocked()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ExportSnapshot SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string name_;
   const int world_size_;
@@ -251,8 +260,9 @@ class Job {
   int64_t steps_run_ ABSL_GUARDED_BY(mu_) = 0;
   bool step_running_ ABSL_GUARDED_BY(mu_) = false;
   int exporters_ ABSL_GUARDED_BY(mu_) = 0;  // exports streaming
-  // Per export waiting to start: the step it waits to have run (every step committed before it).
-  std::multiset<int64_t> export_waits_ ABSL_GUARDED_BY(mu_);
+  // Exports waiting to start, each for every step committed before it to run (steps_run_ >=
+  // wait_for, none running).
+  std::multimap<int64_t, ExportStart> waiting_exports_ ABSL_GUARDED_BY(mu_);  // by wait_for
   std::map<int64_t, StepWork> held_ ABSL_GUARDED_BY(mu_);  // steps held back by an export
 };
 

@@ -12,23 +12,38 @@
 
 namespace paramd {
 
-absl::StatusOr<Job::ExportSnapshot> Job::BeginExport() {
-  absl::MutexLock lock(&mu_);
-  if (initialized_tensors_ != static_cast<int64_t>(tensors_.size())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job \"", name_, "\" has initial weights for ", initialized_tensors_, " of ",
-        tensors_.size(), " tensors; its state exists once rank 0 uploaded all of them"));
+void Job::BeginExport(ExportStart start) {
+  std::vector<std::function<void()>> started;
+  {
+    absl::MutexLock lock(&mu_);
+    if (initialized_tensors_ != static_cast<int64_t>(tensors_.size())) {
+      const absl::Status refused = absl::FailedPreconditionError(absl::StrCat(
+          "job \"", name_, "\" has initial weights for ", initialized_tensors_, " of ",
+          tensors_.size(), " tensors; its state exists once rank 0 uploaded all of them"));
+      started.push_back([start = std::move(start), refused] { start(refused); });
+    } else {
+      // The export is the state after every step all ranks committed before it: those queued run
+      // first. Steps committed from now on wait (RunOrHoldStep) until it ends.
+      waiting_exports_.emplace(next_step_, std::move(start));
+      started = StartCaughtUpExportsLocked();
+    }
   }
-  // The export is the state after every step all ranks committed before it: those queued run
-  // first. Steps committed from now on wait (RunOrHoldStep) until it ends.
-  const int64_t wait_for = next_step_;
-  const auto it = export_waits_.insert(wait_for);
-  const auto caught_up = [this, wait_for]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return steps_run_ >= wait_for && !step_running_;
-  };
-  mu_.Await(absl::Condition(&caught_up));
-  export_waits_.erase(it);
-  ++exporters_;
+  for (auto& s : started) s();
+}
+
+std::vector<std::function<void()>> Job::StartCaughtUpExportsLocked() {
+  std::vector<std::function<void()>> started;
+  if (step_running_) return started;
+  while (!waiting_exports_.empty() && waiting_exports_.begin()->first <= steps_run_) {
+    ++exporters_;
+    started.push_back([start = std::move(waiting_exports_.begin()->second),
+                       snapshot = SnapshotLocked()] { start(snapshot); });
+    waiting_exports_.erase(waiting_exports_.begin());
+  }
+  return started;
+}
+
+Job::ExportSnapshot Job::SnapshotLocked() const {
   ExportSnapshot snapshot;
   v1::StateHeader& h = snapshot.header;
   h.set_job(name_);
@@ -56,8 +71,8 @@ std::optional<StepWork> Job::EndExport() {
 
 int64_t Job::HoldFromLocked() const {
   if (exporters_ > 0) return std::numeric_limits<int64_t>::min();
-  if (export_waits_.empty()) return std::numeric_limits<int64_t>::max();
-  return *export_waits_.begin();
+  if (waiting_exports_.empty()) return std::numeric_limits<int64_t>::max();
+  return waiting_exports_.begin()->first;
 }
 
 absl::StatusOr<v1::ImportStateResponse> Job::Import(StagedState staged) {
@@ -67,12 +82,18 @@ absl::StatusOr<v1::ImportStateResponse> Job::Import(StagedState staged) {
   {
     absl::MutexLock lock(&mu_);
     const std::string refused = absl::StrCat("job \"", name_, "\" refuses an import: ");
-    if (step_running_ || !taken_.empty()) {
+    // A step whose last tensor is published has run (a trainer may have pulled it all): only its
+    // slots' return is left, which the import waits for.
+    const auto settled = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return steps_run_ < next_step_ || !step_running_;
+    };
+    mu_.Await(absl::Condition(&settled));
+    if (steps_run_ < next_step_ || step_running_ || !taken_.empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          refused, "step ", taken_.empty() ? next_step_ - 1 : taken_.begin()->first,
+          refused, "step ", steps_run_,
           " is running or queued; import between steps, once every rank pulled its weights"));
     }
-    if (exporters_ > 0 || !export_waits_.empty()) {
+    if (exporters_ > 0 || !waiting_exports_.empty()) {
       return absl::FailedPreconditionError(
           absl::StrCat(refused, "an export of its state is streaming; retry when it ends"));
     }

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "common/element_type.h"
 #include "common/status_macros.h"
 #include "server/registration.h"
@@ -45,13 +46,33 @@ bool PositiveFinite(float x) { return std::isfinite(x) && x > 0.0f; }
 
 // ---- Export ----
 
-absl::StatusOr<std::unique_ptr<StateExport>> StateExport::Begin(
+void StateExport::Begin(std::shared_ptr<Job> job, int64_t max_chunk_bytes,
+                        std::function<void(const StepWork&)> resume, Ready ready) {
+  Job* const j = job.get();
+  j->BeginExport([job = std::move(job), max_chunk_bytes, resume = std::move(resume),
+                  ready = std::move(ready)](absl::StatusOr<Job::ExportSnapshot> snapshot) mutable {
+    if (!snapshot.ok()) {
+      ready(snapshot.status());
+      return;
+    }
+    ready(std::unique_ptr<StateExport>(new StateExport(std::move(job), *std::move(snapshot),
+                                                       std::max<int64_t>(1, max_chunk_bytes),
+                                                       std::move(resume))));
+  });
+}
+
+absl::StatusOr<std::unique_ptr<StateExport>> StateExport::BeginAndWait(
     std::shared_ptr<Job> job, int64_t max_chunk_bytes,
     std::function<void(const StepWork&)> resume) {
-  PARAMD_ASSIGN_OR_RETURN(Job::ExportSnapshot snapshot, job->BeginExport());
-  return std::unique_ptr<StateExport>(new StateExport(std::move(job), std::move(snapshot),
-                                                      std::max<int64_t>(1, max_chunk_bytes),
-                                                      std::move(resume)));
+  absl::Notification started;
+  absl::StatusOr<std::unique_ptr<StateExport>> result;
+  Begin(std::move(job), max_chunk_bytes, std::move(resume),
+        [&](absl::StatusOr<std::unique_ptr<StateExport>> e) {
+          result = std::move(e);
+          started.Notify();
+        });
+  started.WaitForNotification();
+  return result;
 }
 
 StateExport::StateExport(std::shared_ptr<Job> job, Job::ExportSnapshot snapshot,

@@ -29,10 +29,16 @@ struct StagedState {
 // end hands the newest held step to `resume`, for the step executor.
 class StateExport {
  public:
-  // Waits for every step all ranks committed before it to run (queued or running); the
-  // executor must keep running steps meanwhile. FAILED_PRECONDITION before every tensor has
-  // its initial weights. `max_chunk_bytes` >= 1 bounds the data of one chunk.
-  static absl::StatusOr<std::unique_ptr<StateExport>> Begin(
+  using Ready = std::function<void(absl::StatusOr<std::unique_ptr<StateExport>>)>;
+  // Starts an export of the state after every step all ranks committed before this call: `ready`
+  // gets it at once when none of those is queued or running, else from the thread that runs the
+  // last of them (Job::BeginExport); nothing blocks meanwhile. FAILED_PRECONDITION before every
+  // tensor has its initial weights. `max_chunk_bytes` >= 1 bounds the data of one chunk.
+  static void Begin(std::shared_ptr<Job> job, int64_t max_chunk_bytes,
+                    std::function<void(const StepWork&)> resume, Ready ready);
+  // The same, waiting for the export to start: for a caller that does not itself run the steps
+  // it may wait for.
+  static absl::StatusOr<std::unique_ptr<StateExport>> BeginAndWait(
       std::shared_ptr<Job> job, int64_t max_chunk_bytes,
       std::function<void(const StepWork&)> resume);
   ~StateExport();

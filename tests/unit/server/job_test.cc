@@ -357,6 +357,18 @@ TEST_F(JobTest, AddWaiterFiresExactlyOnceWhenTheVersionIsPublished) {
   EXPECT_EQ(fired, 1);
 }
 
+// A trainer woken by the last tensor of a step may ask Status, export or import at once: by then
+// the step counts as run.
+TEST_F(JobTest, TheLastTensorsPullersSeeTheStepCountedAsRun) {
+  const int last = spec_.tensors_size() - 1;
+  v1::JobStatus seen;
+  ASSERT_NE(h_.job().AddWaiter(last, 1, [&] { seen = h_.job().Status(); }), 0u);
+  ASSERT_TRUE(h_.RunFullStep(0, RandomGradients(spec_, GradSeed(0))).ok());
+  EXPECT_EQ(seen.applied_steps(), 1);
+  EXPECT_EQ(seen.tensors(last).version(), 1);
+  EXPECT_GT(seen.last_step_seconds(), 0);
+}
+
 TEST_F(JobTest, WaitersFireForTheirOwnTensorAndVersionOnly) {
   int tensor0_v2 = 0, tensor2_v1 = 0;
   ASSERT_NE(h_.job().AddWaiter(0, 2, [&] { ++tensor0_v2; }), 0u);

@@ -15,12 +15,10 @@
 #include <optional>
 #include <span>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/notification.h"
 #include "server/cpu_backend.h"
 #include "server/job.h"
 #include "tests/unit/server/reference_job.h"
@@ -190,7 +188,7 @@ class Driver {
 
   absl::StatusOr<std::vector<v1::StateChunk>> Export(int64_t max_chunk_bytes) {
     absl::StatusOr<std::unique_ptr<StateExport>> exporter =
-        StateExport::Begin(job_, max_chunk_bytes, nullptr);
+        StateExport::BeginAndWait(job_, max_chunk_bytes, nullptr);
     if (!exporter.ok()) return exporter.status();
     std::vector<v1::StateChunk> chunks;
     v1::StateChunk chunk;
@@ -521,7 +519,7 @@ TEST_F(StateImportRefusalTest, AnImportIsRefusedWhileAStepIsCollectedQueuedOrExp
   // While an export streams.
   {
     absl::StatusOr<std::unique_ptr<StateExport>> exporting =
-        StateExport::Begin(target_.shared(), 4096, nullptr);
+        StateExport::BeginAndWait(target_.shared(), 4096, nullptr);
     ASSERT_TRUE(exporting.ok());
     ExpectRefused(state_, kPrecondition, {"an export of its state is streaming"});
   }
@@ -569,7 +567,7 @@ class ExportHoldTest : public ::testing::Test {
 TEST_F(ExportHoldTest, StepsWaitForAnExportAndRunInOrderOnceItEnds) {
   std::vector<StepWork> resumed;
   absl::StatusOr<std::unique_ptr<StateExport>> exporting =
-      StateExport::Begin(d.shared(), 4096, [&](const StepWork& w) { resumed.push_back(w); });
+      StateExport::BeginAndWait(d.shared(), 4096, [&](const StepWork& w) { resumed.push_back(w); });
   ASSERT_TRUE(exporting.ok()) << exporting.status();
   v1::StateChunk first;
   ASSERT_TRUE(*(*exporting)->Next(&first));
@@ -613,26 +611,28 @@ TEST_F(ExportHoldTest, AnExportIsTheStateAfterEveryStepCommittedBeforeIt) {
   ASSERT_TRUE(step0.ok()) << step0.status();
   ASSERT_TRUE(reference.Step(0, g0, std::nullopt).ok());
 
-  // Step 0 is queued (its tick has not reached the executor) when the export begins.
+  // Step 0 is queued (its tick has not reached the executor) when the export begins: it starts
+  // from the thread that runs step 0, at that step's end.
   std::vector<StepWork> resumed;
-  absl::Notification begun;
+  bool started = false;
   absl::StatusOr<std::unique_ptr<StateExport>> exporting;
-  std::thread exporter([&] {
-    exporting =
-        StateExport::Begin(d.shared(), 4096, [&](const StepWork& w) { resumed.push_back(w); });
-    begun.Notify();
-  });
-  EXPECT_FALSE(begun.WaitForNotificationWithTimeout(absl::Milliseconds(200)))
-      << "the export began before the step committed ahead of it ran";
+  StateExport::Begin(
+      d.shared(), 4096, [&](const StepWork& w) { resumed.push_back(w); },
+      [&](absl::StatusOr<std::unique_ptr<StateExport>> e) {
+        exporting = std::move(e);
+        started = true;
+      });
+  EXPECT_FALSE(started) << "the export began before the step committed ahead of it ran";
   // Step 1, committed while the export waits, is held; step 0's tick runs step 0 alone.
   const StepGradients g1 = RandomGradients(spec, 301);
   absl::StatusOr<StepWork> step1 = d.PushAndCommit(1, g1, std::nullopt);
   ASSERT_TRUE(step1.ok()) << step1.status();
   EXPECT_TRUE(d.job().RunOrHoldStep(*step1).empty());
+  EXPECT_FALSE(started);
   const std::vector<StepReport> ran = d.job().RunOrHoldStep(*step0);
   ASSERT_EQ(ran.size(), 1u);
   EXPECT_EQ(ran[0].step, 0);
-  exporter.join();
+  ASSERT_TRUE(started);
   ASSERT_TRUE(exporting.ok()) << exporting.status();
   v1::StateChunk header;
   ASSERT_TRUE(*(*exporting)->Next(&header));
