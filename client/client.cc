@@ -81,7 +81,8 @@ absl::StatusOr<v1::RegisterResponse> Client::Register(const v1::RegisterRequest&
   });
   if (!status.ok()) return status;
   if (transport_ == nullptr) {
-    TransportContext context{channel_, response.max_chunk_bytes(), request.job(), request.rank()};
+    TransportContext context{channel_, response.max_chunk_bytes(), request.job(), request.rank(),
+                             options_.cuda_stream};
     std::string reason;
     absl::StatusOr<std::unique_ptr<Transport>> transport =
         ChooseTransport(options_.transport, context, &reason);

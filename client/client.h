@@ -36,6 +36,11 @@ struct ClientOptions {
   // Largest data of one state chunk, bytes, both ways: at most the daemon's max_chunk_bytes
   // (4 MiB unless configured otherwise), or ImportState is RESOURCE_EXHAUSTED.
   int64_t state_chunk_bytes = 1 << 20;
+  // The CUDA stream (a cudaStream_t) the trainer writes its gradients on: cuda_ipc's copies of a
+  // push wait for the work queued there when Push is called, so a push may follow backward's
+  // kernels without synchronizing first. 0 = the legacy default stream (PyTorch's default
+  // stream), which also orders every blocking stream; name a non-blocking stream here.
+  uintptr_t cuda_stream = 0;
 };
 
 class Client {

@@ -50,7 +50,15 @@ class PinnedAllocator final : public BufferAllocator {
   bool shared() const override { return false; }
 
  protected:
-  void Free(uint8_t* data, int64_t, ShmPlace) override { cudaFreeHost(data); }
+  // On whatever thread drops the last reference: the backend's device, then the thread's own.
+  void Free(uint8_t* data, int64_t, ShmPlace) override {
+    int previous = -1;
+    if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
+    cudaSetDevice(device_);
+    cudaFreeHost(data);
+    if (previous >= 0 && previous != device_) cudaSetDevice(previous);
+    cudaGetLastError();
+  }
 
  private:
   const int device_;

@@ -54,14 +54,24 @@ void LeaseTable::Reap() {
   while (!stop_) {
     const Clock::time_point now = Clock::now();
     Clock::time_point next = now + std::chrono::seconds(1);
+    std::vector<std::shared_ptr<const ServedTensor>> dropped;
     for (auto it = leases_.begin(); it != leases_.end();) {
       if (it->second.expires <= now) {
+        dropped.push_back(std::move(it->second.served));
         it = leases_.erase(it);
         ++expired_;
       } else {
         next = std::min(next, it->second.expires);
         ++it;
       }
+    }
+    if (!dropped.empty()) {
+      // The last reference may free the buffers (page-locked ones synchronize the device): not
+      // under the lock every Take and Release needs.
+      mu_.Unlock();
+      dropped.clear();
+      mu_.Lock();
+      continue;
     }
     // Wakes at the next expiry (or within a second, to notice new leases and the stop flag).
     mu_.AwaitWithDeadline(absl::Condition(&stop_), absl::FromChrono(next));

@@ -29,6 +29,26 @@ constexpr std::chrono::milliseconds kCopyLease{10000};
 // while later pieces still copy (a multiple of every element size).
 constexpr int64_t kPieceBytes = int64_t{512} << 20;
 
+// Makes `device` the calling thread's current one, and the previous one again at the end of the
+// scope (a trainer's current device is its own business).
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    status_ = CudaStatus(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceScope() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+  const absl::Status& status() const { return status_; }
+
+ private:
+  int previous_ = -1;
+  absl::Status status_;
+};
+
 v1::AttachRequest ProbeRequest() {
   v1::AttachRequest request;
   request.set_transport(kName);
@@ -63,7 +83,7 @@ class CudaIpcTransport final : public Transport {
     slots_.WaitIdle();
     async_.WaitIdle();
     if (device_ < 0) return;
-    cudaSetDevice(device_);
+    const DeviceScope scope(device_);
     for (const auto& [index, mapping] : mapped_) {
       if (mapping.opened) cudaIpcCloseMemHandle(mapping.base);
     }
@@ -71,6 +91,7 @@ class CudaIpcTransport final : public Transport {
       if (mapping.opened) cudaIpcCloseMemHandle(mapping.base);
     }
     for (cudaEvent_t event : events_) cudaEventDestroy(event);
+    if (callers_work_ != nullptr) cudaEventDestroy(callers_work_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
@@ -100,6 +121,7 @@ class CudaIpcTransport final : public Transport {
     PARAMD_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device_));
     PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&callers_work_, cudaEventDisableTiming));
     Remember(response);
     return absl::OkStatus();
   }
@@ -109,13 +131,19 @@ class CudaIpcTransport final : public Transport {
     if (target.kind == v1::PUSH_KIND_INITIAL_WEIGHTS) {
       return inline_->Push(target, items, deadline);  // once per job, from rank 0
     }
-    PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    const DeviceScope scope(device_);
+    if (!scope.status().ok()) return scope.status();
+    // The gradients may still be being written on the trainer's stream (backward): everything
+    // this push reads from them (copies, a retried push's comparison) waits for that work.
+    PARAMD_CUDA_RETURN_IF_ERROR(
+        cudaEventRecord(callers_work_, reinterpret_cast<cudaStream_t>(context_.cuda_stream)));
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, callers_work_, 0));
     return slots_.PushFollowingRestarts([&] { return PushPlaced(target, items, deadline); });
   }
 
   absl::Status PushPlaced(const PushTarget& target, std::span<const PushItem> items,
                           Deadline deadline) {
-    absl::StatusOr<std::shared_ptr<SlotCache>> slots = slots_.For(target, deadline);
+    absl::StatusOr<std::shared_ptr<SlotCache>> slots = slots_.ForPush(target, items, deadline);
     if (!slots.ok()) return slots.status();
     auto locate = [&](const v1::ShmPlace& place) -> absl::StatusOr<uint8_t*> {
       absl::StatusOr<uint8_t*> base = Map(place.segment(), deadline);
@@ -129,7 +157,6 @@ class CudaIpcTransport final : public Transport {
     if (!plan.ok()) return plan.status();
     const std::vector<const PushItem*>& placed = plan->placed;
     if (!placed.empty()) {
-      // Each piece is marked    if (!placed.empty()) {
       // Each piece is marked once its copy has completed (see the header); the stream is
       // synchronized whatever happens, as the caller may reuse its buffers when Push returns.
       std::lock_guard<std::mutex> push_lock(push_mu_);
@@ -160,7 +187,8 @@ class CudaIpcTransport final : public Transport {
                         std::vector<Pulled>* out) override {
     out->assign(target.tensors.size(), Pulled{});
     std::vector<uint64_t> leases;
-    PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    const DeviceScope scope(device_);
+    if (!scope.status().ok()) return scope.status();
     // Each tensor's copy is queued as its header arrives; one synchronization at the end.
     absl::Status status = PullPlacesEach(
         *stub_, target, kCopyLease, deadline, [&](size_t i, Pulled&& pulled) -> absl::Status {
@@ -328,7 +356,8 @@ class CudaIpcTransport final : public Transport {
           "pulled GPU place [", place.offset(), ", +", place.bytes(), ") does not hold ",
           header.data_bytes(), " + ", header.scale_bytes(), " bytes"));
     }
-    PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    const DeviceScope scope(device_);
+    if (!scope.status().ok()) return scope.status();
     absl::StatusOr<uint8_t*> base = Map(place.segment(), deadline);
     if (!base.ok()) return base.status();
     return *base + place.offset();
@@ -435,8 +464,9 @@ class CudaIpcTransport final : public Transport {
   std::unique_ptr<Transport> inline_;
   int device_ = -1;  // the trainer's GPU: its stream, and the context handles are opened in
   cudaStream_t stream_ = nullptr;
-  std::mutex push_mu_;               // one push's copies and marks at a time: the events
-  std::vector<cudaEvent_t> events_;  // one per piece of a push, reused
+  cudaEvent_t callers_work_ = nullptr;  // recorded on the trainer's stream, waited for by stream_
+  std::mutex push_mu_;                  // one push's copies and marks at a time: the events
+  std::vector<cudaEvent_t> events_;     // one per piece of a push, reused
 
   std::mutex mu_;
   std::vector<std::string> handles_;

@@ -3,6 +3,9 @@
 // the trainer opens each handle once (on its current device, with peer access where the daemon's
 // GPU is another one) and copies on a stream of its own.
 //
+// Push first makes its stream wait for the work queued so far on the trainer's stream
+// (TransportContext::cuda_stream; the legacy default stream unless named), so a gradient still
+// being written by backward is copied once written. It restores the caller's current device.
 // Push copies each gradient (host or device memory: the copy reads either) into its slot, in
 // pieces, and marks each piece with an in-place push once the copy of that piece has completed (an
 // event on its stream, waited for on the host). Waiting on the host is the ordering: Push must not

@@ -54,7 +54,7 @@ class ShmTransport final : public Transport {
 
   absl::Status PushPlaced(const PushTarget& target, std::span<const PushItem> items,
                           Deadline deadline) {
-    absl::StatusOr<std::shared_ptr<SlotCache>> slots = slots_.For(target, deadline);
+    absl::StatusOr<std::shared_ptr<SlotCache>> slots = slots_.ForPush(target, items, deadline);
     if (!slots.ok()) return slots.status();
     auto locate = [&](const v1::ShmPlace& place) -> absl::StatusOr<uint8_t*> {
       absl::StatusOr<ShmSegment*> segment = Segment(place.segment(), deadline);

@@ -2,6 +2,8 @@
 
 #include <grpcpp/client_context.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/daemon_instance.h"
 #include "common/grpc_status.h"
@@ -75,6 +77,22 @@ void StepSlots::ObserveLocked(uint64_t instance) {
   const uint64_t current = starts_.current();
   if (last_ != nullptr && last_->instance != current) last_.reset();
   if (ahead_ != nullptr && ahead_->instance != current) ahead_.reset();
+}
+
+absl::StatusOr<std::shared_ptr<SlotCache>> StepSlots::ForPush(const PushTarget& target,
+                                                              std::span<const PushItem> items,
+                                                              Deadline deadline) {
+  absl::StatusOr<std::shared_ptr<SlotCache>> slots = For(target, deadline);
+  if (!slots.ok()) return slots;
+  const SlotCache& cache = **slots;
+  const bool retried = std::any_of(items.begin(), items.end(), [&](const PushItem& item) {
+    auto it = cache.index.find(item.tensor);
+    return it != cache.index.end() && cache.received[static_cast<size_t>(it->second)] ==
+                                          static_cast<int64_t>(item.data.size());
+  });
+  if (!retried) return slots;
+  Forget();
+  return For(target, deadline);
 }
 
 void StepSlots::Forget() {

@@ -89,6 +89,12 @@ class StepSlots {
 
   // The places of `target`'s step: cached, asked ahead, or asked now.
   absl::StatusOr<std::shared_ptr<SlotCache>> For(const PushTarget& target, Deadline deadline);
+  // For a push of `items`: as For, but asked anew when the cache says an item was received whole
+  // (a retry), since reading those bytes back through a cached place is only safe in memory of
+  // the daemon's current start (a restarted daemon's old GPU memory may be freed).
+  absl::StatusOr<std::shared_ptr<SlotCache>> ForPush(const PushTarget& target,
+                                                     std::span<const PushItem> items,
+                                                     Deadline deadline);
   // Asks for the places of the step after `target`'s, unless asked already. A refusal (the job
   // has not reached `target.step`, say) only leaves the next push to ask itself.
   void LookAhead(const PushTarget& target);

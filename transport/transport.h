@@ -118,6 +118,8 @@ struct TransportContext {
   // The job and rank the transport serves (a client registers one rank of one job).
   std::string job;
   int32_t rank = 0;
+  // ClientOptions::cuda_stream: the stream the trainer writes its gradients on.
+  uintptr_t cuda_stream = 0;
 };
 
 struct TransportEntry {
