@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
+#include "common/daemon_instance.h"
 #include "common/grpc_status.h"
 #include "paramd/v1/data.grpc.pb.h"
 #include "transport/async_calls.h"
@@ -146,7 +147,7 @@ class CudaIpcTransport final : public Transport {
     absl::StatusOr<std::shared_ptr<SlotCache>> slots = slots_.ForPush(target, items, deadline);
     if (!slots.ok()) return slots.status();
     auto locate = [&](const v1::ShmPlace& place) -> absl::StatusOr<uint8_t*> {
-      absl::StatusOr<uint8_t*> base = Map(place.segment(), deadline);
+      absl::StatusOr<uint8_t*> base = Map(place.segment(), (*slots)->instance, deadline);
       if (!base.ok()) return base.status();
       return *base + place.offset();
     };
@@ -358,7 +359,7 @@ class CudaIpcTransport final : public Transport {
     }
     const DeviceScope scope(device_);
     if (!scope.status().ok()) return scope.status();
-    absl::StatusOr<uint8_t*> base = Map(place.segment(), deadline);
+    absl::StatusOr<uint8_t*> base = Map(place.segment(), header.instance(), deadline);
     if (!base.ok()) return base.status();
     return *base + place.offset();
   }
@@ -397,15 +398,19 @@ class CudaIpcTransport final : public Transport {
         [this](const v1::AttachResponse& response) { Remember(response); });
   }
 
-  // Allocation `index` as this process sees it, opened on first use (asking for new handles when
-  // needed). The caller has made device_ current.
-  absl::StatusOr<uint8_t*> Map(int index, Deadline deadline) {
+  // Allocation `index` of daemon start `instance` (0: the current one) as this process sees it,
+  // opened on first use (asking for new handles when needed). A place of another start than the
+  // current one is refused as such (the push then asks for its places again), never looked up in
+  // the current start's allocations. The caller has made device_ current.
+  absl::StatusOr<uint8_t*> Map(int index, uint64_t instance, Deadline deadline) {
     if (index < 0) return absl::DataLossError(absl::StrCat("GPU allocation index ", index));
     std::string handle;
     uint64_t base = 0;
     int64_t pid = 0;
+    uint64_t start = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (instance != 0 && instance != starts_.current()) return OtherStart(index);
       auto it = mapped_.find(index);
       if (it != mapped_.end()) return it->second.base;
       if (index < static_cast<int>(handles_.size())) {
@@ -413,6 +418,7 @@ class CudaIpcTransport final : public Transport {
         base = bases_[static_cast<size_t>(index)];
         pid = daemon_pid_;
       }
+      start = starts_.current();
     }
     if (handle.empty()) {
       v1::AttachResponse response;
@@ -427,6 +433,7 @@ class CudaIpcTransport final : public Transport {
       handle = response.ipc_handles(index);
       base = response.ipc_bases(index);
       pid = response.pid();
+      start = response.instance();
     }
     Mapping mapping;
     if (pid == static_cast<int64_t>(getpid()) && InThisProcess(base)) {
@@ -445,9 +452,20 @@ class CudaIpcTransport final : public Transport {
       mapping.opened = true;
     }
     std::lock_guard<std::mutex> lock(mu_);
+    if (start != starts_.current() || (instance != 0 && instance != start)) {
+      // The daemon restarted while the handle was opened: it is the old start's, unused here.
+      if (mapping.opened) cudaIpcCloseMemHandle(mapping.base);
+      return OtherStart(index);
+    }
     auto [it, inserted] = mapped_.emplace(index, mapping);
     if (!inserted && mapping.opened) cudaIpcCloseMemHandle(mapping.base);  // another thread won
     return it->second.base;
+  }
+
+  static absl::Status OtherStart(int index) {
+    return absl::FailedPreconditionError(absl::StrCat("a place in GPU allocation ", index, " ",
+                                                      kFromAnotherDaemonStart,
+                                                      " than the one this trainer maps now"));
   }
 
   static bool InThisProcess(uint64_t base) {

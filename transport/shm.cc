@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/daemon_instance.h"
 #include "common/grpc_status.h"
 #include "paramd/v1/data.grpc.pb.h"
 #include "transport/async_calls.h"
@@ -57,7 +58,7 @@ class ShmTransport final : public Transport {
     absl::StatusOr<std::shared_ptr<SlotCache>> slots = slots_.ForPush(target, items, deadline);
     if (!slots.ok()) return slots.status();
     auto locate = [&](const v1::ShmPlace& place) -> absl::StatusOr<uint8_t*> {
-      absl::StatusOr<ShmSegment*> segment = Segment(place.segment(), deadline);
+      absl::StatusOr<ShmSegment*> segment = Segment(place.segment(), (*slots)->instance, deadline);
       if (!segment.ok()) return segment.status();
       if (place.offset() + place.bytes() > (*segment)->size()) {
         return absl::DataLossError(
@@ -174,7 +175,7 @@ class ShmTransport final : public Transport {
       return s;
     }
     Remember(response);
-    absl::StatusOr<ShmSegment*> first = Segment(0, deadline);
+    absl::StatusOr<ShmSegment*> first = Segment(0, 0, deadline);
     if (!first.ok()) return first.status();
     uint64_t probe = 0;
     if ((*first)->size() >= static_cast<int64_t>(sizeof(probe))) {
@@ -219,7 +220,8 @@ class ShmTransport final : public Transport {
 
   absl::StatusOr<std::span<const std::byte>> View(const v1::PullHeader& header, Deadline deadline) {
     if (absl::Status s = FollowStart(header.instance(), deadline); !s.ok()) return s;
-    absl::StatusOr<ShmSegment*> segment = Segment(header.place().segment(), deadline);
+    absl::StatusOr<ShmSegment*> segment =
+        Segment(header.place().segment(), header.instance(), deadline);
     if (!segment.ok()) return segment.status();
     const v1::ShmPlace& place = header.place();
     if (place.offset() < 0 || place.bytes() != header.data_bytes() + header.scale_bytes() ||
@@ -264,15 +266,21 @@ class ShmTransport final : public Transport {
         [this](const v1::AttachResponse& response) { Remember(response); });
   }
 
-  // The mapping of segment `index`, made on first use (asking for new names when needed).
-  absl::StatusOr<ShmSegment*> Segment(int index, Deadline deadline) {
+  // The mapping of segment `index` of daemon start `instance` (0: the current one), made on first
+  // use (asking for new names when needed). A place of another start than the current one is
+  // refused as such (the push then asks for its places again), never looked up in the current
+  // start's segments.
+  absl::StatusOr<ShmSegment*> Segment(int index, uint64_t instance, Deadline deadline) {
     if (index < 0) return absl::DataLossError(absl::StrCat("segment index ", index));
     std::string name;
+    uint64_t start = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (instance != 0 && instance != starts_.current()) return OtherStart(index);
       auto it = mapped_.find(index);
       if (it != mapped_.end()) return it->second.get();
       if (index < static_cast<int>(names_.size())) name = names_[static_cast<size_t>(index)];
+      start = starts_.current();
     }
     if (name.empty()) {
       v1::AttachResponse response;
@@ -285,12 +293,23 @@ class ShmTransport final : public Transport {
       }
       Remember(response);
       name = response.segments(index);
+      start = response.instance();
     }
     absl::StatusOr<std::unique_ptr<ShmSegment>> segment = ShmSegment::Open(name, true);
     if (!segment.ok()) return segment.status();
     std::lock_guard<std::mutex> lock(mu_);
+    // The daemon restarted while the segment was opened: it is the old start's (unmapped here).
+    if (start != starts_.current() || (instance != 0 && instance != start)) {
+      return OtherStart(index);
+    }
     auto [it, inserted] = mapped_.emplace(index, *std::move(segment));
     return it->second.get();
+  }
+
+  static absl::Status OtherStart(int index) {
+    return absl::FailedPreconditionError(absl::StrCat("a place in segment ", index, " ",
+                                                      kFromAnotherDaemonStart,
+                                                      " than the one this trainer maps now"));
   }
 
   const TransportContext context_;
