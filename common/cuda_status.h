@@ -15,6 +15,26 @@ inline absl::Status CudaStatus(cudaError_t error, const char* call) {
   return absl::InternalError(absl::StrCat(call, ": ", cudaGetErrorString(error)));
 }
 
+// Makes `device` the calling thread's current one, and the previous one again at the end of the
+// scope (a thread's current device is its owner's business: a trainer's, say).
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    status_ = CudaStatus(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceScope() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+  const absl::Status& status() const { return status_; }
+
+ private:
+  int previous_ = -1;
+  absl::Status status_;
+};
+
 }  // namespace paramd
 
 // Returns the status of a failed CUDA runtime call from the enclosing function.

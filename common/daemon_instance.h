@@ -5,10 +5,19 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace paramd {
 
 inline constexpr char kFromAnotherDaemonStart[] = "came from another start of this daemon";
+
+// A trainer's own refusal of a place (in `where`: a segment, a GPU allocation) handed out by a
+// start of the daemon other than the one whose memory it maps now; read as the daemon's.
+inline absl::Status PlaceFromAnotherDaemonStart(absl::string_view where) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "a place in ", where, " ", kFromAnotherDaemonStart, " than the one this trainer maps now"));
+}
 
 inline bool FromAnotherDaemonStart(const absl::Status& status) {
   return status.code() == absl::StatusCode::kFailedPrecondition &&

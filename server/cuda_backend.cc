@@ -52,11 +52,8 @@ class PinnedAllocator final : public BufferAllocator {
  protected:
   // On whatever thread drops the last reference: the backend's device, then the thread's own.
   void Free(uint8_t* data, int64_t, ShmPlace) override {
-    int previous = -1;
-    if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
-    cudaSetDevice(device_);
+    const DeviceScope scope(device_);
     cudaFreeHost(data);
-    if (previous >= 0 && previous != device_) cudaSetDevice(previous);
     cudaGetLastError();
   }
 

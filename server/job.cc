@@ -622,8 +622,6 @@ StepReport Job::StepNow(const StepWork& work) {
   absl::StatusOr<GradientCheck> check = backend_->CheckGradients(all, scalars.grad_scale, clipping);
   PARAMD_CHECK(check.ok()) << "step " << work.step << " of job " << name_ << ": " << check.status();
   const bool skipped = !check->finite;
-  // Publishes tensor i's new version and wakes its pullers (DESIGN.md §2: the next forward starts
-  // on the first layers while later ones are still being stepped).
   // The step counts as run with its last tensor, before that tensor's pullers wake: a trainer
   // that pulled every tensor sees the step in Status and may import or export at once.
   double seconds = 0;
@@ -638,6 +636,8 @@ StepReport Job::StepNow(const StepWork& work) {
     last_step_seconds_ = seconds;
     last_clip_ = scalars.clip;
   };
+  // Publishes tensor i's new version and wakes its pullers (DESIGN.md §2: the next forward starts
+  // on the first layers while later ones are still being stepped).
   size_t published = 0;
   auto publish = [&](size_t i) {
     PARAMD_CHECK(i < outputs.size() && outputs[i] != nullptr)

@@ -88,7 +88,7 @@ absl::StatusOr<v1::ImportStateResponse> Job::Import(StagedState staged) {
       return steps_run_ < next_step_ || !step_running_;
     };
     mu_.Await(absl::Condition(&settled));
-    if (steps_run_ < next_step_ || step_running_ || !taken_.empty()) {
+    if (steps_run_ < next_step_ || !taken_.empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
           refused, "step ", steps_run_,
           " is running or queued; import between steps, once every rank pulled its weights"));

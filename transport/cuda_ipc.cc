@@ -30,26 +30,6 @@ constexpr std::chrono::milliseconds kCopyLease{10000};
 // while later pieces still copy (a multiple of every element size).
 constexpr int64_t kPieceBytes = int64_t{512} << 20;
 
-// Makes `device` the calling thread's current one, and the previous one again at the end of the
-// scope (a trainer's current device is its own business).
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    status_ = CudaStatus(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~DeviceScope() {
-    if (previous_ >= 0) cudaSetDevice(previous_);
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-  const absl::Status& status() const { return status_; }
-
- private:
-  int previous_ = -1;
-  absl::Status status_;
-};
-
 v1::AttachRequest ProbeRequest() {
   v1::AttachRequest request;
   request.set_transport(kName);
@@ -247,11 +227,7 @@ class CudaIpcTransport final : public Transport {
   // and expired leases): the trainer has already stopped reading the bytes, and a pull needs no
   // round trip more. The transport waits for the call when it closes.
   absl::Status ReleaseMany(std::span<const uint64_t> leases, Deadline deadline) override {
-    auto* call = async_.Start<v1::ReleaseRequest, v1::ReleaseResponse>();
-    call->context.set_deadline(deadline);
-    for (uint64_t lease : leases) call->request.add_leases(lease);
-    stub_->async()->Release(&call->context, &call->request, &call->response,
-                            [this, call](grpc::Status) { async_.Finished(call); });
+    ReleaseSoon(*stub_, async_, leases);
     return absl::OkStatus();
   }
 
@@ -410,7 +386,8 @@ class CudaIpcTransport final : public Transport {
     uint64_t start = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (instance != 0 && instance != starts_.current()) return OtherStart(index);
+      if (instance != 0 && instance != starts_.current())
+        return PlaceFromAnotherDaemonStart(absl::StrCat("GPU allocation ", index));
       auto it = mapped_.find(index);
       if (it != mapped_.end()) return it->second.base;
       if (index < static_cast<int>(handles_.size())) {
@@ -455,17 +432,11 @@ class CudaIpcTransport final : public Transport {
     if (start != starts_.current() || (instance != 0 && instance != start)) {
       // The daemon restarted while the handle was opened: it is the old start's, unused here.
       if (mapping.opened) cudaIpcCloseMemHandle(mapping.base);
-      return OtherStart(index);
+      return PlaceFromAnotherDaemonStart(absl::StrCat("GPU allocation ", index));
     }
     auto [it, inserted] = mapped_.emplace(index, mapping);
     if (!inserted && mapping.opened) cudaIpcCloseMemHandle(mapping.base);  // another thread won
     return it->second.base;
-  }
-
-  static absl::Status OtherStart(int index) {
-    return absl::FailedPreconditionError(absl::StrCat("a place in GPU allocation ", index, " ",
-                                                      kFromAnotherDaemonStart,
-                                                      " than the one this trainer maps now"));
   }
 
   static bool InThisProcess(uint64_t base) {

@@ -110,7 +110,7 @@ class ShmTransport final : public Transport {
           (*out)[i] = std::move(pulled);
           return absl::OkStatus();
         });
-    if (!leases.empty()) ReleaseSoon(leases, deadline);  // one call for all, not waited for
+    if (!leases.empty()) ReleaseSoon(*stub_, async_, leases);  // one call for all, not waited for
     return status;
   }
 
@@ -136,7 +136,7 @@ class ShmTransport final : public Transport {
           view.lease = view.header.lease();
           return absl::OkStatus();
         });
-    if (!status.ok() && !leases.empty()) ReleaseSoon(leases, deadline);  // nothing handed out
+    if (!status.ok() && !leases.empty()) ReleaseSoon(*stub_, async_, leases);  // nothing handed out
     return status;
   }
 
@@ -147,16 +147,6 @@ class ShmTransport final : public Transport {
     for (uint64_t lease : leases) request.add_leases(lease);
     v1::ReleaseResponse response;
     return FromGrpcStatus(stub_->Release(&context, request, &response));
-  }
-
-  // Sends the release without waiting for the answer (there is nothing to report: unknown and
-  // expired leases are ignored); the transport waits for it when it closes.
-  void ReleaseSoon(std::span<const uint64_t> leases, Deadline deadline) {
-    auto* call = async_.Start<v1::ReleaseRequest, v1::ReleaseResponse>();
-    call->context.set_deadline(deadline);
-    for (uint64_t lease : leases) call->request.add_leases(lease);
-    stub_->async()->Release(&call->context, &call->request, &call->response,
-                            [this, call](grpc::Status) { async_.Finished(call); });
   }
 
   absl::Status Release(uint64_t lease, Deadline deadline) override {
@@ -276,7 +266,8 @@ class ShmTransport final : public Transport {
     uint64_t start = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (instance != 0 && instance != starts_.current()) return OtherStart(index);
+      if (instance != 0 && instance != starts_.current())
+        return PlaceFromAnotherDaemonStart(absl::StrCat("segment ", index));
       auto it = mapped_.find(index);
       if (it != mapped_.end()) return it->second.get();
       if (index < static_cast<int>(names_.size())) name = names_[static_cast<size_t>(index)];
@@ -300,16 +291,10 @@ class ShmTransport final : public Transport {
     std::lock_guard<std::mutex> lock(mu_);
     // The daemon restarted while the segment was opened: it is the old start's (unmapped here).
     if (start != starts_.current() || (instance != 0 && instance != start)) {
-      return OtherStart(index);
+      return PlaceFromAnotherDaemonStart(absl::StrCat("segment ", index));
     }
     auto [it, inserted] = mapped_.emplace(index, *std::move(segment));
     return it->second.get();
-  }
-
-  static absl::Status OtherStart(int index) {
-    return absl::FailedPreconditionError(absl::StrCat("a place in segment ", index, " ",
-                                                      kFromAnotherDaemonStart,
-                                                      " than the one this trainer maps now"));
   }
 
   const TransportContext context_;

@@ -153,6 +153,14 @@ void SlotCache::MarkReceived(std::span<const PushItem* const> placed) {
   }
 }
 
+void ReleaseSoon(v1::Data::Stub& stub, AsyncCalls& calls, std::span<const uint64_t> leases) {
+  auto* call = calls.Start<v1::ReleaseRequest, v1::ReleaseResponse>();
+  call->context.set_deadline(Soon());
+  for (uint64_t lease : leases) call->request.add_leases(lease);
+  stub.async()->Release(&call->context, &call->request, &call->response,
+                        [&calls, call](grpc::Status) { calls.Finished(call); });
+}
+
 absl::Status FollowStart(v1::Data::Stub& stub, const v1::AttachRequest& probe, uint64_t instance,
                          Deadline deadline, const std::function<uint64_t()>& current,
                          const std::function<void(const v1::AttachResponse&)>& remember) {

@@ -125,6 +125,10 @@ class StepSlots {
   void ObserveLocked(uint64_t instance);
 };
 
+// Sends a release of `leases` without waiting for the answer (there is nothing to report: unknown
+// and expired leases are ignored), with a deadline of its own; `calls` waits for it at its end.
+void ReleaseSoon(v1::Data::Stub& stub, AsyncCalls& calls, std::span<const uint64_t> leases);
+
 // Makes sure a transport's mappings belong to daemon start `instance` (a pulled place's): when
 // `current()` (the start they belong to) is another, asks Attach with `probe` and gives the
 // answer to `remember`, which takes the new start's names or handles. UNAVAILABLE (retried) when
