@@ -12,7 +12,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "client/client.h"
+#include "common/flags_help.h"
 
 ABSL_FLAG(std::string, address, "127.0.0.1:50051", "Daemon address");
 ABSL_FLAG(int, mib, 64, "Size of the large tensor, MiB");
@@ -122,6 +124,9 @@ int Main() {
 }  // namespace paramd
 
 int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "paramd_inline_bench --address=HOST:PORT (bench/run_inline_bench.sh)");
+  paramd::HandleHelpFlag(argc, argv);
   absl::ParseCommandLine(argc, argv);
   return paramd::Main();
 }

@@ -14,9 +14,11 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "client/client.h"
+#include "common/flags_help.h"
 
 ABSL_FLAG(std::string, address, "127.0.0.1:50051", "Daemon address");
 ABSL_FLAG(int, mib, 256, "Size of the transfer tensor, MiB");
@@ -343,6 +345,8 @@ int Main() {
 }  // namespace paramd
 
 int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("paramd_shm_bench --address=HOST:PORT (bench/run_shm_bench.sh)");
+  paramd::HandleHelpFlag(argc, argv);
   absl::ParseCommandLine(argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a pipe as they are printed
   return paramd::Main();

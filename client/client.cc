@@ -240,6 +240,19 @@ absl::StatusOr<v1::DrainResponse> Client::Drain() {
   return response;
 }
 
+absl::StatusOr<v1::DeleteJobResponse> Client::DeleteJob(const std::string& job) {
+  v1::DeleteJobRequest request;
+  request.set_job(job);
+  v1::DeleteJobResponse response;
+  absl::Status status = Retry([&] {
+    return Unary(NextDeadline(), [&](grpc::ClientContext* context) {
+      return control_->DeleteJob(context, request, &response);
+    });
+  });
+  if (!status.ok()) return status;
+  return response;
+}
+
 absl::StatusOr<JobState> Client::ExportState(const std::string& job) {
   v1::ExportStateRequest request;
   request.set_job(job);

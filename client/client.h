@@ -58,7 +58,8 @@ class Client {
   absl::StatusOr<v1::CommitResponse> Commit(const std::string& job, int32_t rank, int64_t step,
                                             std::optional<double> lr = std::nullopt,
                                             std::optional<double> grad_scale = std::nullopt);
-  // Waits up to `timeout` for target.min_version and copies the served bytes into `out`.
+  // Waits up to `timeout` for target.min_version and copies the served bytes into `out`, reusing
+  // its buffer (pull into the same Pulled every step: a fresh buffer costs its page faults).
   absl::Status Pull(const PullTarget& target, std::chrono::milliseconds timeout, Pulled* out);
   // Waits like Pull, then leases the served bytes where they lie (the `shm` transport): no copy.
   // The view stays valid and unchanged until Release or until `lease` passes (0: the daemon's
@@ -85,6 +86,8 @@ class Client {
   absl::StatusOr<v1::SetHyperparamsResponse> SetHyperparams(
       const v1::SetHyperparamsRequest& request);
   absl::StatusOr<v1::DrainResponse> Drain();
+  // Removes a job from the daemon and frees its memory (Control.DeleteJob).
+  absl::StatusOr<v1::DeleteJobResponse> DeleteJob(const std::string& job);
 
   // The job's whole state in its stored dtypes (client/job_state.h), streamed in chunks of at
   // most the daemon's max_chunk_bytes: the state after every step all ranks committed before the

@@ -106,6 +106,12 @@ v1::DaemonConfig WithDefaults(v1::DaemonConfig c) {
   if (c.shm_segment_bytes() == 0) c.set_shm_segment_bytes(64 * kMiB);
   if (c.max_lease_ms() == 0) c.set_max_lease_ms(600000);
   if (c.lease_ms() == 0) c.set_lease_ms(std::min<int64_t>(30000, c.max_lease_ms()));
+  // memory_budget_bytes and device_memory_budget_bytes stay 0 here: the daemon takes them from the
+  // machine at start (server/memory_budget.h).
+  if (c.max_open_streams() == 0) c.set_max_open_streams(4096);
+  if (c.max_waiting_pulls() == 0) c.set_max_waiting_pulls(4096);
+  if (c.max_leases() == 0) c.set_max_leases(65536);
+  if (c.max_streams_per_connection() == 0) c.set_max_streams_per_connection(1024);
   return c;
 }
 
@@ -134,8 +140,22 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
            CheckRange("shm_segment_bytes", c.shm_segment_bytes(), 2 * kMiB, int64_t{1} << 40),
            CheckRange("max_lease_ms", c.max_lease_ms(), 1, 86400000),
            CheckRange("lease_ms", c.lease_ms(), 1, c.max_lease_ms()),
+           CheckRange("max_open_streams", c.max_open_streams(), 1, 1 << 20),
+           CheckRange("max_waiting_pulls", c.max_waiting_pulls(), 1, 1 << 20),
+           CheckRange("max_leases", c.max_leases(), 1, 1 << 24),
+           CheckRange("max_streams_per_connection", c.max_streams_per_connection(), 1, 65536),
        }) {
     if (!s.ok()) return s;
+  }
+  for (const auto& [field, value] :
+       {std::pair<const char*, int64_t>{"memory_budget_bytes", c.memory_budget_bytes()},
+        std::pair<const char*, int64_t>{"device_memory_budget_bytes",
+                                        c.device_memory_budget_bytes()}}) {
+    if (value != 0 && (value < kMiB || value > (int64_t{1} << 56))) {
+      return absl::InvalidArgumentError(absl::StrCat("config field ", field, " = ", value,
+                                                     " is outside [1 MiB, 2^56] (0 = from the "
+                                                     "machine at start)"));
+    }
   }
   LogLevel level;
   if (!ParseLogLevel(c.log_level(), &level)) {

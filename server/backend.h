@@ -270,6 +270,15 @@ class Backend {
   virtual absl::Status CopyServedOnDevice(const ServedTensor& from, ServedTensor* to) {
     return absl::OkStatus();
   }
+
+  // True where the state and served formats live in GPU memory (cuda:N), which the daemon's
+  // device memory budget then covers (server/job_memory.h).
+  virtual bool keeps_state_on_device() const { return false; }
+  // Free GPU memory now, bytes; 0 for a backend without one.
+  virtual absl::StatusOr<int64_t> FreeDeviceMemory() { return int64_t{0}; }
+  // OK while the backend can step; once it cannot (a sticky CUDA error poisons the context), the
+  // reason, and every job of it fails with it. Asked after a step failed.
+  virtual absl::Status Health() { return absl::OkStatus(); }
 };
 
 }  // namespace paramd

@@ -16,10 +16,12 @@ namespace {
 // Streams a job's state chunk by chunk (server/state_transfer.h). The export starts once the
 // steps committed before it ran, without holding a thread meanwhile, and holds the job's later
 // steps back until End, which releases it before the call finishes.
-class ExportReactor final : public grpc::ServerWriteReactor<v1::StateChunk> {
+class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  ExportReactor(Daemon* daemon, const v1::ExportStateRequest& request) : daemon_(daemon) {
-    absl::Status status = Begin(request);
+  ExportReactor(Daemon* daemon, const grpc::ByteBuffer* raw) : daemon_(daemon) {
+    v1::ExportStateRequest request;
+    absl::Status status = ParseMessage(raw, &request);
+    if (status.ok()) status = Begin(request);
     if (!status.ok()) End(status);
   }
 
@@ -36,6 +38,7 @@ class ExportReactor final : public grpc::ServerWriteReactor<v1::StateChunk> {
  private:
   absl::Status Begin(const v1::ExportStateRequest& request) {
     PARAMD_RETURN_IF_ERROR(daemon_->CheckServing());
+    PARAMD_ASSIGN_OR_RETURN(stream_, daemon_->OpenStream("ExportState"));
     const int64_t limit = daemon_->config().max_chunk_bytes();
     if (request.max_chunk_bytes() < 0) {
       return absl::InvalidArgumentError(
@@ -66,27 +69,37 @@ class ExportReactor final : public grpc::ServerWriteReactor<v1::StateChunk> {
     } else if (!*more) {
       End(absl::OkStatus());
     } else {
-      StartWrite(&chunk_);
+      SerializeMessage(chunk_, &buffer_);
+      StartWrite(&buffer_);
     }
   }
 
   void End(const absl::Status& status) {
     export_.reset();
+    stream_.Reset();
     CountRpcError(daemon_, "ExportState", status);
     Finish(ToGrpcStatus(status));
   }
 
   Daemon* const daemon_;
+  CountedLimit::Ticket stream_;
   std::unique_ptr<StateExport> export_;
   v1::StateChunk chunk_;
+  grpc::ByteBuffer buffer_;  // chunk_, serialized
 };
 
 // Stages an import stream (the job named by its header) and applies it once it ended whole.
-class ImportReactor final : public grpc::ServerReadReactor<v1::StateChunk> {
+class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  ImportReactor(Daemon* daemon, v1::ImportStateResponse* response)
-      : daemon_(daemon), response_(response) {
-    StartRead(&chunk_);
+  ImportReactor(Daemon* daemon, grpc::ByteBuffer* response)
+      : daemon_(daemon), raw_response_(response) {
+    absl::StatusOr<CountedLimit::Ticket> stream = daemon_->OpenStream("ImportState");
+    if (!stream.ok()) {
+      End(stream.status());
+      return;
+    }
+    stream_ = *std::move(stream);
+    StartRead(&buffer_);
   }
 
   void OnReadDone(bool ok) override {
@@ -94,12 +107,13 @@ class ImportReactor final : public grpc::ServerReadReactor<v1::StateChunk> {
       End(Apply());
       return;
     }
-    absl::Status status = Take();
+    absl::Status status = ParseMessage(&buffer_, &chunk_);
+    if (status.ok()) status = Take();
     if (!status.ok()) {
       End(status);
       return;
     }
-    StartRead(&chunk_);
+    StartRead(&buffer_);
   }
 
   void OnDone() override { delete this; }
@@ -125,21 +139,25 @@ class ImportReactor final : public grpc::ServerReadReactor<v1::StateChunk> {
     }
     PARAMD_ASSIGN_OR_RETURN(StagedState staged, import_->Finish());
     import_.reset();
-    PARAMD_ASSIGN_OR_RETURN(*response_, job_->Import(std::move(staged)));
+    PARAMD_ASSIGN_OR_RETURN(v1::ImportStateResponse response, job_->Import(std::move(staged)));
     PARAMD_LOG(INFO) << "job " << job_->name() << ": imported state at step "
-                     << response_->next_step() << " (" << response_->fields() << " fields, "
-                     << response_->bytes() << " bytes)";
+                     << response.next_step() << " (" << response.fields() << " fields, "
+                     << response.bytes() << " bytes)";
+    SerializeMessage(response, raw_response_);
     return absl::OkStatus();
   }
 
   void End(const absl::Status& status) {
     import_.reset();  // the staged bytes go now, not when the call is done
+    stream_.Reset();
     CountRpcError(daemon_, "ImportState", status);
     Finish(ToGrpcStatus(status));
   }
 
   Daemon* const daemon_;
-  v1::ImportStateResponse* const response_;
+  grpc::ByteBuffer* const raw_response_;
+  CountedLimit::Ticket stream_;
+  grpc::ByteBuffer buffer_;  // the chunk as read
   v1::StateChunk chunk_;
   std::shared_ptr<Job> job_;
   std::unique_ptr<StateImport> import_;
@@ -148,77 +166,111 @@ class ImportReactor final : public grpc::ServerReadReactor<v1::StateChunk> {
 }  // namespace
 
 grpc::ServerUnaryReactor* ControlService::Register(grpc::CallbackServerContext* context,
-                                                   const v1::RegisterRequest* request,
-                                                   v1::RegisterResponse* response) {
-  absl::Status status = daemon_->CheckServing();
-  if (status.ok()) {
-    absl::StatusOr<v1::RegisterResponse> result = daemon_->Register(*request);
-    status = result.status();
-    if (result.ok()) *response = *std::move(result);
-  }
-  return FinishUnary(context, daemon_, "Register", status);
+                                                   const grpc::ByteBuffer* request,
+                                                   grpc::ByteBuffer* response) {
+  return ServeUnary<v1::RegisterRequest, v1::RegisterResponse>(
+      context, daemon_, "Register", request, response,
+      [this](const auto& r, auto* out) { return DoRegister(r, out); });
 }
 
 grpc::ServerUnaryReactor* ControlService::GetLayout(grpc::CallbackServerContext* context,
-                                                    const v1::GetLayoutRequest* request,
-                                                    v1::GetLayoutResponse* response) {
-  absl::StatusOr<std::shared_ptr<Job>> job = daemon_->registry().Find(request->job());
-  if (job.ok()) {
-    const v1::JobStatus status = (*job)->Status();
-    for (const v1::TensorStatus& t : status.tensors()) {
-      v1::GetLayoutResponse::Placement* p = response->add_placements();
-      p->set_tensor(t.name());
-      p->set_daemon(address_);
-    }
-  }
-  return FinishUnary(context, daemon_, "GetLayout", job.status());
+                                                    const grpc::ByteBuffer* request,
+                                                    grpc::ByteBuffer* response) {
+  return ServeUnary<v1::GetLayoutRequest, v1::GetLayoutResponse>(
+      context, daemon_, "GetLayout", request, response,
+      [this](const auto& r, auto* out) { return DoGetLayout(r, out); });
 }
 
 grpc::ServerUnaryReactor* ControlService::SetHyperparams(grpc::CallbackServerContext* context,
-                                                         const v1::SetHyperparamsRequest* request,
-                                                         v1::SetHyperparamsResponse* response) {
-  absl::Status status = daemon_->CheckServing();
-  if (status.ok()) {
-    absl::StatusOr<std::shared_ptr<Job>> job = daemon_->registry().Find(request->job());
-    status = job.status();
-    if (job.ok()) {
-      absl::StatusOr<v1::AdamwHyperparams> hyper = (*job)->SetHyperparams(*request);
-      status = hyper.status();
-      if (hyper.ok()) {
-        *response->mutable_hyperparams() = *hyper;
-        PARAMD_LOG(INFO) << "job " << request->job() << ": hyperparams now "
-                         << hyper->ShortDebugString();
-      }
-    }
-  }
-  return FinishUnary(context, daemon_, "SetHyperparams", status);
+                                                         const grpc::ByteBuffer* request,
+                                                         grpc::ByteBuffer* response) {
+  return ServeUnary<v1::SetHyperparamsRequest, v1::SetHyperparamsResponse>(
+      context, daemon_, "SetHyperparams", request, response,
+      [this](const auto& r, auto* out) { return DoSetHyperparams(r, out); });
 }
 
 grpc::ServerUnaryReactor* ControlService::Status(grpc::CallbackServerContext* context,
-                                                 const v1::StatusRequest* request,
-                                                 v1::StatusResponse* response) {
-  absl::Status status;
-  if (!request->job().empty()) status = daemon_->registry().Find(request->job()).status();
-  if (status.ok()) *response = daemon_->Status(request->job());
-  return FinishUnary(context, daemon_, "Status", status);
+                                                 const grpc::ByteBuffer* request,
+                                                 grpc::ByteBuffer* response) {
+  return ServeUnary<v1::StatusRequest, v1::StatusResponse>(
+      context, daemon_, "Status", request, response,
+      [this](const auto& r, auto* out) { return DoStatus(r, out); });
 }
 
 grpc::ServerUnaryReactor* ControlService::Drain(grpc::CallbackServerContext* context,
-                                                const v1::DrainRequest* request,
-                                                v1::DrainResponse* response) {
-  daemon_->Drain();
-  response->set_running_steps(daemon_->pending_steps());
-  return FinishUnary(context, daemon_, "Drain", absl::OkStatus());
+                                                const grpc::ByteBuffer* request,
+                                                grpc::ByteBuffer* response) {
+  return ServeUnary<v1::DrainRequest, v1::DrainResponse>(
+      context, daemon_, "Drain", request, response,
+      [this](const v1::DrainRequest&, v1::DrainResponse* out) {
+        daemon_->Drain();
+        out->set_running_steps(daemon_->pending_steps());
+        return absl::OkStatus();
+      });
 }
 
-grpc::ServerWriteReactor<v1::StateChunk>* ControlService::ExportState(
-    grpc::CallbackServerContext* context, const v1::ExportStateRequest* request) {
-  return new ExportReactor(daemon_, *request);
+grpc::ServerUnaryReactor* ControlService::DeleteJob(grpc::CallbackServerContext* context,
+                                                    const grpc::ByteBuffer* request,
+                                                    grpc::ByteBuffer* response) {
+  return ServeUnary<v1::DeleteJobRequest, v1::DeleteJobResponse>(
+      context, daemon_, "DeleteJob", request, response,
+      [this](const auto& r, auto* out) { return DoDeleteJob(r, out); });
 }
 
-grpc::ServerReadReactor<v1::StateChunk>* ControlService::ImportState(
-    grpc::CallbackServerContext* context, v1::ImportStateResponse* response) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* ControlService::ExportState(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+  return new ExportReactor(daemon_, request);
+}
+
+grpc::ServerReadReactor<grpc::ByteBuffer>* ControlService::ImportState(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
   return new ImportReactor(daemon_, response);
+}
+
+absl::Status ControlService::DoRegister(const v1::RegisterRequest& request,
+                                        v1::RegisterResponse* response) {
+  PARAMD_RETURN_IF_ERROR(daemon_->CheckServing());
+  PARAMD_ASSIGN_OR_RETURN(*response, daemon_->Register(request));
+  return absl::OkStatus();
+}
+
+absl::Status ControlService::DoGetLayout(const v1::GetLayoutRequest& request,
+                                         v1::GetLayoutResponse* response) {
+  PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, daemon_->registry().Find(request.job()));
+  PARAMD_RETURN_IF_ERROR(job->CheckUsable());
+  for (const v1::TensorSpec& t : job->spec().tensors()) {
+    v1::GetLayoutResponse::Placement* p = response->add_placements();
+    p->set_tensor(t.name());
+    p->set_daemon(address_);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ControlService::DoSetHyperparams(const v1::SetHyperparamsRequest& request,
+                                              v1::SetHyperparamsResponse* response) {
+  PARAMD_RETURN_IF_ERROR(daemon_->CheckServing());
+  PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, daemon_->registry().Find(request.job()));
+  PARAMD_ASSIGN_OR_RETURN(*response->mutable_hyperparams(), job->SetHyperparams(request));
+  PARAMD_LOG(INFO) << "job " << job->name() << ": hyperparams now "
+                   << response->hyperparams().ShortDebugString();
+  return absl::OkStatus();
+}
+
+absl::Status ControlService::DoStatus(const v1::StatusRequest& request,
+                                      v1::StatusResponse* response) {
+  if (!request.job().empty()) {
+    PARAMD_RETURN_IF_ERROR(daemon_->registry().Find(request.job()).status());
+  }
+  *response = daemon_->Status(request.job());
+  return absl::OkStatus();
+}
+
+absl::Status ControlService::DoDeleteJob(const v1::DeleteJobRequest& request,
+                                         v1::DeleteJobResponse* response) {
+  PARAMD_ASSIGN_OR_RETURN(const MemoryBytes released, daemon_->DeleteJob(request.job()));
+  response->set_released_host_bytes(released.host);
+  response->set_released_device_bytes(released.device);
+  return absl::OkStatus();
 }
 
 }  // namespace paramd

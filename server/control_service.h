@@ -1,4 +1,6 @@
-// gRPC Control service: validate, count, dispatch to the Daemon.
+// gRPC Control service: parse, validate, count, dispatch to the Daemon. Its methods are raw
+// (server/rpc_outcome.h): each parses its request itself, so bytes that are not one get
+// INVALID_ARGUMENT.
 #pragma once
 
 #include <string>
@@ -8,33 +10,50 @@
 
 namespace paramd {
 
-class ControlService final : public v1::Control::CallbackService {
+using RawControlService =
+    v1::Control::WithRawCallbackMethod_Register<v1::Control::WithRawCallbackMethod_GetLayout<
+        v1::Control::WithRawCallbackMethod_SetHyperparams<v1::Control::WithRawCallbackMethod_Status<
+            v1::Control::WithRawCallbackMethod_Drain<v1::Control::WithRawCallbackMethod_DeleteJob<
+                v1::Control::WithRawCallbackMethod_ExportState<
+                    v1::Control::WithRawCallbackMethod_ImportState<v1::Control::Service>>>>>>>>;
+
+class ControlService final : public RawControlService {
  public:
   explicit ControlService(Daemon* daemon) : daemon_(daemon) {}
   // The address trainers reach this daemon at (for GetLayout).
   void set_address(std::string address) { address_ = std::move(address); }
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
-                                     const v1::RegisterRequest* request,
-                                     v1::RegisterResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetLayout(grpc::CallbackServerContext* context,
-                                      const v1::GetLayoutRequest* request,
-                                      v1::GetLayoutResponse* response) override;
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* SetHyperparams(grpc::CallbackServerContext* context,
-                                           const v1::SetHyperparamsRequest* request,
-                                           v1::SetHyperparamsResponse* response) override;
+                                           const grpc::ByteBuffer* request,
+                                           grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* context,
-                                   const v1::StatusRequest* request,
-                                   v1::StatusResponse* response) override;
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* context,
-                                  const v1::DrainRequest* request,
-                                  v1::DrainResponse* response) override;
-  grpc::ServerWriteReactor<v1::StateChunk>* ExportState(
-      grpc::CallbackServerContext* context, const v1::ExportStateRequest* request) override;
-  grpc::ServerReadReactor<v1::StateChunk>* ImportState(grpc::CallbackServerContext* context,
-                                                       v1::ImportStateResponse* response) override;
+                                  const grpc::ByteBuffer* request,
+                                  grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* DeleteJob(grpc::CallbackServerContext* context,
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* ExportState(grpc::CallbackServerContext* context,
+                                                          const grpc::ByteBuffer* request) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* ImportState(grpc::CallbackServerContext* context,
+                                                         grpc::ByteBuffer* response) override;
 
  private:
+  absl::Status DoRegister(const v1::RegisterRequest& request, v1::RegisterResponse* response);
+  absl::Status DoGetLayout(const v1::GetLayoutRequest& request, v1::GetLayoutResponse* response);
+  absl::Status DoSetHyperparams(const v1::SetHyperparamsRequest& request,
+                                v1::SetHyperparamsResponse* response);
+  absl::Status DoStatus(const v1::StatusRequest& request, v1::StatusResponse* response);
+  absl::Status DoDeleteJob(const v1::DeleteJobRequest& request, v1::DeleteJobResponse* response);
+
   Daemon* const daemon_;
   std::string address_;
 };

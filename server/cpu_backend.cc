@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <new>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -55,6 +56,14 @@ bool IsElementwise(const ServedFormat& f) {
 
 bool IsPerTensor(const ServedFormat& f) {
   return f.key.recipe == v1::RECIPE_FP8_TENSOR || f.key.recipe == v1::RECIPE_FP8_DELAYED;
+}
+
+// The state's buffers are std::vectors: the one place an allocation can throw, turned into the
+// status of the request that asked for it (the daemon's budget makes it rare: the machine's
+// memory went to another process).
+absl::Status OutOfHostMemory(const TensorInfo& info) {
+  return absl::ResourceExhaustedError(
+      absl::StrCat("no host memory for the state of a ", info.rows, "x", info.cols, " tensor"));
 }
 
 ServedFormat& Fp32(ServedTensor* out) { return out->formats.front(); }  // always served, first
@@ -126,7 +135,7 @@ CpuBackend::~CpuBackend() = default;
 
 absl::StatusOr<std::unique_ptr<TensorState>> CpuBackend::CreateState(const TensorInfo& info,
                                                                      std::span<const float> initial,
-                                                                     ServedTensor* out) {
+                                                                     ServedTensor* out) try {
   InitialState initial_state;
   absl::Status status = MakeInitialState(info, initial, pool_, &initial_state, out);
   if (!status.ok()) return status;
@@ -137,6 +146,8 @@ absl::StatusOr<std::unique_ptr<TensorState>> CpuBackend::CreateState(const Tenso
   state->delayed_scale = initial_state.delayed_scale;
   state->history = kernels::AmaxHistory(info.delayed_history);
   return state;
+} catch (const std::bad_alloc&) {
+  return OutOfHostMemory(info);
 }
 
 absl::Status CpuBackend::Step(std::span<TensorStep> tensors, const StepScalars& scalars,
@@ -253,7 +264,7 @@ absl::StatusOr<TensorScalars> CpuBackend::ReadStateScalars(const TensorState& st
 
 absl::StatusOr<std::unique_ptr<TensorState>> CpuBackend::ImportState(const TensorInfo& info,
                                                                      HostTensorState state,
-                                                                     ServedTensor* out) {
+                                                                     ServedTensor* out) try {
   PARAMD_RETURN_IF_ERROR(ServeImportedMaster(info, state, pool_, out));
   auto imported = std::make_unique<CpuTensorState>(info);
   imported->master = std::move(state.master);
@@ -273,6 +284,8 @@ absl::StatusOr<std::unique_ptr<TensorState>> CpuBackend::ImportState(const Tenso
   imported->history = kernels::AmaxHistory(info.delayed_history);
   imported->history.Restore(state.scalars.delayed_history);
   return imported;
+} catch (const std::bad_alloc&) {
+  return OutOfHostMemory(info);
 }
 
 absl::StatusOr<GradientCheck> CpuBackend::CheckGradients(std::span<TensorStep> tensors,

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "kernels/cuda_step.h"
 #include "kernels/step_rules.h"
 #include "server/backends.h"
@@ -267,17 +268,21 @@ class CudaBackend : public Backend {
 
   absl::Status CopyServedOnDevice(const ServedTensor& from, ServedTensor* to) override {
     std::lock_guard<std::mutex> lock(mu_);
-    PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    for (size_t f = 0; f < from.formats.size() && f < to->formats.size(); ++f) {
-      const DeviceBytes& src = from.formats[f].device;
-      const DeviceBytes& dst = to->formats[f].device;
-      if (src.empty() || dst.empty()) continue;
-      PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst.get(), src.get(),
-                                                  static_cast<size_t>(dst.size()),
-                                                  cudaMemcpyDeviceToDevice, stream_));
-    }
-    PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-    return absl::OkStatus();
+    const absl::Status status = [&]() -> absl::Status {
+      PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+      for (size_t f = 0; f < from.formats.size() && f < to->formats.size(); ++f) {
+        const DeviceBytes& src = from.formats[f].device;
+        const DeviceBytes& dst = to->formats[f].device;
+        if (src.empty() || dst.empty()) continue;
+        PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst.get(), src.get(),
+                                                    static_cast<size_t>(dst.size()),
+                                                    cudaMemcpyDeviceToDevice, stream_));
+      }
+      PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+      return absl::OkStatus();
+    }();
+    if (!status.ok()) NoticeFailure(status);
+    return status;
   }
 
   absl::StatusOr<std::unique_ptr<TensorState>> CreateState(const TensorInfo& info,
@@ -410,26 +415,78 @@ class CudaBackend : public Backend {
   absl::StatusOr<GradientCheck> CheckGradients(std::span<TensorStep> tensors, float grad_scale,
                                                bool norms) override {
     std::lock_guard<std::mutex> lock(mu_);
+    absl::StatusOr<GradientCheck> check = CheckGradientsLocked(tensors, grad_scale, norms);
+    if (!check.ok()) NoticeFailure(check.status());
+    return check;
+  }
+
+  absl::Status Step(std::span<TensorStep> tensors, const StepScalars& scalars,
+                    const std::function<void(size_t)>& tensor_done = nullptr) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    absl::Status status = StepLocked(tensors, scalars, tensor_done);
+    if (!status.ok()) NoticeFailure(status);
+    return status;
+  }
+
+  bool keeps_state_on_device() const override { return true; }
+
+  absl::StatusOr<int64_t> FreeDeviceMemory() override {
+    const DeviceScope scope(device_);
+    PARAMD_RETURN_IF_ERROR(scope.status());
+    size_t free = 0, total = 0;
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free, &total));
+    return static_cast<int64_t>(free);
+  }
+
+  absl::Status Health() override {
+    std::lock_guard<std::mutex> lock(health_mu_);
+    return unusable_;
+  }
+
+ private:
+  // After a failed call: an error the context keeps (an illegal address, a kernel fault) is
+  // returned by every later synchronization, and then nothing on this GPU can run in this
+  // process again. An allocation that failed leaves the context usable.
+  void NoticeFailure(const absl::Status& failed) {
+    if (cudaDeviceSynchronize() == cudaSuccess) return;
+    cudaGetLastError();
+    const cudaError_t sticky = cudaDeviceSynchronize();
+    if (sticky == cudaSuccess) return;
+    std::lock_guard<std::mutex> lock(health_mu_);
+    if (!unusable_.ok()) return;
+    unusable_ = absl::InternalError(absl::StrCat(
+        "backend cuda:", device_, " is unusable: its CUDA context failed (",
+        cudaGetErrorString(sticky), ", after ", failed.message(),
+        "), which no call in this process can clear; every job of it failed. Restart the "
+        "daemon and restore the jobs from their exports or checkpoints"));
+  }
+
+  absl::StatusOr<GradientCheck> CheckGradientsLocked(std::span<TensorStep> tensors,
+                                                     float grad_scale, bool norms) {
     PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     if (absl::Status s = Upload(tensors); !s.ok()) return s;
     if (absl::Status s = Plan(tensors); !s.ok()) return s;
-    DeviceBuffer sums, finite;
     const size_t blocks = static_cast<size_t>(plan_.num_norm_blocks());
-    if (absl::Status s = finite.Allocate(sizeof(int)); !s.ok()) return s;
-    if (norms) {
-      if (absl::Status s = sums.Allocate(blocks * sizeof(double)); !s.ok()) return s;
+    // Kept from step to step (grown for a bigger job only), so a step of a job whose buffers
+    // exist allocates nothing and still runs when another job filled the GPU.
+    if (finite_.get() == nullptr) {
+      if (absl::Status s = finite_.Allocate(sizeof(int)); !s.ok()) return s;
+    }
+    if (norms && norm_sums_.bytes() < blocks * sizeof(double)) {
+      norm_sums_.Free();
+      if (absl::Status s = norm_sums_.Allocate(blocks * sizeof(double)); !s.ok()) return s;
     }
     absl::Status st = FromKernel(kernels::GradCheckCuda(
-        plan_, grad_scale, norms ? static_cast<double*>(sums.get()) : nullptr,
-        static_cast<int*>(finite.get()), stream_));
+        plan_, grad_scale, norms ? static_cast<double*>(norm_sums_.get()) : nullptr,
+        static_cast<int*>(finite_.get()), stream_));
     if (!st.ok()) return st;
     int all_finite = 0;
     std::vector<double> flat(norms ? blocks : 0);
     PARAMD_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(&all_finite, finite.get(), sizeof(int), cudaMemcpyDeviceToHost, stream_));
+        cudaMemcpyAsync(&all_finite, finite_.get(), sizeof(int), cudaMemcpyDeviceToHost, stream_));
     if (norms && blocks > 0) {
-      PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(flat.data(), sums.get(), blocks * sizeof(double),
-                                                  cudaMemcpyDeviceToHost, stream_));
+      PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+          flat.data(), norm_sums_.get(), blocks * sizeof(double), cudaMemcpyDeviceToHost, stream_));
     }
     PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     GradientCheck check;
@@ -447,9 +504,8 @@ class CudaBackend : public Backend {
 
   // One launch over all tensors (kernels/cuda_step.h): every tensor is reported done at the end,
   // after the copies down; publishing earlier would need per-group launches and syncs.
-  absl::Status Step(std::span<TensorStep> tensors, const StepScalars& scalars,
-                    const std::function<void(size_t)>& tensor_done = nullptr) override {
-    std::lock_guard<std::mutex> lock(mu_);
+  absl::Status StepLocked(std::span<TensorStep> tensors, const StepScalars& scalars,
+                          const std::function<void(size_t)>& tensor_done) {
     PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     // The slots went up and plan_ was made in CheckGradients, which the job always calls first
     // with the same tensors; binding it again resets the counters the check's launches used. The
@@ -520,7 +576,6 @@ class CudaBackend : public Backend {
     return absl::OkStatus();
   }
 
- private:
   // A tensor's device buffers for its policy (contents undefined) and its served formats' device
   // outputs, laid out as `out`'s.
   absl::StatusOr<std::unique_ptr<CudaTensorState>> Allocate(const TensorInfo& info,
@@ -655,6 +710,10 @@ class CudaBackend : public Backend {
   cudaStream_t stream_ = nullptr;
   kernels::CudaStepPlan plan_;
   DeviceBuffer workspace_;
+  DeviceBuffer finite_;     // the gradient check's flag
+  DeviceBuffer norm_sums_;  // the gradient check's block sums, as many as the biggest job's
+  std::mutex health_mu_;
+  absl::Status unusable_;               // not OK once the context failed (Health)
   std::string uuid_;                    // the GPU's UUID bytes (cuda_ipc's trainers match it)
   std::unique_ptr<DeviceArena> arena_;  // exported GPU memory (cuda_ipc)
 };

@@ -2,20 +2,57 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <map>
 #include <random>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "server/backends.h"
 
 namespace paramd {
 
 inline constexpr char kDaemonVersion[] = "0.1.0";
 
+namespace {
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+// The budget as configured, or its default from what the machine has now (server/memory_budget.h).
+absl::StatusOr<MemoryBytes> ResolveBudget(const v1::DaemonConfig& config, Backend& backend) {
+  MemoryBytes budget{config.memory_budget_bytes(), 0};
+  if (budget.host == 0) {
+    PARAMD_ASSIGN_OR_RETURN(const int64_t available, HostMemoryAvailable());
+    budget.host = static_cast<int64_t>(kDefaultBudgetShare * static_cast<double>(available));
+  }
+  if (backend.keeps_state_on_device()) {
+    budget.device = config.device_memory_budget_bytes();
+    if (budget.device == 0) {
+      PARAMD_ASSIGN_OR_RETURN(const int64_t free, backend.FreeDeviceMemory());
+      // The exported allocations come in 256 MiB granules.
+      budget.device = std::max<int64_t>(
+          0, static_cast<int64_t>(kDefaultBudgetShare * static_cast<double>(free)) - 256 * kMiB);
+    }
+  }
+  return budget;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const v1::DaemonConfig& config) {
-  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(config);
-  if (!backend.ok()) return backend.status();
+  PARAMD_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, MakeBackend(config));
+  return CreateWithBackend(config, std::move(backend));
+}
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::CreateWithBackend(const v1::DaemonConfig& config,
+                                                                  std::unique_ptr<Backend> made) {
+  absl::StatusOr<std::unique_ptr<Backend>> backend = std::move(made);
+  PARAMD_ASSIGN_OR_RETURN(const MemoryBytes budget, ResolveBudget(config, **backend));
+  PARAMD_LOG(INFO) << "memory budget: " << budget.host / kMiB << " MiB of host memory"
+                   << (budget.device > 0
+                           ? absl::StrCat(", ", budget.device / kMiB, " MiB of GPU memory")
+                           : std::string());
   // This start's identity (also the shm probe, and the tag in the segment names: two daemons'
   // names stay apart even where process ids repeat, in containers).
   std::random_device random;
@@ -39,17 +76,22 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const v1::DaemonConfig& c
                           << "); jobs keep their buffers on the heap and the shm transport is off";
     }
   }
-  return std::unique_ptr<Daemon>(new Daemon(config, *std::move(backend), std::move(shm), instance));
+  return std::unique_ptr<Daemon>(
+      new Daemon(config, *std::move(backend), std::move(shm), instance, budget));
 }
 
 Daemon::Daemon(const v1::DaemonConfig& config, std::unique_ptr<Backend> backend,
-               std::unique_ptr<ShmArena> shm, uint64_t instance)
+               std::unique_ptr<ShmArena> shm, uint64_t instance, MemoryBytes budget)
     : config_(config),
       instance_(instance),
       shm_(std::move(shm)),
       backend_(std::move(backend)),
       backend_name_(backend_->name()),
-      metrics_(std::make_unique<Metrics>()) {
+      metrics_(std::make_unique<Metrics>()),
+      budget_(std::make_unique<MemoryBudget>(budget)),
+      leases_(std::make_unique<LeaseTable>(config.max_leases())),
+      open_streams_(config.max_open_streams()),
+      waiting_pulls_(config.max_waiting_pulls()) {
   RegistryLimits limits;
   limits.max_jobs = config.max_jobs();
   limits.max_tensors_per_job = config.max_tensors_per_job();
@@ -57,7 +99,7 @@ Daemon::Daemon(const v1::DaemonConfig& config, std::unique_ptr<Backend> backend,
   limits.max_chunk_bytes = config.max_chunk_bytes();
   BufferAllocator* buffers = backend_->HostAllocator();
   if (buffers == nullptr) buffers = shm_ != nullptr ? shm_.get() : HeapAllocator();
-  registry_ = std::make_unique<JobRegistry>(backend_.get(), limits, buffers);
+  registry_ = std::make_unique<JobRegistry>(backend_.get(), limits, buffers, budget_.get());
 }
 
 Daemon::~Daemon() { executor_.WaitIdle(); }
@@ -87,12 +129,57 @@ absl::StatusOr<v1::RegisterResponse> Daemon::Register(const v1::RegisterRequest&
   return response;
 }
 
+absl::StatusOr<MemoryBytes> Daemon::DeleteJob(const std::string& name) {
+  PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, registry_->Delete(name));
+  const int leases = leases_->ReleaseJob(name);
+  const MemoryBytes released = job->reserved();
+  PARAMD_LOG(INFO) << "job " << name << ": deleted (" << leases << " leases ended, "
+                   << released.host / kMiB << " MiB of host memory"
+                   << (released.device > 0
+                           ? absl::StrCat(", ", released.device / kMiB, " MiB of GPU memory")
+                           : std::string())
+                   << " back in the budget once its running step ends)";
+  job.reset();
+  UpdateGauges();
+  return released;
+}
+
+absl::StatusOr<CountedLimit::Ticket> Daemon::OpenStream(const char* method) {
+  std::optional<CountedLimit::Ticket> ticket = open_streams_.TryTake();
+  if (!ticket.has_value()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        method, " refused: ", open_streams_.limit(),
+        " streams are open, this daemon's max_open_streams; finish or cancel streams, or raise "
+        "max_open_streams"));
+  }
+  return *std::move(ticket);
+}
+
+void Daemon::EndWaitingPulls() {
+  for (const auto& job : registry_->Jobs()) job->StopWaiting();
+}
+
+void Daemon::FailJobsOfUnusableBackend() {
+  const absl::Status health = backend_->Health();
+  if (health.ok()) return;
+  PARAMD_LOG(ERROR) << "backend " << backend_name_
+                    << " is unusable, every job of it fails: " << health;
+  for (const auto& job : registry_->Jobs()) job->Fail(health);
+}
+
 void Daemon::StartStep(std::shared_ptr<Job> job, StepWork work) {
   executor_.Submit([this, job = std::move(job), work] {
     // None while an export of the job holds its steps back (its end submits the step again);
     // several when this one ran steps held back before it.
     const std::vector<StepReport> reports = job->RunOrHoldStep(work);
     for (const StepReport& report : reports) {
+      if (!report.failed.ok()) {
+        // The failure stays in its job, unless the backend itself broke.
+        metrics_->StepFailed(job->name());
+        PARAMD_LOG(ERROR) << report.failed;
+        FailJobsOfUnusableBackend();
+        continue;
+      }
       metrics_->StepDone(job->name(), report.seconds, report.elements, report.skipped);
       if (report.skipped) {
         PARAMD_LOG(WARNING) << "job " << job->name() << ": step " << report.step
@@ -127,6 +214,14 @@ void Daemon::UpdateGauges() {
   metrics_->SetTrainersByTransport(by_transport);
   metrics_->SetLeases(leases, leases_->expired());
   if (shm_ != nullptr) metrics_->SetShmBytes(shm_->reserved_bytes(), shm_->used_bytes());
+  int failed = 0;
+  for (const auto& job : jobs) failed += job->CheckUsable().ok() ? 0 : 1;
+  metrics_->SetFailedJobs(failed);
+  metrics_->SetStreams(open_streams_.count(), waiting_pulls_.count());
+  const MemoryBytes limit = budget_->limit();
+  const MemoryBytes used = budget_->used();
+  metrics_->SetMemoryBudget("host", limit.host, used.host);
+  if (limit.device > 0) metrics_->SetMemoryBudget("device", limit.device, used.device);
 }
 
 v1::StatusResponse Daemon::Status(const std::string& job) const {
@@ -143,6 +238,19 @@ v1::StatusResponse Daemon::Status(const std::string& job) const {
   }
   response.add_transports("inline");
   response.set_draining(draining());
+  const MemoryBytes limit = budget_->limit();
+  const MemoryBytes used = budget_->used();
+  response.set_memory_budget_bytes(limit.host);
+  response.set_memory_reserved_bytes(used.host);
+  response.set_device_memory_budget_bytes(limit.device);
+  response.set_device_memory_reserved_bytes(used.device);
+  response.set_open_streams(static_cast<int32_t>(open_streams_.count()));
+  response.set_waiting_pulls(static_cast<int32_t>(waiting_pulls_.count()));
+  response.set_leases(leases_->held());
+  if (absl::Status health = backend_->Health(); !health.ok()) {
+    response.mutable_backend_failure()->set_code(static_cast<int32_t>(health.code()));
+    response.mutable_backend_failure()->set_message(std::string(health.message()));
+  }
   response.set_uptime_seconds(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count());
   for (const auto& j : registry_->Jobs()) {

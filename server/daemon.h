@@ -13,7 +13,9 @@
 #include "paramd/v1/config.pb.h"
 #include "paramd/v1/control.pb.h"
 #include "server/backend.h"
+#include "server/counted_limit.h"
 #include "server/lease_table.h"
+#include "server/memory_budget.h"
 #include "server/metrics.h"
 #include "server/registry.h"
 #include "server/shm_arena.h"
@@ -25,6 +27,9 @@ class Daemon {
  public:
   // `config` has defaults applied and is valid.
   static absl::StatusOr<std::unique_ptr<Daemon>> Create(const v1::DaemonConfig& config);
+  // The same on a backend made by the caller (a test's fault-injecting one, say).
+  static absl::StatusOr<std::unique_ptr<Daemon>> CreateWithBackend(
+      const v1::DaemonConfig& config, std::unique_ptr<Backend> backend);
   ~Daemon();
 
   const v1::DaemonConfig& config() const { return config_; }
@@ -49,6 +54,19 @@ class Daemon {
   bool draining() const { return draining_.load(); }
 
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
+  // Removes a job and frees its memory (its leases end now); returns the budget it held.
+  absl::StatusOr<MemoryBytes> DeleteJob(const std::string& job);
+  // The budget every job's footprint is reserved from.
+  const MemoryBudget& memory_budget() const { return *budget_; }
+
+  // A stream's place among max_open_streams, held while it is open; RESOURCE_EXHAUSTED naming
+  // the limit when none is left.
+  absl::StatusOr<CountedLimit::Ticket> OpenStream(const char* method);
+  // Pulls waiting for a version (max_waiting_pulls).
+  CountedLimit& waiting_pulls() { return waiting_pulls_; }
+  // Ends the pulls that wait for a version no step will publish (the daemon drained and its
+  // steps ran): they get UNAVAILABLE, saying the daemon drains.
+  void EndWaitingPulls();
   // Queues a step a commit completed; it runs after the job's earlier steps.
   void StartStep(std::shared_ptr<Job> job, StepWork work);
   // Steps queued or running.
@@ -62,7 +80,9 @@ class Daemon {
 
  private:
   Daemon(const v1::DaemonConfig& config, std::unique_ptr<Backend> backend,
-         std::unique_ptr<ShmArena> shm, uint64_t instance);
+         std::unique_ptr<ShmArena> shm, uint64_t instance, MemoryBytes budget);
+  // After a job's step failed: when the backend itself is unusable, every job of it fails too.
+  void FailJobsOfUnusableBackend();
 
   const v1::DaemonConfig config_;
   const uint64_t instance_;
@@ -72,8 +92,11 @@ class Daemon {
   std::unique_ptr<Backend> backend_;
   std::string backend_name_;
   std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<MemoryBudget> budget_;
   std::unique_ptr<JobRegistry> registry_;
-  std::unique_ptr<LeaseTable> leases_ = std::make_unique<LeaseTable>();
+  std::unique_ptr<LeaseTable> leases_;
+  CountedLimit open_streams_;
+  CountedLimit waiting_pulls_;
   std::atomic<bool> draining_{false};
   std::function<void()> drain_listener_;
   StepExecutor executor_;  // last: joins its thread before the jobs and backend go away

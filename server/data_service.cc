@@ -16,6 +16,7 @@
 #include "common/daemon_instance.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
+#include "common/quoted.h"
 #include "common/status_macros.h"
 #include "server/rpc_outcome.h"
 
@@ -27,10 +28,17 @@ constexpr char kShm[] = "shm";
 constexpr char kCudaIpc[] = "cuda_ipc";
 
 // Reads chunks one at a time and stores each on arrival; the first bad one ends the stream.
-class PushReactor final : public grpc::ServerReadReactor<v1::PushChunk> {
+class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  PushReactor(Daemon* daemon, v1::PushResponse* response) : daemon_(daemon), response_(response) {
-    StartRead(&chunk_);
+  PushReactor(Daemon* daemon, grpc::ByteBuffer* response)
+      : daemon_(daemon), raw_response_(response) {
+    absl::StatusOr<CountedLimit::Ticket> stream = daemon_->OpenStream("Push");
+    if (!stream.ok()) {
+      End(stream.status());
+      return;
+    }
+    stream_ = *std::move(stream);
+    StartRead(&buffer_);
   }
 
   void OnReadDone(bool ok) override {
@@ -38,12 +46,13 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushChunk> {
       End(absl::OkStatus());
       return;
     }
-    absl::Status status = Store();
+    absl::Status status = ParseMessage(&buffer_, &chunk_);
+    if (status.ok()) status = Store();
     if (!status.ok()) {
       End(status);
       return;
     }
-    StartRead(&chunk_);
+    StartRead(&buffer_);
   }
 
   void OnDone() override { delete this; }
@@ -60,7 +69,7 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushChunk> {
     if (chunk_.in_place_bytes() != 0 && chunk_.instance() != 0 &&
         chunk_.instance() != daemon_->instance()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "the slot place of tensor \"", chunk_.tensor(), "\" ", kFromAnotherDaemonStart,
+          "the slot place of tensor ", Quoted(chunk_.tensor()), " ", kFromAnotherDaemonStart,
           ", whose memory this one does not see; ask Attach for the step's slot places again and "
           "write the bytes there"));
     }
@@ -71,12 +80,13 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushChunk> {
     }
     absl::StatusOr<ChunkBuffer::Stored> stored = job_->Push(chunk_);
     if (!stored.ok()) {
-      return absl::Status(stored.status().code(),
-                          absl::StrCat(stored.status().message(), " (tensor \"", chunk_.tensor(),
-                                       "\", rank ", chunk_.rank(), ", step ", chunk_.step(), ")"));
+      return absl::Status(
+          stored.status().code(),
+          absl::StrCat(stored.status().message(), " (tensor ", Quoted(chunk_.tensor()), ", rank ",
+                       chunk_.rank(), ", step ", chunk_.step(), ")"));
     }
     if (*stored == ChunkBuffer::Stored::kNew) {
-      response_->set_chunks_stored(response_->chunks_stored() + 1);
+      response_.set_chunks_stored(response_.chunks_stored() + 1);
       if (chunk_.in_place_device()) {
         daemon_->metrics().Pushed(kCudaIpc, chunk_.in_place_bytes());
       } else if (chunk_.in_place_bytes() > 0) {
@@ -85,19 +95,24 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushChunk> {
         daemon_->metrics().Pushed(kInline, static_cast<int64_t>(chunk_.data().size()));
       }
     } else {
-      response_->set_chunks_duplicate(response_->chunks_duplicate() + 1);
+      response_.set_chunks_duplicate(response_.chunks_duplicate() + 1);
     }
     return absl::OkStatus();
   }
 
   void End(const absl::Status& status) {
+    stream_.Reset();
     CountRpcError(daemon_, "Push", status);
+    if (status.ok()) SerializeMessage(response_, raw_response_);
     Finish(ToGrpcStatus(status));
   }
 
   Daemon* const daemon_;
-  v1::PushResponse* const response_;
+  grpc::ByteBuffer* const raw_response_;
+  CountedLimit::Ticket stream_;
+  grpc::ByteBuffer buffer_;  // the chunk as read
   v1::PushChunk chunk_;
+  v1::PushResponse response_;
   std::shared_ptr<Job> job_;
 };
 
@@ -108,12 +123,8 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   PullReactor(Daemon* daemon, const grpc::ByteBuffer* raw) : daemon_(daemon) {
     v1::PullRequest request;
-    absl::Status status =
-        grpc::SerializationTraits<v1::PullRequest>::Deserialize(const_cast<grpc::ByteBuffer*>(raw),
-                                                                &request)
-                .ok()
-            ? Prepare(request)
-            : absl::InvalidArgumentError("Pull request is not a paramd.v1.PullRequest");
+    absl::Status status = ParseMessage(raw, &request);
+    if (status.ok()) status = Prepare(request);
     if (!status.ok()) {
       End(status);
       return;
@@ -181,9 +192,17 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  private:
   absl::Status Prepare(const v1::PullRequest& request) {
     PARAMD_RETURN_IF_ERROR(daemon_->CheckServing());
+    PARAMD_ASSIGN_OR_RETURN(stream_, daemon_->OpenStream("Pull"));
     absl::StatusOr<std::shared_ptr<Job>> job = daemon_->registry().Find(request.job());
     if (!job.ok()) return job.status();
     job_ = *std::move(job);
+    PARAMD_RETURN_IF_ERROR(job_->CheckUsable());
+    if (!v1::PullDelivery_IsValid(request.delivery())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("delivery ", request.delivery(),
+                       " is not a PullDelivery (PULL_DELIVERY_STREAM or "
+                       "PULL_DELIVERY_PLACE)"));
+    }
     place_ = request.delivery() == v1::PULL_DELIVERY_PLACE;
     if (!request.tensors().empty()) {
       if (!request.tensor().empty()) {
@@ -202,7 +221,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       if (!tensor.ok()) return tensor.status();
       if (std::find(tensors_.begin(), tensors_.end(), *tensor) != tensors_.end()) {
         return absl::InvalidArgumentError(
-            absl::StrCat("tensor \"", name, "\" is named twice in one pull"));
+            absl::StrCat("tensor ", Quoted(name), " is named twice in one pull"));
       }
       tensors_.push_back(*tensor);
     }
@@ -217,6 +236,19 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     lease_ms_ = request.lease_ms() > 0 ? request.lease_ms() : daemon_->config().lease_ms();
     daemon_->leases().Release(
         std::vector<uint64_t>(request.release().begin(), request.release().end()));
+    // A pull that finds its versions published does not wait, and takes no waiting place.
+    bool all_there = true;
+    for (int t : tensors_) all_there = all_there && job_->Served(t, min_version_) != nullptr;
+    if (!all_there) {
+      std::optional<CountedLimit::Ticket> waiting = daemon_->waiting_pulls().TryTake();
+      if (!waiting.has_value()) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            daemon_->waiting_pulls().limit(),
+            " pulls wait for a version already, this daemon's max_waiting_pulls; pull after the "
+            "step published, or raise max_waiting_pulls"));
+      }
+      waiting_ = *std::move(waiting);
+    }
     return absl::OkStatus();
   }
 
@@ -225,6 +257,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     {
       std::lock_guard<std::mutex> lock(mu_);
       waiters_.erase(i);
+      if (waiters_.empty()) waiting_.Reset();  // it waits no more
       if (cancelled_ || ending_) {
         end = waiters_.empty();  // the last callback on its way finishes the call
       } else {
@@ -256,11 +289,18 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   void Begin(int tensor, bool last) {
     served_ = job_->Served(tensor, min_version_);
     if (served_ == nullptr) {
-      // Published, then replaced by an imported state of an earlier version before its turn.
-      End(absl::AbortedError(
-          absl::StrCat("tensor \"", job_->Spec(tensor).name(), "\" of job \"", job_->name(),
-                       "\" went back below version ", min_version_,
-                       ": an imported state replaced it; pull the version the import serves")));
+      // Woken without its version: the job failed or was deleted, the daemon drains (no step
+      // will publish it), or the version was published, then replaced by an imported state of an
+      // earlier version before its turn.
+      absl::Status why = job_->CheckUsable();
+      if (why.ok()) why = daemon_->CheckServing();
+      if (why.ok()) {
+        why = absl::AbortedError(
+            absl::StrCat("tensor ", Quoted(job_->Spec(tensor).name()), " of job ",
+                         Quoted(job_->name()), " went back below version ", min_version_,
+                         ": an imported state replaced it; pull the version the import serves"));
+      }
+      End(why);
       return;
     }
     const ServedFormat* format = served_->Find(format_);
@@ -303,7 +343,12 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       header->set_place_on_device(on_device);
       header->set_instance(daemon_->instance());
       const auto expires = LeaseTable::Clock::now() + std::chrono::milliseconds(lease_ms_);
-      const uint64_t lease = daemon_->leases().Take(job_->name(), served_, expires);
+      absl::StatusOr<uint64_t> taken = daemon_->leases().Take(job_->name(), served_, expires);
+      if (!taken.ok()) {
+        End(taken.status());
+        return;
+      }
+      const uint64_t lease = *taken;
       header->set_lease(lease);
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -359,6 +404,8 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       if (!waiters_.empty()) return;
       finished_ = true;
       final_status = end_status_;
+      waiting_.Reset();
+      stream_.Reset();
       // A pull that fails hands no place to its caller (the client drops what it read): the
       // leases this call took end now rather than at their expiry.
       if (!final_status.ok()) daemon_->leases().Release(taken_);
@@ -368,6 +415,8 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   Daemon* const daemon_;
+  CountedLimit::Ticket stream_;   // among max_open_streams
+  CountedLimit::Ticket waiting_;  // among max_waiting_pulls, while the call waits for versions
   std::shared_ptr<Job> job_;
   std::vector<int> tensors_;  // job tensor indices, as named
   FormatKey format_;
@@ -436,111 +485,119 @@ absl::Status DataService::AttachCudaIpc(const v1::AttachRequest& request,
   }
   if (request.rank() < 0 || request.rank() >= job->world_size()) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", request.rank(), " is outside [0, ",
-                                                   job->world_size(), ") of job \"", request.job(),
-                                                   "\""));
+                                                   job->world_size(), ") of job ",
+                                                   Quoted(request.job())));
   }
   job->SetTrainerTransport(request.rank(), request.transport(), request.reason());
   fill_exports();
   return absl::OkStatus();
 }
 
-grpc::ServerReadReactor<v1::PushChunk>* DataService::Push(grpc::CallbackServerContext* context,
-                                                          v1::PushResponse* response) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* DataService::Push(grpc::CallbackServerContext* context,
+                                                             grpc::ByteBuffer* response) {
   return new PushReactor(daemon_, response);
 }
 
 grpc::ServerUnaryReactor* DataService::Commit(grpc::CallbackServerContext* context,
-                                              const v1::CommitRequest* request,
-                                              v1::CommitResponse* response) {
-  absl::Status status = daemon_->CheckServing();
-  if (status.ok()) {
-    absl::StatusOr<std::shared_ptr<Job>> job = daemon_->registry().Find(request->job());
-    status = job.status();
-    if (job.ok()) {
-      absl::StatusOr<CommitOutcome> outcome = (*job)->Commit(*request);
-      status = outcome.status();
-      if (outcome.ok()) {
-        response->set_committed_ranks(outcome->committed_ranks);
-        response->set_step_started(outcome->step_started);
-        if (outcome->work) daemon_->StartStep(*job, *outcome->work);
-      }
-    }
-  }
-  return FinishUnary(context, daemon_, "Commit", status);
+                                              const grpc::ByteBuffer* request,
+                                              grpc::ByteBuffer* response) {
+  return ServeUnary<v1::CommitRequest, v1::CommitResponse>(
+      context, daemon_, "Commit", request, response,
+      [this](const auto& r, auto* out) { return DoCommit(r, out); });
 }
 
 grpc::ServerUnaryReactor* DataService::Attach(grpc::CallbackServerContext* context,
-                                              const v1::AttachRequest* request,
-                                              v1::AttachResponse* response) {
-  auto attach = [&]() -> absl::Status {
-    PARAMD_RETURN_IF_ERROR(daemon_->CheckServing());
-    const bool shm = request->transport() == kShm;
-    const bool cuda_ipc = request->transport() == kCudaIpc;
-    if (!shm && !cuda_ipc && request->transport() != kInline) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("transport \"", request->transport(),
-                       "\" is not one this daemon offers (cuda_ipc, shm, inline)"));
-    }
-    if (cuda_ipc) return AttachCudaIpc(*request, response);
-    if (shm) {
-      const ShmArena* arena = daemon_->shm();
-      if (arena == nullptr) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "this daemon keeps no buffers in shared memory (backend ", daemon_->backend_name(),
-            ", shared_memory ", daemon_->config().shared_memory() ? "true" : "false",
-            "); use another transport"));
-      }
-      for (const std::string& name : arena->segment_names()) response->add_segments(name);
-      response->set_probe(arena->probe());
-      if (request->job().empty() && !request->has_step()) return absl::OkStatus();  // a probe
-    } else if (request->has_step()) {
-      return absl::InvalidArgumentError("slot places (step) exist for transport \"shm\" only");
-    }
-    PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, daemon_->registry().Find(request->job()));
-    if (request->has_step()) {
-      PARAMD_ASSIGN_OR_RETURN(Job::SlotPlaces slots,
-                              job->SlotsForStep(request->rank(), request->step()));
-      response->set_committed(slots.committed);
-      // Slots allocated just now may have added segments.
-      response->clear_segments();
-      for (const std::string& name : daemon_->shm()->segment_names()) {
-        response->add_segments(name);
-      }
-      for (size_t i = 0; i < slots.places.size(); ++i) {
-        v1::ShmPlace* place = response->add_slots();
-        place->set_segment(slots.places[i].segment);
-        place->set_offset(slots.places[i].offset);
-        place->set_bytes(slots.bytes[i]);
-        place->set_tensor(slots.tensors[i]);
-        place->set_received(slots.received[i]);
-      }
-      return absl::OkStatus();
-    }
-    if (request->rank() < 0 || request->rank() >= job->world_size()) {
-      return absl::InvalidArgumentError(absl::StrCat("rank ", request->rank(), " is outside [0, ",
-                                                     job->world_size(), ") of job \"",
-                                                     request->job(), "\""));
-    }
-    job->SetTrainerTransport(request->rank(), request->transport(), request->reason());
-    daemon_->UpdateGauges();
-    return absl::OkStatus();
-  };
-  const absl::Status status = attach();
-  response->set_instance(daemon_->instance());
-  return FinishUnary(context, daemon_, "Attach", status);
+                                              const grpc::ByteBuffer* request,
+                                              grpc::ByteBuffer* response) {
+  return ServeUnary<v1::AttachRequest, v1::AttachResponse>(
+      context, daemon_, "Attach", request, response,
+      [this](const v1::AttachRequest& r, v1::AttachResponse* out) {
+        const absl::Status status = DoAttach(r, out);
+        out->set_instance(daemon_->instance());
+        return status;
+      });
 }
 
 grpc::ServerUnaryReactor* DataService::Release(grpc::CallbackServerContext* context,
-                                               const v1::ReleaseRequest* request,
-                                               v1::ReleaseResponse* response) {
-  response->set_released(daemon_->leases().Release(
-      std::vector<uint64_t>(request->leases().begin(), request->leases().end())));
-  return FinishUnary(context, daemon_, "Release", absl::OkStatus());
+                                               const grpc::ByteBuffer* request,
+                                               grpc::ByteBuffer* response) {
+  return ServeUnary<v1::ReleaseRequest, v1::ReleaseResponse>(
+      context, daemon_, "Release", request, response,
+      [this](const v1::ReleaseRequest& r, v1::ReleaseResponse* out) {
+        out->set_released(
+            daemon_->leases().Release(std::vector<uint64_t>(r.leases().begin(), r.leases().end())));
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* DataService::Pull(grpc::CallbackServerContext* context,
                                                               const grpc::ByteBuffer* request) {
   return new PullReactor(daemon_, request);
+}
+
+absl::Status DataService::DoCommit(const v1::CommitRequest& request, v1::CommitResponse* response) {
+  PARAMD_RETURN_IF_ERROR(daemon_->CheckServing());
+  PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, daemon_->registry().Find(request.job()));
+  PARAMD_ASSIGN_OR_RETURN(CommitOutcome outcome, job->Commit(request));
+  response->set_committed_ranks(outcome.committed_ranks);
+  response->set_step_started(outcome.step_started);
+  if (outcome.work) daemon_->StartStep(job, *outcome.work);
+  return absl::OkStatus();
+}
+
+absl::Status DataService::DoAttach(const v1::AttachRequest& request, v1::AttachResponse* response) {
+  PARAMD_RETURN_IF_ERROR(daemon_->CheckServing());
+  const bool shm = request.transport() == kShm;
+  const bool cuda_ipc = request.transport() == kCudaIpc;
+  if (!shm && !cuda_ipc && request.transport() != kInline) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transport ", Quoted(request.transport()),
+                     " is not one this daemon offers (cuda_ipc, shm, inline)"));
+  }
+  if (cuda_ipc) return AttachCudaIpc(request, response);
+  if (shm) {
+    const ShmArena* arena = daemon_->shm();
+    if (arena == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "this daemon keeps no buffers in shared memory (backend ", daemon_->backend_name(),
+          ", shared_memory ", daemon_->config().shared_memory() ? "true" : "false",
+          "); use another transport"));
+    }
+    for (const std::string& name : arena->segment_names()) response->add_segments(name);
+    response->set_probe(arena->probe());
+    if (request.job().empty() && !request.has_step()) return absl::OkStatus();  // a probe
+  } else if (request.has_step()) {
+    return absl::InvalidArgumentError("slot places (step) exist for transport \"shm\" only");
+  }
+  PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, daemon_->registry().Find(request.job()));
+  if (request.has_step()) {
+    PARAMD_ASSIGN_OR_RETURN(Job::SlotPlaces slots,
+                            job->SlotsForStep(request.rank(), request.step()));
+    response->set_committed(slots.committed);
+    // Slots allocated just now may have added segments.
+    response->clear_segments();
+    for (const std::string& name : daemon_->shm()->segment_names()) {
+      response->add_segments(name);
+    }
+    for (size_t i = 0; i < slots.places.size(); ++i) {
+      v1::ShmPlace* place = response->add_slots();
+      place->set_segment(slots.places[i].segment);
+      place->set_offset(slots.places[i].offset);
+      place->set_bytes(slots.bytes[i]);
+      place->set_tensor(slots.tensors[i]);
+      place->set_received(slots.received[i]);
+    }
+    return absl::OkStatus();
+  }
+  PARAMD_RETURN_IF_ERROR(job->CheckUsable());
+  if (request.rank() < 0 || request.rank() >= job->world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", request.rank(), " is outside [0, ",
+                                                   job->world_size(), ") of job ",
+                                                   Quoted(request.job())));
+  }
+  job->SetTrainerTransport(request.rank(), request.transport(), request.reason());
+  daemon_->UpdateGauges();
+  return absl::OkStatus();
 }
 
 }  // namespace paramd

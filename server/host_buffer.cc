@@ -3,6 +3,8 @@
 #include <cstdlib>
 #include <new>
 
+#include "absl/strings/str_cat.h"
+
 namespace paramd {
 namespace {
 
@@ -11,8 +13,12 @@ class Heap final : public BufferAllocator {
   absl::StatusOr<HostBuffer> Allocate(int64_t bytes) override {
     if (bytes == 0) return HostBuffer();
     // 64-byte alignment: a cache line, and what the AVX-512 kernels like.
-    auto* data =
-        static_cast<uint8_t*>(::operator new[](static_cast<size_t>(bytes), std::align_val_t{64}));
+    auto* data = static_cast<uint8_t*>(
+        ::operator new[](static_cast<size_t>(bytes), std::align_val_t{64}, std::nothrow));
+    if (data == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the heap has no ", bytes, " bytes for a buffer (the machine is out of memory)"));
+    }
     std::fill(data, data + bytes, uint8_t{0});
     return Make(data, bytes, ShmPlace{});
   }

@@ -62,10 +62,11 @@ class BufferAllocator {
   friend class HostBuffer;
 };
 
-// The process heap. Never fails short of the process running out of memory.
+// The process heap: RESOURCE_EXHAUSTED when the process runs out of memory.
 BufferAllocator* HeapAllocator();
 
-// A heap buffer of `bytes` bytes (a convenience for the many places that need no shared memory).
+// A heap buffer of `bytes` bytes, for tests and small buffers; crashes where the heap has none
+// (the daemon's own buffers come from HeapAllocator()->Allocate, which says so instead).
 HostBuffer HeapBuffer(int64_t bytes);
 
 }  // namespace paramd

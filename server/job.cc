@@ -11,8 +11,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
+#include "common/quoted.h"
 #include "common/status_macros.h"
 #include "kernels/step_rules.h"
+#include "server/job_memory.h"
 #include "server/registration.h"
 
 namespace paramd {
@@ -47,7 +49,6 @@ Job::Job(const v1::RegisterRequest& spec, Backend* backend, BufferAllocator* buf
   hyper_ = spec_.hyperparams();
   last_commit_.assign(static_cast<size_t>(world_size_), -1);
   tensors_.resize(static_cast<size_t>(spec_.tensors_size()));
-  collecting_.host.resize(tensors_.size());
   for (int i = 0; i < spec_.tensors_size(); ++i) {
     Tensor& t = tensors_[static_cast<size_t>(i)];
     t.spec = spec_.tensors(i);
@@ -55,7 +56,6 @@ Job::Job(const v1::RegisterRequest& spec, Backend* backend, BufferAllocator* buf
     t.info = TensorInfoOf(spec_, i);
     t.grad_bytes = t.elements * ElementBytes(t.spec.grad_type());
     tensor_index_.emplace(t.spec.name(), i);
-    collecting_[static_cast<size_t>(i)].resize(static_cast<size_t>(world_size_));
   }
 }
 
@@ -76,6 +76,7 @@ absl::StatusOr<v1::RegisterResponse> Job::Register(const v1::RegisterRequest& re
                      diff));
   }
   absl::MutexLock lock(&mu_);
+  PARAMD_RETURN_IF_ERROR(failed_);
   registered_.insert(request.rank());
   v1::RegisterResponse response;
   response.set_next_step(next_step_);
@@ -90,12 +91,18 @@ absl::StatusOr<v1::RegisterResponse> Job::Register(const v1::RegisterRequest& re
 absl::StatusOr<int> Job::TensorIndex(const std::string& name) const {
   auto it = tensor_index_.find(name);
   if (it == tensor_index_.end()) {
-    return absl::NotFoundError(absl::StrCat("job \"", name_, "\" has no tensor \"", name, "\""));
+    return absl::NotFoundError(
+        absl::StrCat("job ", Quoted(name_), " has no tensor ", Quoted(name)));
   }
   return it->second;
 }
 
 absl::Status Job::CheckServes(const v1::ServeFormat& format) const {
+  if (!v1::Recipe_IsValid(format.recipe()) || !v1::Direction_IsValid(format.direction())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "format recipe ", format.recipe(), " direction ", format.direction(),
+        " is not a Recipe and a Direction of paramd.v1 (RECIPE_FP32 ..., DIRECTION_ROWWISE ...)"));
+  }
   const FormatKey key = FormatKeyOf(format);
   for (const FormatKey& f : formats_) {
     if (f == key) return absl::OkStatus();
@@ -132,6 +139,12 @@ absl::StatusOr<ChunkBuffer::Stored> Job::Push(const v1::PushChunk& chunk) {
 
 absl::StatusOr<ChunkBuffer::Stored> Job::PushLocked(const v1::PushChunk& chunk,
                                                     std::vector<std::function<void()>>* wake) {
+  PARAMD_RETURN_IF_ERROR(failed_);
+  if (!v1::PushKind_IsValid(chunk.kind())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("push kind ", chunk.kind(),
+                     " is not a PushKind (PUSH_KIND_GRADIENT or PUSH_KIND_INITIAL_WEIGHTS)"));
+  }
   absl::StatusOr<int> index = TensorIndex(chunk.tensor());
   if (!index.ok()) return index.status();
   if (absl::Status s = CheckRank(chunk.rank()); !s.ok()) return s;
@@ -189,13 +202,16 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushWeights(Tensor& t, const v1::PushCh
     return s;
   }
   if (t.upload == nullptr) {
+    // Arrives inline: no transport reads it.
+    absl::StatusOr<HostBuffer> buffer = HeapAllocator()->Allocate(t.elements * 4);
+    if (!buffer.ok()) return buffer.status();
     t.upload = std::make_unique<ChunkBuffer>();
-    t.upload->Reset(HeapBuffer(t.elements * 4));  // arrives inline: no transport reads it
+    t.upload->Reset(*std::move(buffer));
   }
   absl::StatusOr<ChunkBuffer::Stored> stored = t.upload->Store(chunk.offset(), chunk.data());
   if (!stored.ok() || !t.upload->complete()) return stored;
 
-  std::shared_ptr<ServedTensor> served = FreshServed(t);
+  PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<ServedTensor> served, FreshServed(t));
   served->version = 0;
   absl::StatusOr<std::unique_ptr<TensorState>> state =
       backend_->CreateState(t.info,
@@ -226,6 +242,7 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushGradient(Tensor& t, const v1::PushC
         next_step_, "); every rank commits step ", next_step_, " first"));
   }
   const size_t index = static_cast<size_t>(&t - tensors_.data());
+  PARAMD_RETURN_IF_ERROR(MakeCollectingLocked());
   ChunkBuffer& slot = collecting_[index][static_cast<size_t>(chunk.rank())];
   DeviceSlot* device = CollectingDeviceSlot(index, chunk.rank());
   if (chunk.in_place_device() && chunk.in_place_bytes() <= 0) {
@@ -239,7 +256,7 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushGradient(Tensor& t, const v1::PushC
           "\" names a GPU slot the daemon did not hand out; ask Attach (cuda_ipc, step) for the "
           "step's slot places first, or push inline"));
     }
-    if (slot.size() != t.grad_bytes) slot.Reset(NewBuffer(t.grad_bytes));
+    PARAMD_RETURN_IF_ERROR(SizeSlot(slot, index));
     if (slot.received() > 0 && !device->written) {
       return absl::FailedPreconditionError(
           absl::StrCat("tensor \"", t.spec.name(), "\" has ", slot.received(), " bytes of step ",
@@ -270,7 +287,7 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushGradient(Tensor& t, const v1::PushC
         absl::StrCat("rank ", chunk.rank(), " already committed step ", chunk.step(),
                      "; its gradients are final: ", stored.status().message()));
   }
-  if (slot.size() != t.grad_bytes) slot.Reset(NewBuffer(t.grad_bytes));
+  PARAMD_RETURN_IF_ERROR(SizeSlot(slot, index));
   if (chunk.in_place_bytes() > 0) {
     if (slot.place() == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -298,6 +315,7 @@ absl::StatusOr<CommitOutcome> Job::Commit(const v1::CommitRequest& request) {
   mine.grad_scale = request.has_grad_scale() ? request.grad_scale() : 1.0;
 
   absl::MutexLock lock(&mu_);
+  PARAMD_RETURN_IF_ERROR(failed_);
   const int32_t rank = request.rank();
   if (absl::Status s = CheckRank(rank); !s.ok()) return s;
   if (request.step() < next_step_) {
@@ -321,8 +339,10 @@ absl::StatusOr<CommitOutcome> Job::Commit(const v1::CommitRequest& request) {
         tensors_.size(), " tensors; rank 0 uploads all of them before the first commit"));
   }
   for (size_t i = 0; i < tensors_.size(); ++i) {
-    const ChunkBuffer& slot = collecting_[i][static_cast<size_t>(rank)];
-    const int64_t received = slot.size() == tensors_[i].grad_bytes ? slot.received() : 0;
+    const ChunkBuffer* slot =
+        collecting_.made() ? &collecting_[i][static_cast<size_t>(rank)] : nullptr;
+    const int64_t received =
+        slot != nullptr && slot->size() == tensors_[i].grad_bytes ? slot->received() : 0;
     if (received != tensors_[i].grad_bytes) {
       return absl::FailedPreconditionError(
           absl::StrCat("rank ", rank, " commits step ", request.step(), " but tensor \"",
@@ -355,7 +375,9 @@ absl::StatusOr<CommitOutcome> Job::Commit(const v1::CommitRequest& request) {
     collecting_ = *std::move(next_collecting_);
     next_collecting_.reset();
   } else {
-    collecting_ = NextSlotSet();
+    // A spare set, or a new one within kSlotSets; else the first push of the step makes it.
+    absl::StatusOr<SlotSet> next = NextSlotSet();
+    collecting_ = next.ok() ? *std::move(next) : SlotSet();
   }
   for (auto& per_tensor : collecting_.host) {
     for (ChunkBuffer& slot : per_tensor) slot.Clear();
@@ -372,9 +394,9 @@ absl::StatusOr<CommitOutcome> Job::Commit(const v1::CommitRequest& request) {
   return outcome;
 }
 
-HostBuffer Job::NewBuffer(int64_t bytes) const {
+absl::StatusOr<HostBuffer> Job::NewBuffer(int64_t bytes) const {
   absl::StatusOr<HostBuffer> buffer = buffers_->Allocate(bytes);
-  if (buffer.ok()) return *std::move(buffer);
+  if (buffer.ok()) return buffer;
   if (!warned_heap_fallback_.exchange(true)) {
     PARAMD_LOG(WARNING) << "job " << name_ << ": " << buffer.status()
                         << "; buffers that do not fit go to the heap"
@@ -383,7 +405,14 @@ HostBuffer Job::NewBuffer(int64_t bytes) const {
                                   "to keep them in shared memory)"
                                 : " (pageable memory: slower copies to and from the GPU)");
   }
-  return HeapBuffer(bytes);
+  return HeapAllocator()->Allocate(bytes);
+}
+
+absl::Status Job::SizeSlot(ChunkBuffer& slot, size_t i) const {
+  if (slot.size() == tensors_[i].grad_bytes) return absl::OkStatus();
+  PARAMD_ASSIGN_OR_RETURN(HostBuffer buffer, NewBuffer(tensors_[i].grad_bytes));
+  slot.Reset(std::move(buffer));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Job::SlotPlaces> Job::SlotsForStep(int32_t rank, int64_t step) {
@@ -404,16 +433,37 @@ Job::DeviceSlot* Job::CollectingDeviceSlot(size_t tensor, int32_t rank) {
   return slot.bytes.empty() ? nullptr : &slot;
 }
 
-Job::SlotSet Job::NextSlotSet() {
+absl::StatusOr<Job::SlotSet> Job::NextSlotSet() {
   if (!spare_slot_sets_.empty()) {
     SlotSet set = std::move(spare_slot_sets_.back());
     spare_slot_sets_.pop_back();
     return set;
   }
+  const size_t held =
+      (collecting_.made() ? 1 : 0) + (next_collecting_.has_value() ? 1 : 0) + taken_.size();
+  if (held >= static_cast<size_t>(kSlotSets)) {
+    return absl::UnavailableError(absl::StrCat(
+        "job ", Quoted(name_), " holds ", held, " gradient slot sets (steps ", steps_run_, " to ",
+        next_step_ - 1, " wait to run, and the step collected): its slots for step ",
+        next_step_ + (collecting_.made() ? 1 : 0), " come free once step ", steps_run_,
+        " has run; pull its weights first, or retry"));
+  }
   SlotSet set;
   set.host.resize(tensors_.size());
   for (auto& per_tensor : set.host) per_tensor.resize(static_cast<size_t>(world_size_));
   return set;
+}
+
+absl::Status Job::MakeCollectingLocked() {
+  if (collecting_.made()) return absl::OkStatus();
+  PARAMD_ASSIGN_OR_RETURN(collecting_, NextSlotSet());
+  for (auto& per_tensor : collecting_.host) {
+    for (ChunkBuffer& slot : per_tensor) slot.Clear();
+  }
+  for (auto& per_tensor : collecting_.device) {
+    for (DeviceSlot& slot : per_tensor) slot.written = false;
+  }
+  return absl::OkStatus();
 }
 
 ShmPlace Job::DeviceSlotPlace(SlotSet& set, size_t tensor, int32_t rank) {
@@ -440,6 +490,7 @@ ShmPlace Job::DeviceSlotPlace(SlotSet& set, size_t tensor, int32_t rank) {
 }
 
 absl::StatusOr<Job::SlotPlaces> Job::SlotPlacesLocked(int32_t rank, int64_t step, bool device) {
+  PARAMD_RETURN_IF_ERROR(failed_);
   PARAMD_RETURN_IF_ERROR(CheckRank(rank));
   if (step < next_step_) {
     return absl::FailedPreconditionError(absl::StrCat("step ", step, " of job \"", name_,
@@ -460,12 +511,16 @@ absl::StatusOr<Job::SlotPlaces> Job::SlotPlacesLocked(int32_t rank, int64_t step
   if (lookahead) {
     // No step reads this set (a spare one's step has run), so the trainer may write it already;
     // its pushes are accepted once the job collects `step`.
-    if (!next_collecting_.has_value()) next_collecting_ = NextSlotSet();
+    PARAMD_RETURN_IF_ERROR(MakeCollectingLocked());  // the set before it comes first
+    if (!next_collecting_.has_value()) {
+      PARAMD_ASSIGN_OR_RETURN(SlotSet next, NextSlotSet());
+      next_collecting_ = std::move(next);
+    }
     SlotSet& set = *next_collecting_;
     SlotPlaces out;
     for (size_t i = 0; i < tensors_.size(); ++i) {
       ChunkBuffer& slot = set[i][static_cast<size_t>(rank)];
-      if (slot.size() != tensors_[i].grad_bytes) slot.Reset(NewBuffer(tensors_[i].grad_bytes));
+      PARAMD_RETURN_IF_ERROR(SizeSlot(slot, i));
       if (device) {
         out.places.push_back(DeviceSlotPlace(set, i, rank));
       } else {
@@ -477,11 +532,12 @@ absl::StatusOr<Job::SlotPlaces> Job::SlotPlacesLocked(int32_t rank, int64_t step
     }
     return out;
   }
+  PARAMD_RETURN_IF_ERROR(MakeCollectingLocked());
   SlotPlaces out;
   out.committed = commits_.contains(rank);
   for (size_t i = 0; i < tensors_.size(); ++i) {
     ChunkBuffer& slot = collecting_[i][static_cast<size_t>(rank)];
-    if (slot.size() != tensors_[i].grad_bytes) slot.Reset(NewBuffer(tensors_[i].grad_bytes));
+    PARAMD_RETURN_IF_ERROR(SizeSlot(slot, i));
     if (device) {
       out.places.push_back(DeviceSlotPlace(collecting_, i, rank));
     } else {
@@ -503,19 +559,24 @@ void Job::SetTrainerTransport(int32_t rank, const std::string& transport,
   t.set_reason(reason);
 }
 
-std::shared_ptr<ServedTensor> Job::FreshServed(Tensor& t) const {
+absl::StatusOr<std::shared_ptr<ServedTensor>> Job::FreshServed(Tensor& t) const {
   std::shared_ptr<ServedTensor> served;
-  // The previous spare is free once no reader holds it (the job's own reference is the last one).
-  if (t.spare != nullptr && t.spare.use_count() == 1) {
-    served = std::move(t.spare);
-  } else {
+  // A retired version is free once no reader holds it (the job's own reference is the last one).
+  for (const std::shared_ptr<ServedTensor>& version : t.versions) {
+    if (version.use_count() == 1) served = version;
+  }
+  if (served == nullptr && t.versions.size() >= static_cast<size_t>(kServedVersions)) {
+    return std::shared_ptr<ServedTensor>();  // all leased: one more would pass the budget
+  }
+  if (served == nullptr) {
     served = std::make_shared<ServedTensor>();
     for (const FormatKey& f : formats_) {
       ServedFormat& format = served->formats.emplace_back();
       format.key = f;
       format.layout = kernels::ServeLayout(KernelRecipe(f.recipe), KernelDirection(f.direction),
                                            t.spec.rows(), t.spec.cols());
-      format.bytes = NewBuffer(format.layout.data_bytes + format.layout.scale_bytes);
+      PARAMD_ASSIGN_OR_RETURN(format.bytes,
+                              NewBuffer(format.layout.data_bytes + format.layout.scale_bytes));
       if (backend_->Exports().has_value()) {
         absl::StatusOr<DeviceBytes> device = backend_->AllocateExported(format.bytes.size());
         if (device.ok()) {
@@ -526,6 +587,7 @@ std::shared_ptr<ServedTensor> Job::FreshServed(Tensor& t) const {
         }
       }
     }
+    t.versions.push_back(served);
   }
   served->skipped = false;
   return served;
@@ -550,6 +612,12 @@ std::vector<StepReport> Job::RunOrHoldStep(const StepWork& work) {
   std::vector<StepWork> run;
   {
     absl::MutexLock lock(&mu_);
+    // A failed job runs no step again; its taken slots go.
+    if (!failed_.ok()) {
+      taken_.erase(work.step);
+      held_.clear();
+      return {};
+    }
     // A step that already ran (its tick came back from an export) or that an import discarded.
     if (work.step < steps_run_ || !taken_.contains(work.step)) return {};
     held_.emplace(work.step, work);
@@ -566,7 +634,10 @@ std::vector<StepReport> Job::RunOrHoldStep(const StepWork& work) {
     step_running_ = true;
   }
   std::vector<StepReport> reports;
-  for (const StepWork& w : run) reports.push_back(StepNow(w));
+  for (const StepWork& w : run) {
+    reports.push_back(StepNow(w));
+    if (!reports.back().failed.ok()) break;  // the job failed: the later steps do not run
+  }
   EndStepsRunning();
   return reports;
 }
@@ -581,12 +652,91 @@ void Job::EndStepsRunning() {
   for (auto& s : started) s();
 }
 
+void Job::Fail(const absl::Status& why) {
+  std::vector<std::function<void()>> wake;
+  {
+    absl::MutexLock lock(&mu_);
+    FailLocked(why, &wake);
+  }
+  for (auto& w : wake) w();
+}
+
+void Job::FailLocked(const absl::Status& why, std::vector<std::function<void()>>* wake) {
+  if (!failed_.ok()) return;
+  failed_ = why;
+  // Their pulls ask again, find no version (Served) and end with the job's status.
+  for (auto& [id, waiter] : waiters_) wake->push_back(std::move(waiter.wake));
+  waiters_.clear();
+}
+
+absl::Status Job::CheckUsable() const {
+  absl::MutexLock lock(&mu_);
+  return failed_;
+}
+
+absl::Status Job::FreshServedForStep(int64_t step,
+                                     std::vector<std::shared_ptr<ServedTensor>>* out) {
+  const auto started = std::chrono::steady_clock::now();
+  bool warned = false;
+  for (Tensor& t : tensors_) {
+    for (;;) {
+      PARAMD_RETURN_IF_ERROR(failed_);  // deleted while it waited
+      PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<ServedTensor> served, FreshServed(t));
+      if (served != nullptr) {
+        out->push_back(std::move(served));
+        break;
+      }
+      // A reader still leases the retired version: its lease ends with Release or at its expiry.
+      const auto free = [&t]() {
+        return std::any_of(t.versions.begin(), t.versions.end(),
+                           [](const auto& version) { return version.use_count() == 1; });
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&free), absl::Milliseconds(20));
+      if (!warned && std::chrono::steady_clock::now() - started > std::chrono::seconds(1)) {
+        warned = true;
+        PARAMD_LOG(WARNING) << "job " << name_ << ": step " << step << " waits for readers of "
+                            << "tensor " << t.spec.name() << " to release one of its "
+                            << kServedVersions << " served versions (or for a lease to expire)";
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 StepReport Job::StepNow(const StepWork& work) {
   const auto start = std::chrono::steady_clock::now();
   std::vector<TensorStep> steps;
   std::vector<std::shared_ptr<ServedTensor>> outputs;
   std::vector<const ServedTensor*> previous;
   StepScalars scalars;
+  StepReport report{work.step, 0, 0, false, 1.0f, absl::OkStatus()};
+  // A step that fails fails the job: its state may be half-updated, which no retry could repair.
+  auto fail = [&](const absl::Status& why) {
+    report.failed = absl::Status(
+        why.code(),
+        absl::StrCat("job ", Quoted(name_), " failed at step ", work.step, ": ", why.message(),
+                     "; it runs no more steps: delete it (DeleteJob, paramctl delete) "
+                     "and register it again from an export or checkpoint"));
+    std::vector<std::function<void()>> wake;
+    {
+      absl::MutexLock lock(&mu_);
+      FailLocked(report.failed, &wake);
+      taken_.erase(work.step);
+    }
+    for (auto& w : wake) w();
+    return report;
+  };
+  absl::Status prepared;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!failed_.ok()) {
+      taken_.erase(work.step);
+      report.failed = failed_;
+      return report;
+    }
+    prepared = FreshServedForStep(work.step, &outputs);
+  }
+  if (!prepared.ok()) return fail(prepared);
   {
     absl::MutexLock lock(&mu_);
     SlotSet& slots = taken_.at(work.step);
@@ -598,8 +748,7 @@ StepReport Job::StepNow(const StepWork& work) {
     scalars.seed = spec_.seed();
     for (size_t i = 0; i < tensors_.size(); ++i) {
       Tensor& t = tensors_[i];
-      outputs.push_back(FreshServed(t));
-      previous.push_back(t.served.get());  // stays alive (published, then spare) while we read it
+      previous.push_back(t.served.get());  // stays alive (published, then retired) while read
       TensorStep step;
       step.state = t.state.get();
       step.slot_type = t.spec.grad_type() == v1::ELEMENT_TYPE_BF16 ? kernels::SlotType::kBf16
@@ -610,17 +759,15 @@ StepReport Job::StepNow(const StepWork& work) {
           step.device_slots.push_back(slot.written ? slot.bytes.get() : nullptr);
         }
       }
-      step.out = outputs.back().get();
+      step.out = outputs[i].get();
       steps.push_back(std::move(step));
     }
   }
-  // The state and the taken slots belong to this step alone while it runs. The backend's buffers
-  // were allocated at registration; a step that fails leaves them half-updated, which no status
-  // could repair.
+  // The state and the taken slots belong to this step alone while it runs.
   const std::span<TensorStep> all(steps);
   const bool clipping = spec_.max_grad_norm() > 0;
   absl::StatusOr<GradientCheck> check = backend_->CheckGradients(all, scalars.grad_scale, clipping);
-  PARAMD_CHECK(check.ok()) << "step " << work.step << " of job " << name_ << ": " << check.status();
+  if (!check.ok()) return fail(check.status());
   const bool skipped = !check->finite;
   // The step counts as run with its last tensor, before that tensor's pullers wake: a trainer
   // that pulled every tensor sees the step in Status and may import or export at once.
@@ -660,7 +807,7 @@ StepReport Job::StepNow(const StepWork& work) {
                     static_cast<size_t>(previous[i]->formats[f].bytes.size()));
       }
       const absl::Status copied = backend_->CopyServedOnDevice(*previous[i], outputs[i].get());
-      PARAMD_CHECK(copied.ok()) << "step " << work.step << " of job " << name_ << ": " << copied;
+      if (!copied.ok()) return fail(copied);
       publish(i);
     }
   } else {
@@ -675,14 +822,16 @@ StepReport Job::StepNow(const StepWork& work) {
           spec_.max_grad_norm());
     }
     const absl::Status status = backend_->Step(all, scalars, publish);
-    PARAMD_CHECK(status.ok()) << "step " << work.step << " of job " << name_ << ": " << status;
+    if (!status.ok()) return fail(status);
   }
   PARAMD_CHECK(published == outputs.size())
       << "job " << name_ << ": the backend reported " << published << " of " << outputs.size()
       << " tensors of step " << work.step;
   absl::MutexLock lock(&mu_);
   if (outputs.empty()) count_step();
-  StepReport report{work.step, seconds, 0, skipped, scalars.clip};
+  report.seconds = seconds;
+  report.skipped = skipped;
+  report.clip = scalars.clip;
   for (const Tensor& t : tensors_) report.elements += t.elements;
   spare_slot_sets_.push_back(std::move(taken_.at(work.step)));
   taken_.erase(work.step);
@@ -692,8 +841,7 @@ StepReport Job::StepNow(const StepWork& work) {
 void Job::Publish(int tensor, std::shared_ptr<const ServedTensor> served,
                   std::vector<std::function<void()>>* wake) {
   Tensor& t = tensors_[static_cast<size_t>(tensor)];
-  // The retired version becomes the spare: its buffers are reused once its readers let go.
-  t.spare = std::const_pointer_cast<ServedTensor>(std::move(t.served));
+  // The retired version's buffers are reused once its readers let go (FreshServed).
   t.served = std::move(served);
   for (auto it = waiters_.begin(); it != waiters_.end();) {
     if (it->second.tensor == tensor && it->second.min_version <= t.served->version) {
@@ -708,14 +856,16 @@ void Job::Publish(int tensor, std::shared_ptr<const ServedTensor> served,
 std::shared_ptr<const ServedTensor> Job::Served(int tensor, int64_t min_version) const {
   absl::MutexLock lock(&mu_);
   const auto& served = tensors_[static_cast<size_t>(tensor)].served;
-  if (served != nullptr && served->version >= min_version) return served;
+  if (failed_.ok() && served != nullptr && served->version >= min_version) return served;
   return nullptr;
 }
 
 uint64_t Job::AddWaiter(int tensor, int64_t min_version, std::function<void()> wake) {
   absl::MutexLock lock(&mu_);
   const auto& served = tensors_[static_cast<size_t>(tensor)].served;
-  if (served != nullptr && served->version >= min_version) return 0;
+  if (!failed_.ok() || stop_waiting_ || (served != nullptr && served->version >= min_version)) {
+    return 0;
+  }
   const uint64_t id = next_waiter_++;
   waiters_.emplace(id, Waiter{tensor, min_version, std::move(wake)});
   return id;
@@ -724,6 +874,17 @@ uint64_t Job::AddWaiter(int tensor, int64_t min_version, std::function<void()> w
 bool Job::RemoveWaiter(uint64_t id) {
   absl::MutexLock lock(&mu_);
   return waiters_.erase(id) > 0;
+}
+
+void Job::StopWaiting() {
+  std::vector<std::function<void()>> wake;
+  {
+    absl::MutexLock lock(&mu_);
+    stop_waiting_ = true;
+    for (auto& [id, waiter] : waiters_) wake.push_back(std::move(waiter.wake));
+    waiters_.clear();
+  }
+  for (auto& w : wake) w();
 }
 
 absl::StatusOr<v1::AdamwHyperparams> Job::SetHyperparams(const v1::SetHyperparamsRequest& request) {
@@ -737,6 +898,7 @@ absl::StatusOr<v1::AdamwHyperparams> Job::SetHyperparams(const v1::SetHyperparam
         absl::StrCat("weight_decay = ", request.weight_decay(), " must be finite and >= 0"));
   }
   absl::MutexLock lock(&mu_);
+  PARAMD_RETURN_IF_ERROR(failed_);
   if (request.has_lr()) hyper_.set_lr(request.lr());
   if (request.has_weight_decay()) hyper_.set_weight_decay(request.weight_decay());
   return hyper_;
@@ -776,8 +938,7 @@ v1::JobStatus Job::Status() const {
     by_kind.exp_avg += bytes.exp_avg;
     by_kind.exp_avg_sq += bytes.exp_avg_sq;
     by_kind.moment_scales += bytes.moment_scales;
-    if (t.served) served_bytes += t.served->bytes();
-    if (t.spare) served_bytes += t.spare->bytes();
+    for (const auto& version : t.versions) served_bytes += version->bytes();
   }
   int64_t slot_bytes = 0;
   auto count = [&slot_bytes](const SlotSet& set) {
@@ -806,6 +967,13 @@ v1::JobStatus Job::Status() const {
   kinds->set_moment_scales(by_kind.moment_scales);
   for (const auto& entry : trainer_transports_) *s.add_trainers() = entry.second;
   s.set_shared_memory(buffers_->shared());
+  s.set_state(failed_.ok() ? v1::JOB_STATE_ACTIVE : v1::JOB_STATE_FAILED);
+  if (!failed_.ok()) {
+    s.mutable_failure()->set_code(static_cast<int32_t>(failed_.code()));
+    s.mutable_failure()->set_message(std::string(failed_.message()));
+  }
+  s.set_reserved_host_bytes(reservation_.bytes().host);
+  s.set_reserved_device_bytes(reservation_.bytes().device);
   return s;
 }
 

@@ -22,6 +22,7 @@
 #include "server/backend.h"
 #include "server/chunk_buffer.h"
 #include "server/host_buffer.h"
+#include "server/memory_budget.h"
 
 namespace paramd {
 
@@ -49,6 +50,7 @@ struct StepReport {
   int64_t elements = 0;
   bool skipped = false;  // a gradient was not finite: the state stayed, the version advanced
   float clip = 1.0f;     // the global-norm clip factor applied
+  absl::Status failed;   // the backend failed the step: the job failed with this status
 };
 
 class Job {
@@ -63,6 +65,18 @@ class Job {
   const std::string& name() const { return name_; }
   int world_size() const { return world_size_; }
 
+  // The job's share of the daemon's memory budget (JobRegistry), given back when the job goes.
+  void set_reservation(MemoryBudget::Reservation reservation) {
+    reservation_ = std::move(reservation);
+  }
+  const MemoryBytes& reserved() const { return reservation_.bytes(); }
+
+  // A failed or deleted job: every later call on it gets `why` (the first one given stays), its
+  // waiting pulls end with it, and no step of it runs again. Status still reports it.
+  void Fail(const absl::Status& why);
+  // OK, or the status a failed or deleted job answers with.
+  absl::Status CheckUsable() const;
+
   // Registers one rank. A description that differs from the job's is FAILED_PRECONDITION.
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request,
                                                 int64_t max_chunk_bytes);
@@ -74,7 +88,8 @@ class Job {
   // with segment -1 is heap memory), with the bytes already received in each. `step` is the step
   // being collected, or the one after it: its slots are then set aside now (none received), so a
   // trainer learns them before its commit and its next push needs no Attach first. Other steps
-  // are FAILED_PRECONDITION.
+  // are FAILED_PRECONDITION. A job holds at most kSlotSets slot sets (server/job_memory.h): while
+  // two steps wait to run, the next one's slots are UNAVAILABLE (retry once a step ran).
   struct SlotPlaces {
     std::vector<ShmPlace> places;  // per tensor, registration order
     std::vector<int64_t> bytes;    // per tensor
@@ -96,12 +111,15 @@ class Job {
 
   // Runs a step taken by Commit on the backend and publishes each tensor's new version as soon as
   // it is stepped, in registration order (= forward order). One step of a job at a time, in step
-  // order; waits while an export of the job streams.
+  // order; waits while an export of the job streams. A backend error fails the job (Fail) and is
+  // the report's `failed`; so is the refusal of a job that failed before.
   StepReport RunStep(const StepWork& work);
   // What the daemon's step executor calls instead of RunStep, so an export never blocks it: runs
   // every step held back by an export up to `work`, then `work`, in step order, and returns their
   // reports; while an export streams (or waits to start) it holds `work` back and returns none.
-  // The export's end hands the newest held step back to the executor (StateExport).
+  // The export's end hands the newest held step back to the executor (StateExport). A step whose
+  // tensor's retired version is still leased waits for the lease to end (DESIGN.md §2: a step
+  // never overwrites leased bytes, and a job keeps kServedVersions of each tensor).
   std::vector<StepReport> RunOrHoldStep(const StepWork& work);
 
   // The job's description: its normalized registration. Immutable.
@@ -113,13 +131,18 @@ class Job {
   // receives initial weights.
   absl::StatusOr<v1::ImportStateResponse> Import(StagedState staged);
 
-  // The newest served bytes when their version is >= min_version, else null.
+  // The newest served bytes when their version is >= min_version, else null (always null once the
+  // job failed or was deleted: CheckUsable says why).
   std::shared_ptr<const ServedTensor> Served(int tensor, int64_t min_version) const;
-  // Calls `wake` once (outside the job's lock) when `tensor` reaches `min_version`, unless removed
-  // first. Returns 0 when the version is already there (then `wake` is not kept).
+  // Calls `wake` once (outside the job's lock) when `tensor` reaches `min_version` or the job
+  // fails, unless removed first. Returns 0 when the version is already there or the job failed
+  // (then `wake` is not kept).
   uint64_t AddWaiter(int tensor, int64_t min_version, std::function<void()> wake);
   // True when the waiter was removed before it fired.
   bool RemoveWaiter(uint64_t id);
+  // The daemon drains and no step of the job will run: wakes every waiting pull (each finds its
+  // version published or ends), and AddWaiter keeps no new one.
+  void StopWaiting();
 
   // A tensor's registered description (immutable), by index.
   const v1::TensorSpec& Spec(int tensor) const { return spec_.tensors(tensor); }
@@ -142,7 +165,9 @@ class Job {
     std::unique_ptr<TensorState> state;          // null until the initial weights arrived
     std::unique_ptr<ChunkBuffer> upload;         // initial weights while they arrive
     std::shared_ptr<const ServedTensor> served;  // newest published version
-    std::shared_ptr<ServedTensor> spare;  // a retired version's buffers, reused when unleased
+    // Every served version's buffers, at most kServedVersions: the newest, and retired ones that
+    // are reused once no reader holds them.
+    std::vector<std::shared_ptr<ServedTensor>> versions;
   };
   // A rank's gradient slot in the backend's exported GPU memory (`cuda_ipc`): allocated when the
   // rank asks for device places, `written` once an in-place device push marked it this step (its
@@ -153,9 +178,12 @@ class Job {
   };
   // The gradient slots of one step: a host buffer per tensor and rank, and device slots for the
   // ranks that use cuda_ipc.
+  // A set is made when a step's first push or slot place needs it, so registering costs no
+  // per-rank records.
   struct SlotSet {
-    std::vector<std::vector<ChunkBuffer>> host;   // [tensor][rank]
+    std::vector<std::vector<ChunkBuffer>> host;   // [tensor][rank]; empty until made
     std::vector<std::vector<DeviceSlot>> device;  // [tensor][rank], empty until asked for
+    bool made() const { return !host.empty(); }
     std::vector<ChunkBuffer>& operator[](size_t i) { return host[i]; }
     const std::vector<ChunkBuffer>& operator[](size_t i) const { return host[i]; }
   };
@@ -186,15 +214,31 @@ class Job {
   // segment -1 when the backend's exported memory has no room.
   ShmPlace DeviceSlotPlace(SlotSet& set, size_t tensor, int32_t rank)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A slot set to collect the next step in: a spare one, else a new one.
-  SlotSet NextSlotSet() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::shared_ptr<ServedTensor> FreshServed(Tensor& t) const;
-  // A buffer from `buffers_`, or from the heap when that fails (logged once).
-  HostBuffer NewBuffer(int64_t bytes) const;
+  // A slot set to collect a step in: a spare one, else a new one while the job holds fewer than
+  // kSlotSets; else UNAVAILABLE.
+  absl::StatusOr<SlotSet> NextSlotSet() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes the set that collects next_step_ where it is not made yet.
+  absl::Status MakeCollectingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Buffers for a tensor's next version: the retired version's once no reader holds it, else new
+  // ones while the tensor has fewer than kServedVersions; null when the retired version is still
+  // leased (the caller waits, or refuses).
+  absl::StatusOr<std::shared_ptr<ServedTensor>> FreshServed(Tensor& t) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A buffer from `buffers_`, or from the heap when that fails (logged once); RESOURCE_EXHAUSTED
+  // when the heap has none either.
+  absl::StatusOr<HostBuffer> NewBuffer(int64_t bytes) const;
+  // Makes a slot the size of tensor i's gradient (a no-op when it is).
+  absl::Status SizeSlot(ChunkBuffer& slot, size_t i) const;
   void Publish(int tensor, std::shared_ptr<const ServedTensor> served,
                std::vector<std::function<void()>>* wake);
   // The body of RunStep; the caller has claimed step_running_.
   StepReport StepNow(const StepWork& work);
+  // The served buffers of every tensor's next version, waiting while a retired version is leased.
+  absl::Status FreshServedForStep(int64_t step, std::vector<std::shared_ptr<ServedTensor>>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job's failure: `why` with the job's name and the step.
+  void FailLocked(const absl::Status& why, std::vector<std::function<void()>>* wake)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Lets go of step_running_ and starts the exports that waited for the steps that ran.
   void EndStepsRunning();
 
@@ -231,6 +275,7 @@ class Job {
   const std::vector<FormatKey> formats_;  // served formats, fp32 first
   Backend* const backend_;
   BufferAllocator* const buffers_;
+  MemoryBudget::Reservation reservation_;
   mutable std::atomic<bool> warned_heap_fallback_{false};
   mutable std::atomic<bool> warned_device_fallback_{false};
 
@@ -264,6 +309,8 @@ class Job {
   // wait_for, none running).
   std::multimap<int64_t, ExportStart> waiting_exports_ ABSL_GUARDED_BY(mu_);  // by wait_for
   std::map<int64_t, StepWork> held_ ABSL_GUARDED_BY(mu_);  // steps held back by an export
+  absl::Status failed_ ABSL_GUARDED_BY(mu_);  // not OK once the job failed or was deleted
+  bool stop_waiting_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace paramd

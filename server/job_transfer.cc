@@ -16,7 +16,9 @@ void Job::BeginExport(ExportStart start) {
   std::vector<std::function<void()>> started;
   {
     absl::MutexLock lock(&mu_);
-    if (initialized_tensors_ != static_cast<int64_t>(tensors_.size())) {
+    if (!failed_.ok()) {
+      started.push_back([start = std::move(start), refused = failed_] { start(refused); });
+    } else if (initialized_tensors_ != static_cast<int64_t>(tensors_.size())) {
       const absl::Status refused = absl::FailedPreconditionError(absl::StrCat(
           "job \"", name_, "\" has initial weights for ", initialized_tensors_, " of ",
           tensors_.size(), " tensors; its state exists once rank 0 uploaded all of them"));
@@ -88,6 +90,7 @@ absl::StatusOr<v1::ImportStateResponse> Job::Import(StagedState staged) {
       return steps_run_ < next_step_ || !step_running_;
     };
     mu_.Await(absl::Condition(&settled));
+    PARAMD_RETURN_IF_ERROR(failed_);
     if (steps_run_ < next_step_ || !taken_.empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
           refused, "step ", steps_run_,
@@ -111,7 +114,7 @@ absl::StatusOr<v1::ImportStateResponse> Job::Import(StagedState staged) {
             absl::StrCat(refused, "the initial weights of tensor \"", t.spec.name(),
                          "\" are being uploaded; import instead of uploading, or after"));
       }
-      for (size_t r = 0; r < collecting_[i].size(); ++r) {
+      for (size_t r = 0; collecting_.made() && r < collecting_[i].size(); ++r) {
         if (collecting_[i][r].received() > 0) {
           return absl::FailedPreconditionError(absl::StrCat(
               refused, "rank ", r, " pushed gradients of tensor \"", t.spec.name(), "\" for step ",
@@ -124,7 +127,13 @@ absl::StatusOr<v1::ImportStateResponse> Job::Import(StagedState staged) {
     std::vector<std::shared_ptr<ServedTensor>> served;
     for (size_t i = 0; i < tensors_.size(); ++i) {
       Tensor& t = tensors_[i];
-      served.push_back(FreshServed(t));
+      PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<ServedTensor> fresh, FreshServed(t));
+      if (fresh == nullptr) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(refused, "readers hold leases on every served version of tensor \"",
+                         t.spec.name(), "\"; import once one is released (or its lease expired)"));
+      }
+      served.push_back(std::move(fresh));
       absl::StatusOr<std::unique_ptr<TensorState>> state =
           backend_->ImportState(t.info, std::move(staged.tensors[i]), served.back().get());
       if (!state.ok()) {

@@ -3,12 +3,13 @@
 #include <algorithm>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
 namespace paramd {
 
-LeaseTable::LeaseTable() : reaper_([this] { Reap(); }) {}
+LeaseTable::LeaseTable(int64_t max_leases) : max_leases_(max_leases), reaper_([this] { Reap(); }) {}
 
 LeaseTable::~LeaseTable() {
   {
@@ -18,9 +19,16 @@ LeaseTable::~LeaseTable() {
   reaper_.join();
 }
 
-uint64_t LeaseTable::Take(const std::string& job, std::shared_ptr<const ServedTensor> served,
-                          Clock::time_point expires) {
+absl::StatusOr<uint64_t> LeaseTable::Take(const std::string& job,
+                                          std::shared_ptr<const ServedTensor> served,
+                                          Clock::time_point expires) {
   absl::MutexLock lock(&mu_);
+  if (static_cast<int64_t>(leases_.size()) >= max_leases_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(leases_.size(),
+                     " leases are held, this daemon's max_leases; release in-place views "
+                     "(Release, or the next pull's `release`) or pull copies"));
+  }
   const uint64_t id = next_id_++;
   leases_.emplace(id, Lease{job, std::move(served), expires});
   return id;
@@ -36,6 +44,25 @@ int LeaseTable::Release(std::span<const uint64_t> ids) {
     leases_.erase(it);
   }
   return static_cast<int>(ended.size());
+}
+
+int LeaseTable::ReleaseJob(const std::string& job) {
+  std::vector<std::shared_ptr<const ServedTensor>> ended;  // dropped outside the lock
+  absl::MutexLock lock(&mu_);
+  for (auto it = leases_.begin(); it != leases_.end();) {
+    if (it->second.job == job) {
+      ended.push_back(std::move(it->second.served));
+      it = leases_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return static_cast<int>(ended.size());
+}
+
+int64_t LeaseTable::held() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(leases_.size());
 }
 
 int64_t LeaseTable::Held(const std::string& job) const {

@@ -12,6 +12,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "server/backend.h"
 
@@ -21,14 +22,20 @@ class LeaseTable {
  public:
   using Clock = std::chrono::system_clock;
 
-  LeaseTable();
+  // At most `max_leases` held at once.
+  explicit LeaseTable(int64_t max_leases = int64_t{1} << 24);
   ~LeaseTable();
 
-  // Holds `served` until `expires` or Release; returns the lease's id (never 0).
-  uint64_t Take(const std::string& job, std::shared_ptr<const ServedTensor> served,
-                Clock::time_point expires);
+  // Holds `served` until `expires` or Release; returns the lease's id (never 0), or
+  // RESOURCE_EXHAUSTED when max_leases are held.
+  absl::StatusOr<uint64_t> Take(const std::string& job, std::shared_ptr<const ServedTensor> served,
+                                Clock::time_point expires);
   // Ends the leases among `ids` that are held; returns how many.
   int Release(std::span<const uint64_t> ids);
+  // Ends every lease on a job's bytes (the job was deleted); returns how many.
+  int ReleaseJob(const std::string& job);
+  // Leases held over all jobs.
+  int64_t held() const;
   // Leases held on a job's bytes.
   int64_t Held(const std::string& job) const;
   // Leases that ended by expiry so far.
@@ -42,6 +49,7 @@ class LeaseTable {
   };
   void Reap();
 
+  const int64_t max_leases_;
   mutable absl::Mutex mu_;
   std::map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;

@@ -1,4 +1,5 @@
 // paramd: parses flags, loads the config, starts the server, waits for SIGTERM or SIGINT.
+#include <google/protobuf/stubs/logging.h>
 #include <malloc.h>
 
 #include <csignal>
@@ -10,6 +11,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "common/config.h"
+#include "common/flags_help.h"
 #include "common/logging.h"
 #include "server/server.h"
 
@@ -34,9 +36,25 @@ void KeepMessageBuffersOnTheHeap() {
   mallopt(M_TOP_PAD, 64 << 20);
 }
 
+// protobuf logs every request it cannot parse (a string that is not UTF-8, say) at ERROR on
+// stderr: a client could fill the log with them. The service answers such a request itself
+// (INVALID_ARGUMENT, counted), so protobuf's lines go to the debug level.
+void QuietProtobufParseErrors() {
+  google::protobuf::SetLogHandler(
+      [](google::protobuf::LogLevel level, const char* file, int line, const std::string& text) {
+        if (level == google::protobuf::LOGLEVEL_FATAL) {
+          PARAMD_LOG(ERROR) << "protobuf " << file << ":" << line << ": " << text;
+          return;
+        }
+        PARAMD_LOG(DEBUG) << "protobuf " << file << ":" << line << ": " << text;
+      });
+}
+
 int main(int argc, char** argv) {
   KeepMessageBuffersOnTheHeap();
+  QuietProtobufParseErrors();
   absl::SetProgramUsageMessage("paramd --config=FILE [--listen=HOST:PORT] [--backend=cpu]");
+  paramd::HandleHelpFlag(argc, argv);
   absl::ParseCommandLine(argc, argv);
 
   paramd::v1::DaemonConfig config;

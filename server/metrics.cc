@@ -45,7 +45,7 @@ Metrics::Metrics()
                         .Register(*registry_)),
       steps_(prometheus::BuildCounter()
                  .Name("paramd_steps_total")
-                 .Help("Steps run, by job and outcome (applied or skipped)")
+                 .Help("Steps run, by job and outcome (applied, skipped, or failed)")
                  .Register(*registry_)),
       stepped_elements_(prometheus::BuildCounter()
                             .Name("paramd_stepped_elements_total")
@@ -95,7 +95,29 @@ Metrics::Metrics()
       shm_bytes_(prometheus::BuildGauge()
                      .Name("paramd_shm_bytes")
                      .Help("Shared memory of the shm transport, by kind (reserved, used)")
-                     .Register(*registry_)) {}
+                     .Register(*registry_)),
+      failed_jobs_(prometheus::BuildGauge()
+                       .Name("paramd_jobs_failed")
+                       .Help("Jobs whose step failed on the backend (they run no more steps "
+                             "until deleted)")
+                       .Register(*registry_)
+                       .Add({})),
+      budget_bytes_(prometheus::BuildGauge()
+                        .Name("paramd_memory_budget_bytes")
+                        .Help("The memory budget, by where (host, device) and kind (limit, "
+                              "reserved by jobs)")
+                        .Register(*registry_)),
+      open_streams_(prometheus::BuildGauge()
+                        .Name("paramd_streams_open")
+                        .Help("Push, Pull, ExportState and ImportState streams open (at the "
+                              "last step or registration)")
+                        .Register(*registry_)
+                        .Add({})),
+      waiting_pulls_(prometheus::BuildGauge()
+                         .Name("paramd_pulls_waiting")
+                         .Help("Pulls waiting for a version (at the last step or registration)")
+                         .Register(*registry_)
+                         .Add({})) {}
 
 Metrics::~Metrics() = default;
 
@@ -119,6 +141,10 @@ void Metrics::StepDone(const std::string& job, double seconds, int64_t elements,
   if (!skipped) {
     stepped_elements_.Add({{"training_job", job}}).Increment(static_cast<double>(elements));
   }
+}
+
+void Metrics::StepFailed(const std::string& job) {
+  steps_.Add({{"training_job", job}, {"outcome", "failed"}}).Increment();
 }
 
 void Metrics::Pushed(const std::string& transport, int64_t bytes) {
@@ -151,6 +177,18 @@ void Metrics::SetShmBytes(int64_t reserved, int64_t used) {
   shm_bytes_.Add({{"kind", "used"}}).Set(static_cast<double>(used));
 }
 void Metrics::SetJobs(int jobs) { jobs_.Set(jobs); }
+
+void Metrics::SetFailedJobs(int jobs) { failed_jobs_.Set(jobs); }
+
+void Metrics::SetMemoryBudget(const std::string& where, int64_t limit, int64_t reserved) {
+  budget_bytes_.Add({{"where", where}, {"kind", "limit"}}).Set(static_cast<double>(limit));
+  budget_bytes_.Add({{"where", where}, {"kind", "reserved"}}).Set(static_cast<double>(reserved));
+}
+
+void Metrics::SetStreams(int64_t open, int64_t waiting_pulls) {
+  open_streams_.Set(static_cast<double>(open));
+  waiting_pulls_.Set(static_cast<double>(waiting_pulls));
+}
 
 void Metrics::SetStateBytes(const std::string& kind, int64_t bytes) {
   state_bytes_.Add({{"kind", kind}}).Set(static_cast<double>(bytes));

@@ -26,6 +26,8 @@ class Metrics {
   absl::StatusOr<std::string> Serve(const std::string& address);
 
   void StepDone(const std::string& job, double seconds, int64_t elements, bool skipped);
+  // A step the backend failed (the job failed with it).
+  void StepFailed(const std::string& job);
   void Pushed(const std::string& transport, int64_t bytes);
   void Pulled(const std::string& transport, int64_t bytes);
   void RpcError(const std::string& method, int code);
@@ -36,6 +38,10 @@ class Metrics {
   void SetTrainersByTransport(const std::map<std::string, int>& trainers);
   void SetLeases(int64_t held, int64_t expired);
   void SetShmBytes(int64_t reserved, int64_t used);
+  void SetFailedJobs(int jobs);
+  // The memory budget of `where` ("host", "device"): its limit and the bytes jobs reserved.
+  void SetMemoryBudget(const std::string& where, int64_t limit, int64_t reserved);
+  void SetStreams(int64_t open, int64_t waiting_pulls);
 
   prometheus::Registry& registry() { return *registry_; }
 
@@ -55,6 +61,10 @@ class Metrics {
   prometheus::Gauge& leases_held_;
   prometheus::Gauge& leases_expired_;
   prometheus::Family<prometheus::Gauge>& shm_bytes_;
+  prometheus::Gauge& failed_jobs_;
+  prometheus::Family<prometheus::Gauge>& budget_bytes_;
+  prometheus::Gauge& open_streams_;
+  prometheus::Gauge& waiting_pulls_;
 };
 
 }  // namespace paramd

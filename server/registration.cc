@@ -4,6 +4,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/quoted.h"
 
 namespace paramd {
 namespace {
@@ -146,8 +147,8 @@ int64_t ElementBytes(v1::ElementType type) {
 
 absl::Status ValidateRegistration(const v1::RegisterRequest& r) {
   if (!ValidName(r.job(), 128, false)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("job name \"", r.job(), "\" must be 1 to 128 characters of [A-Za-z0-9_.-]"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job name ", Quoted(r.job()), " must be 1 to 128 characters of [A-Za-z0-9_.-]"));
   }
   if (r.world_size() < 1 || r.world_size() > kMaxWorldSize) {
     return absl::InvalidArgumentError(
@@ -164,7 +165,7 @@ absl::Status ValidateRegistration(const v1::RegisterRequest& r) {
   for (const v1::TensorSpec& t : r.tensors()) {
     if (!ValidName(t.name(), 256, true)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "tensor name \"", t.name(), "\" must be 1 to 256 characters of [A-Za-z0-9_.:/-]"));
+          "tensor name ", Quoted(t.name()), " must be 1 to 256 characters of [A-Za-z0-9_.:/-]"));
     }
     if (!names.insert(t.name()).second) {
       return absl::InvalidArgumentError(absl::StrCat("tensor \"", t.name(), "\" is listed twice"));

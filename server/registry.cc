@@ -3,6 +3,8 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "common/quoted.h"
+#include "server/job_memory.h"
 #include "server/registration.h"
 
 namespace paramd {
@@ -31,6 +33,7 @@ int64_t JobRegistry::JobBytes(const v1::RegisterRequest& spec) {
 
 absl::StatusOr<v1::RegisterResponse> JobRegistry::Register(const v1::RegisterRequest& request) {
   if (absl::Status s = ValidateRegistration(request); !s.ok()) return s;
+  if (absl::Status health = backend_->Health(); !health.ok()) return health;
   std::shared_ptr<Job> job;
   {
     absl::MutexLock lock(&mu_);
@@ -46,25 +49,34 @@ absl::StatusOr<v1::RegisterResponse> JobRegistry::Register(const v1::RegisterReq
       }
       if (request.tensors_size() > limits_.max_tensors_per_job) {
         return absl::ResourceExhaustedError(absl::StrCat(
-            "job \"", request.job(), "\" has ", request.tensors_size(),
+            "job ", Quoted(request.job()), " has ", request.tensors_size(),
             " tensors; this daemon's max_tensors_per_job is ", limits_.max_tensors_per_job));
       }
       // Every rank keeps a slot record per tensor from the start, whatever the tensors' sizes.
       constexpr int64_t kMaxSlotRecords = int64_t{1} << 22;
       if (int64_t{request.tensors_size()} * request.world_size() > kMaxSlotRecords) {
         return absl::ResourceExhaustedError(absl::StrCat(
-            "job \"", request.job(), "\" has ", request.tensors_size(), " tensors x ",
+            "job ", Quoted(request.job()), " has ", request.tensors_size(), " tensors x ",
             request.world_size(), " ranks; a daemon holds at most ", kMaxSlotRecords,
             " (tensor, rank) slots per job: split the job's tensors over several daemons"));
       }
       const int64_t bytes = JobBytes(request);
       if (limits_.max_job_bytes > 0 && bytes > limits_.max_job_bytes) {
         return absl::ResourceExhaustedError(absl::StrCat(
-            "job \"", request.job(), "\" needs up to ", bytes,
+            "job ", Quoted(request.job()), " needs up to ", bytes,
             " bytes of state, served formats and slots; this daemon's max_job_bytes is ",
             limits_.max_job_bytes));
       }
+      MemoryBudget::Reservation reservation;
+      if (budget_ != nullptr) {
+        absl::StatusOr<MemoryBudget::Reservation> reserved = budget_->Reserve(
+            Quoted(request.job()),
+            JobFootprint(request, BackendPlacement{backend_->keeps_state_on_device()}));
+        if (!reserved.ok()) return reserved.status();
+        reservation = *std::move(reserved);
+      }
       job = std::make_shared<Job>(request, backend_, buffers_);
+      job->set_reservation(std::move(reservation));
       jobs_.emplace(request.job(), job);
     }
   }
@@ -76,9 +88,25 @@ absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Find(const std::string& name) 
   auto it = jobs_.find(name);
   if (it == jobs_.end()) {
     return absl::NotFoundError(
-        absl::StrCat("no job \"", name, "\" on this daemon; trainers call Register first"));
+        absl::StrCat("no job ", Quoted(name), " on this daemon; trainers call Register first"));
   }
   return it->second;
+}
+
+absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Delete(const std::string& name) {
+  std::shared_ptr<Job> job;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(name);
+    if (it == jobs_.end()) {
+      return absl::NotFoundError(absl::StrCat("no job ", Quoted(name), " on this daemon"));
+    }
+    job = std::move(it->second);
+    jobs_.erase(it);
+  }
+  job->Fail(absl::NotFoundError(absl::StrCat(
+      "job ", Quoted(name), " was deleted from this daemon; register it again to start over")));
+  return job;
 }
 
 std::vector<std::shared_ptr<Job>> JobRegistry::Jobs() const {

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "server/job.h"
+#include "server/memory_budget.h"
 
 namespace paramd {
 
@@ -21,14 +22,20 @@ struct RegistryLimits {
 
 class JobRegistry {
  public:
-  // Jobs take their slot and served buffers from `buffers`.
-  JobRegistry(Backend* backend, RegistryLimits limits, BufferAllocator* buffers = HeapAllocator())
-      : backend_(backend), limits_(limits), buffers_(buffers) {}
+  // Jobs take their slot and served buffers from `buffers`, and reserve every byte they may hold
+  // from `budget` (none: unlimited).
+  JobRegistry(Backend* backend, RegistryLimits limits, BufferAllocator* buffers = HeapAllocator(),
+              MemoryBudget* budget = nullptr)
+      : backend_(backend), limits_(limits), buffers_(buffers), budget_(budget) {}
 
-  // Validates the request, creates the job on its first registration, registers the rank.
+  // Validates the request, creates the job on its first registration (reserving its footprint,
+  // server/job_memory.h), registers the rank.
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
   // The job, or NOT_FOUND naming it.
   absl::StatusOr<std::shared_ptr<Job>> Find(const std::string& name) const;
+  // Removes the job (NOT_FOUND when there is none) and fails it, so calls holding it end; its
+  // memory goes with the last reference (a running step's or export's). Returns it.
+  absl::StatusOr<std::shared_ptr<Job>> Delete(const std::string& name);
   std::vector<std::shared_ptr<Job>> Jobs() const;
   // Registered ranks over all jobs.
   int trainers() const;
@@ -41,6 +48,7 @@ class JobRegistry {
   Backend* const backend_;
   const RegistryLimits limits_;
   BufferAllocator* const buffers_;
+  MemoryBudget* const budget_;
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
 };

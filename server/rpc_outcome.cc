@@ -1,5 +1,6 @@
 #include "server/rpc_outcome.h"
 
+#include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 
@@ -17,6 +18,13 @@ grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context, Daem
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
+}
+
+absl::Status NotParsed(const std::string& type) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("the request is not a valid ", type,
+                   " message (garbage or truncated bytes, or a string field that is not UTF-8); "
+                   "send it with a client built from paramd.v1's protos"));
 }
 
 }  // namespace paramd

@@ -35,6 +35,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const v1::DaemonConfig& ra
   builder.AddListeningPort(config.listen(), grpc::InsecureServerCredentials(), &server->port_);
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_message_bytes()));
   builder.SetMaxSendMessageSize(static_cast<int>(config.max_message_bytes()));
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, config.max_streams_per_connection());
   builder.RegisterService(server->control_.get());
   builder.RegisterService(server->data_.get());
   server->grpc_ = builder.BuildAndStart();
@@ -71,6 +72,9 @@ void Server::Shutdown() {
   stopped_ = true;
   daemon_->Drain();
   daemon_->WaitForSteps();
+  // No step runs from here on: a pull still waiting would wait for nothing, and gRPC's shutdown
+  // would cancel it without a word. It ends UNAVAILABLE, saying the daemon drains.
+  daemon_->EndWaitingPulls();
   // Open streams get a few seconds to finish (pulls of the last version), then are cancelled.
   grpc_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   PARAMD_LOG(INFO) << "paramd stopped";

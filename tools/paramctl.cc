@@ -2,6 +2,7 @@
 //   paramctl [--address=HOST:PORT] [--json] status [JOB]
 //   paramctl [--address=HOST:PORT] [--json] tensors JOB
 //   paramctl [--address=HOST:PORT] [--json] set-lr JOB LR
+//   paramctl [--address=HOST:PORT] [--json] delete JOB
 //   paramctl [--address=HOST:PORT] [--json] drain
 #include <google/protobuf/util/json_util.h>
 
@@ -18,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/client.h"
+#include "common/flags_help.h"
 
 ABSL_FLAG(std::string, address, "127.0.0.1:50051", "Daemon address host:port");
 ABSL_FLAG(bool, json, false, "Print the daemon's answer as JSON");
@@ -32,6 +34,7 @@ constexpr char kUsage[] =
     "  status [JOB]     daemon, jobs, steps, versions, memory\n"
     "  tensors JOB      the job's tensors with shape, version and state bytes\n"
     "  set-lr JOB LR    the learning rate used by commits that carry none\n"
+    "  delete JOB       remove the job (active or failed) and free its memory\n"
     "  drain            refuse new work; running steps complete\n";
 
 std::string Bytes(int64_t bytes) {
@@ -83,6 +86,18 @@ int Status(Client& client, const std::string& job) {
                                  status->shm_segments(), Bytes(status->shm_reserved_bytes()),
                                  Bytes(status->shm_used_bytes()));
   }
+  std::cout << absl::StrFormat("memory budget: %s of %s reserved by jobs",
+                               Bytes(status->memory_reserved_bytes()),
+                               Bytes(status->memory_budget_bytes()));
+  if (status->device_memory_budget_bytes() > 0) {
+    std::cout << absl::StrFormat("; GPU %s of %s", Bytes(status->device_memory_reserved_bytes()),
+                                 Bytes(status->device_memory_budget_bytes()));
+  }
+  std::cout << absl::StrFormat("; %d streams open, %d pulls waiting, %d leases\n",
+                               status->open_streams(), status->waiting_pulls(), status->leases());
+  if (status->has_backend_failure()) {
+    std::cout << "BACKEND FAILED: " << status->backend_failure().message() << "\n";
+  }
   if (status->jobs().empty()) std::cout << "no jobs\n";
   for (const v1::JobStatus& j : status->jobs()) {
     std::cout << absl::StrFormat(
@@ -90,6 +105,12 @@ int Status(Client& client, const std::string& job) {
         "last step %.2f ms\n",
         j.name(), j.registered_ranks_size(), j.world_size(), j.next_step(),
         j.committed_ranks_size(), j.world_size(), j.applied_steps(), j.last_step_seconds() * 1e3);
+    if (j.state() == v1::JOB_STATE_FAILED) {
+      std::cout << absl::StrFormat(
+          "  FAILED (%s): %s\n",
+          absl::StatusCodeToString(static_cast<absl::StatusCode>(j.failure().code())),
+          j.failure().message());
+    }
     std::cout << absl::StrFormat("  lr %g  betas %g/%g  eps %g  weight_decay %g\n",
                                  j.hyperparams().lr(), j.hyperparams().beta1(),
                                  j.hyperparams().beta2(), j.hyperparams().eps(),
@@ -97,6 +118,11 @@ int Status(Client& client, const std::string& job) {
     std::cout << absl::StrFormat("  state %s (%s), served %s, slots %s, %d tensors\n",
                                  Bytes(j.state_bytes()), PolicyName(j.state_policy()),
                                  Bytes(j.served_bytes()), Bytes(j.slot_bytes()), j.tensors_size());
+    std::cout << absl::StrFormat(
+        "  reserved %s of host memory%s\n", Bytes(j.reserved_host_bytes()),
+        j.reserved_device_bytes() > 0
+            ? absl::StrCat(", ", Bytes(j.reserved_device_bytes()), " of GPU memory")
+            : std::string());
     const v1::StateBytes& k = j.state_bytes_by_kind();
     std::cout << absl::StrFormat(
         "  state by kind: master %s, exp_avg %s, exp_avg_sq %s, moment scales %s\n",
@@ -148,6 +174,19 @@ int SetLr(Client& client, const std::string& job, const std::string& text) {
   return 0;
 }
 
+int Delete(Client& client, const std::string& job) {
+  absl::StatusOr<v1::DeleteJobResponse> response = client.DeleteJob(job);
+  if (!response.ok()) return Fail(response.status());
+  if (absl::GetFlag(FLAGS_json)) return PrintJson(*response);
+  std::cout << absl::StrFormat(
+      "job %s deleted; %s of host memory%s back in the budget\n", job,
+      Bytes(response->released_host_bytes()),
+      response->released_device_bytes() > 0
+          ? absl::StrCat(" and ", Bytes(response->released_device_bytes()), " of GPU memory")
+          : std::string());
+  return 0;
+}
+
 int Drain(Client& client) {
   absl::StatusOr<v1::DrainResponse> response = client.Drain();
   if (!response.ok()) return Fail(response.status());
@@ -163,10 +202,10 @@ int Run(const std::vector<char*>& args) {
   }
   const std::string command = args[1];
   auto arg = [&](size_t i) { return i < args.size() ? std::string(args[i]) : std::string(); };
-  const size_t wanted = command == "status" || command == "drain" ? 0
-                        : command == "tensors"                    ? 1
-                        : command == "set-lr"                     ? 2
-                                                                  : 99;
+  const size_t wanted = command == "status" || command == "drain"     ? 0
+                        : command == "tensors" || command == "delete" ? 1
+                        : command == "set-lr"                         ? 2
+                                                                      : 99;
   const bool optional_job = command == "status";
   if (wanted == 99 || args.size() - 2 > wanted + (optional_job ? 1 : 0) ||
       args.size() - 2 < wanted) {
@@ -183,6 +222,7 @@ int Run(const std::vector<char*>& args) {
   if (command == "status") return Status(**client, arg(2));
   if (command == "tensors") return Tensors(**client, arg(2));
   if (command == "set-lr") return SetLr(**client, arg(2), arg(3));
+  if (command == "delete") return Delete(**client, arg(2));
   return Drain(**client);
 }
 
@@ -191,5 +231,6 @@ int Run(const std::vector<char*>& args) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(paramd::kUsage);
+  paramd::HandleHelpFlag(argc, argv);
   return paramd::Run(absl::ParseCommandLine(argc, argv));
 }

@@ -166,22 +166,26 @@ class CudaIpcTransport final : public Transport {
 
   absl::Status PullMany(const PullManyTarget& target, Deadline deadline,
                         std::vector<Pulled>* out) override {
-    out->assign(target.tensors.size(), Pulled{});
+    // The caller's buffers are kept: copies land in memory a previous pull already faulted in.
+    out->resize(target.tensors.size());
     std::vector<uint64_t> leases;
     const DeviceScope scope(device_);
     if (!scope.status().ok()) return scope.status();
     // Each tensor's copy is queued as its header arrives; one synchronization at the end.
     absl::Status status = PullPlacesEach(
         *stub_, target, kCopyLease, deadline, [&](size_t i, Pulled&& pulled) -> absl::Status {
-          if (pulled.header.has_place()) {
-            leases.push_back(pulled.header.lease());
-            absl::StatusOr<const uint8_t*> bytes = View(pulled.header, deadline);
-            if (!bytes.ok()) return bytes.status();
-            pulled.data.resize(static_cast<size_t>(pulled.header.place().bytes()));
-            PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-                pulled.data.data(), *bytes, pulled.data.size(), cudaMemcpyDefault, stream_));
+          if (!pulled.header.has_place()) {
+            (*out)[i] = std::move(pulled);
+            return absl::OkStatus();
           }
-          (*out)[i] = std::move(pulled);
+          leases.push_back(pulled.header.lease());
+          absl::StatusOr<const uint8_t*> bytes = View(pulled.header, deadline);
+          if (!bytes.ok()) return bytes.status();
+          std::vector<std::byte>& data = (*out)[i].data;
+          data.resize(static_cast<size_t>(pulled.header.place().bytes()));
+          PARAMD_CUDA_RETURN_IF_ERROR(
+              cudaMemcpyAsync(data.data(), *bytes, data.size(), cudaMemcpyDefault, stream_));
+          (*out)[i].header = std::move(pulled.header);
           return absl::OkStatus();
         });
     const absl::Status synced =

@@ -97,17 +97,20 @@ class ShmTransport final : public Transport {
 
   absl::Status PullMany(const PullManyTarget& target, Deadline deadline,
                         std::vector<Pulled>* out) override {
-    out->assign(target.tensors.size(), Pulled{});
+    // The caller's buffers are kept: copies land in memory a previous pull already faulted in.
+    out->resize(target.tensors.size());
     std::vector<uint64_t> leases;
     absl::Status status = PullPlacesEach(
         *stub_, target, kCopyLease, deadline, [&](size_t i, Pulled&& pulled) -> absl::Status {
-          if (pulled.header.has_place()) {
-            leases.push_back(pulled.header.lease());
-            absl::StatusOr<std::span<const std::byte>> bytes = View(pulled.header, deadline);
-            if (!bytes.ok()) return bytes.status();
-            pulled.data.assign(bytes->begin(), bytes->end());
+          if (!pulled.header.has_place()) {
+            (*out)[i] = std::move(pulled);
+            return absl::OkStatus();
           }
-          (*out)[i] = std::move(pulled);
+          leases.push_back(pulled.header.lease());
+          absl::StatusOr<std::span<const std::byte>> bytes = View(pulled.header, deadline);
+          if (!bytes.ok()) return bytes.status();
+          (*out)[i].data.assign(bytes->begin(), bytes->end());
+          (*out)[i].header = std::move(pulled.header);
           return absl::OkStatus();
         });
     if (!leases.empty()) ReleaseSoon(*stub_, async_, leases);  // one call for all, not waited for

@@ -88,7 +88,7 @@ class Transport {
   // has published it.
   virtual absl::Status PullMany(const PullManyTarget& target, Deadline deadline,
                                 std::vector<Pulled>* out) {
-    out->assign(target.tensors.size(), Pulled{});
+    out->resize(target.tensors.size());  // each keeps its buffer (Client::Pull)
     for (size_t i = 0; i < target.tensors.size(); ++i) {
       const PullTarget one{target.job, target.tensors[i], target.format, target.min_version};
       if (absl::Status s = Pull(one, deadline, &(*out)[i]); !s.ok()) return s;

@@ -10,7 +10,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "client/client.h"
+#include "common/flags_help.h"
 #include "examples/classifier/classifier_model.h"
 #include "kernels/formats.h"
 #include "reference/adamw_reference.h"
@@ -173,6 +175,9 @@ int Main() {
 }  // namespace paramd::classifier
 
 int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "paramd_train_classifier --address=HOST:PORT --rank=R --world_size=N");
+  paramd::HandleHelpFlag(argc, argv);
   absl::ParseCommandLine(argc, argv);
   return paramd::classifier::Main();
 }

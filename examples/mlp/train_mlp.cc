@@ -21,6 +21,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "client/client.h"
+#include "common/flags_help.h"
 #include "examples/mlp/mlp_model.h"
 #include "examples/mlp/reference_replay.h"
 #include "reference/adamw_reference.h"
@@ -222,6 +223,7 @@ int Main() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("paramd_train_mlp --address=HOST:PORT --rank=R --world_size=N");
+  paramd::HandleHelpFlag(argc, argv);
   absl::ParseCommandLine(argc, argv);
   return paramd::mlp::Main();
 }
