@@ -290,8 +290,13 @@ void MeasureTransfers(std::string* result) {
   std::printf("shm pull %d MiB (copy out): %.2f GB/s (median of %zu)\n", absl::GetFlag(FLAGS_mib),
               pull_gbps, pull_s.size());
   std::printf("shm pull in place + release: %.0f us (no copy)\n", view_us);
-  absl::StrAppendFormat(result, " copy_gbps=%.3f push_gbps=%.3f pull_gbps=%.3f view_us=%.1f",
-                        copy_gbps, push_gbps, pull_gbps, view_us);
+  // The best of the runs too, as the copy's: what tests/perf/perf_smoke.sh holds to its bars.
+  const double push_best_gbps = bytes / *std::min_element(push_s.begin(), push_s.end()) / 1e9;
+  const double pull_best_gbps = bytes / *std::min_element(pull_s.begin(), pull_s.end()) / 1e9;
+  absl::StrAppendFormat(result,
+                        " copy_gbps=%.3f push_gbps=%.3f pull_gbps=%.3f view_us=%.1f"
+                        " push_best_gbps=%.3f pull_best_gbps=%.3f",
+                        copy_gbps, push_gbps, pull_gbps, view_us, push_best_gbps, pull_best_gbps);
 }
 
 int Main() {

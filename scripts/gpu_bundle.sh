@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # Everything that runs from a bundle on the GPU machine (scripts/bundle.sh, built on a machine with
 # gRPC), part by part, each under its own time limit, with a short table last:
+#   limits  cuda_daemon_test: the GPU memory budget at Register, a step that finds the GPU full
+#           (its job fails alone), a sticky CUDA error (every job fails); SANITIZE=1 runs it and
+#           cuda_ipc_test under compute-sanitizer memcheck instead
 #   ipc     scripts/gpu_ipc.sh: cuda_ipc_test (the conformance suite and cuda_ipc's own tests), then
 #           cuda_ipc push/pull against device and peer copies, and a whole step of 1e9 parameters
 #           by transport (cuda_ipc, inline)
 #   daemon  scripts/gpu_daemon.sh: the example jobs through paramd --backend=cuda:0
 #   shm     bench/run_shm_bench.sh at 1e9 parameters, fp32 and fp8 policies (the host's CPU)
-# Usage: scripts/gpu_bundle.sh BUNDLE_DIR [PART...]   (default: all three; logs go to $OUT when
+# Usage: scripts/gpu_bundle.sh BUNDLE_DIR [PART...]   (default: all four; logs go to $OUT when
 # set, else to a temporary folder)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bundle=$(cd "${1:?bundle dir}" && pwd)
 shift
 parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(ipc daemon shm)
+[ ${#parts[@]} -eq 0 ] && parts=(limits ipc daemon shm)
 logs=${OUT:-$(mktemp -d)}
 mkdir -p "$logs"
 rows=()
@@ -35,6 +38,17 @@ part() {
 
 for p in "${parts[@]}"; do
   case "$p" in
+    limits)
+      if [ "${SANITIZE:-0}" = 1 ]; then
+        # The sticky-error test breaks the context on purpose: memcheck would report its fault.
+        part memcheck_limits "${LIMITS_TIMEOUT:-300}" compute-sanitizer --tool memcheck \
+          --error-exitcode 1 "$bundle/run.sh" cuda_daemon_test --gtest_filter=-*Sticky*
+        part memcheck_ipc "${LIMITS_TIMEOUT:-300}" compute-sanitizer --tool memcheck \
+          --error-exitcode 1 "$bundle/run.sh" cuda_ipc_test --gtest_brief=1
+      else
+        part limits "${LIMITS_TIMEOUT:-120}" "$bundle/run.sh" cuda_daemon_test
+      fi
+      ;;
     ipc) part ipc "${IPC_TIMEOUT:-300}" "$root/scripts/gpu_ipc.sh" "$bundle" 4096 1000 ;;
     daemon) part daemon "${DAEMON_TIMEOUT:-200}" "$root/scripts/gpu_daemon.sh" "$bundle" ;;
     shm)
@@ -43,7 +57,7 @@ for p in "${parts[@]}"; do
       part shm_fp8 "${SHM_TIMEOUT:-240}" "$root/bench/run_shm_bench.sh" "$bundle" \
         --elements=1000000000 --step_iters=2 --iters=5 --step_policy=fp8 --call_iters=0
       ;;
-    *) echo "gpu_bundle: unknown part $p (ipc, daemon, shm)"; exit 2 ;;
+    *) echo "gpu_bundle: unknown part $p (limits, ipc, daemon, shm)"; exit 2 ;;
   esac
 done
 

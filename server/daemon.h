@@ -44,6 +44,8 @@ class Daemon {
   const std::string& backend_name() const { return backend_name_; }
   // The backend's exported GPU memory (`cuda_ipc`); none on the cpu backend.
   std::optional<DeviceExports> device_exports() const { return backend_->Exports(); }
+  // OK while the backend can step (Backend::Health).
+  absl::Status backend_health() const { return backend_->Health(); }
 
   // UNAVAILABLE once draining, else OK. Every RPC asks first.
   absl::Status CheckServing() const;

@@ -176,7 +176,7 @@ int Main() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "paramd_train_classifier --address=HOST:PORT --rank=R --world_size=N");
+      "paramd_train_classifier --address=HOST:PORT [--steps=N] [--serve=mxfp8]");
   paramd::HandleHelpFlag(argc, argv);
   absl::ParseCommandLine(argc, argv);
   return paramd::classifier::Main();

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# paramctl against a real daemon: status, tensors, set-lr and drain, human-readable and --json,
+# paramctl against a real daemon: status, tensors, set-lr, delete and drain, human-readable and --json,
 # and the error path (unknown job -> NOT_FOUND, exit status 1). Usage: paramctl_test.sh BUILD_DIR
 set -euo pipefail
 build=$1
@@ -49,6 +49,21 @@ set -e
 [ $code -eq 1 ] || fail "unknown job exits 1 (got $code)"
 grep -q "NOT_FOUND" <<<"$err" || fail "unknown job reports NOT_FOUND: $err"
 { ctl set-lr ctl nan 2>&1 || true; } | grep -q "INVALID_ARGUMENT" || fail "set-lr nan is INVALID_ARGUMENT"
+
+out=$(ctl status)
+grep -qE "memory budget: .* of .* reserved by jobs" <<<"$out" || fail "status shows the memory budget"
+grep -qE "  reserved [0-9.]+ [KMG]iB of host memory" <<<"$out" || fail "status shows the job's reservation"
+# delete frees the job and its budget; the name can be trained again.
+"$build/examples/mlp/paramd_train_mlp" --address="$addr" --job=gone --world_size=1 --steps=2 \
+  >/dev/null 2>&1 || fail "second training job"
+reserved=$(ctl --json status | python3 -c 'import json,sys; print(json.load(sys.stdin)["memory_reserved_bytes"])')
+out=$(ctl delete gone)
+echo "$out"
+grep -qE "job gone deleted; [0-9.]+ [KMG]iB of host memory back in the budget" <<<"$out" || fail "delete"
+after=$(ctl --json status | python3 -c 'import json,sys; s=json.load(sys.stdin); print(s["memory_reserved_bytes"], len(s["jobs"]))')
+[ "${after#* }" = "1" ] || fail "delete removes the job ($after)"
+[ "${after% *}" -lt "$reserved" ] || fail "delete gives the budget back ($reserved -> ${after% *})"
+{ ctl delete gone 2>&1 || true; } | grep -q "NOT_FOUND" || fail "delete of an unknown job is NOT_FOUND"
 
 ctl drain | grep -q "draining" || fail "drain"
 ctl status | grep -q "DRAINING" || fail "status shows draining"

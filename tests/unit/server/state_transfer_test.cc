@@ -648,6 +648,61 @@ TEST_F(ExportHoldTest, AnExportIsTheStateAfterEveryStepCommittedBeforeIt) {
   EXPECT_EQ(d.Served(2), reference.Served(2));
 }
 
+// Two exports overlap with steps held between them, in the order that once lost a step's tick:
+// export A streams; step 0 is committed (held); export B begins and waits for step 0; step 1 is
+// committed (held). A's end hands back the newest held step, whose tick runs step 0 alone (step 1
+// is B's to hold), which starts B; B's end hands step 1 back, and its tick runs it. Every step
+// runs once, in order, and each export is the state after the steps committed before it.
+TEST_F(ExportHoldTest, OverlappingExportsLoseNoHeldStep) {
+  std::vector<StepWork> resumed;
+  auto resume = [&](const StepWork& w) { resumed.push_back(w); };
+  absl::StatusOr<std::unique_ptr<StateExport>> a =
+      StateExport::BeginAndWait(d.shared(), 4096, resume);
+  ASSERT_TRUE(a.ok()) << a.status();
+  const StepGradients g0 = RandomGradients(spec, 400);
+  absl::StatusOr<StepWork> step0 = d.PushAndCommit(0, g0, std::nullopt);
+  ASSERT_TRUE(step0.ok()) << step0.status();
+  EXPECT_TRUE(d.job().RunOrHoldStep(*step0).empty());
+
+  bool b_started = false;
+  absl::StatusOr<std::unique_ptr<StateExport>> b;
+  StateExport::Begin(d.shared(), 4096, resume, [&](absl::StatusOr<std::unique_ptr<StateExport>> e) {
+    b = std::move(e);
+    b_started = true;
+  });
+  EXPECT_FALSE(b_started) << "B began before step 0, committed ahead of it, ran";
+  const StepGradients g1 = RandomGradients(spec, 401);
+  absl::StatusOr<StepWork> step1 = d.PushAndCommit(1, g1, std::nullopt);
+  ASSERT_TRUE(step1.ok()) << step1.status();
+  EXPECT_TRUE(d.job().RunOrHoldStep(*step1).empty());
+
+  v1::StateChunk header;
+  ASSERT_TRUE(*(*a)->Next(&header));
+  EXPECT_EQ(header.header().next_step(), 0);
+  a->reset();  // A ends: the newest held step's tick goes back
+  ASSERT_EQ(resumed.size(), 1u);
+  std::vector<StepReport> ran = d.job().RunOrHoldStep(resumed.back());
+  ASSERT_EQ(ran.size(), 1u);
+  EXPECT_EQ(ran[0].step, 0);
+  ASSERT_TRUE(b_started) << "B did not start once step 0 ran";
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_TRUE(*(*b)->Next(&header));
+  EXPECT_EQ(header.header().next_step(), 1);
+  EXPECT_EQ(d.job().Served(0, 2), nullptr);  // step 1 held by B
+
+  b->reset();  // B ends: step 1 goes back
+  ASSERT_EQ(resumed.size(), 2u);
+  EXPECT_EQ(resumed.back().step, 1);
+  ran = d.job().RunOrHoldStep(resumed.back());
+  ASSERT_EQ(ran.size(), 1u);
+  EXPECT_EQ(ran[0].step, 1);
+  ASSERT_TRUE(reference.Step(0, g0, std::nullopt).ok());
+  ASSERT_TRUE(reference.Step(1, g1, std::nullopt).ok());
+  EXPECT_EQ(d.Served(2), reference.Served(2));
+  EXPECT_TRUE(d.job().RunOrHoldStep(*step0).empty());  // late ticks run nothing
+  EXPECT_TRUE(d.job().RunOrHoldStep(*step1).empty());
+}
+
 TEST(StateExportTest, AJobWithoutItsInitialWeightsHasNoStateToExport) {
   const v1::RegisterRequest spec = Spec(v1::StatePolicy());
   CpuBackend backend(1);
