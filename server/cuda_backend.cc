@@ -99,7 +99,7 @@ class DeviceBuffer {
     if (cudaMalloc(&ptr_, bytes) != cudaSuccess) {
       cudaGetLastError();  // clear the sticky-free error state of a failed allocation
       return absl::ResourceExhaustedError(
-          absl::StrCat("cannot allocate ", bytes, " bytes of GPU memory for the job's state"));
+          absl::StrCat("cannot allocate ", bytes, " bytes of GPU memory (the GPU is full)"));
     }
     bytes_ = bytes;
     return absl::OkStatus();

@@ -165,7 +165,7 @@ TEST_F(CudaDaemonTest, AStickyCudaErrorFailsEveryJobOfTheBackend) {
   EXPECT_TRUE(HasStatus(Find("b")->CheckUsable(), absl::StatusCode::kInternal,
                         "backend cuda:0 is unusable"));
   EXPECT_TRUE(HasStatus(daemon_->Register(ForRank(Spec("c"), 0)), absl::StatusCode::kInternal,
-                        "restart the daemon"));
+                        "Restart the daemon"));
   EXPECT_TRUE(daemon_->Status("").has_backend_failure());
 }
 
