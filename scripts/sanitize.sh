@@ -27,6 +27,8 @@ tests=(
   tests/integration/bad_input_test tests/integration/served_formats_test
   tests/integration/client_retry_test tests/integration/shm_test
   tests/integration/state_transfer_rpc_test tests/integration/pull_many_stress_test
+  tests/unit/server/job_limits_test tests/unit/server/job_failure_test
+  tests/integration/hostile_input_test
 )
 
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=None \

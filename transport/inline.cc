@@ -91,7 +91,8 @@ v1::PullRequest PullRequestOf(const PullTarget& target) {
 }
 
 absl::Status PullStreamEach(v1::Data::Stub& stub, const v1::PullRequest& request, Deadline deadline,
-                            const std::function<absl::Status(Pulled&&)>& each) {
+                            const std::function<absl::Status(Pulled&&)>& each,
+                            std::vector<std::byte>* reuse) {
   grpc::ClientContext context;
   context.set_deadline(deadline);
   std::unique_ptr<grpc::ClientReader<v1::PullChunk>> reader = stub.Pull(&context, request);
@@ -119,6 +120,10 @@ absl::Status PullStreamEach(v1::Data::Stub& stub, const v1::PullRequest& request
             absl::DataLossError("pull stream sent a header before the previous one's bytes"));
       }
       current.emplace();
+      if (reuse != nullptr) {
+        current->data = std::move(*reuse);
+        reuse = nullptr;
+      }
       current->header = std::move(*chunk.mutable_header());
       // A placed pull's bytes stay in shared memory: nothing follows the header.
       expected = current->header.has_place()
@@ -151,10 +156,13 @@ absl::Status PullStreamEach(v1::Data::Stub& stub, const v1::PullRequest& request
 
 absl::Status PullStream(v1::Data::Stub& stub, const v1::PullRequest& request, Deadline deadline,
                         Pulled* out) {
-  return PullStreamEach(stub, request, deadline, [out](Pulled&& pulled) {
-    *out = std::move(pulled);
-    return absl::OkStatus();
-  });
+  return PullStreamEach(
+      stub, request, deadline,
+      [out](Pulled&& pulled) {
+        *out = std::move(pulled);
+        return absl::OkStatus();
+      },
+      &out->data);
 }
 
 std::unique_ptr<Transport> MakeInlineTransport(const TransportContext& context) {
