@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/element_type.h"
+#include "common/error_reason.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "paramd/v1/data.grpc.pb.h"
@@ -58,8 +59,8 @@ absl::Status Client::Retry(const std::function<absl::Status()>& attempt) const {
       backoff = std::min(backoff * 2, std::chrono::milliseconds{2000});
     }
     status = attempt();
-    // A draining daemon answers UNAVAILABLE too; its message says so and a retry cannot help.
-    const bool draining = absl::StrContains(status.message(), "draining");
+    // A draining daemon answers UNAVAILABLE too, with its reason: a retry cannot help.
+    const bool draining = ReasonOf(status) == v1::ERROR_REASON_DRAINING;
     if (status.code() != absl::StatusCode::kUnavailable || draining) break;
   }
   return status;

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "common/error_reason.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "server/backends.h"
@@ -112,8 +113,9 @@ void Daemon::Drain() {
 
 absl::Status Daemon::CheckServing() const {
   if (draining()) {
-    return absl::UnavailableError(
-        "the daemon is draining (Drain or a shutdown signal); no new work is accepted");
+    return WithReason(absl::UnavailableError("the daemon is draining (Drain or a shutdown "
+                                             "signal); no new work is accepted"),
+                      v1::ERROR_REASON_DRAINING);
   }
   return absl::OkStatus();
 }
@@ -164,7 +166,8 @@ void Daemon::FailJobsOfUnusableBackend() {
   if (health.ok()) return;
   PARAMD_LOG(ERROR) << "backend " << backend_name_
                     << " is unusable, every job of it fails: " << health;
-  for (const auto& job : registry_->Jobs()) job->Fail(health);
+  const absl::Status why = WithReason(health, v1::ERROR_REASON_BACKEND_UNUSABLE);
+  for (const auto& job : registry_->Jobs()) job->Fail(why);
 }
 
 void Daemon::StartStep(std::shared_ptr<Job> job, StepWork work) {

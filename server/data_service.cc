@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/borrowed_bytes.h"
 #include "common/daemon_instance.h"
+#include "common/error_reason.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/quoted.h"
@@ -68,10 +69,13 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     }
     if (chunk_.in_place_bytes() != 0 && chunk_.instance() != 0 &&
         chunk_.instance() != daemon_->instance()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the slot place of tensor ", Quoted(chunk_.tensor()), " ", kFromAnotherDaemonStart,
-          ", whose memory this one does not see; ask Attach for the step's slot places again and "
-          "write the bytes there"));
+      return WithReason(
+          absl::FailedPreconditionError(absl::StrCat(
+              "the slot place of tensor ", Quoted(chunk_.tensor()), " ", kFromAnotherDaemonStart,
+              ", whose memory this one does not see; ask Attach for the step's slot places again "
+              "and "
+              "write the bytes there")),
+          v1::ERROR_REASON_ANOTHER_DAEMON_START);
     }
     if (job_ == nullptr || job_->name() != chunk_.job()) {
       absl::StatusOr<std::shared_ptr<Job>> job = daemon_->registry().Find(chunk_.job());
@@ -80,10 +84,9 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     }
     absl::StatusOr<ChunkBuffer::Stored> stored = job_->Push(chunk_);
     if (!stored.ok()) {
-      return absl::Status(
-          stored.status().code(),
-          absl::StrCat(stored.status().message(), " (tensor ", Quoted(chunk_.tensor()), ", rank ",
-                       chunk_.rank(), ", step ", chunk_.step(), ")"));
+      return Reworded(stored.status(),
+                      absl::StrCat(stored.status().message(), " (tensor ", Quoted(chunk_.tensor()),
+                                   ", rank ", chunk_.rank(), ", step ", chunk_.step(), ")"));
     }
     if (*stored == ChunkBuffer::Stored::kNew) {
       response_.set_chunks_stored(response_.chunks_stored() + 1);

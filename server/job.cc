@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/error_reason.h"
 #include "common/logging.h"
 #include "common/quoted.h"
 #include "common/status_macros.h"
@@ -442,11 +443,13 @@ absl::StatusOr<Job::SlotSet> Job::NextSlotSet() {
   const size_t held =
       (collecting_.made() ? 1 : 0) + (next_collecting_.has_value() ? 1 : 0) + taken_.size();
   if (held >= static_cast<size_t>(kSlotSets)) {
-    return absl::UnavailableError(absl::StrCat(
-        "job ", Quoted(name_), " holds ", held, " gradient slot sets (steps ", steps_run_, " to ",
-        next_step_ - 1, " wait to run, and the step collected): its slots for step ",
-        next_step_ + (collecting_.made() ? 1 : 0), " come free once step ", steps_run_,
-        " has run; pull its weights first, or retry"));
+    return WithReason(
+        absl::UnavailableError(absl::StrCat(
+            "job ", Quoted(name_), " holds ", held, " gradient slot sets (steps ", steps_run_,
+            " to ", next_step_ - 1, " wait to run, and the step collected): its slots for step ",
+            next_step_ + (collecting_.made() ? 1 : 0), " come free once step ", steps_run_,
+            " has run; pull its weights first, or retry")),
+        v1::ERROR_REASON_SLOT_SETS_FULL);
   }
   SlotSet set;
   set.host.resize(tensors_.size());
@@ -712,11 +715,13 @@ StepReport Job::StepNow(const StepWork& work) {
   StepReport report{work.step, 0, 0, false, 1.0f, absl::OkStatus()};
   // A step that fails fails the job: its state may be half-updated, which no retry could repair.
   auto fail = [&](const absl::Status& why) {
-    report.failed = absl::Status(
-        why.code(),
-        absl::StrCat("job ", Quoted(name_), " failed at step ", work.step, ": ", why.message(),
-                     "; it runs no more steps: delete it (DeleteJob, paramctl delete) "
-                     "and register it again from an export or checkpoint"));
+    report.failed = WithReason(
+        absl::Status(
+            why.code(),
+            absl::StrCat("job ", Quoted(name_), " failed at step ", work.step, ": ", why.message(),
+                         "; it runs no more steps: delete it (DeleteJob, paramctl delete) "
+                         "and register it again from an export or checkpoint")),
+        v1::ERROR_REASON_JOB_FAILED);
     std::vector<std::function<void()>> wake;
     {
       absl::MutexLock lock(&mu_);

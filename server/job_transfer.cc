@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/error_reason.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "server/job.h"
@@ -137,8 +138,8 @@ absl::StatusOr<v1::ImportStateResponse> Job::Import(StagedState staged) {
       absl::StatusOr<std::unique_ptr<TensorState>> state =
           backend_->ImportState(t.info, std::move(staged.tensors[i]), served.back().get());
       if (!state.ok()) {
-        return absl::Status(state.status().code(), absl::StrCat(refused, "tensor \"", t.spec.name(),
-                                                                "\": ", state.status().message()));
+        return Reworded(state.status(), absl::StrCat(refused, "tensor \"", t.spec.name(),
+                                                     "\": ", state.status().message()));
       }
       states.push_back(*std::move(state));
     }

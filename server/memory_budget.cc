@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/error_reason.h"
 
 namespace paramd {
 namespace {
@@ -55,13 +56,15 @@ absl::StatusOr<MemoryBudget::Reservation> MemoryBudget::Reserve(const std::strin
     if (asked <= limit - used) continue;
     const char* knob = device ? "device_memory_budget_bytes" : "memory_budget_bytes";
     const char* source = device ? "the GPU's free memory" : "the memory available";
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "job ", job, " needs up to ", Text(bytes, device),
-        " (state, served formats, gradient slots of every rank, bookkeeping); this daemon's ", knob,
-        " is ", limit, " and ", limit - used, " of it are free (", used,
-        " held by its other jobs); delete a job (paramctl delete), raise ", knob,
-        " (default: ", static_cast<int>(kDefaultBudgetShare * 100), "% of ", source,
-        " at start), or run the job on another daemon"));
+    return WithReason(
+        absl::ResourceExhaustedError(absl::StrCat(
+            "job ", job, " needs up to ", Text(bytes, device),
+            " (state, served formats, gradient slots of every rank, bookkeeping); this daemon's ",
+            knob, " is ", limit, " and ", limit - used, " of it are free (", used,
+            " held by its other jobs); delete a job (paramctl delete), raise ", knob,
+            " (default: ", static_cast<int>(kDefaultBudgetShare * 100), "% of ", source,
+            " at start), or run the job on another daemon")),
+        v1::ERROR_REASON_MEMORY_BUDGET);
   }
   used_.host += bytes.host;
   used_.device += bytes.device;

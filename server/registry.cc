@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "common/error_reason.h"
 #include "common/quoted.h"
 #include "server/job_memory.h"
 #include "server/registration.h"
@@ -33,7 +34,9 @@ int64_t JobRegistry::JobBytes(const v1::RegisterRequest& spec) {
 
 absl::StatusOr<v1::RegisterResponse> JobRegistry::Register(const v1::RegisterRequest& request) {
   if (absl::Status s = ValidateRegistration(request); !s.ok()) return s;
-  if (absl::Status health = backend_->Health(); !health.ok()) return health;
+  if (absl::Status health = backend_->Health(); !health.ok()) {
+    return WithReason(health, v1::ERROR_REASON_BACKEND_UNUSABLE);
+  }
   std::shared_ptr<Job> job;
   {
     absl::MutexLock lock(&mu_);
@@ -104,8 +107,10 @@ absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Delete(const std::string& name
     job = std::move(it->second);
     jobs_.erase(it);
   }
-  job->Fail(absl::NotFoundError(absl::StrCat(
-      "job ", Quoted(name), " was deleted from this daemon; register it again to start over")));
+  job->Fail(WithReason(
+      absl::NotFoundError(absl::StrCat(
+          "job ", Quoted(name), " was deleted from this daemon; register it again to start over")),
+      v1::ERROR_REASON_JOB_FAILED));
   return job;
 }
 

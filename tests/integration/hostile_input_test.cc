@@ -18,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
 #include "client/client.h"
+#include "common/error_reason.h"
 #include "common/grpc_status.h"
 #include "paramd/v1/control.grpc.pb.h"
 #include "paramd/v1/data.grpc.pb.h"
@@ -268,6 +269,7 @@ TEST_F(HostileInputTest, AJobPastTheMemoryBudgetIsRefusedAtRegisterAndTheDaemonG
       testing::HasStatus(registered, absl::StatusCode::kResourceExhausted, "memory_budget_bytes"));
   EXPECT_TRUE(
       testing::HasStatus(registered, absl::StatusCode::kResourceExhausted, "bytes of host memory"));
+  EXPECT_EQ(ReasonOf(registered.status()), v1::ERROR_REASON_MEMORY_BUDGET);
   for (int attempt = 0; attempt < 2; ++attempt) {
     v1::PushChunk chunk;
     chunk.set_job("huge");
@@ -329,6 +331,7 @@ TEST_F(HostileInputTest, AtShutdownAPullWaitingForAVersionEndsUnavailableSayingT
   server_->Shutdown();
   puller.join();
   EXPECT_TRUE(testing::HasStatus(pulled, absl::StatusCode::kUnavailable, "draining"));
+  EXPECT_EQ(ReasonOf(pulled), v1::ERROR_REASON_DRAINING);  // what the client does not retry
   EXPECT_LT(std::chrono::steady_clock::now() - start, 4s) << "the pull was left to gRPC's deadline";
 }
 

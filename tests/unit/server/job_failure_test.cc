@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/config.h"
+#include "common/error_reason.h"
 #include "server/cpu_backend.h"
 #include "server/daemon.h"
 #include "tests/unit/server/reference_job.h"
@@ -139,6 +140,7 @@ TEST_F(JobFailureTest, ABackendErrorFailsItsJobAloneAndItsTrainersGetTheStatus) 
                         "failed at step 0"));
   EXPECT_TRUE(HasStatus(a->Commit(CommitOf("a", 1)), absl::StatusCode::kResourceExhausted,
                         "failed at step 0"));
+  EXPECT_EQ(ReasonOf(a->CheckUsable()), v1::ERROR_REASON_JOB_FAILED);
   EXPECT_TRUE(HasStatus(daemon_->Register(ForRank(Spec("a"), 0)),
                         absl::StatusCode::kResourceExhausted, "delete it"));
   const v1::StatusResponse status = daemon_->Status("a");
@@ -176,6 +178,7 @@ TEST_F(JobFailureTest, AnUnusableBackendFailsEveryJobAndRefusesNewOnes) {
       HasStatus(Find("b")->Push(Gradient("b", 0)), absl::StatusCode::kInternal, "unusable"));
   EXPECT_TRUE(
       HasStatus(daemon_->Register(ForRank(Spec("c"), 0)), absl::StatusCode::kInternal, "unusable"));
+  EXPECT_EQ(ReasonOf(Find("b")->CheckUsable()), v1::ERROR_REASON_BACKEND_UNUSABLE);
   const v1::StatusResponse status = daemon_->Status("");
   EXPECT_TRUE(status.has_backend_failure());
   for (const v1::JobStatus& job : status.jobs()) EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/error_reason.h"
 #include "server/cpu_backend.h"
 #include "server/job.h"
 #include "server/job_memory.h"
@@ -164,6 +165,7 @@ TEST(JobSlotSetsTest, ATrainerAheadOfTwoQueuedStepsIsToldToWaitAndGoesOnOnceOneR
   ASSERT_TRUE(h.PushGradients(0, 2, RandomGradients(spec, 12)).ok());
   EXPECT_TRUE(HasStatus(h.job().SlotsForStep(0, 3), absl::StatusCode::kUnavailable,
                         "come free once step 0 has run"));
+  EXPECT_EQ(ReasonOf(h.job().SlotsForStep(0, 3).status()), v1::ERROR_REASON_SLOT_SETS_FULL);
   absl::StatusOr<CommitOutcome> third = h.Commit(0, 2);
   ASSERT_TRUE(third.ok());
   queued.push_back(*third->work);
