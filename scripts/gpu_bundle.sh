@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Everything that runs from a bundle on the GPU machine (scripts/bundle.sh, built on a machine with
 # gRPC), part by part, each under its own time limit, with a short table last:
+#   backend cuda_backend_conformance_test: the backend conformance suite on cuda:0 (every policy
+#           and format as the reference, skip and clip, export/import, state reads)
 #   limits  cuda_daemon_test: the GPU memory budget at Register, a step that finds the GPU full
 #           (its job fails alone), a sticky CUDA error (every job fails); SANITIZE=1 runs it and
 #           cuda_ipc_test under compute-sanitizer memcheck instead
@@ -9,14 +11,14 @@
 #           by transport (cuda_ipc, inline)
 #   daemon  scripts/gpu_daemon.sh: the example jobs through paramd --backend=cuda:0
 #   shm     bench/run_shm_bench.sh at 1e9 parameters, fp32 and fp8 policies (the host's CPU)
-# Usage: scripts/gpu_bundle.sh BUNDLE_DIR [PART...]   (default: all four; logs go to $OUT when
+# Usage: scripts/gpu_bundle.sh BUNDLE_DIR [PART...]   (default: all five; logs go to $OUT when
 # set, else to a temporary folder)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bundle=$(cd "${1:?bundle dir}" && pwd)
 shift
 parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(limits ipc daemon shm)
+[ ${#parts[@]} -eq 0 ] && parts=(backend limits ipc daemon shm)
 logs=${OUT:-$(mktemp -d)}
 mkdir -p "$logs"
 rows=()
@@ -38,6 +40,7 @@ part() {
 
 for p in "${parts[@]}"; do
   case "$p" in
+    backend) part backend "${BACKEND_TIMEOUT:-300}" "$bundle/run.sh" cuda_backend_conformance_test ;;
     limits)
       if [ "${SANITIZE:-0}" = 1 ]; then
         # The sticky-error test breaks the context on purpose: memcheck would report its fault.
@@ -59,7 +62,7 @@ for p in "${parts[@]}"; do
       part shm_fp8 "${SHM_TIMEOUT:-240}" "$root/bench/run_shm_bench.sh" "$bundle" \
         --elements=1000000000 --step_iters=2 --iters=5 --step_policy=fp8 --call_iters=0
       ;;
-    *) echo "gpu_bundle: unknown part $p (limits, ipc, daemon, shm)"; exit 2 ;;
+    *) echo "gpu_bundle: unknown part $p (backend, limits, ipc, daemon, shm)"; exit 2 ;;
   esac
 done
 

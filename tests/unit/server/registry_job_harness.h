@@ -1,6 +1,6 @@
-// A job registered through JobRegistry on a real CpuBackend, every rank registered and the initial
-// weights uploaded, driven as the services drive it (chunked pushes, commits); the step a last
-// commit hands over runs at once instead of on the step executor.
+// A job registered through JobRegistry on a real backend (a CpuBackend unless one is given), every
+// rank registered and the initial weights uploaded, driven as the services drive it (chunked
+// pushes, commits); the step a last commit hands over runs at once instead of on the step executor.
 #pragma once
 
 #include <algorithm>
@@ -20,7 +20,15 @@ namespace paramd::testing {
 class RegistryJobHarness {
  public:
   explicit RegistryJobHarness(const v1::RegisterRequest& spec, int threads = 2)
-      : spec_(spec), backend_(threads), registry_(&backend_, RegistryLimits{}) {}
+      : RegistryJobHarness(spec, std::make_unique<CpuBackend>(threads)) {}
+  // On `backend`, with its own host memory for slots and served bytes where it has one (cuda:N's
+  // page-locked buffers), as the daemon gives it.
+  RegistryJobHarness(const v1::RegisterRequest& spec, std::unique_ptr<Backend> backend)
+      : spec_(spec),
+        backend_(std::move(backend)),
+        registry_(
+            backend_.get(), RegistryLimits{},
+            backend_->HostAllocator() != nullptr ? backend_->HostAllocator() : HeapAllocator()) {}
 
   // Registers every rank through the registry and uploads the initial weights.
   absl::Status Start(const std::vector<std::vector<float>>& initial) {
@@ -42,6 +50,8 @@ class RegistryJobHarness {
   }
 
   Job& job() { return *job_; }
+  const std::shared_ptr<Job>& shared() const { return job_; }
+  Backend& backend() { return *backend_; }
   JobRegistry& registry() { return registry_; }
 
   absl::Status PushTensor(int rank, int64_t step, int tensor, std::string_view bytes,
@@ -88,6 +98,7 @@ class RegistryJobHarness {
       if (outcome->work) report = job_->RunStep(*outcome->work);
     }
     if (!report) return absl::InternalError("no commit handed the step over");
+    if (!report->failed.ok()) return report->failed;
     return *report;
   }
 
@@ -104,7 +115,7 @@ class RegistryJobHarness {
 
  private:
   const v1::RegisterRequest spec_;
-  CpuBackend backend_;
+  std::unique_ptr<Backend> backend_;
   JobRegistry registry_;
   std::shared_ptr<Job> job_;
 };
