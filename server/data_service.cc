@@ -446,6 +446,25 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   grpc::ByteBuffer buffer_;  // the message being written
 };
 
+// The slot places Attach answers with (AttachResponse.slots), in the job's tensor order.
+void AddSlotPlaces(const Job::SlotPlaces& slots, v1::AttachResponse* response) {
+  for (size_t i = 0; i < slots.places.size(); ++i) {
+    v1::ShmPlace* place = response->add_slots();
+    place->set_segment(slots.places[i].segment);
+    place->set_offset(slots.places[i].offset);
+    place->set_bytes(slots.bytes[i]);
+    place->set_tensor(slots.tensors[i]);
+    place->set_received(slots.received[i]);
+  }
+}
+
+// A trainer declaring its transport names a rank of the job.
+absl::Status CheckAttachingRank(const Job& job, int32_t rank) {
+  if (rank >= 0 && rank < job.world_size()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "rank ", rank, " is outside [0, ", job.world_size(), ") of job ", Quoted(job.name())));
+}
+
 }  // namespace
 
 absl::Status DataService::AttachCudaIpc(const v1::AttachRequest& request,
@@ -475,22 +494,11 @@ absl::Status DataService::AttachCudaIpc(const v1::AttachRequest& request,
     PARAMD_ASSIGN_OR_RETURN(Job::SlotPlaces slots,
                             job->DeviceSlotsForStep(request.rank(), request.step()));
     response->set_committed(slots.committed);
-    for (size_t i = 0; i < slots.places.size(); ++i) {
-      v1::ShmPlace* place = response->add_slots();
-      place->set_segment(slots.places[i].segment);
-      place->set_offset(slots.places[i].offset);
-      place->set_bytes(slots.bytes[i]);
-      place->set_tensor(slots.tensors[i]);
-      place->set_received(slots.received[i]);
-    }
+    AddSlotPlaces(slots, response);
     fill_exports();
     return absl::OkStatus();
   }
-  if (request.rank() < 0 || request.rank() >= job->world_size()) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", request.rank(), " is outside [0, ",
-                                                   job->world_size(), ") of job ",
-                                                   Quoted(request.job())));
-  }
+  PARAMD_RETURN_IF_ERROR(CheckAttachingRank(*job, request.rank()));
   job->SetTrainerTransport(request.rank(), request.transport(), request.reason());
   fill_exports();
   return absl::OkStatus();
@@ -582,22 +590,11 @@ absl::Status DataService::DoAttach(const v1::AttachRequest& request, v1::AttachR
     for (const std::string& name : daemon_->shm()->segment_names()) {
       response->add_segments(name);
     }
-    for (size_t i = 0; i < slots.places.size(); ++i) {
-      v1::ShmPlace* place = response->add_slots();
-      place->set_segment(slots.places[i].segment);
-      place->set_offset(slots.places[i].offset);
-      place->set_bytes(slots.bytes[i]);
-      place->set_tensor(slots.tensors[i]);
-      place->set_received(slots.received[i]);
-    }
+    AddSlotPlaces(slots, response);
     return absl::OkStatus();
   }
   PARAMD_RETURN_IF_ERROR(job->CheckUsable());
-  if (request.rank() < 0 || request.rank() >= job->world_size()) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", request.rank(), " is outside [0, ",
-                                                   job->world_size(), ") of job ",
-                                                   Quoted(request.job())));
-  }
+  PARAMD_RETURN_IF_ERROR(CheckAttachingRank(*job, request.rank()));
   job->SetTrainerTransport(request.rank(), request.transport(), request.reason());
   daemon_->UpdateGauges();
   return absl::OkStatus();

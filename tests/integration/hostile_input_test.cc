@@ -146,6 +146,17 @@ class HostileInputTest : public ::testing::Test {
     return at == std::string::npos ? 0 : std::stod(text.substr(at + series.size()));
   }
 
+  // One chunk on a push stream of its own.
+  grpc::Status PushOne(const v1::PushChunk& chunk, v1::PushResponse* response = nullptr) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + 20s);
+    v1::PushResponse ignored;
+    auto writer = data_->Push(&context, response != nullptr ? response : &ignored);
+    writer->Write(chunk);
+    writer->WritesDone();
+    return writer->Finish();
+  }
+
   // The job is as it was and the daemon still answers.
   void ExpectStillServing() {
     absl::StatusOr<v1::StatusResponse> status = client_->Status(kJob);
@@ -203,12 +214,7 @@ TEST_F(HostileInputTest, ANameOf10KbIsQuotedCutInTheMessage) {
   chunk.set_job(kJob);
   chunk.set_tensor(name);
   chunk.set_data(std::string(4, '\0'));
-  grpc::ClientContext context;
-  v1::PushResponse response;
-  auto writer = data_->Push(&context, &response);
-  writer->Write(chunk);
-  writer->WritesDone();
-  const grpc::Status pushed = writer->Finish();
+  const grpc::Status pushed = PushOne(chunk);
   EXPECT_TRUE(HasStatus(pushed, grpc::StatusCode::NOT_FOUND, "has no tensor \"nnnn"));
   EXPECT_LT(pushed.error_message().size(), 512u);
   // A job name past 128 characters is refused at Register, cut the same way.
@@ -227,12 +233,8 @@ TEST_F(HostileInputTest, UndefinedEnumValuesAreInvalidArgument) {
   chunk.set_tensor("w");
   chunk.set_kind(static_cast<v1::PushKind>(77));
   chunk.set_data(std::string(4, '\0'));
-  grpc::ClientContext context;
   v1::PushResponse response;
-  auto writer = data_->Push(&context, &response);
-  writer->Write(chunk);
-  writer->WritesDone();
-  EXPECT_TRUE(HasStatus(writer->Finish(), grpc::StatusCode::INVALID_ARGUMENT,
+  EXPECT_TRUE(HasStatus(PushOne(chunk, &response), grpc::StatusCode::INVALID_ARGUMENT,
                         "push kind 77 is not a PushKind"));
   EXPECT_EQ(response.chunks_stored(), 0);
 
@@ -276,12 +278,7 @@ TEST_F(HostileInputTest, AJobPastTheMemoryBudgetIsRefusedAtRegisterAndTheDaemonG
     chunk.set_tensor("w");
     chunk.set_kind(v1::PUSH_KIND_INITIAL_WEIGHTS);
     chunk.set_data(std::string(4096, '\0'));
-    grpc::ClientContext context;
-    v1::PushResponse response;
-    auto writer = data_->Push(&context, &response);
-    writer->Write(chunk);
-    writer->WritesDone();
-    EXPECT_TRUE(HasStatus(writer->Finish(), grpc::StatusCode::NOT_FOUND, "no job \"huge\""));
+    EXPECT_TRUE(HasStatus(PushOne(chunk), grpc::StatusCode::NOT_FOUND, "no job \"huge\""));
   }
   absl::StatusOr<v1::StatusResponse> status = client_->Status();
   ASSERT_TRUE(status.ok());

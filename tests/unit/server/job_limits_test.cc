@@ -23,6 +23,7 @@
 #include "server/registry.h"
 #include "tests/unit/server/job_harness.h"
 #include "tests/unit/server/reference_job.h"
+#include "tests/unit/server/resident_bytes.h"
 #include "tests/unit/server/status_assertions.h"
 
 namespace paramd {
@@ -34,6 +35,7 @@ using testing::JobHarness;
 using testing::MakeSpec;
 using testing::RandomGradients;
 using testing::RandomWeights;
+using testing::ResidentBytes;
 
 constexpr int64_t kMiB = int64_t{1} << 20;
 
@@ -214,15 +216,6 @@ TEST(JobServedVersionsTest, AStepWaitsWhileReadersHoldEveryServedVersion) {
   EXPECT_EQ(h.job().Status().served_bytes(), kServedVersions * readers[0]->bytes());
   // The readers that stayed read their versions unchanged.
   EXPECT_EQ(readers[0]->version, 1);
-}
-
-int64_t ResidentBytes() {
-  std::FILE* f = std::fopen("/proc/self/statm", "r");
-  if (f == nullptr) return -1;
-  long long size = 0, resident = 0;
-  const int read = std::fscanf(f, "%lld %lld", &size, &resident);
-  std::fclose(f);
-  return read == 2 ? resident * static_cast<int64_t>(sysconf(_SC_PAGESIZE)) : -1;
 }
 
 // The 14 KB registration (1024 tensors of [1, 1], world_size 4096) once raised a daemon's

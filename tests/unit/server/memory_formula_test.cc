@@ -28,26 +28,18 @@
 #include "server/registration.h"
 #include "server/registry.h"
 #include "tests/unit/server/reference_job.h"
+#include "tests/unit/server/resident_bytes.h"
 
 namespace paramd {
 namespace {
 
 using testing::ForRank;
 using testing::MakeSpec;
+using testing::ResidentBytes;
 
 constexpr int64_t kMiB = int64_t{1} << 20;
 constexpr int64_t kChunkBytes = 4 * kMiB;
 constexpr int64_t kFixedAllowance = 16 * kMiB;
-
-// Resident bytes of this process: the second field of /proc/self/statm, in pages.
-int64_t ResidentBytes() {
-  std::FILE* f = std::fopen("/proc/self/statm", "r");
-  if (f == nullptr) return -1;
-  long long size = 0, resident = 0;
-  const int read = std::fscanf(f, "%lld %lld", &size, &resident);
-  std::fclose(f);
-  return read == 2 ? resident * static_cast<int64_t>(sysconf(_SC_PAGESIZE)) : -1;
-}
 
 v1::RegisterRequest LargeSpec() {
   // 4 tensors of 4096 x 4096 = 64 Mi parameters.
