@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -129,6 +130,11 @@ struct ServedTensor {
   int64_t version = -1;
   bool skipped = false;
   std::vector<ServedFormat> formats;  // FP32 first, then the job's formats in order
+  // True while the host bytes of the formats that also lie in GPU memory are not copied down yet:
+  // a cuda:N step leaves them on the GPU, and a host reader (an inline pull) asks the backend for
+  // them once per version (Backend::ReadyHostBytes).
+  mutable std::mutex host_mu;
+  mutable bool host_stale = false;
 
   const ServedFormat* Find(const FormatKey& format) const;
   int64_t bytes() const;
@@ -270,6 +276,12 @@ class Backend {
   virtual absl::Status CopyServedOnDevice(const ServedTensor& from, ServedTensor* to) {
     return absl::OkStatus();
   }
+
+  // Makes `served`'s host bytes current for a host reader: a copy down from GPU memory, once per
+  // version, where the step left them there (ServedTensor::host_stale); OK at once elsewhere.
+  virtual absl::Status ReadyHostBytes(const ServedTensor& served) { return absl::OkStatus(); }
+  // Versions copied down so far by ReadyHostBytes (a test counts them).
+  virtual int64_t host_copies() const { return 0; }
 
   // True where the state and served formats live in GPU memory (cuda:N), which the daemon's
   // device memory budget then covers (server/job_memory.h).

@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -233,6 +234,7 @@ class CudaBackend : public Backend {
   ~CudaBackend() override {
     cudaSetDevice(device_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
   }
 
   absl::Status Init() {
@@ -249,6 +251,7 @@ class CudaBackend : public Backend {
     }
     PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
     cudaDeviceProp prop;
     PARAMD_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device_));
     uuid_.assign(prop.uuid.bytes, sizeof(prop.uuid.bytes));
@@ -318,6 +321,10 @@ class CudaBackend : public Backend {
     PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.scalars.get(), scalars, sizeof(scalars),
                                                 cudaMemcpyHostToDevice, stream_));
     if (absl::Status st = UploadServed(*out); !st.ok()) return st;
+    {
+      std::lock_guard<std::mutex> host_lock(out->host_mu);
+      out->host_stale = false;  // computed on the host, then uploaded
+    }
     PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     return state;
   }
@@ -408,6 +415,10 @@ class CudaBackend : public Backend {
     PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.scalars.get(), scalars, sizeof(scalars),
                                                 cudaMemcpyHostToDevice, stream_));
     if (absl::Status st = UploadServed(*out); !st.ok()) return st;
+    {
+      std::lock_guard<std::mutex> host_lock(out->host_mu);
+      out->host_stale = false;  // computed on the host, then uploaded
+    }
     PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     return state;
   }
@@ -429,6 +440,28 @@ class CudaBackend : public Backend {
   }
 
   bool keeps_state_on_device() const override { return true; }
+
+  absl::Status ReadyHostBytes(const ServedTensor& served) override {
+    std::lock_guard<std::mutex> host_lock(served.host_mu);
+    if (!served.host_stale) return absl::OkStatus();
+    const DeviceScope scope(device_);
+    PARAMD_RETURN_IF_ERROR(scope.status());
+    // Its own stream: a step running on stream_ does not hold the reader up. A published
+    // version's device bytes are final (its step synchronized before publishing), and its host
+    // bytes are written only here, under host_mu, before any host reader reads them.
+    for (const ServedFormat& f : served.formats) {
+      if (f.device.empty()) continue;
+      auto* host = const_cast<uint8_t*>(f.bytes.data());
+      PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host, f.device.get(),
+                                                  static_cast<size_t>(f.bytes.size()),
+                                                  cudaMemcpyDeviceToHost, copy_stream_));
+    }
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(copy_stream_));
+    served.host_stale = false;
+    host_copies_.fetch_add(1);
+    return absl::OkStatus();
+  }
+  int64_t host_copies() const override { return host_copies_.load(); }
 
   absl::StatusOr<int64_t> FreeDeviceMemory() override {
     const DeviceScope scope(device_);
@@ -531,19 +564,17 @@ class CudaBackend : public Backend {
     k.seed = scalars.seed;
     k.k = static_cast<uint32_t>(scalars.k);
     if (absl::Status s = FromKernel(kernels::FusedStepCuda(plan_, k, stream_)); !s.ok()) return s;
-    // Served bytes into the version's exported GPU bytes where the step did not write them there,
-    // then down into the host buffers the transports read, and each master's amax.
+    // Served bytes into the version's exported GPU bytes where the step did not write them there;
+    // they stay on the GPU (a host reader copies them down once, ReadyHostBytes). Only formats
+    // without exported bytes go down into their host buffers now. Each master's amax comes down.
     std::vector<float> amax(tensors.size());
     for (size_t i = 0; i < tensors.size(); ++i) {
       auto& s = *static_cast<CudaTensorState*>(tensors[i].state);
+      bool on_device = false;
       for (size_t f = 0; f < s.outputs.size(); ++f) {
         ServedFormat& host = tensors[i].out->formats[f];
-        if (WritesInPlace(host)) {
-          PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host.bytes.data(), host.device.get(),
-                                                      static_cast<size_t>(host.bytes.size()),
-                                                      cudaMemcpyDeviceToHost, stream_));
-          continue;
-        }
+        on_device = on_device || !host.device.empty();
+        if (WritesInPlace(host)) continue;
         const DeviceOutput& d = s.outputs[f];
         if (!host.device.empty()) {
           auto* exported = static_cast<uint8_t*>(host.device.get());
@@ -554,6 +585,7 @@ class CudaBackend : public Backend {
                                                         d.scales.get(), d.scales.bytes(),
                                                         cudaMemcpyDeviceToDevice, stream_));
           }
+          continue;
         }
         PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host.data(), d.data.get(), d.data.bytes(),
                                                     cudaMemcpyDeviceToHost, stream_));
@@ -565,6 +597,8 @@ class CudaBackend : public Backend {
       PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&amax[i],
                                                   static_cast<float*>(s.scalars.get()) + 2,
                                                   sizeof(float), cudaMemcpyDeviceToHost, stream_));
+      std::lock_guard<std::mutex> host_lock(tensors[i].out->host_mu);
+      tensors[i].out->host_stale = on_device;  // no reader holds a version being written
     }
     PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     for (size_t i = 0; i < tensors.size(); ++i) {
@@ -708,6 +742,8 @@ class CudaBackend : public Backend {
   kernels::ThreadPool pool_;  // version 0 on the host
   std::mutex mu_;             // one step (or state creation) at a time on the stream
   cudaStream_t stream_ = nullptr;
+  cudaStream_t copy_stream_ = nullptr;  // host readers' copies down (ReadyHostBytes)
+  std::atomic<int64_t> host_copies_{0};
   kernels::CudaStepPlan plan_;
   DeviceBuffer workspace_;
   DeviceBuffer finite_;     // the gradient check's flag

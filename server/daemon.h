@@ -44,6 +44,10 @@ class Daemon {
   const std::string& backend_name() const { return backend_name_; }
   // The backend's exported GPU memory (`cuda_ipc`); none on the cpu backend.
   std::optional<DeviceExports> device_exports() const { return backend_->Exports(); }
+  // Makes a served version's host bytes current for a host reader (Backend::ReadyHostBytes).
+  absl::Status ReadyHostBytes(const ServedTensor& served) {
+    return backend_->ReadyHostBytes(served);
+  }
   // OK while the backend can step (Backend::Health).
   absl::Status backend_health() const { return backend_->Health(); }
 

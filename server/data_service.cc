@@ -308,6 +308,13 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     }
     const ServedFormat* format = served_->Find(format_);
     bytes_ = &format->bytes;
+    // Streamed or host-placed bytes are read from host memory: a cuda:N step left them on the GPU.
+    if (!place_ || format->device.empty()) {
+      if (absl::Status ready = daemon_->ReadyHostBytes(*served_); !ready.ok()) {
+        End(ready);
+        return;
+      }
+    }
     offset_ = 0;
     const ShmPlace* place = place_ ? bytes_->place() : nullptr;
     // A cuda:N backend serves place pulls from its exported GPU memory (cuda_ipc).

@@ -807,6 +807,14 @@ StepReport Job::StepNow(const StepWork& work) {
   if (skipped) {
     // The state stays as it is on every backend; the new version re-serves the previous bytes.
     for (size_t i = 0; i < steps.size(); ++i) {
+      // The previous version's host bytes, where its step left them in GPU memory.
+      if (const absl::Status ready = backend_->ReadyHostBytes(*previous[i]); !ready.ok()) {
+        return fail(ready);
+      }
+      {
+        std::lock_guard<std::mutex> host_lock(outputs[i]->host_mu);
+        outputs[i]->host_stale = false;
+      }
       for (size_t f = 0; f < outputs[i]->formats.size(); ++f) {
         std::memcpy(outputs[i]->formats[f].bytes.data(), previous[i]->formats[f].bytes.data(),
                     static_cast<size_t>(previous[i]->formats[f].bytes.size()));

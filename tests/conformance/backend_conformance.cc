@@ -168,6 +168,33 @@ TEST_P(BackendConformanceTest, AnExportImportedIntoAnotherJobContinuesBitForBit)
   }
 }
 
+// Served bytes stay where the step wrote them: a backend with GPU memory copies a version down to
+// the host only for a host reader (an inline pull), once per version; steps alone copy nothing.
+TEST_P(BackendConformanceTest, HostBytesAreCopiedDownOnlyForAHostReaderOncePerVersion) {
+  const v1::RegisterRequest spec = PolicySpec(ConformancePolicies()[0]);
+  const std::vector<std::vector<float>> initial = PolicyWeights(spec);
+  RegistryJobHarness h(spec, MakeBackend());
+  PolicyReferenceJob reference(spec, initial);
+  ASSERT_TRUE(h.Start(initial).ok());
+  for (int64_t step = 0; step < 3; ++step) {
+    const StepGradients grads = RandomGradients(spec, 970 + static_cast<uint64_t>(step));
+    ASSERT_TRUE(h.RunStep(step, grads).ok());
+    ASSERT_TRUE(reference.Step(grads, std::nullopt, 1.0));
+  }
+  EXPECT_EQ(h.backend().host_copies(), 0) << "steps copied served bytes to the host";
+  const bool on_device = h.backend().Exports().has_value();
+  const int64_t copies = on_device ? 1 : 0;
+  EXPECT_TRUE(BitIdentical(h.Served(1, v1::RECIPE_BF16, v1::DIRECTION_ROWWISE),
+                           reference.Served(1, v1::RECIPE_BF16, v1::DIRECTION_ROWWISE)));
+  EXPECT_EQ(h.backend().host_copies(), copies);
+  EXPECT_TRUE(BitIdentical(h.Served(1, v1::RECIPE_MXFP8, v1::DIRECTION_COLUMNWISE),
+                           reference.Served(1, v1::RECIPE_MXFP8, v1::DIRECTION_COLUMNWISE)));
+  EXPECT_EQ(h.backend().host_copies(), copies) << "a version was copied down twice";
+  EXPECT_TRUE(BitIdentical(h.Served(3, v1::RECIPE_FP8_TENSOR, v1::DIRECTION_ROWWISE),
+                           reference.Served(3, v1::RECIPE_FP8_TENSOR, v1::DIRECTION_ROWWISE)));
+  EXPECT_EQ(h.backend().host_copies(), 2 * copies);
+}
+
 TEST_P(BackendConformanceTest, AStateReadPastItsArrayIsAStatusAndAReadInsideIsTheWeights) {
   // The backend alone: a state made from initial weights, as a job's first push makes it.
   const v1::RegisterRequest spec = NormalizedSpec(PolicySpec(ConformancePolicies()[0]));

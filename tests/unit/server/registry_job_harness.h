@@ -109,6 +109,8 @@ class RegistryJobHarness {
   std::vector<uint8_t> Served(int tensor, v1::Recipe recipe, v1::Direction direction) const {
     std::shared_ptr<const ServedTensor> served = Newest(tensor);
     if (served == nullptr) return {};
+    // A host reader: a cuda:N step leaves the bytes on the GPU until one asks.
+    if (!backend_->ReadyHostBytes(*served).ok()) return {};
     const ServedFormat* format = served->Find(FormatKey{recipe, direction});
     return format == nullptr ? std::vector<uint8_t>() : format->bytes.ToVector();
   }
