@@ -132,6 +132,10 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       End(status);
       return;
     }
+    // A place among max_waiting_pulls, kept only where a version is not published yet: a pull
+    // that finds them all there does not wait, and is not refused.
+    std::optional<CountedLimit::Ticket> waiting = daemon_->waiting_pulls().TryTake();
+    bool refused = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (size_t i = 0; i < tensors_.size(); ++i) {
@@ -142,6 +146,15 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
           waiters_.emplace(i, id);
         }
       }
+      refused = !waiters_.empty() && !waiting.has_value();
+      if (!waiters_.empty() && waiting.has_value()) waiting_ = *std::move(waiting);
+    }
+    if (refused) {
+      End(absl::ResourceExhaustedError(absl::StrCat(
+          daemon_->waiting_pulls().limit(),
+          " pulls wait for a version already, this daemon's max_waiting_pulls; pull after the "
+          "step published, or raise max_waiting_pulls")));
+      return;
     }
     Pump();
   }
@@ -239,19 +252,6 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     lease_ms_ = request.lease_ms() > 0 ? request.lease_ms() : daemon_->config().lease_ms();
     daemon_->leases().Release(
         std::vector<uint64_t>(request.release().begin(), request.release().end()));
-    // A pull that finds its versions published does not wait, and takes no waiting place.
-    bool all_there = true;
-    for (int t : tensors_) all_there = all_there && job_->Served(t, min_version_) != nullptr;
-    if (!all_there) {
-      std::optional<CountedLimit::Ticket> waiting = daemon_->waiting_pulls().TryTake();
-      if (!waiting.has_value()) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            daemon_->waiting_pulls().limit(),
-            " pulls wait for a version already, this daemon's max_waiting_pulls; pull after the "
-            "step published, or raise max_waiting_pulls"));
-      }
-      waiting_ = *std::move(waiting);
-    }
     return absl::OkStatus();
   }
 

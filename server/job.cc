@@ -380,12 +380,7 @@ absl::StatusOr<CommitOutcome> Job::Commit(const v1::CommitRequest& request) {
     absl::StatusOr<SlotSet> next = NextSlotSet();
     collecting_ = next.ok() ? *std::move(next) : SlotSet();
   }
-  for (auto& per_tensor : collecting_.host) {
-    for (ChunkBuffer& slot : per_tensor) slot.Clear();
-  }
-  for (auto& per_tensor : collecting_.device) {
-    for (DeviceSlot& slot : per_tensor) slot.written = false;
-  }
+  collecting_.Clear();
   if (next_step_ == 0) {
     for (Tensor& t : tensors_) t.upload.reset();  // no retry of the initial weights from now on
   }
@@ -460,12 +455,7 @@ absl::StatusOr<Job::SlotSet> Job::NextSlotSet() {
 absl::Status Job::MakeCollectingLocked() {
   if (collecting_.made()) return absl::OkStatus();
   PARAMD_ASSIGN_OR_RETURN(collecting_, NextSlotSet());
-  for (auto& per_tensor : collecting_.host) {
-    for (ChunkBuffer& slot : per_tensor) slot.Clear();
-  }
-  for (auto& per_tensor : collecting_.device) {
-    for (DeviceSlot& slot : per_tensor) slot.written = false;
-  }
+  collecting_.Clear();
   return absl::OkStatus();
 }
 
@@ -668,6 +658,10 @@ void Job::FailLocked(const absl::Status& why, std::vector<std::function<void()>>
   if (!failed_.ok()) return;
   failed_ = why;
   // Their pulls ask again, find no version (Served) and end with the job's status.
+  TakeAllWaitersLocked(wake);
+}
+
+void Job::TakeAllWaitersLocked(std::vector<std::function<void()>>* wake) {
   for (auto& [id, waiter] : waiters_) wake->push_back(std::move(waiter.wake));
   waiters_.clear();
 }
@@ -894,8 +888,7 @@ void Job::StopWaiting() {
   {
     absl::MutexLock lock(&mu_);
     stop_waiting_ = true;
-    for (auto& [id, waiter] : waiters_) wake.push_back(std::move(waiter.wake));
-    waiters_.clear();
+    TakeAllWaitersLocked(&wake);
   }
   for (auto& w : wake) w();
 }

@@ -184,6 +184,15 @@ class Job {
     std::vector<std::vector<ChunkBuffer>> host;   // [tensor][rank]; empty until made
     std::vector<std::vector<DeviceSlot>> device;  // [tensor][rank], empty until asked for
     bool made() const { return !host.empty(); }
+    // Forgets every chunk received and every device mark, keeping the memory.
+    void Clear() {
+      for (auto& per_tensor : host) {
+        for (ChunkBuffer& slot : per_tensor) slot.Clear();
+      }
+      for (auto& per_tensor : device) {
+        for (DeviceSlot& slot : per_tensor) slot.written = false;
+      }
+    }
     std::vector<ChunkBuffer>& operator[](size_t i) { return host[i]; }
     const std::vector<ChunkBuffer>& operator[](size_t i) const { return host[i]; }
   };
@@ -236,8 +245,11 @@ class Job {
   // The served buffers of every tensor's next version, waiting while a retired version is leased.
   absl::Status FreshServedForStep(int64_t step, std::vector<std::shared_ptr<ServedTensor>>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The job's failure: `why` with the job's name and the step.
+  // Records the job's failure (the first one stays) and wakes its waiters (into `wake`).
   void FailLocked(const absl::Status& why, std::vector<std::function<void()>>* wake)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes every waiter, handing its wake to `wake`.
+  void TakeAllWaitersLocked(std::vector<std::function<void()>>* wake)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Lets go of step_running_ and starts the exports that waited for the steps that ran.
   void EndStepsRunning();

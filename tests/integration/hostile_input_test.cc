@@ -306,6 +306,47 @@ TEST_F(HostileInputTest, DeleteJobFreesTheJobAndGivesItsBudgetBack) {
   EXPECT_TRUE(client_->Register(spec_).ok());  // the name starts over
 }
 
+// Pulls that wait are capped (max_waiting_pulls): one more is RESOURCE_EXHAUSTED naming the
+// limit, while a pull of a version already published takes no waiting place and is served.
+TEST_F(HostileInputTest, PullsPastMaxWaitingPullsAreRefusedAndPublishedVersionsStillServed) {
+  v1::DaemonConfig config;
+  config.set_listen("127.0.0.1:0");
+  config.set_metrics_listen("");
+  config.set_shared_memory(false);
+  config.set_log_level("error");
+  config.set_max_waiting_pulls(1);
+  std::unique_ptr<Server> capped = Server::Start(config).value();
+  ClientOptions options;
+  options.address = capped->address();
+  options.transport = "inline";
+  options.max_attempts = 1;
+  std::unique_ptr<Client> client = Client::Connect(options).value();
+  ASSERT_TRUE(client->Register(spec_).ok());
+  const std::string weights = ToBytes(RandomWeights(spec_, 3)[0]);
+  const std::vector<PushItem> items = {
+      {"w", std::as_bytes(std::span<const char>(weights.data(), weights.size()))}};
+  ASSERT_TRUE(client->UploadInitialWeights(kJob, items).ok());
+  v1::ServeFormat fp32;
+  fp32.set_recipe(v1::RECIPE_FP32);
+  absl::Status first;
+  std::thread waiter([&] {
+    Pulled out;
+    first = client->Pull({kJob, "w", fp32, 1}, 60s, &out);
+  });
+  for (int i = 0; i < 2000 && client->Status().value().waiting_pulls() == 0; ++i) {
+    std::this_thread::sleep_for(5ms);
+  }
+  ASSERT_EQ(client->Status().value().waiting_pulls(), 1);
+  Pulled out;
+  EXPECT_TRUE(testing::HasStatus(client->Pull({kJob, "w", fp32, 1}, 60s, &out),
+                                 absl::StatusCode::kResourceExhausted, "max_waiting_pulls"));
+  EXPECT_TRUE(client->Pull({kJob, "w", fp32, 0}, 60s, &out).ok());  // published: no wait
+  EXPECT_EQ(out.header.version(), 0);
+  capped->Shutdown();  // the waiting pull ends (the daemon drains)
+  waiter.join();
+  EXPECT_TRUE(testing::HasStatus(first, absl::StatusCode::kUnavailable, "draining"));
+}
+
 // SIGTERM runs Server::Shutdown: the daemon drains, its steps run, and a pull still waiting for a
 // version no step will publish ends UNAVAILABLE saying so (not CANCELLED by gRPC's shutdown).
 TEST_F(HostileInputTest, AtShutdownAPullWaitingForAVersionEndsUnavailableSayingTheDaemonDrains) {
