@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Everything that runs from a bundle on the GPU machine (scripts/bundle.sh, built on a machine with
 # gRPC), part by part, each under its own time limit, with a short table last:
+#   kernels fused_step_cuda_test, step_rules_cuda_test, serve_cuda_test: the kernels against the
+#           CPU's, bit for bit
 #   backend cuda_backend_conformance_test: the backend conformance suite on cuda:0 (every policy
 #           and format as the reference, skip and clip, export/import, state reads)
 #   limits  cuda_daemon_test: the GPU memory budget at Register, a step that finds the GPU full
@@ -9,9 +11,11 @@
 #   ipc     scripts/gpu_ipc.sh: cuda_ipc_test (the conformance suite and cuda_ipc's own tests), then
 #           cuda_ipc push/pull against device and peer copies, and a whole step of 1e9 parameters
 #           by transport (cuda_ipc, inline)
+#   whole   scripts/gpu_whole_step.sh: the whole step of 1e9 parameters (one tensor, 291 tensors)
+#           over cuda_ipc, in place and copied, against the kernel alone and torch's fused AdamW
 #   daemon  scripts/gpu_daemon.sh: the example jobs through paramd --backend=cuda:0
 #   shm     bench/run_shm_bench.sh at 1e9 parameters, fp32 and fp8 policies (the host's CPU)
-# Usage: scripts/gpu_bundle.sh BUNDLE_DIR [PART...]   (default: all five; logs go to $OUT when
+# Usage: scripts/gpu_bundle.sh BUNDLE_DIR [PART...]   (default: all but whole; logs go to $OUT when
 # set, else to a temporary folder)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -40,6 +44,11 @@ part() {
 
 for p in "${parts[@]}"; do
   case "$p" in
+    kernels)
+      for t in fused_step_cuda_test step_rules_cuda_test serve_cuda_test; do
+        part "$t" "${KERNELS_TIMEOUT:-300}" "$bundle/run.sh" "$t" --gtest_brief=1
+      done
+      ;;
     backend) part backend "${BACKEND_TIMEOUT:-300}" "$bundle/run.sh" cuda_backend_conformance_test ;;
     limits)
       if [ "${SANITIZE:-0}" = 1 ]; then
@@ -55,6 +64,7 @@ for p in "${parts[@]}"; do
       fi
       ;;
     ipc) part ipc "${IPC_TIMEOUT:-300}" "$root/scripts/gpu_ipc.sh" "$bundle" 4096 1000 ;;
+    whole) part whole "${WHOLE_TIMEOUT:-400}" "$root/scripts/gpu_whole_step.sh" "$bundle" ;;
     daemon) part daemon "${DAEMON_TIMEOUT:-200}" "$root/scripts/gpu_daemon.sh" "$bundle" ;;
     shm)
       part shm_fp32 "${SHM_TIMEOUT:-240}" "$root/bench/run_shm_bench.sh" "$bundle" \
@@ -62,7 +72,7 @@ for p in "${parts[@]}"; do
       part shm_fp8 "${SHM_TIMEOUT:-240}" "$root/bench/run_shm_bench.sh" "$bundle" \
         --elements=1000000000 --step_iters=2 --iters=5 --step_policy=fp8 --call_iters=0
       ;;
-    *) echo "gpu_bundle: unknown part $p (backend, limits, ipc, daemon, shm)"; exit 2 ;;
+    *) echo "gpu_bundle: unknown part $p (kernels, backend, limits, ipc, whole, daemon, shm)"; exit 2 ;;
   esac
 done
 
@@ -74,6 +84,6 @@ for r in "${rows[@]}"; do
   echo "| $a | $b | $c | $d |"
 done
 for f in "$logs"/*.log; do
-  grep -E "^\| (cuda_ipc|inline|shm|step|same|peer|per call|memcpy|what)" "$f" | sed "s|^|$(basename "$f" .log): |" | head -20
+  grep -E "^\| (cuda_ipc|inline|shm|step|same|peer|per call|memcpy|what|one|llm|set)" "$f" | sed "s|^|$(basename "$f" .log): |" | head -20
 done
 exit $status

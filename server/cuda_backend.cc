@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -200,6 +201,10 @@ class DeviceArena final : public DeviceAllocator {
 
 // Where the step writes a served format straight into the version's exported bytes: there when
 // its scales (which follow the data) stay 16-byte aligned for the kernels' vector stores.
+double Ms(std::chrono::steady_clock::time_point from, std::chrono::steady_clock::time_point to) {
+  return std::chrono::duration<double, std::milli>(to - from).count();
+}
+
 bool WritesInPlace(const ServedFormat& f) {
   return !f.device.empty() && f.layout.data_bytes % 16 == 0;
 }
@@ -497,8 +502,10 @@ class CudaBackend : public Backend {
   absl::StatusOr<GradientCheck> CheckGradientsLocked(std::span<TensorStep> tensors,
                                                      float grad_scale, bool norms) {
     PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    const auto start = std::chrono::steady_clock::now();
     if (absl::Status s = Upload(tensors); !s.ok()) return s;
     if (absl::Status s = Plan(tensors); !s.ok()) return s;
+    const auto planned = std::chrono::steady_clock::now();
     const size_t blocks = static_cast<size_t>(plan_.num_norm_blocks());
     // Kept from step to step (grown for a bigger job only), so a step of a job whose buffers
     // exist allocates nothing and still runs when another job filled the GPU.
@@ -522,6 +529,9 @@ class CudaBackend : public Backend {
           flat.data(), norm_sums_.get(), blocks * sizeof(double), cudaMemcpyDeviceToHost, stream_));
     }
     PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    PARAMD_LOG(DEBUG) << "cuda:" << device_ << " gradient check of " << tensors.size()
+                      << " tensors: upload and plan " << Ms(start, planned) << " ms, check "
+                      << Ms(planned, std::chrono::steady_clock::now()) << " ms";
     GradientCheck check;
     check.finite = all_finite != 0;
     size_t next = 0;
@@ -540,6 +550,7 @@ class CudaBackend : public Backend {
   absl::Status StepLocked(std::span<TensorStep> tensors, const StepScalars& scalars,
                           const std::function<void(size_t)>& tensor_done) {
     PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    const auto start = std::chrono::steady_clock::now();
     // The slots went up and plan_ was made in CheckGradients, which the job always calls first
     // with the same tensors; binding it again resets the counters the check's launches used. The
     // fp8_delayed scales come from the host's histories; `delayed` outlives their copies (the
@@ -600,7 +611,11 @@ class CudaBackend : public Backend {
       std::lock_guard<std::mutex> host_lock(tensors[i].out->host_mu);
       tensors[i].out->host_stale = on_device;  // no reader holds a version being written
     }
+    const auto enqueued = std::chrono::steady_clock::now();
     PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    PARAMD_LOG(DEBUG) << "cuda:" << device_ << " step of " << tensors.size() << " tensors: enqueue "
+                      << Ms(start, enqueued) << " ms, then the device "
+                      << Ms(enqueued, std::chrono::steady_clock::now()) << " ms";
     for (size_t i = 0; i < tensors.size(); ++i) {
       static_cast<CudaTensorState*>(tensors[i].state)->history.Append(amax[i]);
     }

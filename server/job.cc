@@ -736,6 +736,7 @@ StepReport Job::StepNow(const StepWork& work) {
     prepared = FreshServedForStep(work.step, &outputs);
   }
   if (!prepared.ok()) return fail(prepared);
+  const auto versions_ready = std::chrono::steady_clock::now();
   {
     absl::MutexLock lock(&mu_);
     SlotSet& slots = taken_.at(work.step);
@@ -767,6 +768,7 @@ StepReport Job::StepNow(const StepWork& work) {
   const bool clipping = spec_.max_grad_norm() > 0;
   absl::StatusOr<GradientCheck> check = backend_->CheckGradients(all, scalars.grad_scale, clipping);
   if (!check.ok()) return fail(check.status());
+  const auto checked = std::chrono::steady_clock::now();
   const bool skipped = !check->finite;
   // The step counts as run with its last tensor, before that tensor's pullers wake: a trainer
   // that pulled every tensor sees the step in Status and may import or export at once.
@@ -834,6 +836,15 @@ StepReport Job::StepNow(const StepWork& work) {
   PARAMD_CHECK(published == outputs.size())
       << "job " << name_ << ": the backend reported " << published << " of " << outputs.size()
       << " tensors of step " << work.step;
+  // Where a step's time goes, for whoever tunes a backend (--log_level=debug).
+  const auto ms = [](auto from, auto to) {
+    return std::chrono::duration<double, std::milli>(to - from).count();
+  };
+  const auto stepped = std::chrono::steady_clock::now();
+  PARAMD_LOG(DEBUG) << "job " << name_ << " step " << work.step << ": " << ms(start, stepped)
+                    << " ms (free versions " << ms(start, versions_ready) << ", gradient check "
+                    << ms(versions_ready, checked) << ", step and publish " << ms(checked, stepped)
+                    << ")";
   absl::MutexLock lock(&mu_);
   if (outputs.empty()) count_step();
   report.seconds = seconds;

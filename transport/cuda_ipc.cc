@@ -316,7 +316,8 @@ class CudaIpcTransport final : public Transport {
       chunk.set_offset(pieces[p].offset);
       chunk.set_in_place_bytes(pieces[p].bytes);
       if (p + 1 < pieces.size()) {
-        open = writer->Write(chunk);  // false: the daemon ended the stream, Finish says why
+        // The marks matter together (the commit follows the push): gRPC may batch them.
+        open = writer->Write(chunk, grpc::WriteOptions().set_buffer_hint());
       } else {
         writer->WriteLast(chunk, grpc::WriteOptions());  // also closes the stream: one write less
         open = false;

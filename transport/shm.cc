@@ -204,8 +204,8 @@ class ShmTransport final : public Transport {
       chunk.set_in_place_bytes(static_cast<int64_t>(placed[i]->data.size()));
       if (i + 1 == placed.size()) {
         writer->WriteLast(chunk, grpc::WriteOptions());  // also closes the stream: one write less
-      } else if (!writer->Write(chunk)) {
-        break;  // the daemon ended the stream: Finish says why
+      } else if (!writer->Write(chunk, grpc::WriteOptions().set_buffer_hint())) {
+        break;  // the daemon ended the stream: Finish says why (the marks may go in batches)
       }
     }
     return FromGrpcStatus(writer->Finish());

@@ -3,13 +3,17 @@
 // read + write counted), for the issue's policy (fp32 master, bf16 gradient from one rank, fp8
 // exp_avg, fp16 exp_avg_sq, serving mxfp8 rowwise + columnwise) on 1e9 parameters laid out three
 // ways: one tensor, ~300 LLM-shaped tensors, 10,000 small tensors. Also the fp32 policy (fp32
-// gradient and states, no served copy: what torch.optim.AdamW(fused=True) does) for the peers.
+// gradient and states, no served copy: what torch.optim.AdamW(fused=True) does) for the peers, and
+// the same state policy serving BF16 rowwise + fp8_tensor rowwise ("serve") or + fp8_delayed
+// rowwise ("delayed"): the whole-step benchmark's served sets (bench/gpu/whole_step_bench.cc),
+// whose kernel-alone figures it gives.
 //
 // Bytes moved = the policy's compulsory bytes: every input read once, every output written once,
 // scales included. Prints a table, and one JSON object per line with --json FILE (scripts/gpu.sh
 // joins it with bench/gpu/peer_torch_adam.py's numbers).
 //
-//   paramd_gpu_step_bench [--sets one,llm,small] [--reps 20] [--sweep] [--json FILE]
+//   paramd_gpu_step_bench [--sets one,llm,small] [--policies issue,fp32] [--reps 20] [--sweep]
+//                         [--json FILE]      (policies: issue, fp32, serve, delayed)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -21,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/gpu/shape_sets.h"
 #include "kernels/cuda_step.h"
 #include "kernels/formats.h"
 #include "kernels/recipes.h"
@@ -45,34 +50,8 @@ void Check(const KStatus& st, const char* what) {
   }
 }
 
-struct Shape {
-  int64_t rows, cols;
-};
-
-// 1e9 parameters, three ways.
-std::vector<Shape> ShapeSet(const std::string& name) {
-  std::vector<Shape> s;
-  if (name == "one") {
-    s.push_back({245760, 4096});  // 1.007e9
-  } else if (name == "llm") {
-    // A 1B-parameter decoder: hidden 1536, FFN 4096, 32 layers, vocabulary 32000; 291 tensors.
-    const int64_t h = 1536, f = 4096, vocab = 32000;
-    s.push_back({vocab, h});
-    for (int layer = 0; layer < 32; ++layer) {
-      s.push_back({1, h});                              // attention norm
-      for (int k = 0; k < 4; ++k) s.push_back({h, h});  // q, k, v, o
-      s.push_back({1, h});                              // MLP norm
-      s.push_back({f, h});                              // gate
-      s.push_back({f, h});                              // up
-      s.push_back({h, f});                              // down
-    }
-    s.push_back({1, h});  // final norm
-    s.push_back({vocab, h});
-  } else {
-    for (int k = 0; k < 10000; ++k) s.push_back({256, 384});  // 0.983e9
-  }
-  return s;
-}
+using bench::Shape;
+using bench::ShapeSet;
 
 // Fills a device buffer from a repeated block of host random bytes made by `gen`.
 template <typename T, typename Gen>
@@ -130,7 +109,7 @@ double CopyCeilingGBs(cudaStream_t stream, int reps) {
   return 2.0 * static_cast<double>(bytes) / (t.median_ms * 1e-3) / 1e9;
 }
 
-enum class Policy { kIssue, kFp32 };
+enum class Policy { kIssue, kFp32, kServe, kServeDelayed };
 
 // All device buffers of one shape set under one policy, and its plan.
 class Job {
@@ -138,7 +117,7 @@ class Job {
   Job(const std::vector<Shape>& shapes, Policy policy, cudaStream_t stream) : stream_(stream) {
     std::mt19937_64 rng(42);
     std::normal_distribution<float> normal(0.0f, 1.0f);
-    const bool issue = policy == Policy::kIssue;
+    const bool issue = policy != Policy::kFp32;  // the same states and gradient
     const StatePolicy sp =
         issue ? MakeStatePolicy(MasterType::kFp32, MomentType::kFp8, MomentType::kFp16)
               : StatePolicy{};
@@ -167,10 +146,29 @@ class Job {
         Fill<float>(vs, chunks, [] { return Pow2(-24); });
         t.d_exp_avg_scale_inv = ms;
         t.d_exp_avg_sq_scale_inv = vs;
-        for (Direction dir : {Direction::kRowwise, Direction::kColumnwise}) {
-          const ServeBufferLayout l = ServeLayout(Recipe::kMxfp8, dir, t.rows, t.cols);
-          t.outputs.push_back({Recipe::kMxfp8, dir, Alloc(l.data_bytes), Alloc(l.scale_bytes)});
+        const std::vector<std::pair<Recipe, Direction>> served =
+            policy == Policy::kServe || policy == Policy::kServeDelayed
+                ? std::vector<std::pair<Recipe, Direction>>{{Recipe::kBf16, Direction::kRowwise},
+                                                            {policy == Policy::kServe
+                                                                 ? Recipe::kFp8Tensor
+                                                                 : Recipe::kFp8Delayed,
+                                                             Direction::kRowwise}}
+                : std::vector<std::pair<Recipe, Direction>>{
+                      {Recipe::kMxfp8, Direction::kRowwise},
+                      {Recipe::kMxfp8, Direction::kColumnwise}};
+        for (const auto& [recipe, dir] : served) {
+          const ServeBufferLayout l = ServeLayout(recipe, dir, t.rows, t.cols);
+          void* scales = l.scale_bytes > 0 ? Alloc(l.scale_bytes) : nullptr;
+          t.outputs.push_back({recipe, dir, Alloc(l.data_bytes), scales});
           bytes_ += l.data_bytes + l.scale_bytes;
+        }
+        if (policy == Policy::kServe || policy == Policy::kServeDelayed) {
+          // The fp8 scales and the amax are device scalars per tensor.
+          float* scalars = static_cast<float*>(Alloc(3 * sizeof(float)));
+          Fill<float>(scalars, 3, [] { return 1.0f; });
+          t.d_fp8_tensor_scale = scalars;
+          t.d_fp8_delayed_scale = scalars + 1;
+          t.d_master_amax = scalars + 2;
         }
         // Read and written: master 4 + 4, gradient 2, exp_avg 1 + 1, exp_avg_sq 2 + 2, and both
         // moments' chunk scales, read and written.
@@ -250,13 +248,15 @@ struct Row {
 
 int main(int argc, char** argv) {
   using namespace paramd::kernels;
-  std::string sets = "one,llm,small", json;
+  std::string sets = "one,llm,small", policies = "issue,fp32", json;
   int reps = 20;
   bool sweep = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--sets" && i + 1 < argc) {
       sets = argv[++i];
+    } else if (a == "--policies" && i + 1 < argc) {
+      policies = argv[++i];
     } else if (a == "--reps" && i + 1 < argc) {
       reps = std::atoi(argv[++i]);
     } else if (a == "--sweep") {
@@ -264,8 +264,11 @@ int main(int argc, char** argv) {
     } else if (a == "--json" && i + 1 < argc) {
       json = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: %s [--sets one,llm,small] [--reps N] [--sweep] [--json F]\n",
-                   argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s [--sets one,llm,small] [--policies issue,fp32,serve,delayed] [--reps N] "
+          "[--sweep] [--json F]\n",
+          argv[0]);
       return 2;
     }
   }
@@ -330,7 +333,10 @@ int main(int argc, char** argv) {
     const std::string set = sets.substr(start, end - start);
     start = end + 1;
     if (set.empty()) continue;
-    {
+    const auto wanted = [&policies](const char* name) {
+      return ("," + policies + ",").find(std::string(",") + name + ",") != std::string::npos;
+    };
+    if (wanted("issue")) {
       Job job(ShapeSet(set), Policy::kIssue, stream);
       if (sweep) {  // on the first set; the others use its best
         double best_ms = 1e30;
@@ -354,7 +360,15 @@ int main(int argc, char** argv) {
         record(set, "generic", job, generic, job.Time(generic, reps));
       }
     }
-    if (set == "one") {
+    if (wanted("serve")) {
+      Job job(ShapeSet(set), Policy::kServe, stream);
+      record(set, "serve", job, {}, job.Time({}, reps));
+    }
+    if (wanted("delayed")) {
+      Job job(ShapeSet(set), Policy::kServeDelayed, stream);
+      record(set, "delayed", job, {}, job.Time({}, reps));
+    }
+    if (set == "one" && wanted("fp32")) {
       Job job(ShapeSet(set), Policy::kFp32, stream);
       record(set, "fp32", job, {}, job.Time({}, reps));
     }

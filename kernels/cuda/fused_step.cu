@@ -607,6 +607,19 @@ __device__ __forceinline__ void ComputeSubUnit(const TileParams& P, const StepDe
         StGlobal(d.out_bf16 + i[k], make_uint2(b[0] | (b[1] << 16), b[2] | (b[3] << 16)));
       }
     }
+    if (outputs & kOutFp8Scaled) {
+      const float sc = *d.fp8_row_scale;
+#pragma unroll
+      for (int k = 0; k < kRows; ++k) {
+        if (!valid[k]) continue;
+        StGlobal(d.fp8_row + i[k],
+                 E4m3x4(__fmul_rn(served[k][0], sc), __fmul_rn(served[k][1], sc),
+                        __fmul_rn(served[k][2], sc), __fmul_rn(served[k][3], sc)));
+      }
+      if (c.tile == d.first_item && c.su == 0 && threadIdx.x == 0) {
+        *d.fp8_row_scale_inv = ScaleInv(sc);
+      }
+    }
     if (outputs & kOutFp16) {
 #pragma unroll
       for (int k = 0; k < kRows; ++k) {

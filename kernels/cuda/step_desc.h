@@ -34,6 +34,9 @@ enum OutputBits : uint32_t {
   kOutMxRow = 1u << 5,
   kOutMxCol = 1u << 6,
   kNeedAmax = 1u << 7,  // the last tile turns the master amax into the fp8_tensor scale / amax out
+  // fp8_delayed rowwise: E4M3 of served x a scale known before the step (its amax history's), so it
+  // needs no second read of the master (tile path only).
+  kOutFp8Scaled = 1u << 8,
 };
 
 // One tensor of pass 1 (or 1'). Enum fields hold the values of kernels/fused_step.h's enums.
@@ -64,9 +67,12 @@ struct StepDesc {
   uint8_t* mx_row_scales;
   uint8_t* mx_col;
   uint8_t* mx_col_scales;
-  float* fp8_tensor_scale;  // in/out, with kNeedAmax
-  float* master_amax;       // out, optional
-  uint32_t* amax_bits;      // workspace counter pair: zero between launches
+  uint8_t* fp8_row;            // kOutFp8Scaled: codes
+  float* fp8_row_scale_inv;    // kOutFp8Scaled: 1 / scale, written by the tensor's first tile
+  const float* fp8_row_scale;  // kOutFp8Scaled: the scale (device scalar)
+  float* fp8_tensor_scale;     // in/out, with kNeedAmax
+  float* master_amax;          // out, optional
+  uint32_t* amax_bits;         // workspace counter pair: zero between launches
   uint32_t* items_done;
 };
 

@@ -136,6 +136,8 @@ uint32_t InPassBit(const CudaServeOutput& o, bool tile) {
       return tile ? uint32_t{row ? kOutBlockRow : kOutBlockCol} : kNone;
     case Recipe::kMxfp8:
       return tile ? uint32_t{row ? kOutMxRow : kOutMxCol} : kNone;
+    case Recipe::kFp8Delayed:
+      return tile && row ? uint32_t{kOutFp8Scaled} : kNone;
     default:
       return 0;
   }
@@ -213,6 +215,10 @@ KStatus CudaStepPlan::Create(std::span<const CudaStepTensor> tensors, CudaStepPl
           break;
         case kOutMxCol:
           d.mx_col = data8, d.mx_col_scales = static_cast<uint8_t*>(o.d_scales);
+          break;
+        case kOutFp8Scaled:
+          d.fp8_row = data8, d.fp8_row_scale_inv = static_cast<float*>(o.d_scales);
+          d.fp8_row_scale = t.d_fp8_delayed_scale;
           break;
         default: {  // the serve pass
           ServeDesc s{};

@@ -49,6 +49,28 @@ __device__ __forceinline__ uint64_t BitCeil(uint64_t n) {
   return n <= 1 ? 1 : 1ull << (64 - __clzll(n - 1));
 }
 
+// g0 of element i: the ranks' slots summed in rank order.
+__device__ __forceinline__ float SlotSum(const GradDesc& d, int64_t i) {
+  if (d.slot_type == static_cast<uint8_t>(SlotType::kFp32)) {
+    float g0 = static_cast<const float*>(d.slots[0])[i];
+    for (int r = 1; r < d.num_slots; ++r) {
+      g0 = __fadd_rn(g0, static_cast<const float*>(d.slots[r])[i]);
+    }
+    return g0;
+  }
+  float g0 = DecodeBf16(static_cast<const uint16_t*>(d.slots[0])[i]);
+  for (int r = 1; r < d.num_slots; ++r) {
+    g0 = __fadd_rn(g0, DecodeBf16(static_cast<const uint16_t*>(d.slots[r])[i]));
+  }
+  return g0;
+}
+
+// ChunkSum's test of one element: gs * gs is not finite.
+__device__ __forceinline__ bool NotFinite(float g0, float grad_scale) {
+  const float gs = __fmul_rn(g0, grad_scale);
+  return (__float_as_uint(__fmul_rn(gs, gs)) & 0x7F800000u) == 0x7F800000u;
+}
+
 // The sum of squares of chunk [first, first + 128) ∩ [.., end), by the 128-element tree, in every
 // lane; clears *finite when some gs * gs is not finite.
 __device__ double ChunkSum(const GradDesc& d, float grad_scale, int64_t first, int64_t end,
@@ -60,21 +82,9 @@ __device__ double ChunkSum(const GradDesc& d, float grad_scale, int64_t first, i
     const int64_t i = first + lane + 32 * q;
     s[q] = 0.0;
     if (i >= end) continue;
-    float g0;
-    if (d.slot_type == static_cast<uint8_t>(SlotType::kFp32)) {
-      g0 = static_cast<const float*>(d.slots[0])[i];
-      for (int r = 1; r < d.num_slots; ++r) {
-        g0 = __fadd_rn(g0, static_cast<const float*>(d.slots[r])[i]);
-      }
-    } else {
-      g0 = DecodeBf16(static_cast<const uint16_t*>(d.slots[0])[i]);
-      for (int r = 1; r < d.num_slots; ++r) {
-        g0 = __fadd_rn(g0, DecodeBf16(static_cast<const uint16_t*>(d.slots[r])[i]));
-      }
-    }
-    const float gs = __fmul_rn(g0, grad_scale);
-    if ((__float_as_uint(__fmul_rn(gs, gs)) & 0x7F800000u) == 0x7F800000u) *finite = false;
-    const double x = static_cast<double>(gs);
+    const float g0 = SlotSum(d, i);
+    if (NotFinite(g0, grad_scale)) *finite = false;
+    const double x = static_cast<double>(__fmul_rn(g0, grad_scale));
     s[q] = __dmul_rn(x, x);
   }
   if (!sums) return 0.0;
@@ -126,6 +136,57 @@ __global__ void __launch_bounds__(kThreads) ClassKernel(const GradParams P) {
   if (P.sums && (threadIdx.x & 31) == 0) {
     P.partials[blockIdx.x * kGradWarps + (threadIdx.x >> 5)] = stack.level[bits];
   }
+}
+
+// The check alone (no clipping, so no sums): ClassKernel's items, each a contiguous share of its
+// norm block read in 16-byte vectors, eight elements a thread, in no particular order (finiteness
+// has none). Same test per element as ChunkSum.
+__global__ void __launch_bounds__(kThreads) FiniteKernel(const GradParams P) {
+  const GradDesc& d = P.descs[FindOwner(P.starts, P.num_descs, blockIdx.x)];
+  const int64_t local = blockIdx.x - d.first_item;
+  const int64_t nb = local / d.sub_blocks, b = local - nb * d.sub_blocks;
+  const int64_t begin = nb * kNormBlockRows * d.cols;  // a multiple of 8 (128 rows)
+  const int64_t end = min(d.rows, (nb + 1) * kNormBlockRows) * d.cols;
+  const int64_t share = (end - begin + 8 * d.sub_blocks - 1) / (8 * d.sub_blocks) * 8;
+  const int64_t lo = min(end, begin + b * share);
+  const int64_t hi = min(end, lo + share);
+  const bool bf16 = d.slot_type == static_cast<uint8_t>(SlotType::kBf16);
+  bool aligned = true;
+  for (int r = 0; r < d.num_slots; ++r) {
+    aligned = aligned && (reinterpret_cast<uintptr_t>(d.slots[r]) & 15u) == 0;
+  }
+  const int64_t vector_end = aligned ? lo + (hi - lo) / 8 * 8 : lo;
+  bool bad = false;
+  for (int64_t i = lo + 8 * static_cast<int64_t>(threadIdx.x); i < vector_end; i += 8 * kThreads) {
+    float g[8];
+    for (int r = 0; r < d.num_slots; ++r) {
+      float x[8];
+      if (bf16) {
+        const uint4 u =
+            *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(d.slots[r]) + i);
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          x[2 * k] = DecodeBf16(w[k] & 0xFFFFu);
+          x[2 * k + 1] = DecodeBf16(w[k] >> 16);
+        }
+      } else {
+        const float4* f =
+            reinterpret_cast<const float4*>(static_cast<const float*>(d.slots[r]) + i);
+        const float4 a = f[0], c = f[1];
+        x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w;
+        x[4] = c.x, x[5] = c.y, x[6] = c.z, x[7] = c.w;
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) g[j] = r == 0 ? x[j] : __fadd_rn(g[j], x[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) bad = bad || NotFinite(g[j], P.grad_scale);
+  }
+  for (int64_t i = vector_end + threadIdx.x; i < hi; i += kThreads) {
+    bad = bad || NotFinite(SlotSum(d, i), P.grad_scale);
+  }
+  if (__any_sync(0xFFFFFFFFu, bad) && (threadIdx.x & 31) == 0) *P.all_finite = 0;
 }
 
 __global__ void __launch_bounds__(kThreads) BlockKernel(const GradParams P) {
@@ -184,7 +245,11 @@ KStatus GradCheckCuda(const CudaStepPlan& plan, float grad_scale, double* d_bloc
   P.partials = reinterpret_cast<double*>(base + plan.layout().scratch);
   P.block_sums = d_block_sums;
   P.all_finite = d_all_finite;
-  ClassKernel<<<static_cast<unsigned>(plan.num_grad_items()), kThreads, 0, stream>>>(P);
+  if (P.sums) {
+    ClassKernel<<<static_cast<unsigned>(plan.num_grad_items()), kThreads, 0, stream>>>(P);
+  } else {
+    FiniteKernel<<<static_cast<unsigned>(plan.num_grad_items()), kThreads, 0, stream>>>(P);
+  }
   PARAMD_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   if (P.sums && plan.num_norm_blocks() > 0) {
     BlockKernel<<<static_cast<unsigned>(plan.num_norm_blocks()), kThreads, 0, stream>>>(P);
