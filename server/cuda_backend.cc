@@ -216,6 +216,38 @@ struct DeviceOutput {
   DeviceBuffer scales;
 };
 
+// Page-locked host floats (grown, never shrunk): the step's per-tensor scalars cross in one copy
+// each way, asynchronously, where pageable memory would make every copy wait for the device.
+class PinnedFloats {
+ public:
+  PinnedFloats() = default;
+  PinnedFloats(const PinnedFloats&) = delete;
+  PinnedFloats& operator=(const PinnedFloats&) = delete;
+  ~PinnedFloats() {
+    if (data_ != nullptr) cudaFreeHost(data_);
+  }
+  absl::Status Reserve(size_t count) {
+    if (count <= count_) return absl::OkStatus();
+    if (data_ != nullptr) cudaFreeHost(data_);
+    data_ = nullptr;
+    count_ = 0;
+    void* data = nullptr;
+    if (cudaHostAlloc(&data, count * sizeof(float), cudaHostAllocPortable) != cudaSuccess) {
+      cudaGetLastError();
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot allocate ", count * sizeof(float), " bytes of page-locked memory"));
+    }
+    data_ = static_cast<float*>(data);
+    count_ = count;
+    return absl::OkStatus();
+  }
+  float* get() const { return data_; }
+
+ private:
+  float* data_ = nullptr;
+  size_t count_ = 0;
+};
+
 class CudaTensorState : public TensorState {
  public:
   explicit CudaTensorState(const TensorInfo& info) : info(info), n(info.rows * info.cols) {}
@@ -553,15 +585,17 @@ class CudaBackend : public Backend {
     const auto start = std::chrono::steady_clock::now();
     // The slots went up and plan_ was made in CheckGradients, which the job always calls first
     // with the same tensors; binding it again resets the counters the check's launches used. The
-    // fp8_delayed scales come from the host's histories; `delayed` outlives their copies (the
-    // stream is synchronized below).
-    std::vector<float> delayed(tensors.size());
-    for (size_t i = 0; i < tensors.size(); ++i) {
+    // fp8_delayed scales come from the host's histories, in one copy; the page-locked floats
+    // outlive it (the stream is synchronized below).
+    const size_t n = tensors.size();
+    float* delayed = host_scalars_.get();  // [0, n): the fp8_delayed scales, [n, 2n): the amaxes
+    for (size_t i = 0; i < n; ++i) {
       auto& s = *static_cast<CudaTensorState*>(tensors[i].state);
       delayed[i] = s.history.NextScale(s.info.delayed_margin, s.delayed_scale).scale;
       s.delayed_scale = delayed[i];
-      PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(static_cast<float*>(s.scalars.get()) + 1,
-                                                  &delayed[i], sizeof(float),
+    }
+    if (n > 0) {
+      PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(step_scalars_.get(), delayed, n * sizeof(float),
                                                   cudaMemcpyHostToDevice, stream_));
     }
     if (absl::Status s = FromKernel(plan_.Bind(workspace_.get(), workspace_.bytes(), stream_));
@@ -577,8 +611,9 @@ class CudaBackend : public Backend {
     if (absl::Status s = FromKernel(kernels::FusedStepCuda(plan_, k, stream_)); !s.ok()) return s;
     // Served bytes into the version's exported GPU bytes where the step did not write them there;
     // they stay on the GPU (a host reader copies them down once, ReadyHostBytes). Only formats
-    // without exported bytes go down into their host buffers now. Each master's amax comes down.
-    std::vector<float> amax(tensors.size());
+    // without exported bytes go down into their host buffers now. The masters' amaxes come down
+    // in one copy.
+    const float* amax = host_scalars_.get() + n;
     for (size_t i = 0; i < tensors.size(); ++i) {
       auto& s = *static_cast<CudaTensorState*>(tensors[i].state);
       bool on_device = false;
@@ -605,11 +640,13 @@ class CudaBackend : public Backend {
               host.scales(), d.scales.get(), d.scales.bytes(), cudaMemcpyDeviceToHost, stream_));
         }
       }
-      PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&amax[i],
-                                                  static_cast<float*>(s.scalars.get()) + 2,
-                                                  sizeof(float), cudaMemcpyDeviceToHost, stream_));
       std::lock_guard<std::mutex> host_lock(tensors[i].out->host_mu);
       tensors[i].out->host_stale = on_device;  // no reader holds a version being written
+    }
+    if (n > 0) {
+      PARAMD_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(host_scalars_.get() + n, static_cast<float*>(step_scalars_.get()) + n,
+                          n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     }
     const auto enqueued = std::chrono::steady_clock::now();
     PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
@@ -701,6 +738,14 @@ class CudaBackend : public Backend {
 
   // The kernels' descriptors of this step's tensors, bound to a device workspace.
   absl::Status Plan(std::span<TensorStep> tensors) {
+    // Kept from step to step (grown for a bigger job only).
+    if (step_scalars_.bytes() < 2 * tensors.size() * sizeof(float)) {
+      step_scalars_.Free();
+      if (absl::Status s = step_scalars_.Allocate(2 * tensors.size() * sizeof(float)); !s.ok()) {
+        return s;
+      }
+    }
+    if (absl::Status s = host_scalars_.Reserve(2 * tensors.size()); !s.ok()) return s;
     std::vector<kernels::CudaStepTensor> descs;
     for (TensorStep& t : tensors) {
       auto& s = *static_cast<CudaTensorState*>(t.state);
@@ -738,10 +783,12 @@ class CudaBackend : public Backend {
         d.outputs.push_back(
             {KernelRecipe(o.key.recipe), KernelDirection(o.key.direction), data, scales});
       }
-      auto* scalars = static_cast<float*>(s.scalars.get());
-      d.d_fp8_tensor_scale = scalars;
-      d.d_fp8_delayed_scale = scalars + 1;
-      d.d_master_amax = scalars + 2;
+      // The fp8_tensor scale stays with the tensor (the next step starts from it); the
+      // fp8_delayed scale and the amax are the step's, in one array for all tensors.
+      d.d_fp8_tensor_scale = static_cast<float*>(s.scalars.get());
+      auto* step_scalars = static_cast<float*>(step_scalars_.get());
+      d.d_fp8_delayed_scale = step_scalars + descs.size() - 1;
+      d.d_master_amax = step_scalars + tensors.size() + descs.size() - 1;
     }
     if (absl::Status s = FromKernel(kernels::CudaStepPlan::Create(descs, &plan_)); !s.ok()) {
       return s;
@@ -761,8 +808,10 @@ class CudaBackend : public Backend {
   std::atomic<int64_t> host_copies_{0};
   kernels::CudaStepPlan plan_;
   DeviceBuffer workspace_;
-  DeviceBuffer finite_;     // the gradient check's flag
-  DeviceBuffer norm_sums_;  // the gradient check's block sums, as many as the biggest job's
+  DeviceBuffer finite_;        // the gradient check's flag
+  DeviceBuffer norm_sums_;     // the gradient check's block sums, as many as the biggest job's
+  DeviceBuffer step_scalars_;  // a step's fp8_delayed scales, then its masters' amaxes
+  PinnedFloats host_scalars_;  // the same on the host
   std::mutex health_mu_;
   absl::Status unusable_;               // not OK once the context failed (Health)
   std::string uuid_;                    // the GPU's UUID bytes (cuda_ipc's trainers match it)
