@@ -10,6 +10,8 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/borrowed_bytes.h"
@@ -23,6 +25,9 @@
 
 namespace paramd {
 namespace {
+
+// Headers in one PullChunk at most (about 100 bytes each).
+constexpr int kMaxBatchedHeaders = 1024;
 
 constexpr char kInline[] = "inline";
 constexpr char kShm[] = "shm";
@@ -220,6 +225,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
                        "PULL_DELIVERY_PLACE)"));
     }
     place_ = request.delivery() == v1::PULL_DELIVERY_PLACE;
+    batch_ = place_ && request.batch_headers();
     if (!request.tensors().empty()) {
       if (!request.tensor().empty()) {
         return absl::InvalidArgumentError("a pull names `tensor` or `tensors`, not both");
@@ -289,7 +295,50 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     Begin(tensors_[i], last);
   }
 
+  // The next published tensor not begun (its tensors_ index, and whether it is the call's last),
+  // unless none is or the call ends.
+  std::optional<std::pair<size_t, bool>> TakeReady() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cancelled_ || ending_ || ready_.empty()) return std::nullopt;
+    const size_t i = ready_.front();
+    ready_.pop_front();
+    return std::make_pair(i, ++begun_ == tensors_.size());
+  }
+
+  // Writes `tensor`'s header (and, where it is not placed, its bytes after it). A puller that
+  // takes batches gets the headers of the tensors published already in the same message, up to
+  // the first one that is not placed: a model's headers leave in a few writes, not one each.
   void Begin(int tensor, bool last) {
+    v1::PullChunk message;
+    if (!MakeHeader(tensor, message.mutable_header())) return;
+    for (int more = 0; batch_ && placed_ && !last && more < kMaxBatchedHeaders; ++more) {
+      std::optional<std::pair<size_t, bool>> next = TakeReady();
+      if (!next.has_value()) break;
+      if (message.has_header()) {
+        v1::PullHeader first = std::move(*message.mutable_header());
+        *message.mutable_headers()->add_headers() = std::move(first);
+      }
+      last = next->second;
+      if (!MakeHeader(tensors_[next->first], message.mutable_headers()->add_headers())) return;
+    }
+    bool own_buffer = false;
+    buffer_.Clear();  // the previous tensor's last message is written
+    grpc::SerializationTraits<v1::PullChunk>::Serialize(message, &buffer_, &own_buffer);
+    if (placed_ && last) {
+      // The last header is the rest of the answer: written and finished in one batch.
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        finished_ = true;
+      }
+      StartWriteAndFinish(&buffer_, grpc::WriteOptions(), grpc::Status::OK);
+      return;
+    }
+    StartWrite(&buffer_);
+  }
+
+  // Fills `header` for `tensor`'s served version and takes its lease where it is placed; false
+  // when the call ended instead.
+  bool MakeHeader(int tensor, v1::PullHeader* header) {
     served_ = job_->Served(tensor, min_version_);
     if (served_ == nullptr) {
       // Woken without its version: the job failed or was deleted, the daemon drains (no step
@@ -304,7 +353,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
                          ": an imported state replaced it; pull the version the import serves"));
       }
       End(why);
-      return;
+      return false;
     }
     const ServedFormat* format = served_->Find(format_);
     bytes_ = &format->bytes;
@@ -312,7 +361,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     if (!place_ || format->device.empty()) {
       if (absl::Status ready = daemon_->ReadyHostBytes(*served_); !ready.ok()) {
         End(ready);
-        return;
+        return false;
       }
     }
     offset_ = 0;
@@ -324,8 +373,6 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       device_place = {format->device.place().allocation, format->device.place().offset};
       place = &device_place;
     }
-    v1::PullChunk message;
-    v1::PullHeader* header = message.mutable_header();
     header->set_version(served_->version);
     const v1::TensorSpec& spec = job_->Spec(tensor);
     header->set_tensor(spec.name());
@@ -356,7 +403,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       absl::StatusOr<uint64_t> taken = daemon_->leases().Take(job_->name(), served_, expires);
       if (!taken.ok()) {
         End(taken.status());
-        return;
+        return false;
       }
       const uint64_t lease = *taken;
       header->set_lease(lease);
@@ -370,19 +417,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       offset_ = bytes_->size();  // no data chunks follow
       daemon_->metrics().Pulled(on_device ? kCudaIpc : kShm, bytes_->size());
     }
-    bool own_buffer = false;
-    buffer_.Clear();  // the previous tensor's last message is written
-    grpc::SerializationTraits<v1::PullChunk>::Serialize(message, &buffer_, &own_buffer);
-    if (placed_ && last) {
-      // The last header is the rest of the answer: written and finished in one batch.
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        finished_ = true;
-      }
-      StartWriteAndFinish(&buffer_, grpc::WriteOptions(), grpc::Status::OK);
-      return;
-    }
-    StartWrite(&buffer_);
+    return true;
   }
 
   void WriteNext() {
@@ -432,6 +467,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   FormatKey format_;
   int64_t min_version_ = 0;
   bool place_ = false;  // the puller asked for PULL_DELIVERY_PLACE
+  bool batch_ = false;  // the puller takes several headers in one message (batch_headers)
   int64_t lease_ms_ = 0;
 
   std::mutex mu_;

@@ -113,26 +113,35 @@ absl::Status PullStreamEach(v1::Data::Stub& stub, const v1::PullRequest& request
     current.reset();
     return status;
   };
+  // A header starts a tensor; a placed pull's bytes stay where they lie, so it is delivered at
+  // once, and streamed bytes follow their header.
+  auto take_header = [&](v1::PullHeader&& header) -> absl::Status {
+    if (current.has_value()) {
+      return absl::DataLossError("pull stream sent a header before the previous one's bytes");
+    }
+    current.emplace();
+    if (reuse != nullptr) {
+      current->data = std::move(*reuse);
+      reuse = nullptr;
+    }
+    current->header = std::move(header);
+    expected = current->header.has_place()
+                   ? 0
+                   : current->header.data_bytes() + current->header.scale_bytes();
+    current->data.resize(static_cast<size_t>(expected));
+    filled = 0;
+    return expected == 0 ? deliver() : absl::OkStatus();
+  };
   while (reader->Read(&chunk)) {
     if (chunk.has_header()) {
-      if (current.has_value()) {
-        return fail(
-            absl::DataLossError("pull stream sent a header before the previous one's bytes"));
+      if (absl::Status s = take_header(std::move(*chunk.mutable_header())); !s.ok()) {
+        return fail(s);
       }
-      current.emplace();
-      if (reuse != nullptr) {
-        current->data = std::move(*reuse);
-        reuse = nullptr;
-      }
-      current->header = std::move(*chunk.mutable_header());
-      // A placed pull's bytes stay in shared memory: nothing follows the header.
-      expected = current->header.has_place()
-                     ? 0
-                     : current->header.data_bytes() + current->header.scale_bytes();
-      current->data.resize(static_cast<size_t>(expected));
-      filled = 0;
-      if (expected == 0) {
-        if (absl::Status s = deliver(); !s.ok()) return fail(s);
+      continue;
+    }
+    if (chunk.has_headers()) {  // batch_headers: each as if it came alone
+      for (v1::PullHeader& header : *chunk.mutable_headers()->mutable_headers()) {
+        if (absl::Status s = take_header(std::move(header)); !s.ok()) return fail(s);
       }
       continue;
     }

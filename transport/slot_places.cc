@@ -182,6 +182,7 @@ absl::Status PullPlacesEach(v1::Data::Stub& stub, const PullManyTarget& target,
   request.set_min_version(target.min_version);
   request.set_delivery(v1::PULL_DELIVERY_PLACE);
   request.set_lease_ms(lease.count());
+  request.set_batch_headers(true);
   std::map<std::string, size_t> order;
   for (size_t i = 0; i < target.tensors.size(); ++i) order.emplace(target.tensors[i], i);
   return PullStreamEach(stub, request, deadline, [&](Pulled&& pulled) -> absl::Status {

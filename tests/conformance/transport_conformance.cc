@@ -279,6 +279,60 @@ TEST_P(TransportConformanceTest, PullManyGivesEveryTensorAsAPullOfItAlone) {
   }
 }
 
+// Headers of tensors already published leave in one message to a pull that asks for batches
+// (PullRequest.batch_headers), one message each to a pull that does not; where the daemon streams
+// the bytes instead (no place), every header is followed by its bytes either way.
+TEST_P(TransportConformanceTest, PublishedTensorsHeadersComeBatchedOnlyWhenAsked) {
+  const std::vector<std::string> names = {"a", "b", "c"};
+  Register("batch", {Spec("a", 4, 16), Spec("b", 1, 1000), Spec("c", 33, 3)}, 1);
+  std::vector<std::vector<float>> p = {Random(64, 41, 1.0f), Random(1000, 42, 1.0f),
+                                       Random(99, 43, 1.0f)};
+  std::vector<PushItem> init;
+  for (size_t i = 0; i < names.size(); ++i) init.push_back({names[i], Bytes(p[i])});
+  ASSERT_TRUE(transport_->Push({"batch", 0, 0, v1::PUSH_KIND_INITIAL_WEIGHTS}, init, Soon()).ok());
+  struct Answer {
+    int messages = 0;                  // messages carrying headers
+    std::vector<std::string> tensors;  // in the order they came
+    bool placed = true;
+    std::vector<uint64_t> leases;
+  };
+  auto pull = [&](bool batch) {
+    v1::PullRequest request;
+    request.set_job("batch");
+    for (const std::string& name : names) request.add_tensors(name);
+    request.mutable_format()->set_recipe(v1::RECIPE_FP32);
+    request.set_delivery(v1::PULL_DELIVERY_PLACE);
+    request.set_batch_headers(batch);
+    grpc::ClientContext context;
+    context.set_deadline(Soon());
+    std::unique_ptr<grpc::ClientReader<v1::PullChunk>> reader = data_->Pull(&context, request);
+    Answer answer;
+    v1::PullChunk chunk;
+    auto take = [&answer](const v1::PullHeader& header) {
+      answer.tensors.push_back(header.tensor());
+      answer.placed = answer.placed && header.has_place();
+      if (header.has_place()) answer.leases.push_back(header.lease());
+    };
+    while (reader->Read(&chunk)) {
+      if (chunk.has_header()) take(chunk.header());
+      for (const v1::PullHeader& header : chunk.headers().headers()) take(header);
+      answer.messages += chunk.has_header() || chunk.has_headers() ? 1 : 0;
+    }
+    EXPECT_TRUE(reader->Finish().ok());
+    return answer;
+  };
+  const Answer alone = pull(false);
+  const Answer batched = pull(true);
+  EXPECT_EQ(alone.tensors, names);
+  EXPECT_EQ(batched.tensors, names);
+  EXPECT_EQ(alone.messages, 3);
+  EXPECT_EQ(batched.placed, alone.placed);
+  EXPECT_EQ(batched.messages, batched.placed ? 1 : 3);
+  std::vector<uint64_t> leases = alone.leases;
+  leases.insert(leases.end(), batched.leases.begin(), batched.leases.end());
+  if (!leases.empty()) EXPECT_TRUE(transport_->ReleaseMany(leases, Soon()).ok());
+}
+
 // A pull of several tensors one of which never reaches the version ends at its deadline, and the
 // daemon goes on serving (the waiters of the others are gone with the call).
 TEST_P(TransportConformanceTest, PullManyOfAVersionThatNeverComesEndsAtTheDeadline) {
