@@ -11,11 +11,14 @@
 # Shapes: 1e9 parameters as one tensor and as 291 LLM-shaped tensors. The table last has the
 # ratios: whole step / kernel alone (target <= 1.25 in place) and / torch fused (<= 1.0 in place,
 # <= 1.15 copied).
-#   Usage: scripts/gpu_whole_step.sh BUNDLE_DIR [SETS]     (SETS default one,llm)
+#   Usage: scripts/gpu_whole_step.sh BUNDLE_DIR [SETS]     (SETS default one,llm; FP8=fp8_delayed
+#          or fp8_tensor measures one FP8 format only, default both)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bundle=$(cd "${1:?bundle dir}" && pwd)
 sets=${2:-one,llm}
+fp8=${FP8:-fp8_delayed,fp8_tensor}
+policies=$(echo "$fp8" | sed 's/fp8_delayed/delayed/; s/fp8_tensor/serve/')
 run="$bundle/run.sh"
 logs=${OUT:-$(mktemp -d)}
 mkdir -p "$logs"
@@ -24,7 +27,7 @@ cleanup() { [ -n "$daemon" ] && kill "$daemon" 2>/dev/null; }
 trap cleanup EXIT
 status=0
 
-"$run" paramd_gpu_step_bench --sets "$sets" --policies serve,delayed --reps 20 \
+"$run" paramd_gpu_step_bench --sets "$sets" --policies "$policies" --reps 20 \
   --json "$logs/kernel.json" || status=1
 python3 "$root/bench/gpu/peer_torch_adam.py" --sets "$sets" --peers torch_fused --reps 10 \
   --json "$logs/torch.json" || status=1
@@ -34,7 +37,7 @@ python3 "$root/bench/gpu/peer_torch_adam.py" --sets "$sets" --peers torch_fused 
 daemon=$!
 for _ in $(seq 300); do [ -s "$logs/addr" ] && break; sleep 0.1; done
 [ -s "$logs/addr" ] || { tail -20 "$logs/paramd.log"; echo "paramd did not start"; exit 1; }
-"$run" paramd_whole_step_bench --address="$(cat "$logs/addr")" --sets="$sets" \
+"$run" paramd_whole_step_bench --address="$(cat "$logs/addr")" --sets="$sets" --fp8="$fp8" \
   --json="$logs/whole.json" || status=1
 kill -TERM "$daemon"
 wait "$daemon"
