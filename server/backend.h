@@ -13,11 +13,12 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/device_bytes.h"
+#include "common/host_buffer.h"
 #include "kernels/fused_step.h"
 #include "kernels/recipes.h"
 #include "paramd/v1/control.pb.h"
 #include "paramd/v1/types.pb.h"
-#include "server/host_buffer.h"
 
 namespace paramd {
 
@@ -32,84 +33,6 @@ std::string FormatName(const FormatKey& format);
 FormatKey FormatKeyOf(const v1::ServeFormat& format);
 kernels::Recipe KernelRecipe(v1::Recipe recipe);
 kernels::Direction KernelDirection(v1::Direction direction);
-
-class DeviceAllocator;
-
-// Where bytes lie in a backend's exported GPU memory (`cuda_ipc`, DESIGN.md §6).
-struct DevicePlace {
-  int32_t allocation = -1;  // index into DeviceExports::handles
-  int64_t offset = 0;       // bytes from the allocation's start
-};
-
-// An owned piece of a backend's exported GPU memory; returns to its allocator when destroyed.
-// Empty (null, size 0) where the backend exports none.
-class DeviceBytes {
- public:
-  DeviceBytes() = default;
-  DeviceBytes(DeviceBytes&& other) noexcept { *this = std::move(other); }
-  DeviceBytes& operator=(DeviceBytes&& other) noexcept;
-  DeviceBytes(const DeviceBytes&) = delete;
-  DeviceBytes& operator=(const DeviceBytes&) = delete;
-  ~DeviceBytes() { Release(); }
-
-  void* get() const { return d_ptr_; }
-  int64_t size() const { return size_; }
-  bool empty() const { return d_ptr_ == nullptr; }
-  DevicePlace place() const { return place_; }
-
- private:
-  friend class DeviceAllocator;
-  void Release();
-
-  DeviceAllocator* allocator_ = nullptr;
-  void* d_ptr_ = nullptr;
-  int64_t size_ = 0;
-  DevicePlace place_;
-};
-
-// What a trainer needs to map a backend's exported GPU memory.
-struct DeviceExports {
-  int device = -1;                   // CUDA ordinal in the daemon's process
-  std::string uuid;                  // the GPU's 16-byte UUID
-  std::vector<std::string> handles;  // cudaIpcMemHandle_t bytes, by DevicePlace::allocation
-  std::vector<uint64_t> bases;       // the allocations' addresses in this process
-};
-
-class DeviceAllocator {
- public:
-  virtual ~DeviceAllocator() = default;
-
- protected:
-  DeviceBytes Make(void* d_ptr, int64_t size, DevicePlace place) {
-    DeviceBytes bytes;
-    bytes.allocator_ = this;
-    bytes.d_ptr_ = d_ptr;
-    bytes.size_ = size;
-    bytes.place_ = place;
-    return bytes;
-  }
-  // Takes the bytes back. Called from any thread; must not wait on the device.
-  virtual void Free(void* d_ptr, int64_t size, DevicePlace place) = 0;
-  friend class DeviceBytes;
-};
-
-inline DeviceBytes& DeviceBytes::operator=(DeviceBytes&& other) noexcept {
-  if (this != &other) {
-    Release();
-    allocator_ = std::exchange(other.allocator_, nullptr);
-    d_ptr_ = std::exchange(other.d_ptr_, nullptr);
-    size_ = std::exchange(other.size_, 0);
-    place_ = std::exchange(other.place_, DevicePlace{});
-  }
-  return *this;
-}
-
-inline void DeviceBytes::Release() {
-  if (allocator_ != nullptr && d_ptr_ != nullptr) allocator_->Free(d_ptr_, size_, place_);
-  allocator_ = nullptr;
-  d_ptr_ = nullptr;
-  size_ = 0;
-}
 
 // One served format of one version: its bytes (data, then scales) and how they are laid out.
 struct ServedFormat {

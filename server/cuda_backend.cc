@@ -20,12 +20,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
+#include "common/free_ranges.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "kernels/cuda_step.h"
 #include "kernels/step_rules.h"
 #include "server/backends.h"
-#include "server/free_ranges.h"
 #include "server/initial_state.h"
 #include "server/kernel_status.h"
 
@@ -48,13 +48,13 @@ class PinnedAllocator final : public BufferAllocator {
           absl::StrCat("cannot allocate ", bytes, " bytes of page-locked host memory"));
     }
     std::memset(data, 0, static_cast<size_t>(bytes));
-    return Make(static_cast<uint8_t*>(data), bytes, ShmPlace{});
+    return Make(static_cast<uint8_t*>(data), bytes, Place{});
   }
   bool shared() const override { return false; }
 
  protected:
   // On whatever thread drops the last reference: the backend's device, then the thread's own.
-  void Free(uint8_t* data, int64_t, ShmPlace) override {
+  void Free(uint8_t* data, int64_t, Place) override {
     const DeviceScope scope(device_);
     cudaFreeHost(data);
     cudaGetLastError();
@@ -170,10 +170,10 @@ class DeviceArena final : public DeviceAllocator {
   }
 
  protected:
-  void Free(void* d_ptr, int64_t size, DevicePlace place) override {
+  void Free(void* d_ptr, int64_t size, Place place) override {
     const int64_t length = (size + kAlign - 1) / kAlign * kAlign;
     std::lock_guard<std::mutex> lock(mu_);
-    allocations_[static_cast<size_t>(place.allocation)].free.Give(place.offset, length);
+    allocations_[static_cast<size_t>(place.region)].free.Give(place.offset, length);
   }
 
  private:
@@ -191,7 +191,7 @@ class DeviceArena final : public DeviceAllocator {
 
   DeviceBytes Hand(size_t index, int64_t offset, int64_t bytes) {
     return Make(static_cast<uint8_t*>(allocations_[index].base) + offset, bytes,
-                DevicePlace{static_cast<int32_t>(index), offset});
+                Place{static_cast<int32_t>(index), offset});
   }
 
   const int device_;

@@ -316,12 +316,12 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       }
     }
     offset_ = 0;
-    const ShmPlace* place = place_ ? bytes_->place() : nullptr;
+    const Place* place = place_ ? bytes_->place() : nullptr;
     // A cuda:N backend serves place pulls from its exported GPU memory (cuda_ipc).
-    ShmPlace device_place;
+    Place device_place;
     const bool on_device = place_ && !format->device.empty();
     if (on_device) {
-      device_place = {format->device.place().allocation, format->device.place().offset};
+      device_place = {format->device.place().region, format->device.place().offset};
       place = &device_place;
     }
     v1::PullChunk message;
@@ -347,7 +347,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     if (placed_) {
       // The bytes stay where they are; the lease keeps them alive and unchanged.
       v1::ShmPlace* p = header->mutable_place();
-      p->set_segment(place->segment);
+      p->set_segment(place->region);
       p->set_offset(place->offset);
       p->set_bytes(bytes_->size());
       header->set_place_on_device(on_device);
@@ -457,7 +457,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 void AddSlotPlaces(const Job::SlotPlaces& slots, v1::AttachResponse* response) {
   for (size_t i = 0; i < slots.places.size(); ++i) {
     v1::ShmPlace* place = response->add_slots();
-    place->set_segment(slots.places[i].segment);
+    place->set_segment(slots.places[i].region);
     place->set_offset(slots.places[i].offset);
     place->set_bytes(slots.bytes[i]);
     place->set_tensor(slots.tensors[i]);

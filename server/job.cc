@@ -459,7 +459,7 @@ absl::Status Job::MakeCollectingLocked() {
   return absl::OkStatus();
 }
 
-ShmPlace Job::DeviceSlotPlace(SlotSet& set, size_t tensor, int32_t rank) {
+Place Job::DeviceSlotPlace(SlotSet& set, size_t tensor, int32_t rank) {
   const int64_t bytes = tensors_[tensor].grad_bytes;
   if (set.device.size() != tensors_.size()) set.device.resize(tensors_.size());
   std::vector<DeviceSlot>& per_rank = set.device[tensor];
@@ -475,11 +475,11 @@ ShmPlace Job::DeviceSlotPlace(SlotSet& set, size_t tensor, int32_t rank) {
         PARAMD_LOG(WARNING) << "job " << name_ << ": " << allocated.status()
                             << "; gradients that do not fit in GPU memory are pushed inline";
       }
-      return ShmPlace{};
+      return Place{};
     }
     slot.bytes = *std::move(allocated);
   }
-  return ShmPlace{slot.bytes.place().allocation, slot.bytes.place().offset};
+  return slot.bytes.place();
 }
 
 absl::StatusOr<Job::SlotPlaces> Job::SlotPlacesLocked(int32_t rank, int64_t step, bool device) {
@@ -517,7 +517,7 @@ absl::StatusOr<Job::SlotPlaces> Job::SlotPlacesLocked(int32_t rank, int64_t step
       if (device) {
         out.places.push_back(DeviceSlotPlace(set, i, rank));
       } else {
-        out.places.push_back(slot.place() != nullptr ? *slot.place() : ShmPlace{});
+        out.places.push_back(slot.place() != nullptr ? *slot.place() : Place{});
       }
       out.bytes.push_back(tensors_[i].grad_bytes);
       out.received.push_back(0);  // the set is cleared when it starts collecting
@@ -534,7 +534,7 @@ absl::StatusOr<Job::SlotPlaces> Job::SlotPlacesLocked(int32_t rank, int64_t step
     if (device) {
       out.places.push_back(DeviceSlotPlace(collecting_, i, rank));
     } else {
-      out.places.push_back(slot.place() != nullptr ? *slot.place() : ShmPlace{});
+      out.places.push_back(slot.place() != nullptr ? *slot.place() : Place{});
     }
     out.bytes.push_back(tensors_[i].grad_bytes);
     out.received.push_back(slot.received());

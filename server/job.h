@@ -16,12 +16,12 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/host_buffer.h"
 #include "kernels/fused_step.h"
 #include "paramd/v1/control.pb.h"
 #include "paramd/v1/data.pb.h"
 #include "server/backend.h"
 #include "server/chunk_buffer.h"
-#include "server/host_buffer.h"
 #include "server/memory_budget.h"
 
 namespace paramd {
@@ -91,16 +91,15 @@ class Job {
   // are FAILED_PRECONDITION. A job holds at most kSlotSets slot sets (server/job_memory.h): while
   // two steps wait to run, the next one's slots are UNAVAILABLE (retry once a step ran).
   struct SlotPlaces {
-    std::vector<ShmPlace> places;  // per tensor, registration order
-    std::vector<int64_t> bytes;    // per tensor
+    std::vector<Place> places;   // per tensor, registration order
+    std::vector<int64_t> bytes;  // per tensor
     std::vector<int64_t> received;
     std::vector<std::string> tensors;
     bool committed = false;  // the rank committed the step (its slots are final)
   };
   absl::StatusOr<SlotPlaces> SlotsForStep(int32_t rank, int64_t step);
-  // `cuda_ipc`: the same with places in the backend's exported GPU memory (ShmPlace::segment =
-  // DevicePlace::allocation; -1 where that memory ran out: push the tensor inline), with the same
-  // rule for `step`.
+  // The same with places in the backend's exported GPU memory (Place::region -1 where that memory
+  // ran out: push the tensor inline), with the same rule for `step`.
   absl::StatusOr<SlotPlaces> DeviceSlotsForStep(int32_t rank, int64_t step);
   bool shared_memory() const { return buffers_->shared(); }
   // Records the transport a rank uses (Status reports it).
@@ -221,7 +220,7 @@ class Job {
   DeviceSlot* CollectingDeviceSlot(size_t tensor, int32_t rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The place of (tensor, rank)'s device slot in the collecting set, allocated now where missing;
   // segment -1 when the backend's exported memory has no room.
-  ShmPlace DeviceSlotPlace(SlotSet& set, size_t tensor, int32_t rank)
+  Place DeviceSlotPlace(SlotSet& set, size_t tensor, int32_t rank)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A slot set to collect a step in: a spare one, else a new one while the job holds fewer than
   // kSlotSets; else UNAVAILABLE.
