@@ -39,8 +39,8 @@ struct ServedFormat {
   FormatKey key;
   kernels::ServeBufferLayout layout;
   HostBuffer bytes;  // layout.data_bytes + layout.scale_bytes
-  // The same bytes in the backend's exported GPU memory (`cuda_ipc` reads them in place); empty
-  // where the backend exports none. The backend fills both.
+  // The same bytes in the backend's exported GPU memory (trainers on the node read them in place);
+  // empty where the backend exports none. The backend fills both.
   DeviceBytes device;
 
   uint8_t* data() { return bytes.data(); }
@@ -54,8 +54,8 @@ struct ServedTensor {
   bool skipped = false;
   std::vector<ServedFormat> formats;  // FP32 first, then the job's formats in order
   // True while the host bytes of the formats that also lie in GPU memory are not copied down yet:
-  // a cuda:N step leaves them on the GPU, and a host reader (an inline pull) asks the backend for
-  // them once per version (Backend::ReadyHostBytes).
+  // a cuda:N step leaves them on the GPU, and a host reader (a pull of streamed bytes) asks the
+  // backend for them once per version (Backend::ReadyHostBytes).
   mutable std::mutex host_mu;
   mutable bool host_stale = false;
 
@@ -128,8 +128,8 @@ struct HostTensorState {
 struct TensorStep {
   TensorState* state = nullptr;
   std::vector<const void*> slots;  // one gradient buffer per rank, rank order
-  // Per rank (empty = none): a gradient a trainer wrote into the backend's exported GPU memory
-  // (`cuda_ipc`); where set, the step reads it there and slots[r] is not read.
+  // Per rank (empty = none): a gradient a trainer wrote into the backend's exported GPU memory;
+  // where set, the step reads it there and slots[r] is not read.
   std::vector<const void*> device_slots;
   kernels::SlotType slot_type = kernels::SlotType::kFp32;
   ServedTensor* out = nullptr;  // formats already sized; the backend fills the bytes
@@ -187,7 +187,7 @@ class Backend {
   // choice to the daemon (shared memory, or the heap). It lives as long as the process.
   virtual BufferAllocator* HostAllocator() { return nullptr; }
 
-  // `cuda_ipc` (DESIGN.md §6): GPU memory trainers on this node map. A backend without it (cpu)
+  // GPU memory trainers on this node map (DESIGN.md §6). A backend without it (cpu)
   // exports none, and the job keeps every buffer in host memory.
   virtual std::optional<DeviceExports> Exports() const { return std::nullopt; }
   // `bytes` of exported GPU memory (contents undefined).

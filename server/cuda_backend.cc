@@ -1,11 +1,11 @@
 // The `cuda:N` backend: master weights, moments and served formats live in GPU memory; a step is
 // the kernels' multi-tensor launches (kernels/cuda_step.h) over all tensors of the job. Gradients
-// arrive in host slots (the inline transport) and are copied up; served bytes are copied down into
+// pushed in data chunks arrive in host slots and are copied up; served bytes are copied down into
 // the host buffers the transports read. Both host sides are allocated page-locked (the backend's
-// HostAllocator), so the copies run at the link's speed. For `cuda_ipc` (DESIGN.md §6) the backend
-// also exports GPU memory: a few large allocations, carved into gradient slots and served bytes,
-// whose IPC handles trainers on the node open once; a slot a trainer wrote there is read in place,
-// and the step writes each version's served bytes there (besides the host copy).
+// HostAllocator), so the copies run at the link's speed. For trainers on its node (DESIGN.md §6)
+// the backend also exports GPU memory: a few large allocations, carved into gradient slots and
+// served bytes, whose IPC handles trainers on the node open once; a slot a trainer wrote there is
+// read in place, and the step writes each version's served bytes there (besides the host copy).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -114,7 +114,7 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
-// Exported GPU memory (`cuda_ipc`): buffers carved out of a few large allocations, so a trainer
+// Exported GPU memory: buffers carved out of a few large allocations, so a trainer
 // opens each IPC handle once however many buffers a job has (a handle covers a whole cudaMalloc
 // allocation). First fit with coalescing of freed neighbours; an allocation is added when none has
 // room, and lives until the backend goes.
@@ -140,8 +140,8 @@ class DeviceArena final : public DeviceAllocator {
     PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     if (cudaMalloc(&a.base, static_cast<size_t>(a.size)) != cudaSuccess) {
       cudaGetLastError();  // a failed allocation leaves no sticky error
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "cannot allocate ", a.size, " bytes of GPU memory to share with trainers (cuda_ipc)"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot allocate ", a.size, " bytes of GPU memory to share with trainers"));
     }
     cudaIpcMemHandle_t handle;
     if (absl::Status s = CudaStatus(cudaIpcGetMemHandle(&handle, a.base),
@@ -813,9 +813,9 @@ class CudaBackend : public Backend {
   DeviceBuffer step_scalars_;  // a step's fp8_delayed scales, then its masters' amaxes
   PinnedFloats host_scalars_;  // the same on the host
   std::mutex health_mu_;
-  absl::Status unusable_;               // not OK once the context failed (Health)
-  std::string uuid_;                    // the GPU's UUID bytes (cuda_ipc's trainers match it)
-  std::unique_ptr<DeviceArena> arena_;  // exported GPU memory (cuda_ipc)
+  absl::Status unusable_;  // not OK once the context failed (Health)
+  std::string uuid_;       // the GPU's UUID bytes (trainers mapping its memory match it)
+  std::unique_ptr<DeviceArena> arena_;  // exported GPU memory
 };
 
 }  // namespace

@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/daemon_instance.h"
 #include "common/grpc_status.h"
-#include "transport/inline.h"
+#include "transport/inline/inline.h"
 
 namespace paramd {
 

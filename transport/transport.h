@@ -1,6 +1,14 @@
-// How bytes move between a trainer and the daemon (DESIGN.md §6). A transport's public face is a
-// viability check and a factory in the table below; the client picks the first viable one unless
-// told which to use. Commit always travels over gRPC (Data.Commit), whatever moved the bytes.
+// How bytes move between a trainer and the daemon (DESIGN.md §6). Commit always travels over gRPC
+// (Data.Commit), whatever moved the bytes.
+//
+// Layout: transport/<name>/ holds both ends of transport <name>: the trainer's (a Transport) and
+// the daemon's (a DaemonEnd, transport/daemon_end.h: whether it is offered, the memory it exposes,
+// its Attach answers). The table below names each transport once, with both ends' factories; the
+// client chooses from it (the first viable one unless told which), and the daemon makes its ends
+// from it, so its order is the automatic order, its names are the metric labels and the names
+// Attach dispatches on. The buffer and place types both ends speak of are in common/. A new
+// transport is one folder, one line in the table, and an instance of the conformance suite
+// (tests/conformance).
 #pragma once
 
 #include <grpcpp/channel.h>
@@ -16,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "paramd/v1/data.pb.h"
 #include "paramd/v1/types.pb.h"
+#include "transport/daemon_end.h"
 
 namespace paramd {
 
@@ -124,9 +133,11 @@ struct TransportContext {
 
 struct TransportEntry {
   const char* name;
-  // Empty when viable, else the reason it is not.
+  // The trainer's end. Empty when viable, else the reason it is not.
   std::function<std::string(const TransportContext&)> why_not_viable;
   std::function<absl::StatusOr<std::unique_ptr<Transport>>(const TransportContext&)> make;
+  // The daemon's end (one per daemon; it says itself whether this daemon offers it).
+  std::function<std::unique_ptr<DaemonEnd>(TransportHost&)> daemon_end;
 };
 
 // Every compiled-in transport, in DESIGN.md §6's preference order.

@@ -1,6 +1,6 @@
 // The shared-memory arena: buffers carved from POSIX segments, aligned, reused after free with
 // neighbours coalesced, a new segment only when none has room, every name removed at the end.
-#include "server/shm_arena.h"
+#include "transport/shm/arena.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

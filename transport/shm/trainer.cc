@@ -1,5 +1,3 @@
-#include "transport/shm.h"
-
 #include <grpcpp/client_context.h>
 
 #include <cstring>
@@ -12,8 +10,9 @@
 #include "common/grpc_status.h"
 #include "paramd/v1/data.grpc.pb.h"
 #include "transport/async_calls.h"
-#include "transport/inline.h"
-#include "transport/shm_segment.h"
+#include "transport/inline/inline.h"
+#include "transport/shm/segment.h"
+#include "transport/shm/shm.h"
 #include "transport/slot_places.h"
 
 namespace paramd {

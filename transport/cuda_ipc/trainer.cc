@@ -1,5 +1,3 @@
-#include "transport/cuda_ipc.h"
-
 #include <cuda_runtime_api.h>
 #include <grpcpp/client_context.h>
 #include <unistd.h>
@@ -16,7 +14,8 @@
 #include "common/grpc_status.h"
 #include "paramd/v1/data.grpc.pb.h"
 #include "transport/async_calls.h"
-#include "transport/inline.h"
+#include "transport/cuda_ipc/cuda_ipc.h"
+#include "transport/inline/inline.h"
 #include "transport/slot_places.h"
 
 namespace paramd {

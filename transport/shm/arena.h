@@ -1,5 +1,5 @@
 // The daemon's shared-memory region: buffers carved out of a few large POSIX segments
-// (transport/shm_segment.h) so a trainer maps each segment once, however many tensors a job has.
+// (transport/shm/segment.h) so a trainer maps each segment once, however many tensors a job has.
 // First fit with coalescing of freed neighbours; a segment is added when none has room. Segments
 // live until the arena is destroyed (the daemon exits), which removes their names.
 #pragma once
@@ -14,7 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/free_ranges.h"
 #include "common/host_buffer.h"
-#include "transport/shm_segment.h"
+#include "transport/shm/segment.h"
 
 namespace paramd {
 

@@ -35,5 +35,7 @@ namespace paramd {
 // GPU visible", the daemon's backend is not cuda:N, the daemon's GPU is not visible here).
 std::string CudaIpcWhyNotViable(const TransportContext& context);
 absl::StatusOr<std::unique_ptr<Transport>> MakeCudaIpcTransport(const TransportContext& context);
+// The daemon's end (no CUDA needed: the backend owns the exported memory).
+std::unique_ptr<DaemonEnd> MakeCudaIpcDaemonEnd(TransportHost& host);
 
 }  // namespace paramd

@@ -1,4 +1,4 @@
-#include "server/shm_arena.h"
+#include "transport/shm/arena.h"
 
 #include <algorithm>
 #include <cstring>
