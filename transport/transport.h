@@ -6,7 +6,8 @@
 // its Attach answers). The table below names each transport once, with both ends' factories; the
 // client chooses from it (the first viable one unless told which), and the daemon makes its ends
 // from it, so its order is the automatic order, its names are the metric labels and the names
-// Attach dispatches on. The buffer and place types both ends speak of are in common/. A new
+// Attach dispatches on. The placed transports (shm, cuda_ipc) share their trainer's lifecycle
+// (transport/placed.h); the buffer and place types both ends speak of are in common/. A new
 // transport is one folder, one line in the table, and an instance of the conformance suite
 // (tests/conformance).
 #pragma once
@@ -82,14 +83,19 @@ class Transport {
                             Deadline deadline) = 0;
   // Waits for `target.min_version` (or the deadline) and copies the served bytes into `out`.
   virtual absl::Status Pull(const PullTarget& target, Deadline deadline, Pulled* out) = 0;
-  // Waits like Pull and leases the served bytes in place for `lease` (0: the daemon's default).
-  // FAILED_PRECONDITION where the transport cannot (the bytes are not in shared memory).
+  // Waits like Pull and leases the served bytes where they lie for `lease` (0: the daemon's
+  // default): the view is valid and unchanged until Release returns or the lease expires.
+  // FAILED_PRECONDITION, with no lease taken, where the transport cannot (its bytes travel in
+  // messages, or the daemon kept these out of the memory it maps). The same on every transport
+  // (the conformance suite checks it).
   virtual absl::Status PullInPlace(const PullTarget& target, Deadline deadline,
                                    std::chrono::milliseconds lease, PulledView* out) {
     return absl::FailedPreconditionError("transport " + name() +
                                          " cannot read in place; use Pull (a copy)");
   }
-  // Ends a lease of PullInPlace (the view's bytes must not be read afterwards).
+  // Ends a lease of PullInPlace: once it returns OK the daemon has ended it, and the view's bytes
+  // must not be read. An ended, expired or unknown lease is no error. This default serves a
+  // transport that takes no leases.
   virtual absl::Status Release(uint64_t lease, Deadline deadline) { return absl::OkStatus(); }
 
   // Several tensors, copied out, in `target.tensors`' order. This default pulls them one by one;

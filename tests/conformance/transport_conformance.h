@@ -29,6 +29,8 @@ class TransportConformanceTest : public ::testing::TestWithParam<std::string> {
                 const std::vector<v1::ServeFormat>& serve = {});
   absl::Status Commit(const std::string& job, int rank, int64_t step, double grad_scale = 1.0);
   Deadline Soon() const;
+  // The leases the daemon counts for `job` (-1 when Status fails).
+  int64_t Leases(const std::string& job);
   // Stops the daemon and starts another on the same address (jobs gone, as after a restart
   // without a checkpoint); the channel and the transport under test stay.
   void RestartServer();

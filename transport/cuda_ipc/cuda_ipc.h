@@ -19,7 +19,7 @@
 // of the served bytes in the daemon's GPU memory: PulledView::data then holds a DEVICE pointer (of
 // the trainer's CUDA context), valid and unchanged until the lease is released or expires; read it
 // with kernels or copies on the trainer's streams and call Release only after that work finished.
-// Release is sent without waiting for its answer (there is none to report).
+// The lifecycle (slot places, restarts, leases) is every placed transport's (transport/placed.h).
 // Initial weights, and any buffer the daemon could not place in GPU memory, travel inline.
 #pragma once
 
