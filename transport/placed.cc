@@ -5,6 +5,10 @@
 #include <algorithm>
 #include <condition_variable>
 #include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/daemon_instance.h"
@@ -12,6 +16,58 @@
 #include "transport/inline/inline.h"
 
 namespace paramd {
+
+// Unary calls started without waiting for their answers (a lease's release, a look-ahead), made
+// with gRPC's callback API. Each call's objects live until its callback has run; the owner waits
+// for the calls still in flight before it goes away.
+class AsyncCalls {
+ public:
+  struct CallBase {
+    virtual ~CallBase() = default;
+    grpc::ClientContext context;
+  };
+  template <typename Request, typename Response>
+  struct Call : CallBase {
+    Request request;
+    Response response;
+  };
+
+  ~AsyncCalls() { WaitIdle(); }
+
+  // Keeps a new call alive until Finished(call); returns it for the stub's async method.
+  template <typename Request, typename Response>
+  Call<Request, Response>* Start() {
+    auto call = std::make_unique<Call<Request, Response>>();
+    Call<Request, Response>* raw = call.get();
+    std::lock_guard<std::mutex> lock(mu_);
+    finished_.clear();  // calls whose callbacks have returned
+    calls_.emplace(raw, std::move(call));
+    return raw;
+  }
+
+  // Called last by a call's callback. Its objects are freed later (by the next Start or the
+  // destructor), not while gRPC may still be returning from the callback.
+  void Finished(CallBase* call) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = calls_.find(call);
+    finished_.push_back(std::move(it->second));
+    calls_.erase(it);
+    idle_.notify_all();
+  }
+
+  // Blocks until every started call has finished (their deadlines bound the wait).
+  void WaitIdle() {
+    std::unique_lock<std::mutex> lock(mu_);
+    idle_.wait(lock, [this] { return calls_.empty(); });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable idle_;
+  std::map<CallBase*, std::unique_ptr<CallBase>> calls_;
+  std::vector<std::unique_ptr<CallBase>> finished_;
+};
+
 namespace {
 
 // A copy-out pull holds its lease only while it copies, then releases it without waiting for the
@@ -310,13 +366,14 @@ PlacedTransport::PlacedTransport(const TransportContext& context, std::string na
       stub_(v1::Data::NewStub(context.channel)),
       inline_(MakeInlineTransport(context)),
       slots_(std::make_unique<StepSlots>(stub_.get(), name_,
-                                         [this](const v1::AttachResponse& r) { Remember(r); })) {}
+                                         [this](const v1::AttachResponse& r) { Remember(r); })),
+      async_(std::make_unique<AsyncCalls>()) {}
 
 PlacedTransport::~PlacedTransport() { Stop(); }
 
 void PlacedTransport::Stop() {
   slots_->WaitIdle();
-  async_.WaitIdle();
+  async_->WaitIdle();
 }
 
 v1::AttachRequest PlacedTransport::ProbeRequest() const {
@@ -450,7 +507,7 @@ absl::Status PlacedTransport::PullMany(const PullManyTarget& target, Deadline de
         return absl::OkStatus();
       });
   const absl::Status copied = FinishCopies();
-  if (!leases.empty()) ReleaseSoon(*stub_, async_, leases);  // one call for all, not waited for
+  if (!leases.empty()) ReleaseSoon(*stub_, *async_, leases);  // one call for all, not waited for
   return status.ok() ? copied : status;
 }
 
@@ -476,7 +533,7 @@ absl::Status PlacedTransport::PullInPlaceMany(const PullManyTarget& target, Dead
         view.lease = view.header.lease();
         return absl::OkStatus();
       });
-  if (!status.ok() && !leases.empty()) ReleaseSoon(*stub_, async_, leases);  // nothing handed out
+  if (!status.ok() && !leases.empty()) ReleaseSoon(*stub_, *async_, leases);  // nothing handed out
   return status;
 }
 

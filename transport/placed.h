@@ -27,7 +27,6 @@
 #include "absl/status/statusor.h"
 #include "common/place.h"
 #include "paramd/v1/data.grpc.pb.h"
-#include "transport/async_calls.h"
 #include "transport/transport.h"
 
 namespace paramd {
@@ -90,6 +89,8 @@ class Marks {
   std::unique_ptr<grpc::ClientWriter<v1::PushChunk>> writer_;
   v1::PushChunk chunk_;
 };
+
+class AsyncCalls;
 
 class PlacedTransport : public Transport {
  public:
@@ -173,7 +174,7 @@ class PlacedTransport : public Transport {
   std::map<int, std::unique_ptr<MappedRegion>> mapped_;
   std::vector<std::unique_ptr<MappedRegion>> retired_;  // mappings of past starts
   std::unique_ptr<StepSlots> slots_;                    // after what Remember uses
-  AsyncCalls async_;                                    // releases in flight
+  std::unique_ptr<AsyncCalls> async_;                   // releases in flight (last: waits first)
 };
 
 }  // namespace paramd
