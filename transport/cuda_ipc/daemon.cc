@@ -26,15 +26,16 @@ class CudaIpcDaemonEnd final : public DaemonEnd {
         host_, Memory::kDevice, request,
         [this](v1::AttachResponse* r) {
           const DeviceExports exports = *host_.device_exports();
-          r->clear_ipc_handles();
-          r->clear_ipc_bases();
+          v1::CudaIpcRegions* regions = r->mutable_cuda_ipc();
+          regions->clear_ipc_handles();
+          regions->clear_ipc_bases();
           for (const std::string& handle : exports.handles) {
-            r->add_ipc_handles(handle);
+            regions->add_ipc_handles(handle);
           }
-          for (uint64_t base : exports.bases) r->add_ipc_bases(base);
-          r->set_device(exports.device);
-          r->set_device_uuid(exports.uuid);
-          r->set_pid(static_cast<int64_t>(getpid()));
+          for (uint64_t base : exports.bases) regions->add_ipc_bases(base);
+          regions->set_device(exports.device);
+          regions->set_device_uuid(exports.uuid);
+          regions->set_pid(static_cast<int64_t>(getpid()));
         },
         response);
   }

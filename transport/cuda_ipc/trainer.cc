@@ -80,7 +80,8 @@ class CudaIpcTransport final : public PlacedTransport {
 
  private:
   int RegionCount(const v1::AttachResponse& response) const override {
-    return std::min(response.ipc_handles_size(), response.ipc_bases_size());
+    const v1::CudaIpcRegions& regions = response.cuda_ipc();
+    return std::min(regions.ipc_handles_size(), regions.ipc_bases_size());
   }
 
   // The caller has no device made current: the handle is opened on the trainer's.
@@ -88,9 +89,10 @@ class CudaIpcTransport final : public PlacedTransport {
                                                     int index) override {
     const DeviceScope scope(device_);
     if (!scope.status().ok()) return scope.status();
-    const std::string& handle = response.ipc_handles(index);
-    const uint64_t base = response.ipc_bases(index);
-    if (response.pid() == static_cast<int64_t>(getpid()) && InThisProcess(base)) {
+    const v1::CudaIpcRegions& regions = response.cuda_ipc();
+    const std::string& handle = regions.ipc_handles(index);
+    const uint64_t base = regions.ipc_bases(index);
+    if (regions.pid() == static_cast<int64_t>(getpid()) && InThisProcess(base)) {
       // The daemon runs in this process (tests): CUDA refuses to open a process's own handles, and
       // its address is valid here as it is.
       return std::make_unique<MappedAllocation>(reinterpret_cast<uint8_t*>(base), false, device_);
@@ -114,11 +116,11 @@ class CudaIpcTransport final : public PlacedTransport {
       return absl::FailedPreconditionError(absl::StrCat(
           "no GPU visible (", e == cudaSuccess ? "no devices" : cudaGetErrorString(e), ")"));
     }
-    absl::StatusOr<int> daemon_gpu = DeviceWithUuid(response.device_uuid());
+    absl::StatusOr<int> daemon_gpu = DeviceWithUuid(response.cuda_ipc().device_uuid());
     if (!daemon_gpu.ok()) return daemon_gpu.status();
     if (*daemon_gpu < 0) {
       return absl::FailedPreconditionError(
-          absl::StrCat("the daemon's GPU (cuda:", response.device(),
+          absl::StrCat("the daemon's GPU (cuda:", response.cuda_ipc().device(),
                        " there) is not visible to this process (another node, or hidden by "
                        "CUDA_VISIBLE_DEVICES)"));
     }

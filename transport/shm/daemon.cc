@@ -50,11 +50,12 @@ class ShmDaemonEnd final : public DaemonEnd {
     return AttachPlaced(
         host_, Memory::kHost, request,
         [this](v1::AttachResponse* r) {
-          r->clear_segments();
+          v1::ShmRegions* regions = r->mutable_shm();
+          regions->clear_segments();
           for (const std::string& name : arena_->segment_names()) {
-            r->add_segments(name);
+            regions->add_segments(name);
           }
-          r->set_probe(arena_->probe());
+          regions->set_probe(arena_->probe());
         },
         response);
   }

@@ -29,13 +29,13 @@ class ShmTransport final : public PlacedTransport {
 
  private:
   int RegionCount(const v1::AttachResponse& response) const override {
-    return response.segments_size();
+    return response.shm().segments_size();
   }
 
   absl::StatusOr<std::unique_ptr<MappedRegion>> Map(const v1::AttachResponse& response,
                                                     int index) override {
     absl::StatusOr<std::unique_ptr<ShmSegment>> segment =
-        ShmSegment::Open(response.segments(index), true);
+        ShmSegment::Open(response.shm().segments(index), true);
     if (!segment.ok()) return segment.status();
     return std::make_unique<MappedSegment>(*std::move(segment));
   }
@@ -48,7 +48,7 @@ class ShmTransport final : public PlacedTransport {
     if ((*first)->size() >= static_cast<int64_t>(sizeof(probe))) {
       std::memcpy(&probe, (*first)->data(), sizeof(probe));
     }
-    if (probe != response.probe()) {
+    if (probe != response.shm().probe()) {
       return absl::FailedPreconditionError(
           absl::StrCat("segment ", static_cast<MappedSegment*>(*first)->name(),
                        " here is not the daemon's (another host or another /dev/shm)"));
