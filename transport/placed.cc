@@ -137,6 +137,8 @@ PullManyTarget OneTensor(const PullTarget& target) {
 
 Deadline Soon() { return std::chrono::system_clock::now() + std::chrono::seconds(10); }
 
+uint64_t DaemonStarts::current() const { return current_; }
+
 DaemonStarts::Seen DaemonStarts::See(uint64_t instance) {
   if (instance == 0 || instance == current_) return Seen::kCurrent;  // 0: not told
   if (past_.contains(instance)) return Seen::kPast;
@@ -370,6 +372,9 @@ PlacedTransport::PlacedTransport(const TransportContext& context, std::string na
       async_(std::make_unique<AsyncCalls>()) {}
 
 PlacedTransport::~PlacedTransport() { Stop(); }
+
+absl::Status PlacedTransport::BeforePush() { return absl::OkStatus(); }
+absl::Status PlacedTransport::FinishCopies() { return absl::OkStatus(); }
 
 void PlacedTransport::Stop() {
   slots_->WaitIdle();

@@ -42,7 +42,7 @@ class DaemonStarts {
  public:
   enum class Seen { kCurrent, kNew, kPast };
   Seen See(uint64_t instance);
-  uint64_t current() const { return current_; }
+  uint64_t current() const;
 
  private:
   uint64_t current_ = 0;
@@ -133,7 +133,7 @@ class PlacedTransport : public Transport {
   // Judges a probe's answer (already remembered): OK when this process sees the daemon's memory.
   virtual absl::Status CheckProbe(const v1::AttachResponse& response, Deadline deadline) = 0;
   // Runs before a push reads the caller's buffers.
-  virtual absl::Status BeforePush() { return absl::OkStatus(); }
+  virtual absl::Status BeforePush();
   // Whether `slot` holds `data` already (only a retried push asks).
   virtual absl::StatusOr<bool> Same(const uint8_t* slot, std::span<const std::byte> data) = 0;
   // Copies the plan's placed items into their slots (a null slot holds them already) and marks
@@ -141,7 +141,7 @@ class PlacedTransport : public Transport {
   virtual absl::Status CopyAndMark(const PushPlan& plan, Marks& marks) = 0;
   // Copies `bytes` bytes at `from` into `out` (resized); may complete only at FinishCopies.
   virtual absl::Status CopyOut(const uint8_t* from, size_t bytes, std::vector<std::byte>* out) = 0;
-  virtual absl::Status FinishCopies() { return absl::OkStatus(); }
+  virtual absl::Status FinishCopies();
 
  private:
   struct SlotCache;

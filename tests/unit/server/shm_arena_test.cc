@@ -1,13 +1,13 @@
 // The shared-memory arena: buffers carved from POSIX segments, aligned, reused after free with
 // neighbours coalesced, a new segment only when none has room, every name removed at the end.
-#include "transport/shm/arena.h"
-
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
 #include <random>
+
+#include "transport/shm/arena.h"
 
 namespace paramd {
 namespace {
