@@ -13,11 +13,12 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/device_bytes.h"
+#include "common/host_buffer.h"
 #include "kernels/fused_step.h"
 #include "kernels/recipes.h"
 #include "paramd/v1/control.pb.h"
 #include "paramd/v1/types.pb.h"
-#include "server/host_buffer.h"
 
 namespace paramd {
 
@@ -33,91 +34,13 @@ FormatKey FormatKeyOf(const v1::ServeFormat& format);
 kernels::Recipe KernelRecipe(v1::Recipe recipe);
 kernels::Direction KernelDirection(v1::Direction direction);
 
-class DeviceAllocator;
-
-// Where bytes lie in a backend's exported GPU memory (`cuda_ipc`, DESIGN.md §6).
-struct DevicePlace {
-  int32_t allocation = -1;  // index into DeviceExports::handles
-  int64_t offset = 0;       // bytes from the allocation's start
-};
-
-// An owned piece of a backend's exported GPU memory; returns to its allocator when destroyed.
-// Empty (null, size 0) where the backend exports none.
-class DeviceBytes {
- public:
-  DeviceBytes() = default;
-  DeviceBytes(DeviceBytes&& other) noexcept { *this = std::move(other); }
-  DeviceBytes& operator=(DeviceBytes&& other) noexcept;
-  DeviceBytes(const DeviceBytes&) = delete;
-  DeviceBytes& operator=(const DeviceBytes&) = delete;
-  ~DeviceBytes() { Release(); }
-
-  void* get() const { return d_ptr_; }
-  int64_t size() const { return size_; }
-  bool empty() const { return d_ptr_ == nullptr; }
-  DevicePlace place() const { return place_; }
-
- private:
-  friend class DeviceAllocator;
-  void Release();
-
-  DeviceAllocator* allocator_ = nullptr;
-  void* d_ptr_ = nullptr;
-  int64_t size_ = 0;
-  DevicePlace place_;
-};
-
-// What a trainer needs to map a backend's exported GPU memory.
-struct DeviceExports {
-  int device = -1;                   // CUDA ordinal in the daemon's process
-  std::string uuid;                  // the GPU's 16-byte UUID
-  std::vector<std::string> handles;  // cudaIpcMemHandle_t bytes, by DevicePlace::allocation
-  std::vector<uint64_t> bases;       // the allocations' addresses in this process
-};
-
-class DeviceAllocator {
- public:
-  virtual ~DeviceAllocator() = default;
-
- protected:
-  DeviceBytes Make(void* d_ptr, int64_t size, DevicePlace place) {
-    DeviceBytes bytes;
-    bytes.allocator_ = this;
-    bytes.d_ptr_ = d_ptr;
-    bytes.size_ = size;
-    bytes.place_ = place;
-    return bytes;
-  }
-  // Takes the bytes back. Called from any thread; must not wait on the device.
-  virtual void Free(void* d_ptr, int64_t size, DevicePlace place) = 0;
-  friend class DeviceBytes;
-};
-
-inline DeviceBytes& DeviceBytes::operator=(DeviceBytes&& other) noexcept {
-  if (this != &other) {
-    Release();
-    allocator_ = std::exchange(other.allocator_, nullptr);
-    d_ptr_ = std::exchange(other.d_ptr_, nullptr);
-    size_ = std::exchange(other.size_, 0);
-    place_ = std::exchange(other.place_, DevicePlace{});
-  }
-  return *this;
-}
-
-inline void DeviceBytes::Release() {
-  if (allocator_ != nullptr && d_ptr_ != nullptr) allocator_->Free(d_ptr_, size_, place_);
-  allocator_ = nullptr;
-  d_ptr_ = nullptr;
-  size_ = 0;
-}
-
 // One served format of one version: its bytes (data, then scales) and how they are laid out.
 struct ServedFormat {
   FormatKey key;
   kernels::ServeBufferLayout layout;
   HostBuffer bytes;  // layout.data_bytes + layout.scale_bytes
-  // The same bytes in the backend's exported GPU memory (`cuda_ipc` reads them in place); empty
-  // where the backend exports none. The backend fills both.
+  // The same bytes in the backend's exported GPU memory (trainers on the node read them in place);
+  // empty where the backend exports none. The backend fills both.
   DeviceBytes device;
 
   uint8_t* data() { return bytes.data(); }
@@ -131,8 +54,8 @@ struct ServedTensor {
   bool skipped = false;
   std::vector<ServedFormat> formats;  // FP32 first, then the job's formats in order
   // True while the host bytes of the formats that also lie in GPU memory are not copied down yet:
-  // a cuda:N step leaves them on the GPU, and a host reader (an inline pull) asks the backend for
-  // them once per version (Backend::ReadyHostBytes).
+  // a cuda:N step leaves them on the GPU, and a host reader (a pull of streamed bytes) asks the
+  // backend for them once per version (Backend::ReadyHostBytes).
   mutable std::mutex host_mu;
   mutable bool host_stale = false;
 
@@ -205,8 +128,8 @@ struct HostTensorState {
 struct TensorStep {
   TensorState* state = nullptr;
   std::vector<const void*> slots;  // one gradient buffer per rank, rank order
-  // Per rank (empty = none): a gradient a trainer wrote into the backend's exported GPU memory
-  // (`cuda_ipc`); where set, the step reads it there and slots[r] is not read.
+  // Per rank (empty = none): a gradient a trainer wrote into the backend's exported GPU memory;
+  // where set, the step reads it there and slots[r] is not read.
   std::vector<const void*> device_slots;
   kernels::SlotType slot_type = kernels::SlotType::kFp32;
   ServedTensor* out = nullptr;  // formats already sized; the backend fills the bytes
@@ -264,7 +187,7 @@ class Backend {
   // choice to the daemon (shared memory, or the heap). It lives as long as the process.
   virtual BufferAllocator* HostAllocator() { return nullptr; }
 
-  // `cuda_ipc` (DESIGN.md §6): GPU memory trainers on this node map. A backend without it (cpu)
+  // GPU memory trainers on this node map (DESIGN.md §6). A backend without it (cpu)
   // exports none, and the job keeps every buffer in host memory.
   virtual std::optional<DeviceExports> Exports() const { return std::nullopt; }
   // `bytes` of exported GPU memory (contents undefined).

@@ -8,7 +8,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
-#include "server/host_buffer.h"
+#include "common/host_buffer.h"
 
 namespace paramd {
 
@@ -34,7 +34,7 @@ class ChunkBuffer {
   int64_t received() const { return received_; }
   int64_t size() const { return bytes_.size(); }
   const uint8_t* data() const { return bytes_.data(); }
-  const ShmPlace* place() const { return bytes_.place(); }
+  const Place* place() const { return bytes_.place(); }
 
  private:
   // The stored chunks around [offset, offset + length): kDuplicate when one has exactly these

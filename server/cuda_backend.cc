@@ -1,11 +1,11 @@
 // The `cuda:N` backend: master weights, moments and served formats live in GPU memory; a step is
 // the kernels' multi-tensor launches (kernels/cuda_step.h) over all tensors of the job. Gradients
-// arrive in host slots (the inline transport) and are copied up; served bytes are copied down into
+// pushed in data chunks arrive in host slots and are copied up; served bytes are copied down into
 // the host buffers the transports read. Both host sides are allocated page-locked (the backend's
-// HostAllocator), so the copies run at the link's speed. For `cuda_ipc` (DESIGN.md §6) the backend
-// also exports GPU memory: a few large allocations, carved into gradient slots and served bytes,
-// whose IPC handles trainers on the node open once; a slot a trainer wrote there is read in place,
-// and the step writes each version's served bytes there (besides the host copy).
+// HostAllocator), so the copies run at the link's speed. For trainers on its node (DESIGN.md §6)
+// the backend also exports GPU memory: a few large allocations, carved into gradient slots and
+// served bytes, whose IPC handles trainers on the node open once; a slot a trainer wrote there is
+// read in place, and the step writes each version's served bytes there (besides the host copy).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -20,12 +20,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
+#include "common/free_ranges.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "kernels/cuda_step.h"
 #include "kernels/step_rules.h"
 #include "server/backends.h"
-#include "server/free_ranges.h"
 #include "server/initial_state.h"
 #include "server/kernel_status.h"
 
@@ -48,13 +48,13 @@ class PinnedAllocator final : public BufferAllocator {
           absl::StrCat("cannot allocate ", bytes, " bytes of page-locked host memory"));
     }
     std::memset(data, 0, static_cast<size_t>(bytes));
-    return Make(static_cast<uint8_t*>(data), bytes, ShmPlace{});
+    return Make(static_cast<uint8_t*>(data), bytes, Place{});
   }
   bool shared() const override { return false; }
 
  protected:
   // On whatever thread drops the last reference: the backend's device, then the thread's own.
-  void Free(uint8_t* data, int64_t, ShmPlace) override {
+  void Free(uint8_t* data, int64_t, Place) override {
     const DeviceScope scope(device_);
     cudaFreeHost(data);
     cudaGetLastError();
@@ -114,7 +114,7 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
-// Exported GPU memory (`cuda_ipc`): buffers carved out of a few large allocations, so a trainer
+// Exported GPU memory: buffers carved out of a few large allocations, so a trainer
 // opens each IPC handle once however many buffers a job has (a handle covers a whole cudaMalloc
 // allocation). First fit with coalescing of freed neighbours; an allocation is added when none has
 // room, and lives until the backend goes.
@@ -140,8 +140,8 @@ class DeviceArena final : public DeviceAllocator {
     PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     if (cudaMalloc(&a.base, static_cast<size_t>(a.size)) != cudaSuccess) {
       cudaGetLastError();  // a failed allocation leaves no sticky error
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "cannot allocate ", a.size, " bytes of GPU memory to share with trainers (cuda_ipc)"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot allocate ", a.size, " bytes of GPU memory to share with trainers"));
     }
     cudaIpcMemHandle_t handle;
     if (absl::Status s = CudaStatus(cudaIpcGetMemHandle(&handle, a.base),
@@ -170,10 +170,10 @@ class DeviceArena final : public DeviceAllocator {
   }
 
  protected:
-  void Free(void* d_ptr, int64_t size, DevicePlace place) override {
+  void Free(void* d_ptr, int64_t size, Place place) override {
     const int64_t length = (size + kAlign - 1) / kAlign * kAlign;
     std::lock_guard<std::mutex> lock(mu_);
-    allocations_[static_cast<size_t>(place.allocation)].free.Give(place.offset, length);
+    allocations_[static_cast<size_t>(place.region)].free.Give(place.offset, length);
   }
 
  private:
@@ -191,7 +191,7 @@ class DeviceArena final : public DeviceAllocator {
 
   DeviceBytes Hand(size_t index, int64_t offset, int64_t bytes) {
     return Make(static_cast<uint8_t*>(allocations_[index].base) + offset, bytes,
-                DevicePlace{static_cast<int32_t>(index), offset});
+                Place{static_cast<int32_t>(index), offset});
   }
 
   const int device_;
@@ -813,9 +813,9 @@ class CudaBackend : public Backend {
   DeviceBuffer step_scalars_;  // a step's fp8_delayed scales, then its masters' amaxes
   PinnedFloats host_scalars_;  // the same on the host
   std::mutex health_mu_;
-  absl::Status unusable_;               // not OK once the context failed (Health)
-  std::string uuid_;                    // the GPU's UUID bytes (cuda_ipc's trainers match it)
-  std::unique_ptr<DeviceArena> arena_;  // exported GPU memory (cuda_ipc)
+  absl::Status unusable_;  // not OK once the context failed (Health)
+  std::string uuid_;       // the GPU's UUID bytes (trainers mapping its memory match it)
+  std::unique_ptr<DeviceArena> arena_;  // exported GPU memory
 };
 
 }  // namespace

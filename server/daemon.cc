@@ -1,7 +1,5 @@
 #include "server/daemon.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <map>
 #include <random>
@@ -9,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/error_reason.h"
 #include "common/logging.h"
+#include "common/quoted.h"
 #include "common/status_macros.h"
 #include "server/backends.h"
 
@@ -54,38 +53,16 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::CreateWithBackend(const v1::Daem
                    << (budget.device > 0
                            ? absl::StrCat(", ", budget.device / kMiB, " MiB of GPU memory")
                            : std::string());
-  // This start's identity (also the shm probe, and the tag in the segment names: two daemons'
-  // names stay apart even where process ids repeat, in containers).
+  // This start's identity (the transports' ends tag what they hand out with it).
   std::random_device random;
   const uint64_t instance = (uint64_t{random()} << 32) | random();
-  std::unique_ptr<ShmArena> shm;
-  // `shm` serves the cpu backend (DESIGN.md §6); a cuda:N job's host buffers are page-locked
-  // staging for the GPU, and same-node GPU trainers use cuda_ipc.
-  if (config.shared_memory() && (*backend)->name() == "cpu") {
-    if (const int removed = ReclaimStaleShmSegments(getuid()); removed > 0) {
-      PARAMD_LOG(WARNING) << "removed " << removed
-                          << " shared-memory segments left by a daemon of this user that was "
-                             "killed";
-    }
-    absl::StatusOr<std::unique_ptr<ShmArena>> arena = ShmArena::Create(
-        ShmSegmentPrefix(getuid(), getpid(), absl::StrCat(absl::Hex(instance, absl::kZeroPad16))),
-        config.shm_segment_bytes(), instance);
-    if (arena.ok()) {
-      shm = *std::move(arena);
-    } else {
-      PARAMD_LOG(WARNING) << "no shared memory (" << arena.status()
-                          << "); jobs keep their buffers on the heap and the shm transport is off";
-    }
-  }
-  return std::unique_ptr<Daemon>(
-      new Daemon(config, *std::move(backend), std::move(shm), instance, budget));
+  return std::unique_ptr<Daemon>(new Daemon(config, *std::move(backend), instance, budget));
 }
 
-Daemon::Daemon(const v1::DaemonConfig& config, std::unique_ptr<Backend> backend,
-               std::unique_ptr<ShmArena> shm, uint64_t instance, MemoryBytes budget)
+Daemon::Daemon(const v1::DaemonConfig& config, std::unique_ptr<Backend> backend, uint64_t instance,
+               MemoryBytes budget)
     : config_(config),
       instance_(instance),
-      shm_(std::move(shm)),
       backend_(std::move(backend)),
       backend_name_(backend_->name()),
       metrics_(std::make_unique<Metrics>()),
@@ -98,12 +75,34 @@ Daemon::Daemon(const v1::DaemonConfig& config, std::unique_ptr<Backend> backend,
   limits.max_tensors_per_job = config.max_tensors_per_job();
   limits.max_job_bytes = config.max_job_bytes();
   limits.max_chunk_bytes = config.max_chunk_bytes();
+  transports_ = DaemonEnds::Make(*this);
+  // The backend's own host memory first (cuda:N: page-locked), else a transport's, else the heap.
   BufferAllocator* buffers = backend_->HostAllocator();
-  if (buffers == nullptr) buffers = shm_ != nullptr ? shm_.get() : HeapAllocator();
+  if (buffers == nullptr) buffers = transports_.host_buffers();
+  if (buffers == nullptr) buffers = HeapAllocator();
   registry_ = std::make_unique<JobRegistry>(backend_.get(), limits, buffers, budget_.get());
 }
 
 Daemon::~Daemon() { executor_.WaitIdle(); }
+
+absl::StatusOr<SlotPlaces> Daemon::SlotsForStep(const std::string& job, int32_t rank, int64_t step,
+                                                Memory memory) {
+  PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<Job> found, registry_->Find(job));
+  return found->SlotsForStep(rank, step, memory);
+}
+
+absl::Status Daemon::DeclareTransport(const v1::AttachRequest& request) {
+  PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, registry_->Find(request.job()));
+  PARAMD_RETURN_IF_ERROR(job->CheckUsable());
+  if (request.rank() < 0 || request.rank() >= job->world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", request.rank(), " is outside [0, ",
+                                                   job->world_size(), ") of job ",
+                                                   Quoted(job->name())));
+  }
+  job->SetTrainerTransport(request.rank(), request.transport(), request.reason());
+  UpdateGauges();
+  return absl::OkStatus();
+}
 
 void Daemon::Drain() {
   if (draining_.exchange(true)) return;
@@ -197,9 +196,10 @@ void Daemon::StartStep(std::shared_ptr<Job> job, StepWork work) {
 
 void Daemon::UpdateGauges() {
   int64_t state = 0, served = 0, slots = 0, leases = 0;
-  std::map<std::string, int> by_transport = {{"inline", 0}};
-  if (shm_ != nullptr) by_transport["shm"] = 0;
-  if (backend_->Exports().has_value()) by_transport["cuda_ipc"] = 0;
+  std::map<std::string, int> by_transport;
+  for (const DaemonEnds::End& t : transports_.all()) {
+    if (t.end->offered()) by_transport[t.name] = 0;
+  }
   const auto jobs = registry_->Jobs();
   for (const auto& job : jobs) {
     const v1::JobStatus s = job->Status();
@@ -216,7 +216,11 @@ void Daemon::UpdateGauges() {
   metrics_->SetStateBytes("slots", slots);
   metrics_->SetTrainersByTransport(by_transport);
   metrics_->SetLeases(leases, leases_->expired());
-  if (shm_ != nullptr) metrics_->SetShmBytes(shm_->reserved_bytes(), shm_->used_bytes());
+  for (const DaemonEnds::End& t : transports_.all()) {
+    if (std::optional<DaemonEnd::Bytes> own = t.end->own_bytes()) {
+      metrics_->SetTransportBytes(t.name, own->reserved, own->used);
+    }
+  }
   int failed = 0;
   for (const auto& job : jobs) failed += job->CheckUsable().ok() ? 0 : 1;
   metrics_->SetFailedJobs(failed);
@@ -231,15 +235,12 @@ v1::StatusResponse Daemon::Status(const std::string& job) const {
   v1::StatusResponse response;
   response.set_daemon_version(kDaemonVersion);
   response.set_backend(backend_name_);
-  // DESIGN.md §6's order: same node first (by backend), then the rest.
-  if (backend_->Exports().has_value()) response.add_transports("cuda_ipc");
-  if (shm_ != nullptr) {
-    response.add_transports("shm");
-    response.set_shm_segments(static_cast<int32_t>(shm_->segment_names().size()));
-    response.set_shm_reserved_bytes(shm_->reserved_bytes());
-    response.set_shm_used_bytes(shm_->used_bytes());
+  // The table's order (DESIGN.md §6): those this daemon offers.
+  for (const DaemonEnds::End& t : transports_.all()) {
+    if (!t.end->offered()) continue;
+    response.add_transports(t.name);
+    t.end->AddStatus(&response);
   }
-  response.add_transports("inline");
   response.set_draining(draining());
   const MemoryBytes limit = budget_->limit();
   const MemoryBytes used = budget_->used();

@@ -1,5 +1,6 @@
-// The daemon's core without gRPC: backend, jobs, step executor and metrics, and the few rules
-// that span jobs (draining). The gRPC services are thin wrappers over it.
+// The daemon's core without gRPC: backend, jobs, step executor and metrics, the daemon ends of the
+// transports (made from the transport table, and reached only through it), and the few rules that
+// span jobs (draining). The gRPC services are thin wrappers over it.
 #pragma once
 
 #include <atomic>
@@ -18,32 +19,36 @@
 #include "server/memory_budget.h"
 #include "server/metrics.h"
 #include "server/registry.h"
-#include "server/shm_arena.h"
 #include "server/step_executor.h"
+#include "transport/daemon_end.h"
 
 namespace paramd {
 
-class Daemon {
+class Daemon final : public TransportHost {
  public:
   // `config` has defaults applied and is valid.
   static absl::StatusOr<std::unique_ptr<Daemon>> Create(const v1::DaemonConfig& config);
   // The same on a backend made by the caller (a test's fault-injecting one, say).
   static absl::StatusOr<std::unique_ptr<Daemon>> CreateWithBackend(
       const v1::DaemonConfig& config, std::unique_ptr<Backend> backend);
-  ~Daemon();
+  ~Daemon() override;
 
-  const v1::DaemonConfig& config() const { return config_; }
+  const v1::DaemonConfig& config() const override { return config_; }
   JobRegistry& registry() { return *registry_; }
   Metrics& metrics() { return *metrics_; }
   LeaseTable& leases() { return *leases_; }
-  // The shared-memory region (null when jobs keep their buffers on the heap).
-  const ShmArena* shm() const { return shm_.get(); }
+  // The daemon ends of every transport, in the table's order.
+  const DaemonEnds& transports() const { return transports_; }
   // A random value drawn at start: places handed out by another start of the daemon (at the same
   // address) are told apart by it (AttachResponse.instance).
-  uint64_t instance() const { return instance_; }
-  const std::string& backend_name() const { return backend_name_; }
-  // The backend's exported GPU memory (`cuda_ipc`); none on the cpu backend.
-  std::optional<DeviceExports> device_exports() const { return backend_->Exports(); }
+  uint64_t instance() const override { return instance_; }
+  const std::string& backend_name() const override { return backend_name_; }
+  // The backend's exported GPU memory; none on the cpu backend.
+  std::optional<DeviceExports> device_exports() const override { return backend_->Exports(); }
+  absl::StatusOr<SlotPlaces> SlotsForStep(const std::string& job, int32_t rank, int64_t step,
+                                          Memory memory) override;
+  // Checks that the job is usable and the rank is one of it.
+  absl::Status DeclareTransport(const v1::AttachRequest& request) override;
   // Makes a served version's host bytes current for a host reader (Backend::ReadyHostBytes).
   absl::Status ReadyHostBytes(const ServedTensor& served) {
     return backend_->ReadyHostBytes(served);
@@ -85,16 +90,17 @@ class Daemon {
   void UpdateGauges();
 
  private:
-  Daemon(const v1::DaemonConfig& config, std::unique_ptr<Backend> backend,
-         std::unique_ptr<ShmArena> shm, uint64_t instance, MemoryBytes budget);
+  Daemon(const v1::DaemonConfig& config, std::unique_ptr<Backend> backend, uint64_t instance,
+         MemoryBytes budget);
   // After a job's step failed: when the backend itself is unusable, every job of it fails too.
   void FailJobsOfUnusableBackend();
 
   const v1::DaemonConfig config_;
   const uint64_t instance_;
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
-  // The shared-memory region outlives every buffer carved from it: it is destroyed last.
-  std::unique_ptr<ShmArena> shm_;
+  // The transports' ends (their memory) outlive every buffer carved from it: destroyed last.
+  // Made once the members they ask for are (the constructor's body).
+  DaemonEnds transports_;
   std::unique_ptr<Backend> backend_;
   std::string backend_name_;
   std::unique_ptr<Metrics> metrics_;

@@ -4,7 +4,6 @@
 #include <grpcpp/support/proto_buffer_reader.h>
 #include <grpcpp/support/proto_buffer_writer.h>
 #include <grpcpp/support/slice.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <deque>
@@ -28,10 +27,6 @@ namespace {
 
 // Headers in one PullChunk at most (about 100 bytes each).
 constexpr int kMaxBatchedHeaders = 1024;
-
-constexpr char kInline[] = "inline";
-constexpr char kShm[] = "shm";
-constexpr char kCudaIpc[] = "cuda_ipc";
 
 // Reads chunks one at a time and stores each on arrival; the first bad one ends the stream.
 class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
@@ -95,13 +90,15 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     }
     if (*stored == ChunkBuffer::Stored::kNew) {
       response_.set_chunks_stored(response_.chunks_stored() + 1);
-      if (chunk_.in_place_device()) {
-        daemon_->metrics().Pushed(kCudaIpc, chunk_.in_place_bytes());
-      } else if (chunk_.in_place_bytes() > 0) {
-        daemon_->metrics().Pushed(kShm, chunk_.in_place_bytes());
-      } else {
-        daemon_->metrics().Pushed(kInline, static_cast<int64_t>(chunk_.data().size()));
+      // Counted under the transport whose memory the bytes were written in, or that carries
+      // them in its messages.
+      std::optional<Memory> memory;
+      if (chunk_.in_place_bytes() > 0) {
+        memory = chunk_.in_place_device() ? Memory::kDevice : Memory::kHost;
       }
+      daemon_->metrics().Pushed(daemon_->transports().NameOf(memory),
+                                memory.has_value() ? chunk_.in_place_bytes()
+                                                   : static_cast<int64_t>(chunk_.data().size()));
     } else {
       response_.set_chunks_duplicate(response_.chunks_duplicate() + 1);
     }
@@ -188,7 +185,8 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       WriteNext();
       return;
     }
-    if (!placed_) daemon_->metrics().Pulled(kInline, bytes_->size());
+    if (!placed_)
+      daemon_->metrics().Pulled(daemon_->transports().NameOf(std::nullopt), bytes_->size());
     bool all = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -365,12 +363,12 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       }
     }
     offset_ = 0;
-    const ShmPlace* place = place_ ? bytes_->place() : nullptr;
-    // A cuda:N backend serves place pulls from its exported GPU memory (cuda_ipc).
-    ShmPlace device_place;
+    const Place* place = place_ ? bytes_->place() : nullptr;
+    // A cuda:N backend serves place pulls from its exported GPU memory.
+    Place device_place;
     const bool on_device = place_ && !format->device.empty();
     if (on_device) {
-      device_place = {format->device.place().allocation, format->device.place().offset};
+      device_place = {format->device.place().region, format->device.place().offset};
       place = &device_place;
     }
     header->set_version(served_->version);
@@ -394,7 +392,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     if (placed_) {
       // The bytes stay where they are; the lease keeps them alive and unchanged.
       v1::ShmPlace* p = header->mutable_place();
-      p->set_segment(place->segment);
+      p->set_segment(place->region);
       p->set_offset(place->offset);
       p->set_bytes(bytes_->size());
       header->set_place_on_device(on_device);
@@ -415,7 +413,9 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
           std::chrono::duration_cast<std::chrono::milliseconds>(expires.time_since_epoch())
               .count());
       offset_ = bytes_->size();  // no data chunks follow
-      daemon_->metrics().Pulled(on_device ? kCudaIpc : kShm, bytes_->size());
+      daemon_->metrics().Pulled(
+          daemon_->transports().NameOf(on_device ? Memory::kDevice : Memory::kHost),
+          bytes_->size());
     }
     return true;
   }
@@ -489,63 +489,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   grpc::ByteBuffer buffer_;  // the message being written
 };
 
-// The slot places Attach answers with (AttachResponse.slots), in the job's tensor order.
-void AddSlotPlaces(const Job::SlotPlaces& slots, v1::AttachResponse* response) {
-  for (size_t i = 0; i < slots.places.size(); ++i) {
-    v1::ShmPlace* place = response->add_slots();
-    place->set_segment(slots.places[i].segment);
-    place->set_offset(slots.places[i].offset);
-    place->set_bytes(slots.bytes[i]);
-    place->set_tensor(slots.tensors[i]);
-    place->set_received(slots.received[i]);
-  }
-}
-
-// A trainer declaring its transport names a rank of the job.
-absl::Status CheckAttachingRank(const Job& job, int32_t rank) {
-  if (rank >= 0 && rank < job.world_size()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "rank ", rank, " is outside [0, ", job.world_size(), ") of job ", Quoted(job.name())));
-}
-
 }  // namespace
-
-absl::Status DataService::AttachCudaIpc(const v1::AttachRequest& request,
-                                        v1::AttachResponse* response) {
-  if (!daemon_->device_exports().has_value()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the daemon's backend is ", daemon_->backend_name(),
-                     ", which keeps no GPU memory to share; cuda_ipc needs a cuda:N backend"));
-  }
-  auto fill_exports = [&] {
-    // Read after any allocation the request made, so the places below have their handles.
-    const DeviceExports exports = *daemon_->device_exports();
-    response->clear_ipc_handles();
-    response->clear_ipc_bases();
-    for (const std::string& handle : exports.handles) response->add_ipc_handles(handle);
-    for (uint64_t base : exports.bases) response->add_ipc_bases(base);
-    response->set_device(exports.device);
-    response->set_device_uuid(exports.uuid);
-    response->set_pid(static_cast<int64_t>(getpid()));
-  };
-  if (request.job().empty() && !request.has_step()) {  // a probe
-    fill_exports();
-    return absl::OkStatus();
-  }
-  PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, daemon_->registry().Find(request.job()));
-  if (request.has_step()) {
-    PARAMD_ASSIGN_OR_RETURN(Job::SlotPlaces slots,
-                            job->DeviceSlotsForStep(request.rank(), request.step()));
-    response->set_committed(slots.committed);
-    AddSlotPlaces(slots, response);
-    fill_exports();
-    return absl::OkStatus();
-  }
-  PARAMD_RETURN_IF_ERROR(CheckAttachingRank(*job, request.rank()));
-  job->SetTrainerTransport(request.rank(), request.transport(), request.reason());
-  fill_exports();
-  return absl::OkStatus();
-}
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* DataService::Push(grpc::CallbackServerContext* context,
                                                              grpc::ByteBuffer* response) {
@@ -601,46 +545,11 @@ absl::Status DataService::DoCommit(const v1::CommitRequest& request, v1::CommitR
 
 absl::Status DataService::DoAttach(const v1::AttachRequest& request, v1::AttachResponse* response) {
   PARAMD_RETURN_IF_ERROR(daemon_->CheckServing());
-  const bool shm = request.transport() == kShm;
-  const bool cuda_ipc = request.transport() == kCudaIpc;
-  if (!shm && !cuda_ipc && request.transport() != kInline) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("transport ", Quoted(request.transport()),
-                     " is not one this daemon offers (cuda_ipc, shm, inline)"));
+  PARAMD_ASSIGN_OR_RETURN(DaemonEnd * end, daemon_->transports().Find(request.transport()));
+  if (std::string why = end->why_not_offered(); !why.empty()) {
+    return absl::FailedPreconditionError(why);
   }
-  if (cuda_ipc) return AttachCudaIpc(request, response);
-  if (shm) {
-    const ShmArena* arena = daemon_->shm();
-    if (arena == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "this daemon keeps no buffers in shared memory (backend ", daemon_->backend_name(),
-          ", shared_memory ", daemon_->config().shared_memory() ? "true" : "false",
-          "); use another transport"));
-    }
-    for (const std::string& name : arena->segment_names()) response->add_segments(name);
-    response->set_probe(arena->probe());
-    if (request.job().empty() && !request.has_step()) return absl::OkStatus();  // a probe
-  } else if (request.has_step()) {
-    return absl::InvalidArgumentError("slot places (step) exist for transport \"shm\" only");
-  }
-  PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, daemon_->registry().Find(request.job()));
-  if (request.has_step()) {
-    PARAMD_ASSIGN_OR_RETURN(Job::SlotPlaces slots,
-                            job->SlotsForStep(request.rank(), request.step()));
-    response->set_committed(slots.committed);
-    // Slots allocated just now may have added segments.
-    response->clear_segments();
-    for (const std::string& name : daemon_->shm()->segment_names()) {
-      response->add_segments(name);
-    }
-    AddSlotPlaces(slots, response);
-    return absl::OkStatus();
-  }
-  PARAMD_RETURN_IF_ERROR(job->CheckUsable());
-  PARAMD_RETURN_IF_ERROR(CheckAttachingRank(*job, request.rank()));
-  job->SetTrainerTransport(request.rank(), request.transport(), request.reason());
-  daemon_->UpdateGauges();
-  return absl::OkStatus();
+  return end->Attach(request, response);
 }
 
 }  // namespace paramd

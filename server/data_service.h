@@ -1,7 +1,7 @@
-// gRPC Data service: the daemon's end of the `inline` transport (gradient chunks in Push
-// messages, served bytes in Pull messages), of `shm` (Attach hands out places in shared memory,
-// in-place pushes mark slots written, place pulls lease served bytes, Release ends leases), and
-// Commit, which every transport uses; `cuda_ipc` as `shm`, with places in the backend's GPU memory.
+// gRPC Data service, which every transport's messages reach: Push (gradient chunks, or marks of
+// bytes a trainer wrote in place), Pull (served bytes streamed, or leased where they lie), Release
+// (ends leases), Commit, and Attach, which it hands to the daemon end of the transport named
+// (transport/daemon_end.h).
 #pragma once
 
 #include "paramd/v1/data.grpc.pb.h"
@@ -37,9 +37,6 @@ class DataService final : public RawDataService {
  private:
   absl::Status DoCommit(const v1::CommitRequest& request, v1::CommitResponse* response);
   absl::Status DoAttach(const v1::AttachRequest& request, v1::AttachResponse* response);
-  // Attach for `cuda_ipc`: the backend's IPC handles, and with `step` the rank's slot places in
-  // GPU memory.
-  absl::Status AttachCudaIpc(const v1::AttachRequest& request, v1::AttachResponse* response);
 
   Daemon* const daemon_;
 };

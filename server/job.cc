@@ -203,7 +203,7 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushWeights(Tensor& t, const v1::PushCh
     return s;
   }
   if (t.upload == nullptr) {
-    // Arrives inline: no transport reads it.
+    // Arrives in data chunks: no transport reads it in place.
     absl::StatusOr<HostBuffer> buffer = HeapAllocator()->Allocate(t.elements * 4);
     if (!buffer.ok()) return buffer.status();
     t.upload = std::make_unique<ChunkBuffer>();
@@ -254,14 +254,14 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushGradient(Tensor& t, const v1::PushC
     if (device == nullptr || device->bytes.size() != t.grad_bytes) {
       return absl::FailedPreconditionError(absl::StrCat(
           "an in-place device push of tensor \"", t.spec.name(),
-          "\" names a GPU slot the daemon did not hand out; ask Attach (cuda_ipc, step) for the "
-          "step's slot places first, or push inline"));
+          "\" names a GPU slot the daemon did not hand out; ask Attach for the step's slot places "
+          "in GPU memory first, or push its bytes in data chunks"));
     }
     PARAMD_RETURN_IF_ERROR(SizeSlot(slot, index));
     if (slot.received() > 0 && !device->written) {
       return absl::FailedPreconditionError(
           absl::StrCat("tensor \"", t.spec.name(), "\" has ", slot.received(), " bytes of step ",
-                       chunk.step(), " pushed inline; finish it inline"));
+                       chunk.step(), " pushed in data chunks; finish it in data chunks"));
     }
     absl::StatusOr<ChunkBuffer::Stored> stored =
         slot.MarkWritten(chunk.offset(), chunk.in_place_bytes());
@@ -272,7 +272,7 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushGradient(Tensor& t, const v1::PushC
       chunk.in_place_bytes() == 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("tensor \"", t.spec.name(), "\" has ", slot.received(), " bytes of step ",
-                     chunk.step(), " written in GPU memory (cuda_ipc); finish it in place"));
+                     chunk.step(), " written in GPU memory; finish it in place"));
   }
   if (commits_.contains(chunk.rank())) {
     // The rank's slots are complete, so a chunk is either an identical re-send (a retry, or a
@@ -291,10 +291,11 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushGradient(Tensor& t, const v1::PushC
   PARAMD_RETURN_IF_ERROR(SizeSlot(slot, index));
   if (chunk.in_place_bytes() > 0) {
     if (slot.place() == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "an in-place push of tensor \"", t.spec.name(),
-          "\" names a slot that is not in shared memory; push its bytes inline, or ask Attach "
-          "for the step's slot places first"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("an in-place push of tensor \"", t.spec.name(),
+                       "\" names a slot that is not in shared memory; push its bytes in data "
+                       "chunks, or ask Attach "
+                       "for the step's slot places first"));
     }
     return slot.MarkWritten(chunk.offset(), chunk.in_place_bytes());
   }
@@ -394,12 +395,12 @@ absl::StatusOr<HostBuffer> Job::NewBuffer(int64_t bytes) const {
   absl::StatusOr<HostBuffer> buffer = buffers_->Allocate(bytes);
   if (buffer.ok()) return buffer;
   if (!warned_heap_fallback_.exchange(true)) {
-    PARAMD_LOG(WARNING) << "job " << name_ << ": " << buffer.status()
-                        << "; buffers that do not fit go to the heap"
-                        << (buffers_->shared()
-                                ? ", and trainers move their bytes inline (raise /dev/shm's size "
-                                  "to keep them in shared memory)"
-                                : " (pageable memory: slower copies to and from the GPU)");
+    PARAMD_LOG(WARNING)
+        << "job " << name_ << ": " << buffer.status() << "; buffers that do not fit go to the heap"
+        << (buffers_->shared()
+                ? ", and trainers move their bytes in data chunks (raise /dev/shm's size "
+                  "to keep them in shared memory)"
+                : " (pageable memory: slower copies to and from the GPU)");
   }
   return HeapAllocator()->Allocate(bytes);
 }
@@ -411,14 +412,9 @@ absl::Status Job::SizeSlot(ChunkBuffer& slot, size_t i) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<Job::SlotPlaces> Job::SlotsForStep(int32_t rank, int64_t step) {
+absl::StatusOr<SlotPlaces> Job::SlotsForStep(int32_t rank, int64_t step, Memory memory) {
   absl::MutexLock lock(&mu_);
-  return SlotPlacesLocked(rank, step, false);
-}
-
-absl::StatusOr<Job::SlotPlaces> Job::DeviceSlotsForStep(int32_t rank, int64_t step) {
-  absl::MutexLock lock(&mu_);
-  return SlotPlacesLocked(rank, step, true);
+  return SlotPlacesLocked(rank, step, memory);
 }
 
 Job::DeviceSlot* Job::CollectingDeviceSlot(size_t tensor, int32_t rank) {
@@ -459,7 +455,7 @@ absl::Status Job::MakeCollectingLocked() {
   return absl::OkStatus();
 }
 
-ShmPlace Job::DeviceSlotPlace(SlotSet& set, size_t tensor, int32_t rank) {
+Place Job::DeviceSlotPlace(SlotSet& set, size_t tensor, int32_t rank) {
   const int64_t bytes = tensors_[tensor].grad_bytes;
   if (set.device.size() != tensors_.size()) set.device.resize(tensors_.size());
   std::vector<DeviceSlot>& per_rank = set.device[tensor];
@@ -472,17 +468,19 @@ ShmPlace Job::DeviceSlotPlace(SlotSet& set, size_t tensor, int32_t rank) {
     absl::StatusOr<DeviceBytes> allocated = backend_->AllocateExported(bytes);
     if (!allocated.ok()) {
       if (!warned_device_fallback_.exchange(true)) {
-        PARAMD_LOG(WARNING) << "job " << name_ << ": " << allocated.status()
-                            << "; gradients that do not fit in GPU memory are pushed inline";
+        PARAMD_LOG(WARNING)
+            << "job " << name_ << ": " << allocated.status()
+            << "; gradients that do not fit in GPU memory are pushed in data chunks";
       }
-      return ShmPlace{};
+      return Place{};
     }
     slot.bytes = *std::move(allocated);
   }
-  return ShmPlace{slot.bytes.place().allocation, slot.bytes.place().offset};
+  return slot.bytes.place();
 }
 
-absl::StatusOr<Job::SlotPlaces> Job::SlotPlacesLocked(int32_t rank, int64_t step, bool device) {
+absl::StatusOr<SlotPlaces> Job::SlotPlacesLocked(int32_t rank, int64_t step, Memory memory) {
+  const bool device = memory == Memory::kDevice;
   PARAMD_RETURN_IF_ERROR(failed_);
   PARAMD_RETURN_IF_ERROR(CheckRank(rank));
   if (step < next_step_) {
@@ -517,7 +515,7 @@ absl::StatusOr<Job::SlotPlaces> Job::SlotPlacesLocked(int32_t rank, int64_t step
       if (device) {
         out.places.push_back(DeviceSlotPlace(set, i, rank));
       } else {
-        out.places.push_back(slot.place() != nullptr ? *slot.place() : ShmPlace{});
+        out.places.push_back(slot.place() != nullptr ? *slot.place() : Place{});
       }
       out.bytes.push_back(tensors_[i].grad_bytes);
       out.received.push_back(0);  // the set is cleared when it starts collecting
@@ -534,7 +532,7 @@ absl::StatusOr<Job::SlotPlaces> Job::SlotPlacesLocked(int32_t rank, int64_t step
     if (device) {
       out.places.push_back(DeviceSlotPlace(collecting_, i, rank));
     } else {
-      out.places.push_back(slot.place() != nullptr ? *slot.place() : ShmPlace{});
+      out.places.push_back(slot.place() != nullptr ? *slot.place() : Place{});
     }
     out.bytes.push_back(tensors_[i].grad_bytes);
     out.received.push_back(slot.received());

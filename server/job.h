@@ -16,12 +16,12 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/host_buffer.h"
 #include "kernels/fused_step.h"
 #include "paramd/v1/control.pb.h"
 #include "paramd/v1/data.pb.h"
 #include "server/backend.h"
 #include "server/chunk_buffer.h"
-#include "server/host_buffer.h"
 #include "server/memory_budget.h"
 
 namespace paramd {
@@ -56,7 +56,7 @@ struct StepReport {
 class Job {
  public:
   // `spec` is a validated registration (server/registration.h); its rank is ignored. Gradient
-  // slots and served bytes come from `buffers` (shared memory for the `shm` transport), or from
+  // slots and served bytes come from `buffers` (memory a transport exposes to trainers), or from
   // the heap where it has no room.
   Job(const v1::RegisterRequest& spec, Backend* backend,
       BufferAllocator* buffers = HeapAllocator());
@@ -84,24 +84,17 @@ class Job {
   // Stores one pushed chunk (gradient or initial weights); see data.proto for the rules.
   absl::StatusOr<ChunkBuffer::Stored> Push(const v1::PushChunk& chunk);
 
-  // `shm`: the places of a rank's gradient slots for `step`, allocated now where missing (a place
-  // with segment -1 is heap memory), with the bytes already received in each. `step` is the step
-  // being collected, or the one after it: its slots are then set aside now (none received), so a
-  // trainer learns them before its commit and its next push needs no Attach first. Other steps
-  // are FAILED_PRECONDITION. A job holds at most kSlotSets slot sets (server/job_memory.h): while
-  // two steps wait to run, the next one's slots are UNAVAILABLE (retry once a step ran).
-  struct SlotPlaces {
-    std::vector<ShmPlace> places;  // per tensor, registration order
-    std::vector<int64_t> bytes;    // per tensor
-    std::vector<int64_t> received;
-    std::vector<std::string> tensors;
-    bool committed = false;  // the rank committed the step (its slots are final)
-  };
-  absl::StatusOr<SlotPlaces> SlotsForStep(int32_t rank, int64_t step);
-  // `cuda_ipc`: the same with places in the backend's exported GPU memory (ShmPlace::segment =
-  // DevicePlace::allocation; -1 where that memory ran out: push the tensor inline), with the same
-  // rule for `step`.
-  absl::StatusOr<SlotPlaces> DeviceSlotsForStep(int32_t rank, int64_t step);
+  // The places of a rank's gradient slots for `step` in `memory`, allocated now where missing,
+  // with the bytes already received in each: in host memory, the job's host slots (a place of
+  // region -1 is private memory); in device memory, slots in the backend's exported GPU memory
+  // (region -1 where that memory ran out). A trainer writes a slot of region -1 in data chunks
+  // instead. `step` is the step being collected, or the one after it: its slots are then set aside
+  // now (none received), so a trainer learns them before its commit and its next push needs no
+  // Attach first. Other steps are FAILED_PRECONDITION. A job holds at most kSlotSets slot sets
+  // (server/job_memory.h): while two steps wait to run, the next one's slots are UNAVAILABLE
+  // (retry once a step ran).
+  absl::StatusOr<SlotPlaces> SlotsForStep(int32_t rank, int64_t step,
+                                          Memory memory = Memory::kHost);
   bool shared_memory() const { return buffers_->shared(); }
   // Records the transport a rank uses (Status reports it).
   void SetTrainerTransport(int32_t rank, const std::string& transport, const std::string& reason);
@@ -169,7 +162,7 @@ class Job {
     // are reused once no reader holds them.
     std::vector<std::shared_ptr<ServedTensor>> versions;
   };
-  // A rank's gradient slot in the backend's exported GPU memory (`cuda_ipc`): allocated when the
+  // A rank's gradient slot in the backend's exported GPU memory: allocated when the
   // rank asks for device places, `written` once an in-place device push marked it this step (its
   // ChunkBuffer then only counts the bytes).
   struct DeviceSlot {
@@ -177,7 +170,7 @@ class Job {
     bool written = false;
   };
   // The gradient slots of one step: a host buffer per tensor and rank, and device slots for the
-  // ranks that use cuda_ipc.
+  // ranks that write their gradients into exported GPU memory.
   // A set is made when a step's first push or slot place needs it, so registering costs no
   // per-rank records.
   struct SlotSet {
@@ -215,13 +208,13 @@ class Job {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<ChunkBuffer::Stored> PushGradient(Tensor& t, const v1::PushChunk& chunk)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<SlotPlaces> SlotPlacesLocked(int32_t rank, int64_t step, bool device)
+  absl::StatusOr<SlotPlaces> SlotPlacesLocked(int32_t rank, int64_t step, Memory memory)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The device slot of (tensor, rank) in the collecting set, or null when none was allocated.
   DeviceSlot* CollectingDeviceSlot(size_t tensor, int32_t rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The place of (tensor, rank)'s device slot in the collecting set, allocated now where missing;
   // segment -1 when the backend's exported memory has no room.
-  ShmPlace DeviceSlotPlace(SlotSet& set, size_t tensor, int32_t rank)
+  Place DeviceSlotPlace(SlotSet& set, size_t tensor, int32_t rank)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A slot set to collect a step in: a spare one, else a new one while the job holds fewer than
   // kSlotSets; else UNAVAILABLE.

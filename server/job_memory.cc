@@ -31,7 +31,7 @@ int64_t TensorRecordBytes(const v1::TensorSpec& tensor) {
 
 int64_t SlotRecordBytes(int64_t slot_bytes) {
   // The ChunkBuffer, its buffer's heap overhead, one chunk record (a map node), and the device
-  // slot record a cuda_ipc rank gets.
+  // slot record a rank writing into exported GPU memory gets.
   return static_cast<int64_t>(sizeof(ChunkBuffer)) + HeapOverhead(slot_bytes) + 64 + 48;
 }
 
@@ -61,7 +61,7 @@ MemoryBytes JobFootprint(const v1::RegisterRequest& raw, BackendPlacement placem
             static_cast<Wide>(TensorRecordBytes(t));
     if (placement.state_on_device) {
       // State, served versions in exported memory and the backend's own outputs, the device
-      // copies of the host slots and the slots cuda_ipc ranks write, the step's descriptors.
+      // copies of the host slots and the slots ranks write in GPU memory, the step's descriptors.
       device += state + (kServedVersions + 1) * served + world * static_cast<Wide>(slot_bytes) +
                 slots + 4096 + 8 * world;
     } else {

@@ -92,10 +92,6 @@ Metrics::Metrics()
                                 "slow trainer), since start")
                           .Register(*registry_)
                           .Add({})),
-      shm_bytes_(prometheus::BuildGauge()
-                     .Name("paramd_shm_bytes")
-                     .Help("Shared memory of the shm transport, by kind (reserved, used)")
-                     .Register(*registry_)),
       failed_jobs_(prometheus::BuildGauge()
                        .Name("paramd_jobs_failed")
                        .Help("Jobs whose step failed on the backend (they run no more steps "
@@ -172,9 +168,25 @@ void Metrics::SetLeases(int64_t held, int64_t expired) {
   leases_expired_.Set(static_cast<double>(expired));
 }
 
-void Metrics::SetShmBytes(int64_t reserved, int64_t used) {
-  shm_bytes_.Add({{"kind", "reserved"}}).Set(static_cast<double>(reserved));
-  shm_bytes_.Add({{"kind", "used"}}).Set(static_cast<double>(used));
+void Metrics::SetTransportBytes(const std::string& transport, int64_t reserved, int64_t used) {
+  prometheus::Family<prometheus::Gauge>* family = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(transport_bytes_mu_);
+    auto it = transport_bytes_.find(transport);
+    if (it == transport_bytes_.end()) {
+      it = transport_bytes_
+               .emplace(transport, &prometheus::BuildGauge()
+                                        .Name(absl::StrCat("paramd_", transport, "_bytes"))
+                                        .Help(absl::StrCat("Memory the ", transport,
+                                                           " transport keeps, by kind (reserved, "
+                                                           "used)"))
+                                        .Register(*registry_))
+               .first;
+    }
+    family = it->second;
+  }
+  family->Add({{"kind", "reserved"}}).Set(static_cast<double>(reserved));
+  family->Add({{"kind", "used"}}).Set(static_cast<double>(used));
 }
 void Metrics::SetJobs(int jobs) { jobs_.Set(jobs); }
 

@@ -11,6 +11,7 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -37,7 +38,8 @@ class Metrics {
   // Attached ranks by the transport they use; every transport offered gets a series.
   void SetTrainersByTransport(const std::map<std::string, int>& trainers);
   void SetLeases(int64_t held, int64_t expired);
-  void SetShmBytes(int64_t reserved, int64_t used);
+  // Memory a transport keeps for itself (its daemon end's own bytes): paramd_<transport>_bytes.
+  void SetTransportBytes(const std::string& transport, int64_t reserved, int64_t used);
   void SetFailedJobs(int jobs);
   // The memory budget of `where` ("host", "device"): its limit and the bytes jobs reserved.
   void SetMemoryBudget(const std::string& where, int64_t limit, int64_t reserved);
@@ -60,11 +62,12 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& trainers_by_transport_;
   prometheus::Gauge& leases_held_;
   prometheus::Gauge& leases_expired_;
-  prometheus::Family<prometheus::Gauge>& shm_bytes_;
   prometheus::Gauge& failed_jobs_;
   prometheus::Family<prometheus::Gauge>& budget_bytes_;
   prometheus::Gauge& open_streams_;
   prometheus::Gauge& waiting_pulls_;
+  std::mutex transport_bytes_mu_;
+  std::map<std::string, prometheus::Family<prometheus::Gauge>*> transport_bytes_;
 };
 
 }  // namespace paramd

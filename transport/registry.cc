@@ -1,7 +1,7 @@
 #include "absl/strings/str_cat.h"
-#include "transport/cuda_ipc.h"
-#include "transport/inline.h"
-#include "transport/shm.h"
+#include "transport/cuda_ipc/cuda_ipc.h"
+#include "transport/inline/inline.h"
+#include "transport/shm/shm.h"
 #include "transport/transport.h"
 
 namespace paramd {
@@ -9,12 +9,13 @@ namespace paramd {
 const std::vector<TransportEntry>& Transports() {
   static const std::vector<TransportEntry> kTransports = {
       // cuda_ipc or shm, whichever the daemon's backend offers (DESIGN.md §6).
-      {"cuda_ipc", CudaIpcWhyNotViable, MakeCudaIpcTransport},
-      {"shm", ShmWhyNotViable, MakeShmTransport},
+      {"cuda_ipc", CudaIpcWhyNotViable, MakeCudaIpcTransport, MakeCudaIpcDaemonEnd},
+      {"shm", ShmWhyNotViable, MakeShmTransport, MakeShmDaemonEnd},
       {"inline", [](const TransportContext&) { return std::string(); },
        [](const TransportContext& context) -> absl::StatusOr<std::unique_ptr<Transport>> {
          return MakeInlineTransport(context);
-       }},
+       },
+       MakeInlineDaemonEnd},
   };
   return kTransports;
 }

@@ -1,6 +1,15 @@
-// How bytes move between a trainer and the daemon (DESIGN.md §6). A transport's public face is a
-// viability check and a factory in the table below; the client picks the first viable one unless
-// told which to use. Commit always travels over gRPC (Data.Commit), whatever moved the bytes.
+// How bytes move between a trainer and the daemon (DESIGN.md §6). Commit always travels over gRPC
+// (Data.Commit), whatever moved the bytes.
+//
+// Layout: transport/<name>/ holds both ends of transport <name>: the trainer's (a Transport) and
+// the daemon's (a DaemonEnd, transport/daemon_end.h: whether it is offered, the memory it exposes,
+// its Attach answers). The table below names each transport once, with both ends' factories; the
+// client chooses from it (the first viable one unless told which), and the daemon makes its ends
+// from it, so its order is the automatic order, its names are the metric labels and the names
+// Attach dispatches on. The placed transports (shm, cuda_ipc) share their trainer's lifecycle
+// (transport/placed.h); the buffer and place types both ends speak of are in common/. A new
+// transport is one folder, one line in the table, and an instance of the conformance suite
+// (tests/conformance).
 #pragma once
 
 #include <grpcpp/channel.h>
@@ -16,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "paramd/v1/data.pb.h"
 #include "paramd/v1/types.pb.h"
+#include "transport/daemon_end.h"
 
 namespace paramd {
 
@@ -73,14 +83,20 @@ class Transport {
                             Deadline deadline) = 0;
   // Waits for `target.min_version` (or the deadline) and copies the served bytes into `out`.
   virtual absl::Status Pull(const PullTarget& target, Deadline deadline, Pulled* out) = 0;
-  // Waits like Pull and leases the served bytes in place for `lease` (0: the daemon's default).
-  // FAILED_PRECONDITION where the transport cannot (the bytes are not in shared memory).
+  // Waits like Pull and leases the served bytes where they lie for `lease` (0: the daemon's
+  // default): the view is valid and unchanged until Release is called or the lease expires.
+  // FAILED_PRECONDITION, with no lease taken, where the transport cannot (its bytes travel in
+  // messages, or the daemon kept these out of the memory it maps). The same on every transport
+  // (the conformance suite checks it).
   virtual absl::Status PullInPlace(const PullTarget& target, Deadline deadline,
                                    std::chrono::milliseconds lease, PulledView* out) {
     return absl::FailedPreconditionError("transport " + name() +
                                          " cannot read in place; use Pull (a copy)");
   }
-  // Ends a lease of PullInPlace (the view's bytes must not be read afterwards).
+  // Ends a lease of PullInPlace: the view's bytes must not be read once it is called. The end is
+  // sent without waiting for the daemon's answer (the daemon ends the lease as it arrives): a pull
+  // saves a round trip. An ended, expired or unknown lease is no error. This default serves a
+  // transport that takes no leases.
   virtual absl::Status Release(uint64_t lease, Deadline deadline) { return absl::OkStatus(); }
 
   // Several tensors, copied out, in `target.tensors`' order. This default pulls them one by one;
@@ -124,9 +140,11 @@ struct TransportContext {
 
 struct TransportEntry {
   const char* name;
-  // Empty when viable, else the reason it is not.
+  // The trainer's end. Empty when viable, else the reason it is not.
   std::function<std::string(const TransportContext&)> why_not_viable;
   std::function<absl::StatusOr<std::unique_ptr<Transport>>(const TransportContext&)> make;
+  // The daemon's end (one per daemon; it says itself whether this daemon offers it).
+  std::function<std::unique_ptr<DaemonEnd>(TransportHost&)> daemon_end;
 };
 
 // Every compiled-in transport, in DESIGN.md §6's preference order.

@@ -104,6 +104,25 @@ void TransportConformanceTest::RestartServer() {
   ASSERT_TRUE(channel_->WaitForConnected(Soon())) << "no connection to the restarted daemon";
 }
 
+bool TransportConformanceTest::LeasesReach(const std::string& job, int64_t count) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (Leases(job) != count) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+int64_t TransportConformanceTest::Leases(const std::string& job) {
+  v1::StatusRequest request;
+  request.set_job(job);
+  grpc::ClientContext context;
+  v1::StatusResponse response;
+  const grpc::Status status = control_->Status(&context, request, &response);
+  if (!status.ok() || response.jobs_size() != 1) return -1;
+  return response.jobs(0).leases();
+}
+
 Deadline TransportConformanceTest::Soon() const {
   return std::chrono::system_clock::now() + std::chrono::seconds(30);
 }
@@ -476,6 +495,72 @@ TEST_P(TransportConformanceTest, Bf16GradientsAndBf16WeightsCrossIntact) {
       gs.data(), expected.data(), m.data(), v.data(), 91);
   ASSERT_TRUE(transport_->Pull(Target("half", "t", 1), Soon(), &pulled).ok());
   EXPECT_EQ(Floats(pulled), expected);
+}
+
+// PullInPlace means the same on every transport: where the transport reads in place, the view holds
+// the served bytes under a lease the daemon counts until Release returns; where it cannot, it says
+// so (FAILED_PRECONDITION) and takes no lease. Releasing an ended or unknown lease is no error.
+TEST_P(TransportConformanceTest, PullInPlaceLeasesTheServedBytesUntilReleased) {
+  Register("view", {Spec("t", 2, 8)}, 1);
+  const std::vector<float> p = Random(16, 7, 1.0f);
+  const PushItem init[] = {{"t", Bytes(p)}};
+  ASSERT_TRUE(transport_->Push({"view", 0, 0, v1::PUSH_KIND_INITIAL_WEIGHTS}, init, Soon()).ok());
+  PulledView view;
+  const absl::Status status =
+      transport_->PullInPlace(Target("view", "t", 0), Soon(), std::chrono::seconds(30), &view);
+  if (!status.ok()) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+    EXPECT_EQ(Leases("view"), 0);
+    EXPECT_TRUE(transport_->Release(view.lease, Soon()).ok());
+    EXPECT_TRUE(transport_->Release(12345, Soon()).ok());
+    return;
+  }
+  EXPECT_NE(view.lease, 0u);
+  EXPECT_EQ(view.header.version(), 0);
+  EXPECT_EQ(view.header.tensor(), "t");
+  ASSERT_EQ(view.data.size(), p.size() * sizeof(float));
+  if (!view.header.place_on_device()) {  // GPU memory: not read by this suite
+    EXPECT_EQ(std::memcmp(view.data.data(), p.data(), view.data.size()), 0);
+  }
+  EXPECT_EQ(Leases("view"), 1);
+  ASSERT_TRUE(transport_->Release(view.lease, Soon()).ok());
+  EXPECT_TRUE(LeasesReach("view", 0));                        // ended as the call arrives
+  EXPECT_TRUE(transport_->Release(view.lease, Soon()).ok());  // ended already: harmless
+  EXPECT_TRUE(transport_->Release(12345, Soon()).ok());       // never taken: harmless
+}
+
+TEST_P(TransportConformanceTest, PullInPlaceManyLeasesEveryTensorAndReleaseManyEndsThemAll) {
+  Register("views", {Spec("a", 1, 8), Spec("b", 2, 8)}, 1);
+  const std::vector<float> a = Random(8, 8, 1.0f), b = Random(16, 9, 1.0f);
+  const PushItem init[] = {{"a", Bytes(a)}, {"b", Bytes(b)}};
+  ASSERT_TRUE(transport_->Push({"views", 0, 0, v1::PUSH_KIND_INITIAL_WEIGHTS}, init, Soon()).ok());
+  const PullManyTarget target{"views", {"b", "a"}, {}, 0};
+  std::vector<PulledView> views;
+  const absl::Status status =
+      transport_->PullInPlaceMany(target, Soon(), std::chrono::seconds(30), &views);
+  if (!status.ok()) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+    EXPECT_EQ(Leases("views"), 0);
+    const uint64_t none[] = {1, 2};
+    EXPECT_TRUE(transport_->ReleaseMany(none, Soon()).ok());
+    return;
+  }
+  ASSERT_EQ(views.size(), 2u);
+  const std::vector<float>* expected[] = {&b, &a};
+  std::vector<uint64_t> leases;
+  for (size_t i = 0; i < views.size(); ++i) {
+    EXPECT_EQ(views[i].header.tensor(), target.tensors[i]);
+    EXPECT_NE(views[i].lease, 0u);
+    leases.push_back(views[i].lease);
+    ASSERT_EQ(views[i].data.size(), expected[i]->size() * sizeof(float));
+    if (views[i].header.place_on_device()) continue;  // GPU memory: not read by this suite
+    EXPECT_EQ(std::memcmp(views[i].data.data(), expected[i]->data(), views[i].data.size()), 0);
+  }
+  EXPECT_NE(leases[0], leases[1]);
+  EXPECT_EQ(Leases("views"), 2);
+  ASSERT_TRUE(transport_->ReleaseMany(leases, Soon()).ok());
+  EXPECT_TRUE(LeasesReach("views", 0));
+  EXPECT_TRUE(transport_->ReleaseMany(leases, Soon()).ok());  // ended already: harmless
 }
 
 }  // namespace paramd::testing

@@ -29,6 +29,10 @@ class TransportConformanceTest : public ::testing::TestWithParam<std::string> {
                 const std::vector<v1::ServeFormat>& serve = {});
   absl::Status Commit(const std::string& job, int rank, int64_t step, double grad_scale = 1.0);
   Deadline Soon() const;
+  // The leases the daemon counts for `job` (-1 when Status fails).
+  int64_t Leases(const std::string& job);
+  // Waits up to 10 s for the job's lease count to be `count` (a Release is not waited for).
+  bool LeasesReach(const std::string& job, int64_t count);
   // Stops the daemon and starts another on the same address (jobs gone, as after a restart
   // without a checkpoint); the channel and the transport under test stay.
   void RestartServer();

@@ -40,7 +40,7 @@ std::vector<std::string> SegmentNames(const std::string& address) {
   v1::AttachResponse response;
   const grpc::Status status = stub->Attach(&context, request, &response);
   EXPECT_TRUE(status.ok()) << status.error_message();
-  return {response.segments().begin(), response.segments().end()};
+  return {response.shm().segments().begin(), response.shm().segments().end()};
 }
 
 bool Exists(const std::string& segment) { return std::filesystem::exists("/dev/shm" + segment); }

@@ -1,13 +1,13 @@
 // The shared-memory arena: buffers carved from POSIX segments, aligned, reused after free with
 // neighbours coalesced, a new segment only when none has room, every name removed at the end.
-#include "server/shm_arena.h"
-
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
 #include <random>
+
+#include "transport/shm/arena.h"
 
 namespace paramd {
 namespace {
@@ -79,7 +79,7 @@ TEST(ShmArenaTest, FreedNeighboursCoalesceAndAreReusedBeforeANewSegment) {
   // The three freed ranges merged: one buffer of their joint size fits without a new segment.
   HostBuffer joint = Take(*arena, 3 * 512 * 1024);
   EXPECT_EQ(arena->segment_names().size(), 1u);
-  EXPECT_EQ(joint.place()->segment, 0);
+  EXPECT_EQ(joint.place()->region, 0);
 }
 
 TEST(ShmArenaTest, ABufferBiggerThanASegmentGetsASegmentOfItsOwnAndNamesGoAtTheEnd) {
@@ -88,7 +88,7 @@ TEST(ShmArenaTest, ABufferBiggerThanASegmentGetsASegmentOfItsOwnAndNamesGoAtTheE
     std::unique_ptr<ShmArena> arena = NewArena(2 * kMiB);
     ASSERT_NE(arena, nullptr);
     HostBuffer big = Take(*arena, 5 * kMiB + 3);
-    EXPECT_EQ(big.place()->segment, 1);
+    EXPECT_EQ(big.place()->region, 1);
     EXPECT_GE(arena->reserved_bytes(), 2 * kMiB + 5 * kMiB);
     names = arena->segment_names();
     ASSERT_EQ(names.size(), 2u);

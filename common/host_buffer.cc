@@ -1,4 +1,4 @@
-#include "server/host_buffer.h"
+#include "common/host_buffer.h"
 
 #include <cstdlib>
 #include <new>
@@ -20,12 +20,12 @@ class Heap final : public BufferAllocator {
           "the heap has no ", bytes, " bytes for a buffer (the machine is out of memory)"));
     }
     std::fill(data, data + bytes, uint8_t{0});
-    return Make(data, bytes, ShmPlace{});
+    return Make(data, bytes, Place{});
   }
   bool shared() const override { return false; }
 
  protected:
-  void Free(uint8_t* data, int64_t, ShmPlace) override {
+  void Free(uint8_t* data, int64_t, Place) override {
     ::operator delete[](data, std::align_val_t{64});
   }
 };
@@ -42,7 +42,7 @@ HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
     other.allocator_ = nullptr;
     other.data_ = nullptr;
     other.size_ = 0;
-    other.place_ = ShmPlace{};
+    other.place_ = Place{};
   }
   return *this;
 }
@@ -52,10 +52,10 @@ void HostBuffer::Release() {
   allocator_ = nullptr;
   data_ = nullptr;
   size_ = 0;
-  place_ = ShmPlace{};
+  place_ = Place{};
 }
 
-HostBuffer BufferAllocator::Make(uint8_t* data, int64_t size, ShmPlace place) {
+HostBuffer BufferAllocator::Make(uint8_t* data, int64_t size, Place place) {
   HostBuffer buffer;
   buffer.allocator_ = this;
   buffer.data_ = data;

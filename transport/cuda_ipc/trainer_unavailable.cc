@@ -1,5 +1,5 @@
 // `cuda_ipc` in a build without CUDA: listed, never viable, with the reason.
-#include "transport/cuda_ipc.h"
+#include "transport/cuda_ipc/cuda_ipc.h"
 
 namespace paramd {
 namespace {

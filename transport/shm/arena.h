@@ -1,5 +1,5 @@
 // The daemon's shared-memory region: buffers carved out of a few large POSIX segments
-// (transport/shm_segment.h) so a trainer maps each segment once, however many tensors a job has.
+// (transport/shm/segment.h) so a trainer maps each segment once, however many tensors a job has.
 // First fit with coalescing of freed neighbours; a segment is added when none has room. Segments
 // live until the arena is destroyed (the daemon exits), which removes their names.
 #pragma once
@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "server/free_ranges.h"
-#include "server/host_buffer.h"
-#include "transport/shm_segment.h"
+#include "common/free_ranges.h"
+#include "common/host_buffer.h"
+#include "transport/shm/segment.h"
 
 namespace paramd {
 
@@ -31,7 +31,7 @@ class ShmArena final : public BufferAllocator {
   absl::StatusOr<HostBuffer> Allocate(int64_t bytes) override;
   bool shared() const override { return true; }
 
-  // Names of the segments so far, by index (ShmPlace::segment).
+  // Names of the segments so far, by index (Place::segment).
   std::vector<std::string> segment_names() const;
   uint64_t probe() const { return probe_; }
   // Bytes of all segments, and of the buffers handed out.
@@ -39,7 +39,7 @@ class ShmArena final : public BufferAllocator {
   int64_t used_bytes() const;
 
  protected:
-  void Free(uint8_t* data, int64_t size, ShmPlace place) override;
+  void Free(uint8_t* data, int64_t size, Place place) override;
 
  private:
   ShmArena(std::string prefix, int64_t min_segment_bytes, uint64_t probe)

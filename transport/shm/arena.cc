@@ -1,4 +1,4 @@
-#include "server/shm_arena.h"
+#include "transport/shm/arena.h"
 
 #include <algorithm>
 #include <cstring>
@@ -45,7 +45,7 @@ absl::StatusOr<HostBuffer> ShmArena::Allocate(int64_t bytes) {
       used_ += length;
       uint8_t* data = segments_[s].shm->data() + *offset;
       std::memset(data, 0, static_cast<size_t>(bytes));
-      return Make(data, bytes, ShmPlace{static_cast<int32_t>(s), *offset});
+      return Make(data, bytes, Place{static_cast<int32_t>(s), *offset});
     }
   }
   const int64_t size = std::max(min_segment_bytes_,
@@ -59,13 +59,13 @@ absl::StatusOr<HostBuffer> ShmArena::Allocate(int64_t bytes) {
   used_ += length;
   PARAMD_LOG(DEBUG) << "shared memory segment " << segment.shm->name() << ": " << size << " bytes";
   // A fresh segment is zero (posix_fallocate of tmpfs).
-  return Make(segment.shm->data(), bytes, ShmPlace{static_cast<int32_t>(segments_.size() - 1), 0});
+  return Make(segment.shm->data(), bytes, Place{static_cast<int32_t>(segments_.size() - 1), 0});
 }
 
-void ShmArena::Free(uint8_t* data, int64_t size, ShmPlace place) {
+void ShmArena::Free(uint8_t* data, int64_t size, Place place) {
   const int64_t length = Aligned(size);
   absl::MutexLock lock(&mu_);
-  segments_[static_cast<size_t>(place.segment)].free.Give(place.offset, length);
+  segments_[static_cast<size_t>(place.region)].free.Give(place.offset, length);
   used_ -= length;
 }
 

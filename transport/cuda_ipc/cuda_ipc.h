@@ -19,7 +19,7 @@
 // of the served bytes in the daemon's GPU memory: PulledView::data then holds a DEVICE pointer (of
 // the trainer's CUDA context), valid and unchanged until the lease is released or expires; read it
 // with kernels or copies on the trainer's streams and call Release only after that work finished.
-// Release is sent without waiting for its answer (there is none to report).
+// The lifecycle (slot places, restarts, leases) is every placed transport's (transport/placed.h).
 // Initial weights, and any buffer the daemon could not place in GPU memory, travel inline.
 #pragma once
 
@@ -35,5 +35,7 @@ namespace paramd {
 // GPU visible", the daemon's backend is not cuda:N, the daemon's GPU is not visible here).
 std::string CudaIpcWhyNotViable(const TransportContext& context);
 absl::StatusOr<std::unique_ptr<Transport>> MakeCudaIpcTransport(const TransportContext& context);
+// The daemon's end (no CUDA needed: the backend owns the exported memory).
+std::unique_ptr<DaemonEnd> MakeCudaIpcDaemonEnd(TransportHost& host);
 
 }  // namespace paramd

@@ -16,5 +16,7 @@ namespace paramd {
 // Empty when the daemon shares memory with this process for the context's job, else why not.
 std::string ShmWhyNotViable(const TransportContext& context);
 absl::StatusOr<std::unique_ptr<Transport>> MakeShmTransport(const TransportContext& context);
+// The daemon's end: the arena of segments jobs' host buffers come from.
+std::unique_ptr<DaemonEnd> MakeShmDaemonEnd(TransportHost& host);
 
 }  // namespace paramd

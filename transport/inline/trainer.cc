@@ -1,5 +1,3 @@
-#include "transport/inline.h"
-
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/slice.h>
 
@@ -11,6 +9,7 @@
 #include "common/borrowed_bytes.h"
 #include "common/grpc_status.h"
 #include "paramd/v1/data.grpc.pb.h"
+#include "transport/inline/inline.h"
 
 namespace paramd {
 namespace {

@@ -1,5 +1,5 @@
-// `inline`: bytes inside gRPC messages, in bounded chunks. Works wherever gRPC does. The daemon's
-// end is the Data service's Push and Pull (server/data_service.cc).
+// `inline`: bytes inside gRPC messages, in bounded chunks. Works wherever gRPC does. The daemon
+// answers its Push and Pull in the Data service itself, which serves every transport's messages.
 #pragma once
 
 #include <functional>
@@ -12,6 +12,8 @@
 namespace paramd {
 
 std::unique_ptr<Transport> MakeInlineTransport(const TransportContext& context);
+// The daemon's end: always offered; Attach only records a rank's choice.
+std::unique_ptr<DaemonEnd> MakeInlineDaemonEnd(TransportHost& host);
 
 // The Pull request for a target (stream delivery).
 v1::PullRequest PullRequestOf(const PullTarget& target);

@@ -1,6 +1,6 @@
 // Host memory for the buffers a transport may expose: gradient slots and served bytes. A buffer
-// comes from the heap, or from the daemon's shared-memory region (server/shm_arena.h) so that a
-// trainer on the same node reads and writes it in place (DESIGN.md §6, `shm`).
+// comes from the heap, or from an allocator a transport's daemon end offers (memory a trainer on
+// the same node maps, and reads and writes in place: DESIGN.md §6).
 #pragma once
 
 #include <cstdint>
@@ -8,14 +8,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/place.h"
 
 namespace paramd {
-
-// Where a buffer lies in the daemon's shared-memory region.
-struct ShmPlace {
-  int32_t segment = -1;  // index of the segment (ShmArena::segment_names)
-  int64_t offset = 0;    // bytes from the segment's start
-};
 
 class BufferAllocator;
 
@@ -35,8 +30,8 @@ class HostBuffer {
   bool empty() const { return size_ == 0; }
   std::span<const uint8_t> span() const { return {data_, static_cast<size_t>(size_)}; }
   std::vector<uint8_t> ToVector() const { return {data_, data_ + size_}; }
-  // Where it lies in shared memory; null for heap memory.
-  const ShmPlace* place() const { return place_.segment >= 0 ? &place_ : nullptr; }
+  // Where it lies in memory a transport exposes; null for private (heap, page-locked) memory.
+  const Place* place() const { return place_.exposed() ? &place_ : nullptr; }
 
  private:
   friend class BufferAllocator;
@@ -45,7 +40,7 @@ class HostBuffer {
   BufferAllocator* allocator_ = nullptr;
   uint8_t* data_ = nullptr;
   int64_t size_ = 0;
-  ShmPlace place_;
+  Place place_;
 };
 
 class BufferAllocator {
@@ -53,12 +48,12 @@ class BufferAllocator {
   virtual ~BufferAllocator() = default;
   // A buffer of `bytes` bytes (0 gives an empty buffer).
   virtual absl::StatusOr<HostBuffer> Allocate(int64_t bytes) = 0;
-  // True when buffers lie in shared memory.
+  // True when buffers lie in memory a transport exposes to trainers.
   virtual bool shared() const = 0;
 
  protected:
-  HostBuffer Make(uint8_t* data, int64_t size, ShmPlace place);
-  virtual void Free(uint8_t* data, int64_t size, ShmPlace place) = 0;
+  HostBuffer Make(uint8_t* data, int64_t size, Place place);
+  virtual void Free(uint8_t* data, int64_t size, Place place) = 0;
   friend class HostBuffer;
 };
 

@@ -1,0 +1,257 @@
+// The trainer's end of `cuda_ipc`: a placed transport (transport/placed.h) whose regions are the
+// daemon's exported GPU allocations, opened by IPC handle on the trainer's device, and whose copies
+// run on a stream of its own (see cuda_ipc.h for the ordering).
+#include <cuda_runtime_api.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
+#include "transport/cuda_ipc/cuda_ipc.h"
+#include "transport/placed.h"
+
+namespace paramd {
+namespace {
+
+// A gradient is copied and marked in pieces of at most this size, so the marks' round trips run
+// while later pieces still copy (a multiple of every element size).
+constexpr int64_t kPieceBytes = int64_t{512} << 20;
+
+// The local ordinal of the GPU with this UUID, or -1.
+absl::StatusOr<int> DeviceWithUuid(const std::string& uuid) {
+  int count = 0;
+  PARAMD_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
+  for (int d = 0; d < count; ++d) {
+    cudaDeviceProp prop;
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, d));
+    if (uuid.size() == sizeof(prop.uuid.bytes) &&
+        std::memcmp(uuid.data(), prop.uuid.bytes, uuid.size()) == 0) {
+      return d;
+    }
+  }
+  return -1;
+}
+
+bool InThisProcess(uint64_t base) {
+  cudaPointerAttributes attributes;
+  if (cudaPointerGetAttributes(&attributes, reinterpret_cast<void*>(base)) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return attributes.type == cudaMemoryTypeDevice;
+}
+
+// One of the daemon's allocations as this process sees it; a handle opened here is closed with it.
+class MappedAllocation final : public MappedRegion {
+ public:
+  MappedAllocation(uint8_t* base, bool opened, int device)
+      : base_(base), opened_(opened), device_(device) {}
+  ~MappedAllocation() override {
+    if (!opened_) return;
+    const DeviceScope scope(device_);
+    cudaIpcCloseMemHandle(base_);
+  }
+  uint8_t* data() const override { return base_; }
+  int64_t size() const override { return -1; }  // a handle does not tell
+
+ private:
+  uint8_t* const base_;
+  const bool opened_;  // by cudaIpcOpenMemHandle
+  const int device_;
+};
+
+class CudaIpcTransport final : public PlacedTransport {
+ public:
+  explicit CudaIpcTransport(const TransportContext& context)
+      : PlacedTransport(context, "cuda_ipc", Memory::kDevice, "GPU allocation") {}
+
+  ~CudaIpcTransport() override {
+    Stop();  // releases and slot look-aheads still in flight; their deadlines bound this
+    if (device_ < 0) return;
+    const DeviceScope scope(device_);
+    for (cudaEvent_t event : events_) cudaEventDestroy(event);
+    if (callers_work_ != nullptr) cudaEventDestroy(callers_work_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+ private:
+  int RegionCount(const v1::AttachResponse& response) const override {
+    const v1::CudaIpcRegions& regions = response.cuda_ipc();
+    return std::min(regions.ipc_handles_size(), regions.ipc_bases_size());
+  }
+
+  // The caller has no device made current: the handle is opened on the trainer's.
+  absl::StatusOr<std::unique_ptr<MappedRegion>> Map(const v1::AttachResponse& response,
+                                                    int index) override {
+    const DeviceScope scope(device_);
+    if (!scope.status().ok()) return scope.status();
+    const v1::CudaIpcRegions& regions = response.cuda_ipc();
+    const std::string& handle = regions.ipc_handles(index);
+    const uint64_t base = regions.ipc_bases(index);
+    if (regions.pid() == static_cast<int64_t>(getpid()) && InThisProcess(base)) {
+      // The daemon runs in this process (tests): CUDA refuses to open a process's own handles, and
+      // its address is valid here as it is.
+      return std::make_unique<MappedAllocation>(reinterpret_cast<uint8_t*>(base), false, device_);
+    }
+    cudaIpcMemHandle_t h;
+    if (handle.size() != sizeof(h)) {
+      return absl::DataLossError(absl::StrCat("IPC handle of ", handle.size(), " bytes"));
+    }
+    std::memcpy(&h, handle.data(), sizeof(h));
+    void* opened = nullptr;
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaIpcOpenMemHandle(&opened, h, cudaIpcMemLazyEnablePeerAccess));
+    return std::make_unique<MappedAllocation>(static_cast<uint8_t*>(opened), true, device_);
+  }
+
+  // The daemon's GPU must be visible here; the current device becomes the one this transport
+  // copies from (the trainer's GPU).
+  absl::Status CheckProbe(const v1::AttachResponse& response, Deadline deadline) override {
+    int count = 0;
+    if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess || count == 0) {
+      cudaGetLastError();
+      return absl::FailedPreconditionError(absl::StrCat(
+          "no GPU visible (", e == cudaSuccess ? "no devices" : cudaGetErrorString(e), ")"));
+    }
+    absl::StatusOr<int> daemon_gpu = DeviceWithUuid(response.cuda_ipc().device_uuid());
+    if (!daemon_gpu.ok()) return daemon_gpu.status();
+    if (*daemon_gpu < 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the daemon's GPU (cuda:", response.cuda_ipc().device(),
+                       " there) is not visible to this process (another node, or hidden by "
+                       "CUDA_VISIBLE_DEVICES)"));
+    }
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device_));
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&callers_work_, cudaEventDisableTiming));
+    return absl::OkStatus();
+  }
+
+  // The gradients may still be being written on the trainer's stream (backward): everything this
+  // push reads from them (copies, a retried push's comparison) waits for that work.
+  absl::Status BeforePush() override {
+    const DeviceScope scope(device_);
+    if (!scope.status().ok()) return scope.status();
+    PARAMD_CUDA_RETURN_IF_ERROR(
+        cudaEventRecord(callers_work_, reinterpret_cast<cudaStream_t>(context().cuda_stream)));
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, callers_work_, 0));
+    return absl::OkStatus();
+  }
+
+  // Read back to the host (host or device memory alike): only a retry gets here.
+  absl::StatusOr<bool> Same(const uint8_t* slot, std::span<const std::byte> data) override {
+    const DeviceScope scope(device_);
+    if (!scope.status().ok()) return scope.status();
+    std::vector<std::byte> theirs(data.size()), mine(data.size());
+    PARAMD_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(theirs.data(), slot, data.size(), cudaMemcpyDefault, stream_));
+    PARAMD_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(mine.data(), data.data(), data.size(), cudaMemcpyDefault, stream_));
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    return theirs == mine;
+  }
+
+  // Each piece is marked once its copy has completed (see cuda_ipc.h); the stream is synchronized
+  // whatever happens, as the caller may reuse its buffers when Push returns.
+  absl::Status CopyAndMark(const PushPlan& plan, Marks& marks) override {
+    const DeviceScope scope(device_);
+    if (!scope.status().ok()) return scope.status();
+    std::lock_guard<std::mutex> push_lock(push_mu_);
+    absl::Status s = CopyAndMarkLocked(plan, marks);
+    if (absl::Status synced =
+            CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(stream_)");
+        s.ok()) {
+      s = synced;
+    }
+    return s;
+  }
+
+  // Copies the placed items into their slots in pieces, an event after each, and marks each piece
+  // once its event has completed (an item whose slot holds it already, a retry, is marked only).
+  absl::Status CopyAndMarkLocked(const PushPlan& plan, Marks& marks) {
+    struct Piece {
+      const PushItem* item;
+      int64_t offset;
+      int64_t bytes;
+      int event;  // index into events_; -1: nothing copied
+    };
+    std::vector<Piece> pieces;
+    size_t used_events = 0;
+    for (size_t i = 0; i < plan.placed.size(); ++i) {
+      const PushItem& item = *plan.placed[i];
+      const int64_t size = static_cast<int64_t>(item.data.size());
+      for (int64_t offset = 0; offset < size; offset += kPieceBytes) {
+        Piece piece{&item, offset, std::min(kPieceBytes, size - offset), -1};
+        if (plan.slots[i] != nullptr) {
+          if (used_events == events_.size()) {
+            cudaEvent_t event;
+            PARAMD_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+            events_.push_back(event);
+          }
+          PARAMD_CUDA_RETURN_IF_ERROR(
+              cudaMemcpyAsync(plan.slots[i] + offset, item.data.data() + offset,
+                              static_cast<size_t>(piece.bytes), cudaMemcpyDefault, stream_));
+          PARAMD_CUDA_RETURN_IF_ERROR(cudaEventRecord(events_[used_events], stream_));
+          piece.event = static_cast<int>(used_events++);
+        }
+        pieces.push_back(piece);
+      }
+    }
+    for (size_t p = 0; p < pieces.size(); ++p) {
+      if (pieces[p].event >= 0) {
+        if (absl::Status s =
+                CudaStatus(cudaEventSynchronize(events_[pieces[p].event]), "cudaEventSynchronize");
+            !s.ok()) {
+          marks.Cancel();
+          return s;
+        }
+      }
+      if (!marks.Mark(pieces[p].item->tensor, pieces[p].offset, pieces[p].bytes,
+                      p + 1 == pieces.size())) {
+        break;  // the daemon ended the stream (or it was the last): Finish says why
+      }
+    }
+    return marks.Finish();  // OK with nothing marked (empty tensors)
+  }
+
+  // Queued on the stream as each header arrives; FinishCopies waits for them all.
+  absl::Status CopyOut(const uint8_t* from, size_t bytes, std::vector<std::byte>* out) override {
+    const DeviceScope scope(device_);
+    if (!scope.status().ok()) return scope.status();
+    out->resize(bytes);
+    PARAMD_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(out->data(), from, bytes, cudaMemcpyDefault, stream_));
+    return absl::OkStatus();
+  }
+
+  absl::Status FinishCopies() override {
+    if (stream_ == nullptr) return absl::OkStatus();
+    return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(stream_)");
+  }
+
+  int device_ = -1;  // the trainer's GPU: its stream, and the context handles are opened in
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t callers_work_ = nullptr;  // recorded on the trainer's stream, waited for by stream_
+  std::mutex push_mu_;                  // one push's copies and marks at a time: the events
+  std::vector<cudaEvent_t> events_;     // one per piece of a push, reused
+};
+
+}  // namespace
+
+std::string CudaIpcWhyNotViable(const TransportContext& context) {
+  CudaIpcTransport probe(context);
+  absl::Status status = probe.Probe(Soon());
+  return status.ok() ? std::string() : std::string(status.message());
+}
+
+absl::StatusOr<std::unique_ptr<Transport>> MakeCudaIpcTransport(const TransportContext& context) {
+  auto transport = std::make_unique<CudaIpcTransport>(context);
+  if (absl::Status s = transport->Probe(Soon()); !s.ok()) return s;
+  return transport;
+}
+
+}  // namespace paramd

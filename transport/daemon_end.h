@@ -1,0 +1,92 @@
+// The daemon's end of a transport: whether this daemon offers it, the memory it exposes to
+// trainers, and its answers to Attach. The daemon makes one per entry of the transport table
+// (transport.h) and asks them by name, so the daemon itself names no transport. An end reaches the
+// daemon only through TransportHost, which keeps transport/ free of the daemon's code.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/device_bytes.h"
+#include "common/host_buffer.h"
+#include "common/place.h"
+#include "paramd/v1/config.pb.h"
+#include "paramd/v1/control.pb.h"
+#include "paramd/v1/data.pb.h"
+
+namespace paramd {
+
+// What a transport's daemon end asks of the daemon.
+class TransportHost {
+ public:
+  virtual ~TransportHost() = default;
+  virtual const v1::DaemonConfig& config() const = 0;
+  // This start's identity (AttachResponse.instance), drawn at random.
+  virtual uint64_t instance() const = 0;
+  virtual const std::string& backend_name() const = 0;
+  // The backend's exported GPU memory; none on a backend without it.
+  virtual std::optional<DeviceExports> device_exports() const = 0;
+  // A rank's slot places for `step` in `memory` (Job::SlotsForStep).
+  virtual absl::StatusOr<SlotPlaces> SlotsForStep(const std::string& job, int32_t rank,
+                                                  int64_t step, Memory memory) = 0;
+  // Records the transport a rank of a job declared (Status reports it).
+  virtual absl::Status DeclareTransport(const v1::AttachRequest& request) = 0;
+};
+
+class DaemonEnd {
+ public:
+  virtual ~DaemonEnd() = default;
+  // Empty when this daemon offers the transport, else why not (its backend or config).
+  virtual std::string why_not_offered() const = 0;
+  bool offered() const { return why_not_offered().empty(); }
+  // Where the transport's places lie; none for one that carries the bytes in its messages.
+  virtual std::optional<Memory> memory() const = 0;
+  // Answers an Attach naming this transport, once it is offered.
+  virtual absl::Status Attach(const v1::AttachRequest& request, v1::AttachResponse* response) = 0;
+  // Where jobs' host buffers come from when this transport exposes them; null where it does not.
+  virtual BufferAllocator* host_buffers() { return nullptr; }
+  // What an operator sees of the transport in Status.
+  virtual void AddStatus(v1::StatusResponse* status) const {}
+  // Bytes of memory the transport keeps for itself, reserved and in use (a gauge); none where it
+  // keeps none.
+  struct Bytes {
+    int64_t reserved = 0;
+    int64_t used = 0;
+  };
+  virtual std::optional<Bytes> own_bytes() const { return std::nullopt; }
+};
+
+// The daemon ends of every transport in the table, in its order.
+class DaemonEnds {
+ public:
+  struct End {
+    std::string name;
+    std::unique_ptr<DaemonEnd> end;
+  };
+  static DaemonEnds Make(TransportHost& host);
+
+  const std::vector<End>& all() const { return ends_; }
+  // The end of transport `name`; INVALID_ARGUMENT naming those the daemon knows where none is.
+  absl::StatusOr<DaemonEnd*> Find(const std::string& name) const;
+  // The transport whose places lie in `memory` (its bytes counted under its name); with none, the
+  // one that carries bytes in its messages.
+  const std::string& NameOf(std::optional<Memory> memory) const;
+  // The first host buffer allocator an offered end has; null when none has one.
+  BufferAllocator* host_buffers() const;
+
+ private:
+  std::vector<End> ends_;
+};
+
+// The Attach of a transport with slot places in `memory`: a probe (no job, no step) is answered
+// with `describe` alone, a step with the rank's slot places and then `describe` (slots allocated
+// now may have added regions), anything else declares the transport for the rank.
+absl::Status AttachPlaced(TransportHost& host, Memory memory, const v1::AttachRequest& request,
+                          const std::function<void(v1::AttachResponse*)>& describe,
+                          v1::AttachResponse* response);
+
+}  // namespace paramd

@@ -1,0 +1,100 @@
+// The trainer's end of `shm`: a placed transport (transport/placed.h) whose regions are the
+// daemon's POSIX shared-memory segments, mapped by name, and whose copies are memcpy.
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "transport/placed.h"
+#include "transport/shm/segment.h"
+#include "transport/shm/shm.h"
+
+namespace paramd {
+namespace {
+
+class MappedSegment final : public MappedRegion {
+ public:
+  explicit MappedSegment(std::unique_ptr<ShmSegment> segment) : segment_(std::move(segment)) {}
+  uint8_t* data() const override { return segment_->data(); }
+  int64_t size() const override { return segment_->size(); }
+  const std::string& name() const { return segment_->name(); }
+
+ private:
+  std::unique_ptr<ShmSegment> segment_;
+};
+
+class ShmTransport final : public PlacedTransport {
+ public:
+  explicit ShmTransport(const TransportContext& context)
+      : PlacedTransport(context, "shm", Memory::kHost, "segment") {}
+  ~ShmTransport() override { Stop(); }
+
+ private:
+  int RegionCount(const v1::AttachResponse& response) const override {
+    return response.shm().segments_size();
+  }
+
+  absl::StatusOr<std::unique_ptr<MappedRegion>> Map(const v1::AttachResponse& response,
+                                                    int index) override {
+    absl::StatusOr<std::unique_ptr<ShmSegment>> segment =
+        ShmSegment::Open(response.shm().segments(index), true);
+    if (!segment.ok()) return segment.status();
+    return std::make_unique<MappedSegment>(*std::move(segment));
+  }
+
+  // The probe the daemon wrote at the start of segment 0 proves this process maps its memory.
+  absl::Status CheckProbe(const v1::AttachResponse& response, Deadline deadline) override {
+    absl::StatusOr<MappedRegion*> first = Region(0, 0, deadline);
+    if (!first.ok()) return first.status();
+    uint64_t probe = 0;
+    if ((*first)->size() >= static_cast<int64_t>(sizeof(probe))) {
+      std::memcpy(&probe, (*first)->data(), sizeof(probe));
+    }
+    if (probe != response.shm().probe()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("segment ", static_cast<MappedSegment*>(*first)->name(),
+                       " here is not the daemon's (another host or another /dev/shm)"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<bool> Same(const uint8_t* slot, std::span<const std::byte> data) override {
+    return std::memcmp(slot, data.data(), data.size()) == 0;
+  }
+
+  // Copies every item, then marks them all in one stream.
+  absl::Status CopyAndMark(const PushPlan& plan, Marks& marks) override {
+    for (size_t i = 0; i < plan.placed.size(); ++i) {
+      if (plan.slots[i] == nullptr) continue;  // there already: marked again only
+      std::memcpy(plan.slots[i], plan.placed[i]->data.data(), plan.placed[i]->data.size());
+    }
+    for (size_t i = 0; i < plan.placed.size(); ++i) {
+      const PushItem& item = *plan.placed[i];
+      if (!marks.Mark(item.tensor, 0, static_cast<int64_t>(item.data.size()),
+                      i + 1 == plan.placed.size())) {
+        break;  // the daemon ended the stream (or it was the last): Finish says why
+      }
+    }
+    return marks.Finish();
+  }
+
+  absl::Status CopyOut(const uint8_t* from, size_t bytes, std::vector<std::byte>* out) override {
+    const auto* begin = reinterpret_cast<const std::byte*>(from);
+    out->assign(begin, begin + bytes);  // keeps the buffer's memory, faulted in already
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+
+std::string ShmWhyNotViable(const TransportContext& context) {
+  ShmTransport probe(context);
+  absl::Status status = probe.Probe(Soon());
+  return status.ok() ? std::string() : std::string(status.message());
+}
+
+absl::StatusOr<std::unique_ptr<Transport>> MakeShmTransport(const TransportContext& context) {
+  auto transport = std::make_unique<ShmTransport>(context);
+  if (absl::Status s = transport->Probe(Soon()); !s.ok()) return s;
+  return transport;
+}
+
+}  // namespace paramd
