@@ -216,38 +216,6 @@ struct DeviceOutput {
   DeviceBuffer scales;
 };
 
-// Page-locked host floats (grown, never shrunk): the step's per-tensor scalars cross in one copy
-// each way, asynchronously, where pageable memory would make every copy wait for the device.
-class PinnedFloats {
- public:
-  PinnedFloats() = default;
-  PinnedFloats(const PinnedFloats&) = delete;
-  PinnedFloats& operator=(const PinnedFloats&) = delete;
-  ~PinnedFloats() {
-    if (data_ != nullptr) cudaFreeHost(data_);
-  }
-  absl::Status Reserve(size_t count) {
-    if (count <= count_) return absl::OkStatus();
-    if (data_ != nullptr) cudaFreeHost(data_);
-    data_ = nullptr;
-    count_ = 0;
-    void* data = nullptr;
-    if (cudaHostAlloc(&data, count * sizeof(float), cudaHostAllocPortable) != cudaSuccess) {
-      cudaGetLastError();
-      return absl::ResourceExhaustedError(
-          absl::StrCat("cannot allocate ", count * sizeof(float), " bytes of page-locked memory"));
-    }
-    data_ = static_cast<float*>(data);
-    count_ = count;
-    return absl::OkStatus();
-  }
-  float* get() const { return data_; }
-
- private:
-  float* data_ = nullptr;
-  size_t count_ = 0;
-};
-
 class CudaTensorState : public TensorState {
  public:
   explicit CudaTensorState(const TensorInfo& info) : info(info), n(info.rows * info.cols) {}
@@ -588,7 +556,7 @@ class CudaBackend : public Backend {
     // fp8_delayed scales come from the host's histories, in one copy; the page-locked floats
     // outlive it (the stream is synchronized below).
     const size_t n = tensors.size();
-    float* delayed = host_scalars_.get();  // [0, n): the fp8_delayed scales, [n, 2n): the amaxes
+    float* delayed = HostScalars();  // [0, n): the fp8_delayed scales, [n, 2n): the amaxes
     for (size_t i = 0; i < n; ++i) {
       auto& s = *static_cast<CudaTensorState*>(tensors[i].state);
       delayed[i] = s.history.NextScale(s.info.delayed_margin, s.delayed_scale).scale;
@@ -613,7 +581,7 @@ class CudaBackend : public Backend {
     // they stay on the GPU (a host reader copies them down once, ReadyHostBytes). Only formats
     // without exported bytes go down into their host buffers now. The masters' amaxes come down
     // in one copy.
-    const float* amax = host_scalars_.get() + n;
+    const float* amax = HostScalars() + n;
     for (size_t i = 0; i < tensors.size(); ++i) {
       auto& s = *static_cast<CudaTensorState*>(tensors[i].state);
       bool on_device = false;
@@ -645,7 +613,7 @@ class CudaBackend : public Backend {
     }
     if (n > 0) {
       PARAMD_CUDA_RETURN_IF_ERROR(
-          cudaMemcpyAsync(host_scalars_.get() + n, static_cast<float*>(step_scalars_.get()) + n,
+          cudaMemcpyAsync(HostScalars() + n, static_cast<float*>(step_scalars_.get()) + n,
                           n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     }
     const auto enqueued = std::chrono::steady_clock::now();
@@ -745,7 +713,12 @@ class CudaBackend : public Backend {
         return s;
       }
     }
-    if (absl::Status s = host_scalars_.Reserve(2 * tensors.size()); !s.ok()) return s;
+    const int64_t host_bytes = static_cast<int64_t>(2 * tensors.size() * sizeof(float));
+    if (host_scalars_.size() < host_bytes) {
+      absl::StatusOr<HostBuffer> pinned = HostAllocator()->Allocate(host_bytes);
+      if (!pinned.ok()) return pinned.status();
+      host_scalars_ = *std::move(pinned);
+    }
     std::vector<kernels::CudaStepTensor> descs;
     for (TensorStep& t : tensors) {
       auto& s = *static_cast<CudaTensorState*>(t.state);
@@ -811,7 +784,10 @@ class CudaBackend : public Backend {
   DeviceBuffer finite_;        // the gradient check's flag
   DeviceBuffer norm_sums_;     // the gradient check's block sums, as many as the biggest job's
   DeviceBuffer step_scalars_;  // a step's fp8_delayed scales, then its masters' amaxes
-  PinnedFloats host_scalars_;  // the same on the host
+  // The same on the host, page-locked: one asynchronous copy each way, where pageable memory would
+  // make every copy wait for the device. Grown for a bigger job only.
+  HostBuffer host_scalars_;
+  float* HostScalars() { return reinterpret_cast<float*>(host_scalars_.data()); }
   std::mutex health_mu_;
   absl::Status unusable_;  // not OK once the context failed (Health)
   std::string uuid_;       // the GPU's UUID bytes (trainers mapping its memory match it)
