@@ -3,6 +3,7 @@
 # gRPC), part by part, each under its own time limit, with a short table last:
 #   kernels fused_step_cuda_test, step_rules_cuda_test, serve_cuda_test: the kernels against the
 #           CPU's, bit for bit
+#   sanitize the kernel tests under compute-sanitizer's memcheck, racecheck and synccheck
 #   backend cuda_backend_conformance_test: the backend conformance suite on cuda:0 (every policy
 #           and format as the reference, skip and clip, export/import, state reads)
 #   limits  cuda_daemon_test: the GPU memory budget at Register, a step that finds the GPU full
@@ -49,6 +50,14 @@ for p in "${parts[@]}"; do
         part "$t" "${KERNELS_TIMEOUT:-300}" "$bundle/run.sh" "$t" --gtest_brief=1
       done
       ;;
+    sanitize)
+      for t in fused_step_cuda_test step_rules_cuda_test serve_cuda_test; do
+        for tool in memcheck racecheck synccheck; do
+          part "${tool}_$t" "${SANITIZE_TIMEOUT:-200}" compute-sanitizer --tool "$tool" \
+            --error-exitcode 1 "$bundle/run.sh" "$t" --gtest_brief=1
+        done
+      done
+      ;;
     backend) part backend "${BACKEND_TIMEOUT:-300}" "$bundle/run.sh" cuda_backend_conformance_test ;;
     limits)
       if [ "${SANITIZE:-0}" = 1 ]; then
@@ -72,7 +81,7 @@ for p in "${parts[@]}"; do
       part shm_fp8 "${SHM_TIMEOUT:-240}" "$root/bench/run_shm_bench.sh" "$bundle" \
         --elements=1000000000 --step_iters=2 --iters=5 --step_policy=fp8 --call_iters=0
       ;;
-    *) echo "gpu_bundle: unknown part $p (kernels, backend, limits, ipc, whole, daemon, shm)"; exit 2 ;;
+    *) echo "gpu_bundle: unknown part $p (kernels, sanitize, backend, limits, ipc, whole, daemon, shm)"; exit 2 ;;
   esac
 done
 
