@@ -52,7 +52,7 @@ struct ServedFormat {
 struct ServedTensor {
   int64_t version = -1;
   bool skipped = false;
-  std::vector<ServedFormat> formats;  // FP32 first, then the job's formats in order
+  std::vector<ServedFormat> formats;  // the job's formats in order (ServedFormats)
   // True while the host bytes of the formats that also lie in GPU memory are not copied down yet:
   // a cuda:N step leaves them on the GPU, and a host reader (a pull of streamed bytes) asks the
   // backend for them once per version (Backend::ReadyHostBytes).
@@ -60,6 +60,11 @@ struct ServedTensor {
   mutable bool host_stale = false;
 
   const ServedFormat* Find(const FormatKey& format) const;
+  // The FP32 rowwise bytes, or null where the job does not serve FP32.
+  float* Fp32() {
+    const ServedFormat* f = Find(FormatKey{v1::RECIPE_FP32, v1::DIRECTION_ROWWISE});
+    return f == nullptr ? nullptr : reinterpret_cast<float*>(const_cast<uint8_t*>(f->bytes.data()));
+  }
   int64_t bytes() const;
 };
 

@@ -43,6 +43,9 @@ class CpuTensorState : public TensorState {
   std::vector<uint8_t> exp_avg_sq;
   std::vector<float> exp_avg_scale_inv;
   std::vector<float> exp_avg_sq_scale_inv;
+  // The step's FP32 values, which the block and per-tensor formats are cut from, where the job
+  // does not serve FP32 and the master is not FP32 itself (empty otherwise).
+  std::vector<float> working;
   float tensor_scale = 1.0f;   // fp8_tensor: the previous step's scale
   float delayed_scale = 1.0f;  // fp8_delayed: likewise
   kernels::AmaxHistory history{16};
@@ -66,12 +69,31 @@ absl::Status OutOfHostMemory(const TensorInfo& info) {
       absl::StrCat("no host memory for the state of a ", info.rows, "x", info.cols, " tensor"));
 }
 
-ServedFormat& Fp32(ServedTensor* out) { return out->formats.front(); }  // always served, first
+// Whether a format is cut from the FP32 values after the step rather than written by it.
+bool CutFromFp32(const ServedFormat& f) { return !IsElementwise(f); }
+
+// The FP32 values this step's formats are cut from: the served FP32 bytes, an FP32 master itself,
+// or the tensor's working copy.
+const float* Fp32Source(const CpuTensorState& s, ServedTensor* out) {
+  if (const float* fp32 = out->Fp32(); fp32 != nullptr) return fp32;
+  if (s.info.policy.master == kernels::MasterType::kFp32) {
+    return reinterpret_cast<const float*>(s.master.data());
+  }
+  return s.working.data();
+}
+
+// Sizes the working copy where the tensor needs one (see CpuTensorState::working).
+void SizeWorking(CpuTensorState& s, const ServedTensor& out) {
+  const bool needed = s.info.policy.master != kernels::MasterType::kFp32 &&
+                      out.Find(FormatKey{v1::RECIPE_FP32, v1::DIRECTION_ROWWISE}) == nullptr &&
+                      std::any_of(out.formats.begin(), out.formats.end(), CutFromFp32);
+  if (needed) s.working.resize(static_cast<size_t>(s.n));
+}
 
 kernels::ServeArgs ServeArgsFor(const CpuTensorState& s, ServedTensor* out, ServedFormat& f,
                                 float tensor_scale) {
   kernels::ServeArgs args;
-  args.master = reinterpret_cast<const float*>(Fp32(out).data());
+  args.master = Fp32Source(s, out);
   args.rows = s.info.rows;
   args.cols = s.info.cols;
   args.recipe = KernelRecipe(f.key.recipe);
@@ -119,6 +141,7 @@ kernels::FusedStepArgs StepArgs(CpuTensorState& s, const TensorStep& t, const St
   args.exp_avg_sq = s.exp_avg_sq.data();
   args.exp_avg_sq_scale_inv =
       s.exp_avg_sq_scale_inv.empty() ? nullptr : s.exp_avg_sq_scale_inv.data();
+  if (!s.working.empty()) args.out_fp32 = s.working.data();
   for (ServedFormat& f : t.out->formats) {
     if (!IsElementwise(f)) continue;
     if (f.key.recipe == v1::RECIPE_FP32) args.out_fp32 = reinterpret_cast<float*>(f.data());
@@ -145,6 +168,7 @@ absl::StatusOr<std::unique_ptr<TensorState>> CpuBackend::CreateState(const Tenso
   state->tensor_scale = initial_state.fp8_tensor_scale;
   state->delayed_scale = initial_state.delayed_scale;
   state->history = kernels::AmaxHistory(info.delayed_history);
+  SizeWorking(*state, *out);
   return state;
 } catch (const std::bad_alloc&) {
   return OutOfHostMemory(info);
@@ -283,6 +307,7 @@ absl::StatusOr<std::unique_ptr<TensorState>> CpuBackend::ImportState(const Tenso
   imported->delayed_scale = state.scalars.fp8_delayed_scale;
   imported->history = kernels::AmaxHistory(info.delayed_history);
   imported->history.Restore(state.scalars.delayed_history);
+  SizeWorking(*imported, *out);
   return imported;
 } catch (const std::bad_alloc&) {
   return OutOfHostMemory(info);

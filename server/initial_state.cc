@@ -1,7 +1,9 @@
 #include "server/initial_state.h"
 
 #include <cstring>
+#include <new>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/formats.h"
 #include "server/kernel_status.h"
 
@@ -27,8 +29,11 @@ absl::Status MakeInitialState(const TensorInfo& info, std::span<const float> ini
   const bool half = info.policy.master == kernels::MasterType::kFp16;
   state->master.resize(static_cast<size_t>(n * (half || split ? 2 : 4)));
   if (split) state->remainder.resize(static_cast<size_t>(n));
-  // FP32 rowwise is always served, first: the stored master's value, what every format uses.
-  auto* fp32 = reinterpret_cast<float*>(out->formats.front().data());
+  // The stored master's value, what every format is cut from.
+  std::vector<float> working;
+  absl::StatusOr<float*> fp32_values = Fp32Values(info, out, &working);
+  if (!fp32_values.ok()) return fp32_values.status();
+  float* fp32 = *fp32_values;
   pool.ParallelFor(n, kernels::kDefaultGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const float x = initial[static_cast<size_t>(i)];
@@ -52,14 +57,23 @@ absl::Status MakeInitialState(const TensorInfo& info, std::span<const float> ini
       state->fp8_tensor_scale = kernels::NextFp8TensorScale(kernels::AmaxCpu(fp32, n), 1.0f).scale;
     }
   }
-  return ServeFromFp32(info,
+  return ServeFromFp32(info, fp32,
                        split ? reinterpret_cast<const uint16_t*>(state->master.data()) : nullptr,
                        state->fp8_tensor_scale, state->delayed_scale, out);
 }
 
-absl::Status ServeFromFp32(const TensorInfo& info, const uint16_t* bf16_halves,
+absl::StatusOr<float*> Fp32Values(const TensorInfo& info, ServedTensor* out,
+                                  std::vector<float>* working) try {
+  if (float* fp32 = out->Fp32(); fp32 != nullptr) return fp32;
+  working->resize(static_cast<size_t>(info.rows * info.cols));
+  return working->data();
+} catch (const std::bad_alloc&) {
+  return absl::ResourceExhaustedError(absl::StrCat("no host memory for the FP32 values of a ",
+                                                   info.rows, "x", info.cols, " tensor"));
+}
+
+absl::Status ServeFromFp32(const TensorInfo& info, const float* fp32, const uint16_t* bf16_halves,
                            float fp8_tensor_scale, float fp8_delayed_scale, ServedTensor* out) {
-  const float* fp32 = reinterpret_cast<const float*>(out->formats.front().data());
   for (ServedFormat& f : out->formats) {
     if (f.key.recipe == v1::RECIPE_FP32 && f.key.direction == v1::DIRECTION_ROWWISE) continue;
     if (f.key.recipe == v1::RECIPE_BF16 && bf16_halves != nullptr) {
@@ -88,7 +102,10 @@ absl::Status ServeImportedMaster(const TensorInfo& info, const HostTensorState& 
   const int64_t n = info.rows * info.cols;
   const bool split = info.policy.master == kernels::MasterType::kBf16Remainder;
   const bool half = info.policy.master == kernels::MasterType::kFp16;
-  auto* fp32 = reinterpret_cast<float*>(out->formats.front().data());
+  std::vector<float> working;
+  absl::StatusOr<float*> fp32_values = Fp32Values(info, out, &working);
+  if (!fp32_values.ok()) return fp32_values.status();
+  float* fp32 = *fp32_values;
   const auto* halves = reinterpret_cast<const uint16_t*>(state.master.data());
   pool.ParallelFor(n, kernels::kDefaultGrain, [&](int64_t begin, int64_t end) {
     if (!split && !half) {
@@ -102,7 +119,7 @@ absl::Status ServeImportedMaster(const TensorInfo& info, const HostTensorState& 
                 : kernels::FloatFromFp16(halves[i]);
     }
   });
-  return ServeFromFp32(info, split ? halves : nullptr, state.scalars.fp8_tensor_scale,
+  return ServeFromFp32(info, fp32, split ? halves : nullptr, state.scalars.fp8_tensor_scale,
                        state.scalars.fp8_delayed_scale, out);
 }
 

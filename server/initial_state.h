@@ -24,11 +24,16 @@ struct InitialState {
 absl::Status MakeInitialState(const TensorInfo& info, std::span<const float> initial,
                               kernels::ThreadPool& pool, InitialState* state, ServedTensor* out);
 
-// Fills every format of `out` but FP32 rowwise from its FP32 rowwise bytes (the stored master's
-// values, already there), casting fp8_tensor and fp8_delayed with the given scales; a
-// bf16+remainder master passes its BF16 halves, which it serves as they are.
-absl::Status ServeFromFp32(const TensorInfo& info, const uint16_t* bf16_halves,
+// Fills every format of `out` but FP32 rowwise from `fp32` (the stored master's values; `out`'s
+// own FP32 bytes where it serves FP32), casting fp8_tensor and fp8_delayed with the given scales;
+// a bf16+remainder master passes its BF16 halves, which it serves as they are.
+absl::Status ServeFromFp32(const TensorInfo& info, const float* fp32, const uint16_t* bf16_halves,
                            float fp8_tensor_scale, float fp8_delayed_scale, ServedTensor* out);
+
+// Where a tensor's FP32 values are written for its other formats: `out`'s FP32 bytes where it
+// serves FP32, else `working`, sized here (RESOURCE_EXHAUSTED where the heap has no room).
+absl::StatusOr<float*> Fp32Values(const TensorInfo& info, ServedTensor* out,
+                                  std::vector<float>* working);
 
 // The served bytes of an imported state: every format of `out` from its master (the values it
 // stores) with its per-tensor scales, the same bytes the version it was exported at served.

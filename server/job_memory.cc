@@ -1,5 +1,6 @@
 #include "server/job_memory.h"
 
+#include <algorithm>
 #include <limits>
 #include <vector>
 
@@ -38,6 +39,9 @@ int64_t SlotRecordBytes(int64_t slot_bytes) {
 MemoryBytes JobFootprint(const v1::RegisterRequest& raw, BackendPlacement placement) {
   const v1::RegisterRequest spec = NormalizedSpec(raw);
   const std::vector<FormatKey> formats = ServedFormats(spec);
+  const bool serves_fp32 =
+      std::find(formats.begin(), formats.end(),
+                FormatKey{v1::RECIPE_FP32, v1::DIRECTION_ROWWISE}) != formats.end();
   const Wide world = static_cast<Wide>(spec.world_size());
   Wide host = 0;
   Wide device = 0;
@@ -56,7 +60,9 @@ MemoryBytes JobFootprint(const v1::RegisterRequest& raw, BackendPlacement placem
     const Wide slots = kSlotSets * world * static_cast<Wide>(slot_bytes);
     const Wide records = kSlotSets * world * static_cast<Wide>(SlotRecordBytes(slot_bytes));
     // The initial weights (FP32) until the first step, and an import's staged copy of the state.
-    const Wide transient = 4 * elements + state;
+    // A job that does not serve FP32 has its FP32 values computed elsewhere: while version 0 is
+    // made, and on the cpu backend for the block and per-tensor formats of a 16-bit master.
+    const Wide transient = 4 * elements + state + (serves_fp32 ? 0 : 4 * elements);
     host += kServedVersions * served + slots + records + transient +
             static_cast<Wide>(TensorRecordBytes(t));
     if (placement.state_on_device) {

@@ -234,13 +234,15 @@ v1::RegisterRequest NormalizedSpec(const v1::RegisterRequest& request) {
 }
 
 std::vector<FormatKey> ServedFormats(const v1::RegisterRequest& spec) {
-  std::vector<FormatKey> formats = {FormatKey{v1::RECIPE_FP32, v1::DIRECTION_ROWWISE}};
+  std::vector<FormatKey> formats;
   for (const v1::ServeFormat& f : spec.serve()) {
     const FormatKey key = FormatKeyOf(f);
     bool seen = false;
     for (const FormatKey& k : formats) seen = seen || k == key;
     if (!seen) formats.push_back(key);
   }
+  // A job that names no format gets the FP32 weights; one that names formats pays for those only.
+  if (formats.empty()) formats.push_back(FormatKey{v1::RECIPE_FP32, v1::DIRECTION_ROWWISE});
   return formats;
 }
 

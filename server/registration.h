@@ -17,7 +17,8 @@ absl::Status ValidateRegistration(const v1::RegisterRequest& request);
 // UNSPECIFIED enum replaced by the value it means.
 v1::RegisterRequest NormalizedSpec(const v1::RegisterRequest& request);
 
-// The formats a job serves: fp32 first, then the requested ones in order, without repeats.
+// The formats a job serves: the requested ones in order, without repeats; FP32 rowwise where it
+// requests none.
 std::vector<FormatKey> ServedFormats(const v1::RegisterRequest& spec);
 
 // What the backend needs to know of tensor `i` of a normalized job description (NormalizedSpec).
