@@ -41,6 +41,23 @@ kernels::Direction KernelDirection(v1::Direction direction) {
                                                : kernels::Direction::kRowwise;
 }
 
+bool WrittenInTheStepsPass(const FormatKey& format) {
+  return format.direction == v1::DIRECTION_ROWWISE &&
+         (format.recipe == v1::RECIPE_FP32 || format.recipe == v1::RECIPE_BF16 ||
+          format.recipe == v1::RECIPE_FP16);
+}
+
+int64_t CpuWorkingBytes(const TensorInfo& info, std::span<const FormatKey> formats) {
+  bool serves_fp32 = false;
+  bool cuts = false;
+  for (const FormatKey& f : formats) {
+    serves_fp32 = serves_fp32 || f == FormatKey{v1::RECIPE_FP32, v1::DIRECTION_ROWWISE};
+    cuts = cuts || !WrittenInTheStepsPass(f);
+  }
+  const bool needed = info.policy.master != kernels::MasterType::kFp32 && !serves_fp32 && cuts;
+  return needed ? 4 * info.rows * info.cols : 0;
+}
+
 StateBytes PolicyStateBytes(const TensorInfo& info) {
   const int64_t n = info.rows * info.cols;
   auto moment = [n](kernels::MomentType type) {

@@ -91,6 +91,15 @@ struct StateBytes {
 // their per-chunk scales). Every backend allocates exactly this.
 StateBytes PolicyStateBytes(const TensorInfo& info);
 
+// Whether a format is a rowwise plain cast (FP32, BF16, FP16), which the step writes in its own
+// pass; the block and per-tensor formats and the columnwise ones are cut from FP32 values after it.
+bool WrittenInTheStepsPass(const FormatKey& format);
+
+// The FP32 values the cpu backend keeps beside a tensor's master to cut its other formats from:
+// 4 B per element where the job does not serve FP32 rowwise, the master is 16-bit, and a format
+// is cut after the step; else 0 (the served FP32 bytes or an FP32 master are those values).
+int64_t CpuWorkingBytes(const TensorInfo& info, std::span<const FormatKey> formats);
+
 // One tensor's optimizer state on a backend.
 class TensorState {
  public:

@@ -51,11 +51,7 @@ class CpuTensorState : public TensorState {
   kernels::AmaxHistory history{16};
 };
 
-bool IsElementwise(const ServedFormat& f) {
-  return f.key.direction == v1::DIRECTION_ROWWISE &&
-         (f.key.recipe == v1::RECIPE_FP32 || f.key.recipe == v1::RECIPE_BF16 ||
-          f.key.recipe == v1::RECIPE_FP16);
-}
+bool IsElementwise(const ServedFormat& f) { return WrittenInTheStepsPass(f.key); }
 
 bool IsPerTensor(const ServedFormat& f) {
   return f.key.recipe == v1::RECIPE_FP8_TENSOR || f.key.recipe == v1::RECIPE_FP8_DELAYED;
@@ -69,9 +65,6 @@ absl::Status OutOfHostMemory(const TensorInfo& info) {
       absl::StrCat("no host memory for the state of a ", info.rows, "x", info.cols, " tensor"));
 }
 
-// Whether a format is cut from the FP32 values after the step rather than written by it.
-bool CutFromFp32(const ServedFormat& f) { return !IsElementwise(f); }
-
 // The FP32 values this step's formats are cut from: the served FP32 bytes, an FP32 master itself,
 // or the tensor's working copy.
 const float* Fp32Source(const CpuTensorState& s, ServedTensor* out) {
@@ -84,10 +77,9 @@ const float* Fp32Source(const CpuTensorState& s, ServedTensor* out) {
 
 // Sizes the working copy where the tensor needs one (see CpuTensorState::working).
 void SizeWorking(CpuTensorState& s, const ServedTensor& out) {
-  const bool needed = s.info.policy.master != kernels::MasterType::kFp32 &&
-                      out.Find(FormatKey{v1::RECIPE_FP32, v1::DIRECTION_ROWWISE}) == nullptr &&
-                      std::any_of(out.formats.begin(), out.formats.end(), CutFromFp32);
-  if (needed) s.working.resize(static_cast<size_t>(s.n));
+  std::vector<FormatKey> keys;
+  for (const ServedFormat& f : out.formats) keys.push_back(f.key);
+  s.working.resize(static_cast<size_t>(CpuWorkingBytes(s.info, keys) / 4));
 }
 
 kernels::ServeArgs ServeArgsFor(const CpuTensorState& s, ServedTensor* out, ServedFormat& f,

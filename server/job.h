@@ -277,7 +277,7 @@ class Job {
   const std::string name_;
   const int world_size_;
   const v1::RegisterRequest spec_;        // the registration every rank must repeat (rank cleared)
-  const std::vector<FormatKey> formats_;  // served formats, fp32 first
+  const std::vector<FormatKey> formats_;  // served formats (ServedFormats)
   Backend* const backend_;
   BufferAllocator* const buffers_;
   MemoryBudget::Reservation reservation_;

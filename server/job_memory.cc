@@ -59,9 +59,8 @@ MemoryBytes JobFootprint(const v1::RegisterRequest& raw, BackendPlacement placem
     const int64_t slot_bytes = t.rows() * t.cols() * ElementBytes(t.grad_type());
     const Wide slots = kSlotSets * world * static_cast<Wide>(slot_bytes);
     const Wide records = kSlotSets * world * static_cast<Wide>(SlotRecordBytes(slot_bytes));
-    // The initial weights (FP32) until the first step, and an import's staged copy of the state.
-    // A job that does not serve FP32 has its FP32 values computed elsewhere: while version 0 is
-    // made, and on the cpu backend for the block and per-tensor formats of a 16-bit master.
+    // The initial weights (FP32) until the first step, and an import's staged copy of the state;
+    // a job that does not serve FP32 has its FP32 values in a scratch copy while version 0 is made.
     const Wide transient = 4 * elements + state + (serves_fp32 ? 0 : 4 * elements);
     host += kServedVersions * served + slots + records + transient +
             static_cast<Wide>(TensorRecordBytes(t));
@@ -71,7 +70,7 @@ MemoryBytes JobFootprint(const v1::RegisterRequest& raw, BackendPlacement placem
       device += state + (kServedVersions + 1) * served + world * static_cast<Wide>(slot_bytes) +
                 slots + 4096 + 8 * world;
     } else {
-      host += state;
+      host += state + static_cast<Wide>(CpuWorkingBytes(TensorInfoOf(spec, i), formats));
     }
   }
   return MemoryBytes{Saturated(host), Saturated(device)};

@@ -18,7 +18,11 @@ int64_t JobRegistry::JobBytes(const v1::RegisterRequest& spec) {
   const int64_t world = spec.world_size();
   for (int i = 0; i < normalized.tensors_size(); ++i) {
     const v1::TensorSpec& t = normalized.tensors(i);
-    bytes += static_cast<unsigned __int128>(PolicyStateBytes(TensorInfoOf(normalized, i)).total());
+    const TensorInfo info = TensorInfoOf(normalized, i);
+    // The state, and the FP32 values the cpu backend keeps beside a 16-bit master where the job
+    // serves no FP32 (CpuWorkingBytes; a cuda:N backend reads the master instead: an upper bound).
+    bytes += static_cast<unsigned __int128>(PolicyStateBytes(info).total()) +
+             static_cast<unsigned __int128>(CpuWorkingBytes(info, formats));
     for (const FormatKey& f : formats) {
       const kernels::ServeBufferLayout layout = kernels::ServeLayout(
           KernelRecipe(f.recipe), KernelDirection(f.direction), t.rows(), t.cols());

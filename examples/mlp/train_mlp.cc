@@ -71,6 +71,9 @@ v1::RegisterRequest Registration(const TrainSettings& s, const std::string& job,
   h->set_beta2(s.beta2);
   h->set_eps(s.eps);
   h->set_weight_decay(s.weight_decay);
+  // The trainer computes with the FP32 weights and checks the BF16 ones; a job serves only the
+  // formats it lists.
+  r.add_serve()->set_recipe(v1::RECIPE_FP32);
   r.add_serve()->set_recipe(v1::RECIPE_BF16);
   r.set_seed(s.seed);
   return r;

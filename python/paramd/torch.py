@@ -26,7 +26,8 @@ What happens when:
   only for that module's tensors and writes them (dequantized) before it runs, so the first
   layers compute while later ones are still stepped and pulled. Without `module`, step() waits
   for all tensors before it returns.
-- Every format in `serve` is pulled; the first one is written into the parameters; served() gives
+- The job is served exactly the formats in `serve` (FP32 only when listed), and pays memory for
+  those alone. Every one is pulled; the first one is written into the parameters; served() gives
   each as a ServedWeight (FP8 data as torch.float8_e4m3fn with its scales) for FP8 GEMMs.
 """
 
@@ -224,7 +225,7 @@ class AdamW(torch.optim.Optimizer):
             reply = j.client.register(
                 job=j.name, rank=self.rank, world_size=self.world_size, tensors=tensors,
                 hyperparams=j.registered, state_policy=self.state_policy,
-                serve=[f for f in self.serve if f != "fp32"], seed=self._seed,
+                serve=self.serve, seed=self._seed,
                 max_grad_norm=self._max_grad_norm)
             self.transport = reply["transport"]
             if self.rank == 0 and reply["version"] < 0:

@@ -77,7 +77,70 @@ std::vector<v1::StateChunk> Export(const std::shared_ptr<Job>& job) {
   return chunks;
 }
 
+// The policy job without FP32 rowwise in its serve list: it is served every other format only.
+v1::RegisterRequest WithoutFp32(const v1::RegisterRequest& spec) {
+  v1::RegisterRequest without = spec;
+  without.clear_serve();
+  for (const v1::ServeFormat& f : spec.serve()) {
+    if (f.recipe() != v1::RECIPE_FP32 || f.direction() != v1::DIRECTION_ROWWISE) {
+      *without.add_serve() = f;
+    }
+  }
+  return without;
+}
+
+// Every format but FP32 rowwise of every tensor's newest version equals the reference's, and FP32
+// rowwise is not served.
+void ExpectServedWithoutFp32(const RegistryJobHarness& h, const PolicyReferenceJob& reference,
+                             const v1::RegisterRequest& spec, int64_t version) {
+  for (int i = 0; i < spec.tensors_size(); ++i) {
+    SCOPED_TRACE(::testing::Message()
+                 << "tensor " << spec.tensors(i).name() << ", version " << version);
+    std::shared_ptr<const ServedTensor> served = h.Newest(i);
+    ASSERT_NE(served, nullptr);
+    EXPECT_EQ(served->version, version);
+    EXPECT_EQ(served->Find(FormatKey{v1::RECIPE_FP32, v1::DIRECTION_ROWWISE}), nullptr);
+    for (v1::Recipe recipe : kRecipes) {
+      for (v1::Direction direction : kDirections) {
+        if (recipe == v1::RECIPE_FP32 && direction == v1::DIRECTION_ROWWISE) continue;
+        SCOPED_TRACE(v1::Recipe_Name(recipe) + "/" + v1::Direction_Name(direction));
+        EXPECT_TRUE(
+            BitIdentical(h.Served(i, recipe, direction), reference.Served(i, recipe, direction)));
+      }
+    }
+  }
+}
+
 }  // namespace
+
+// A job pays only for the formats it names: without FP32 in its list, every other format of every
+// version, and of an imported state, is still the reference's bit for bit.
+TEST_P(BackendConformanceTest, AJobThatDoesNotListFp32IsServedEveryOtherFormatAsTheReference) {
+  for (const PolicyCase& c : ConformancePolicies()) {
+    SCOPED_TRACE(c.name);
+    const v1::RegisterRequest spec = WithoutFp32(PolicySpec(c));
+    const std::vector<std::vector<float>> initial = PolicyWeights(spec);
+    RegistryJobHarness h(spec, MakeBackend());
+    PolicyReferenceJob reference(spec, initial);
+    ASSERT_TRUE(h.Start(initial).ok());
+    ExpectServedWithoutFp32(h, reference, spec, 0);
+    for (int64_t step = 0; step < 2; ++step) {
+      const StepGradients grads = RandomGradients(spec, 940 + static_cast<uint64_t>(step));
+      ASSERT_TRUE(h.RunStep(step, grads, StepLr(step), StepGradScale(step)).ok());
+      ASSERT_TRUE(reference.Step(grads, StepLr(step), StepGradScale(step).value_or(1.0)));
+      ExpectServedWithoutFp32(h, reference, spec, step + 1);
+    }
+    // An import serves the version it was exported at from the master alone.
+    RegistryJobHarness b(spec, MakeBackend());
+    ASSERT_TRUE(b.Start(RandomWeights(spec, 4)).ok());
+    StateImport import(b.job().spec(), 4096);
+    for (const v1::StateChunk& chunk : Export(h.shared())) ASSERT_TRUE(import.Add(chunk).ok());
+    absl::StatusOr<StagedState> staged = import.Finish();
+    ASSERT_TRUE(staged.ok()) << staged.status();
+    ASSERT_TRUE(b.job().Import(*std::move(staged)).ok());
+    ExpectServedWithoutFp32(b, reference, spec, 2);
+  }
+}
 
 TEST_P(BackendConformanceTest, EveryPolicyServesEveryFormatOfEveryVersionAsTheReference) {
   for (const PolicyCase& c : ConformancePolicies()) {

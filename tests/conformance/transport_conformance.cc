@@ -469,9 +469,10 @@ TEST_P(TransportConformanceTest, ADaemonRestartedAtTheSameAddressGetsWhatIsPushe
 }
 
 TEST_P(TransportConformanceTest, Bf16GradientsAndBf16WeightsCrossIntact) {
-  v1::ServeFormat bf16;
+  v1::ServeFormat bf16, fp32;
   bf16.set_recipe(v1::RECIPE_BF16);
-  Register("half", {Spec("t", 7, 13, v1::ELEMENT_TYPE_BF16)}, 1, {bf16});
+  fp32.set_recipe(v1::RECIPE_FP32);  // served only when listed
+  Register("half", {Spec("t", 7, 13, v1::ELEMENT_TYPE_BF16)}, 1, {bf16, fp32});
   const std::vector<float> p = Random(91, 8, 1.0f);
   const PushItem init[] = {{"t", Bytes(p)}};
   ASSERT_TRUE(transport_->Push({"half", 0, 0, v1::PUSH_KIND_INITIAL_WEIGHTS}, init, Soon()).ok());

@@ -520,7 +520,7 @@ TEST_F(BadInputTest, OversizedMessageIsResourceExhaustedByGrpc) {
 
 TEST_F(BadInputTest, PullOfAnUnservedFormatIsInvalidArgument) {
   EXPECT_TRUE(HasStatus(RawPull(kJob, "w", Format(v1::RECIPE_FP16), 0, In(20s)), kInvalid,
-                        "job \"rpc\" does not serve fp16; it serves fp32, bf16"));
+                        "job \"rpc\" does not serve fp16; it serves bf16, fp32"));
   Pulled pulled;
   EXPECT_TRUE(
       HasStatus(client_->Pull({kJob, "w", Format(v1::RECIPE_MXFP8, v1::DIRECTION_COLUMNWISE), 0},

@@ -30,7 +30,7 @@ class BindingsTest(unittest.TestCase):
         reply = cls.client.register(
             job="bind", rank=0, world_size=1, tensors=[("w", ROWS, COLS, "fp32")],
             hyperparams=paramd.hyperparams(lr=1e-2, weight_decay=0.0),
-            serve=[f for f in FORMATS if f != "fp32"])
+            serve=FORMATS)
         assert reply["version"] == -1 and reply["next_step"] == 0
         paramd.upload_initial_weights(cls.client, "bind", {"w": cls.weights})
 
@@ -102,7 +102,7 @@ class BindingsTest(unittest.TestCase):
         shapes = {"a": (3, 5), "b": (64, 2), "c": (1, 7)}
         self.client.register(job="many", rank=0, world_size=1,
                              tensors=[(n, r, c, "fp32") for n, (r, c) in shapes.items()],
-                             hyperparams=paramd.hyperparams(), serve=["bf16"])
+                             hyperparams=paramd.hyperparams(), serve=["fp32", "bf16"])
         weights = {n: torch.randn(r, c, generator=torch.Generator().manual_seed(i))
                    for i, (n, (r, c)) in enumerate(shapes.items())}
         paramd.upload_initial_weights(self.client, "many", weights)

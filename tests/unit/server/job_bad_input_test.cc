@@ -288,7 +288,7 @@ TEST_F(JobBadInputTest, UnservedFormatIsInvalidArgument) {
   v1::ServeFormat fp16;
   fp16.set_recipe(v1::RECIPE_FP16);
   EXPECT_TRUE(HasStatus(h_.job().CheckServes(fp16), kInvalid,
-                        "job \"bad\" does not serve fp16; it serves fp32, bf16"));
+                        "job \"bad\" does not serve fp16; it serves bf16, fp32"));
   v1::ServeFormat columnwise;
   columnwise.set_recipe(v1::RECIPE_BF16);
   columnwise.set_direction(v1::DIRECTION_COLUMNWISE);
@@ -297,6 +297,24 @@ TEST_F(JobBadInputTest, UnservedFormatIsInvalidArgument) {
   bf16.set_recipe(v1::RECIPE_BF16);
   EXPECT_TRUE(h_.job().CheckServes(bf16).ok());
   ExpectUnchangedAndStillExact();
+}
+
+// FP32 is served only when the job lists it (or lists nothing): a job serving BF16 alone refuses
+// an FP32 pull the same way.
+TEST(JobServeTest, Fp32IsNotServedUnlessListed) {
+  v1::RegisterRequest spec = Spec();
+  spec.clear_serve();
+  spec.add_serve()->set_recipe(v1::RECIPE_BF16);
+  JobHarness h(spec);
+  ASSERT_TRUE(h.RegisterAll().ok());
+  v1::ServeFormat fp32;
+  fp32.set_recipe(v1::RECIPE_FP32);
+  EXPECT_TRUE(HasStatus(h.job().CheckServes(fp32), kInvalid,
+                        "job \"bad\" does not serve fp32; it serves bf16"));
+  spec.clear_serve();
+  JobHarness all_default(spec);
+  ASSERT_TRUE(all_default.RegisterAll().ok());
+  EXPECT_TRUE(all_default.job().CheckServes(fp32).ok());
 }
 
 // ---------------------------------------------------------------------------------------------

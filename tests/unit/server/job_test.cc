@@ -416,8 +416,9 @@ TEST_F(JobTest, StatusReportsVersionsAppliedStepsAndStateBytes) {
   EXPECT_EQ(s.applied_steps(), 0);
   EXPECT_EQ(s.committed_ranks_size(), 0);
   EXPECT_EQ(s.state_policy().master(), v1::MASTER_TYPE_FP32);
-  ASSERT_EQ(s.serve_size(), 1);
+  ASSERT_EQ(s.serve_size(), 2);
   EXPECT_EQ(s.serve(0).recipe(), v1::RECIPE_BF16);
+  EXPECT_EQ(s.serve(1).recipe(), v1::RECIPE_FP32);
   int64_t elements = 0;
   ASSERT_EQ(s.tensors_size(), 3);
   for (int i = 0; i < 3; ++i) {

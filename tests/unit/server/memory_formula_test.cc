@@ -58,8 +58,8 @@ v1::RegisterRequest LargeSpec() {
   return spec;
 }
 
-// The memory formula from its parts: PolicyStateBytes per tensor; the served formats (fp32 and
-// mxfp8 rowwise, data and scales by ServeLayout) twice, for the published and the retired version;
+// The memory formula from its parts: PolicyStateBytes per tensor; the served format (mxfp8
+// rowwise, data and scales by ServeLayout: a job that names formats is not served FP32) twice, for the published and the retired version;
 // the gradient slots of every rank twice, for the step collected and the step running.
 struct Formula {
   int64_t state = 0;
@@ -74,11 +74,9 @@ Formula MemoryFormula(const v1::RegisterRequest& spec) {
   for (int i = 0; i < normalized.tensors_size(); ++i) {
     const v1::TensorSpec& t = normalized.tensors(i);
     f.state += PolicyStateBytes(TensorInfoOf(normalized, i)).total();
-    for (kernels::Recipe recipe : {kernels::Recipe::kFp32, kernels::Recipe::kMxfp8}) {
-      const kernels::ServeBufferLayout layout =
-          kernels::ServeLayout(recipe, kernels::Direction::kRowwise, t.rows(), t.cols());
-      f.served += 2 * (layout.data_bytes + layout.scale_bytes);
-    }
+    const kernels::ServeBufferLayout layout = kernels::ServeLayout(
+        kernels::Recipe::kMxfp8, kernels::Direction::kRowwise, t.rows(), t.cols());
+    f.served += 2 * (layout.data_bytes + layout.scale_bytes);
     f.slots += 2 * int64_t{normalized.world_size()} * t.rows() * t.cols() * 2;  // bf16
   }
   return f;
@@ -99,11 +97,11 @@ TEST(MemoryFormulaTest, ResidentGrowthOfALargeJobMatchesTheMemoryFormula) {
   const v1::RegisterRequest spec = LargeSpec();
   const Formula formula = MemoryFormula(spec);
   // The parts as the formula states them per parameter: 4 + 1 + 2 B of state and 2 x 4 B of
-  // per-chunk scales per 128; fp32 (4 B) and mxfp8 (1 B + 1 per 32) served, twice; 2 ranks x
+  // per-chunk scales per 128; mxfp8 (1 B + 1 per 32) served, twice; 2 ranks x
   // 2 B of bf16 gradients, twice.
   const int64_t n = 64 * kMiB;
   EXPECT_EQ(formula.state, 7 * n + 2 * 4 * (n / 128));
-  EXPECT_EQ(formula.served, 2 * (4 * n + n + n / 32));
+  EXPECT_EQ(formula.served, 2 * (n + n / 32));
   EXPECT_EQ(formula.slots, 2 * 2 * 2 * n);
   EXPECT_EQ(JobRegistry::JobBytes(spec), formula.total());
 

@@ -63,7 +63,7 @@ class PolicyJobTest : public ::testing::TestWithParam<PolicyCase> {
       ASSERT_NE(served, nullptr);
       EXPECT_EQ(served->version, version);
       EXPECT_FALSE(served->skipped);
-      EXPECT_EQ(served->formats.size(), 14u);  // fp32 rowwise is listed too: no repeat
+      EXPECT_EQ(served->formats.size(), 14u);  // every recipe x direction, each once
       for (v1::Recipe recipe : kRecipes) {
         for (v1::Direction direction : kDirections) {
           SCOPED_TRACE(FormatText(recipe, direction));
@@ -198,6 +198,63 @@ TEST_P(PolicyJobTest, StatusReportsStateBytesByKindAsTheMemoryFormula) {
   EXPECT_EQ(s.served_bytes(), 2 * served);  // the published and the retired version
   EXPECT_EQ(s.slot_bytes(), 2 * slots);
   EXPECT_EQ(JobRegistry::JobBytes(spec_), s.state_bytes() + s.served_bytes() + s.slot_bytes());
+}
+
+// A job pays only for the formats it names: without FP32 rowwise in the list, FP32 is not served,
+// every other format is still the reference's bit for bit (the block, per-tensor and columnwise
+// ones are cut from the master's FP32 values, which a 16-bit master keeps in a working copy on
+// the cpu backend), and the served bytes and the registry's bound shrink by FP32's share.
+TEST_P(PolicyJobTest, WithoutFp32InTheListEveryOtherFormatStillEqualsTheReference) {
+  v1::RegisterRequest spec = spec_;
+  spec.clear_serve();
+  for (const v1::ServeFormat& f : spec_.serve()) {
+    if (f.recipe() == v1::RECIPE_FP32 && f.direction() == v1::DIRECTION_ROWWISE) continue;
+    *spec.add_serve() = f;
+  }
+  RegistryJobHarness h(spec);
+  PolicyReferenceJob reference(spec, initial_);
+  ASSERT_TRUE(h.Start(initial_).ok());
+  ASSERT_TRUE(h_.Start(initial_).ok());  // the same job serving FP32 too, at version 0 alike
+  const int64_t served_without = h.job().Status().served_bytes();
+  const int64_t served_with = h_.job().Status().served_bytes();
+  auto expect_formats = [&](int64_t version) {
+    for (int i = 0; i < spec.tensors_size(); ++i) {
+      SCOPED_TRACE(::testing::Message()
+                   << "tensor " << spec.tensors(i).name() << ", version " << version);
+      std::shared_ptr<const ServedTensor> served = h.Newest(i);
+      ASSERT_NE(served, nullptr);
+      EXPECT_EQ(served->version, version);
+      EXPECT_EQ(served->formats.size(), 13u);
+      EXPECT_EQ(served->Find(FormatKey{v1::RECIPE_FP32, v1::DIRECTION_ROWWISE}), nullptr);
+      for (v1::Recipe recipe : kRecipes) {
+        for (v1::Direction direction : kDirections) {
+          if (recipe == v1::RECIPE_FP32 && direction == v1::DIRECTION_ROWWISE) continue;
+          SCOPED_TRACE(FormatText(recipe, direction));
+          EXPECT_TRUE(BitIdentical(h.Served(i, recipe, direction),
+                                   reference.Served(i, recipe, direction)));
+        }
+      }
+    }
+  };
+  expect_formats(0);
+  for (int64_t step = 0; step < 3; ++step) {
+    SCOPED_TRACE(::testing::Message() << "step " << step);
+    const StepGradients grads = RandomGradients(spec, 700 + static_cast<uint64_t>(step));
+    ASSERT_TRUE(h.RunStep(step, grads, StepLr(step), StepGradScale(step)).ok());
+    ASSERT_TRUE(reference.Step(grads, StepLr(step), StepGradScale(step).value_or(1.0)));
+    expect_formats(step + 1);
+  }
+
+  int64_t fp32_bytes = 0, working_bytes = 0;
+  for (const v1::TensorSpec& t : spec.tensors()) {
+    fp32_bytes += 4 * t.rows() * t.cols();
+    if (NormalizedSpec(spec).state_policy().master() != v1::MASTER_TYPE_FP32) {
+      working_bytes += 4 * t.rows() * t.cols();  // the cpu backend's working FP32 copy
+    }
+  }
+  EXPECT_EQ(served_without, served_with - fp32_bytes);
+  EXPECT_EQ(JobRegistry::JobBytes(spec),
+            JobRegistry::JobBytes(spec_) - 2 * fp32_bytes + working_bytes);
 }
 
 INSTANTIATE_TEST_SUITE_P(StatePolicies, PolicyJobTest, ::testing::ValuesIn(Cases()),

@@ -52,6 +52,8 @@ inline v1::RegisterRequest MakeSpec(const std::string& job, int world_size,
   h->set_eps(1e-8);
   h->set_weight_decay(0.01);
   spec.add_serve()->set_recipe(v1::RECIPE_BF16);
+  // FP32 is served only when asked for; these tests read the master through it.
+  spec.add_serve()->set_recipe(v1::RECIPE_FP32);
   spec.set_seed(20261130);
   return spec;
 }

@@ -228,16 +228,23 @@ TEST(RegistrationTest, NormalizedSpecMakesImplicitAndExplicitDefaultsEqual) {
             NormalizedSpec(explicit_defaults).SerializeAsString());
 }
 
-TEST(RegistrationTest, ServedFormatsPutFp32FirstWithoutRepeats) {
+TEST(RegistrationTest, ServedFormatsAreTheRequestedOnesWithoutRepeatsAndFp32OnlyWhenAsked) {
   v1::RegisterRequest r = Valid();
   r.clear_serve();
+  // A job that names no format gets the FP32 weights.
   EXPECT_EQ(ServedFormats(r), (std::vector<FormatKey>{{v1::RECIPE_FP32, v1::DIRECTION_ROWWISE}}));
 
+  // One that names formats pays for those only: no FP32 unless listed.
   *r.add_serve() = Serve(v1::RECIPE_BF16, v1::DIRECTION_UNSPECIFIED);
+  *r.add_serve() = Serve(v1::RECIPE_MXFP8, v1::DIRECTION_COLUMNWISE);
+  EXPECT_EQ(ServedFormats(r), (std::vector<FormatKey>{{v1::RECIPE_BF16, v1::DIRECTION_ROWWISE},
+                                                      {v1::RECIPE_MXFP8, v1::DIRECTION_COLUMNWISE}}));
+
   *r.add_serve() = Serve(v1::RECIPE_FP32);
   *r.add_serve() = Serve(v1::RECIPE_BF16, v1::DIRECTION_ROWWISE);
-  EXPECT_EQ(ServedFormats(r), (std::vector<FormatKey>{{v1::RECIPE_FP32, v1::DIRECTION_ROWWISE},
-                                                      {v1::RECIPE_BF16, v1::DIRECTION_ROWWISE}}));
+  EXPECT_EQ(ServedFormats(r), (std::vector<FormatKey>{{v1::RECIPE_BF16, v1::DIRECTION_ROWWISE},
+                                                      {v1::RECIPE_MXFP8, v1::DIRECTION_COLUMNWISE},
+                                                      {v1::RECIPE_FP32, v1::DIRECTION_ROWWISE}}));
 }
 
 TEST(RegistrationTest, AcceptsEveryStatePolicyWithEveryServeFormat) {
@@ -289,13 +296,14 @@ TEST(RegistrationTest, NormalizedSpecSpellsOutTheDefaultRoundingAndDelayedHistor
   r.mutable_state_policy()->set_exp_avg(v1::MOMENT_TYPE_FP8);
   r.mutable_state_policy()->set_exp_avg_sq(v1::MOMENT_TYPE_FP8);
   *r.add_serve() = Serve(v1::RECIPE_FP8_DELAYED, v1::DIRECTION_UNSPECIFIED);
+  const int delayed = r.serve_size() - 1;
   v1::RegisterRequest n = NormalizedSpec(r);
   // Nearest for exp_avg, stochastic for an fp8 exp_avg_sq (DESIGN.md §3).
   EXPECT_EQ(n.state_policy().exp_avg_rounding(), v1::ROUNDING_NEAREST);
   EXPECT_EQ(n.state_policy().exp_avg_sq_rounding(), v1::ROUNDING_STOCHASTIC);
-  EXPECT_EQ(n.serve(1).direction(), v1::DIRECTION_ROWWISE);
-  EXPECT_EQ(n.serve(1).amax_history(), 16);
-  EXPECT_EQ(n.serve(1).margin(), 0);
+  EXPECT_EQ(n.serve(delayed).direction(), v1::DIRECTION_ROWWISE);
+  EXPECT_EQ(n.serve(delayed).amax_history(), 16);
+  EXPECT_EQ(n.serve(delayed).margin(), 0);
   TensorInfo info = TensorInfoOf(n, 0);
   EXPECT_EQ(info.policy.exp_avg, kernels::MomentType::kFp8);
   EXPECT_EQ(info.policy.exp_avg_rounding, kernels::Rounding::kNearest);
@@ -311,8 +319,8 @@ TEST(RegistrationTest, NormalizedSpecSpellsOutTheDefaultRoundingAndDelayedHistor
   r.mutable_state_policy()->set_exp_avg_sq(v1::MOMENT_TYPE_FP8);
   r.mutable_state_policy()->set_exp_avg_sq_rounding(v1::ROUNDING_NEAREST);
   r.mutable_state_policy()->set_exp_avg_rounding(v1::ROUNDING_STOCHASTIC);
-  r.mutable_serve(1)->set_amax_history(3);
-  r.mutable_serve(1)->set_margin(2);
+  r.mutable_serve(delayed)->set_amax_history(3);
+  r.mutable_serve(delayed)->set_margin(2);
   n = NormalizedSpec(r);
   EXPECT_EQ(n.state_policy().exp_avg_rounding(), v1::ROUNDING_STOCHASTIC);
   EXPECT_EQ(n.state_policy().exp_avg_sq_rounding(), v1::ROUNDING_NEAREST);
