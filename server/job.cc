@@ -584,21 +584,6 @@ absl::StatusOr<std::shared_ptr<ServedTensor>> Job::FreshServed(Tensor& t) const 
   return served;
 }
 
-StepReport Job::RunStep(const StepWork& work) {
-  {
-    absl::MutexLock lock(&mu_);
-    const auto runnable = [this, &work]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      return !step_running_ && work.step < HoldFromLocked();
-    };
-    mu_.Await(absl::Condition(&runnable));
-    held_.erase(work.step);
-    step_running_ = true;
-  }
-  StepReport report = StepNow(work);
-  EndStepsRunning();
-  return report;
-}
-
 std::vector<StepReport> Job::RunOrHoldStep(const StepWork& work) {
   std::vector<StepWork> run;
   {

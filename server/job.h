@@ -102,17 +102,15 @@ class Job {
   // Records a rank's commit of a step; the last one returns the step's work.
   absl::StatusOr<CommitOutcome> Commit(const v1::CommitRequest& request);
 
-  // Runs a step taken by Commit on the backend and publishes each tensor's new version as soon as
-  // it is stepped, in registration order (= forward order). One step of a job at a time, in step
-  // order; waits while an export of the job streams. A backend error fails the job (Fail) and is
-  // the report's `failed`; so is the refusal of a job that failed before.
-  StepReport RunStep(const StepWork& work);
-  // What the daemon's step executor calls instead of RunStep, so an export never blocks it: runs
-  // every step held back by an export up to `work`, then `work`, in step order, and returns their
-  // reports; while an export streams (or waits to start) it holds `work` back and returns none.
-  // The export's end hands the newest held step back to the executor (StateExport). A step whose
+  // The step executor's tick for a step taken by Commit (every taken step gets one): runs every
+  // step held back up to `work`, then `work`, one step of the job at a time in step order, and
+  // returns their reports. A step runs on the backend and publishes each tensor's new version as
+  // soon as it is stepped, in registration order (= forward order). While an export streams (or
+  // waits to start) it holds `work` back and returns none, so an export never blocks the executor;
+  // the export's end hands the newest held step back to the executor (StateExport). A step whose
   // tensor's retired version is still leased waits for the lease to end (DESIGN.md §2: a step
-  // never overwrites leased bytes, and a job keeps kServedVersions of each tensor).
+  // never overwrites leased bytes, and a job keeps kServedVersions of each tensor). A backend
+  // error fails the job (Fail) and is the report's `failed`; a job that failed runs no step.
   std::vector<StepReport> RunOrHoldStep(const StepWork& work);
 
   // The job's description: its normalized registration. Immutable.
@@ -233,7 +231,7 @@ class Job {
   absl::Status SizeSlot(ChunkBuffer& slot, size_t i) const;
   void Publish(int tensor, std::shared_ptr<const ServedTensor> served,
                std::vector<std::function<void()>>* wake);
-  // The body of RunStep; the caller has claimed step_running_.
+  // Runs one step that RunOrHoldStep claimed (step_running_).
   StepReport StepNow(const StepWork& work);
   // The served buffers of every tensor's next version, waiting while a retired version is leased.
   absl::Status FreshServedForStep(int64_t step, std::vector<std::shared_ptr<ServedTensor>>* out)
