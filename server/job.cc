@@ -46,7 +46,8 @@ Job::Job(const v1::RegisterRequest& spec, Backend* backend, BufferAllocator* buf
       spec_(NormalizedSpec(spec)),
       formats_(ServedFormats(spec_)),
       backend_(backend),
-      buffers_(buffers) {
+      buffers_(buffers),
+      slots_(static_cast<size_t>(spec_.tensors_size()), world_size_) {
   hyper_ = spec_.hyperparams();
   last_commit_.assign(static_cast<size_t>(world_size_), -1);
   tensors_.resize(static_cast<size_t>(spec_.tensors_size()));
@@ -244,8 +245,8 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushGradient(Tensor& t, const v1::PushC
   }
   const size_t index = static_cast<size_t>(&t - tensors_.data());
   PARAMD_RETURN_IF_ERROR(MakeCollectingLocked());
-  ChunkBuffer& slot = collecting_[index][static_cast<size_t>(chunk.rank())];
-  DeviceSlot* device = CollectingDeviceSlot(index, chunk.rank());
+  ChunkBuffer& slot = slots_.collecting()[index][static_cast<size_t>(chunk.rank())];
+  DeviceSlot* device = slots_.collecting().FindDevice(index, chunk.rank());
   if (chunk.in_place_device() && chunk.in_place_bytes() <= 0) {
     return absl::InvalidArgumentError("in_place_device marks in-place bytes; set in_place_bytes");
   }
@@ -340,9 +341,10 @@ absl::StatusOr<CommitOutcome> Job::Commit(const v1::CommitRequest& request) {
         "job \"", name_, "\" has initial weights for ", initialized_tensors_, " of ",
         tensors_.size(), " tensors; rank 0 uploads all of them before the first commit"));
   }
+  const SlotSet& collecting = slots_.collecting();
   for (size_t i = 0; i < tensors_.size(); ++i) {
     const ChunkBuffer* slot =
-        collecting_.made() ? &collecting_[i][static_cast<size_t>(rank)] : nullptr;
+        collecting.made() ? &collecting[i][static_cast<size_t>(rank)] : nullptr;
     const int64_t received =
         slot != nullptr && slot->size() == tensors_[i].grad_bytes ? slot->received() : 0;
     if (received != tensors_[i].grad_bytes) {
@@ -372,16 +374,7 @@ absl::StatusOr<CommitOutcome> Job::Commit(const v1::CommitRequest& request) {
   // The last rank: hand the step's slots over and open the next step.
   outcome.step_started = true;
   outcome.work = StepWork{next_step_, mine.lr, mine.grad_scale};
-  taken_.emplace(next_step_, std::move(collecting_));
-  if (next_collecting_.has_value()) {
-    collecting_ = *std::move(next_collecting_);
-    next_collecting_.reset();
-  } else {
-    // A spare set, or a new one within kSlotSets; else the first push of the step makes it.
-    absl::StatusOr<SlotSet> next = NextSlotSet();
-    collecting_ = next.ok() ? *std::move(next) : SlotSet();
-  }
-  collecting_.Clear();
+  slots_.Take(next_step_);
   if (next_step_ == 0) {
     for (Tensor& t : tensors_) t.upload.reset();  // no retry of the initial weights from now on
   }
@@ -417,52 +410,24 @@ absl::StatusOr<SlotPlaces> Job::SlotsForStep(int32_t rank, int64_t step, Memory 
   return SlotPlacesLocked(rank, step, memory);
 }
 
-Job::DeviceSlot* Job::CollectingDeviceSlot(size_t tensor, int32_t rank) {
-  if (tensor >= collecting_.device.size()) return nullptr;
-  std::vector<DeviceSlot>& per_rank = collecting_.device[tensor];
-  if (rank < 0 || static_cast<size_t>(rank) >= per_rank.size()) return nullptr;
-  DeviceSlot& slot = per_rank[static_cast<size_t>(rank)];
-  return slot.bytes.empty() ? nullptr : &slot;
-}
-
-absl::StatusOr<Job::SlotSet> Job::NextSlotSet() {
-  if (!spare_slot_sets_.empty()) {
-    SlotSet set = std::move(spare_slot_sets_.back());
-    spare_slot_sets_.pop_back();
-    return set;
-  }
-  const size_t held =
-      (collecting_.made() ? 1 : 0) + (next_collecting_.has_value() ? 1 : 0) + taken_.size();
-  if (held >= static_cast<size_t>(kSlotSets)) {
-    return WithReason(
-        absl::UnavailableError(absl::StrCat(
-            "job ", Quoted(name_), " holds ", held, " gradient slot sets (steps ", steps_run_,
-            " to ", next_step_ - 1, " wait to run, and the step collected): its slots for step ",
-            next_step_ + (collecting_.made() ? 1 : 0), " come free once step ", steps_run_,
-            " has run; pull its weights first, or retry")),
-        v1::ERROR_REASON_SLOT_SETS_FULL);
-  }
-  SlotSet set;
-  set.host.resize(tensors_.size());
-  for (auto& per_tensor : set.host) per_tensor.resize(static_cast<size_t>(world_size_));
-  return set;
+absl::Status Job::SlotSetsFull() const {
+  const size_t held = slots_.held();
+  return WithReason(
+      absl::UnavailableError(absl::StrCat(
+          "job ", Quoted(name_), " holds ", held, " gradient slot sets (steps ", steps_run_, " to ",
+          next_step_ - 1, " wait to run, and the step collected): its slots for step ",
+          next_step_ + (slots_.collecting().made() ? 1 : 0), " come free once step ", steps_run_,
+          " has run; pull its weights first, or retry")),
+      v1::ERROR_REASON_SLOT_SETS_FULL);
 }
 
 absl::Status Job::MakeCollectingLocked() {
-  if (collecting_.made()) return absl::OkStatus();
-  PARAMD_ASSIGN_OR_RETURN(collecting_, NextSlotSet());
-  collecting_.Clear();
-  return absl::OkStatus();
+  return slots_.MakeCollecting() ? absl::OkStatus() : SlotSetsFull();
 }
 
 Place Job::DeviceSlotPlace(SlotSet& set, size_t tensor, int32_t rank) {
   const int64_t bytes = tensors_[tensor].grad_bytes;
-  if (set.device.size() != tensors_.size()) set.device.resize(tensors_.size());
-  std::vector<DeviceSlot>& per_rank = set.device[tensor];
-  if (per_rank.size() != static_cast<size_t>(world_size_)) {
-    per_rank.resize(static_cast<size_t>(world_size_));
-  }
-  DeviceSlot& slot = per_rank[static_cast<size_t>(rank)];
+  DeviceSlot& slot = set.Device(tensor, rank);
   if (slot.bytes.size() != bytes) {
     slot = DeviceSlot();
     absl::StatusOr<DeviceBytes> allocated = backend_->AllocateExported(bytes);
@@ -502,12 +467,9 @@ absl::StatusOr<SlotPlaces> Job::SlotPlacesLocked(int32_t rank, int64_t step, Mem
   if (lookahead) {
     // No step reads this set (a spare one's step has run), so the trainer may write it already;
     // its pushes are accepted once the job collects `step`.
-    PARAMD_RETURN_IF_ERROR(MakeCollectingLocked());  // the set before it comes first
-    if (!next_collecting_.has_value()) {
-      PARAMD_ASSIGN_OR_RETURN(SlotSet next, NextSlotSet());
-      next_collecting_ = std::move(next);
-    }
-    SlotSet& set = *next_collecting_;
+    SlotSet* next = slots_.Lookahead();
+    if (next == nullptr) return SlotSetsFull();
+    SlotSet& set = *next;
     SlotPlaces out;
     for (size_t i = 0; i < tensors_.size(); ++i) {
       ChunkBuffer& slot = set[i][static_cast<size_t>(rank)];
@@ -524,13 +486,14 @@ absl::StatusOr<SlotPlaces> Job::SlotPlacesLocked(int32_t rank, int64_t step, Mem
     return out;
   }
   PARAMD_RETURN_IF_ERROR(MakeCollectingLocked());
+  SlotSet& collecting = slots_.collecting();
   SlotPlaces out;
   out.committed = commits_.contains(rank);
   for (size_t i = 0; i < tensors_.size(); ++i) {
-    ChunkBuffer& slot = collecting_[i][static_cast<size_t>(rank)];
+    ChunkBuffer& slot = collecting[i][static_cast<size_t>(rank)];
     PARAMD_RETURN_IF_ERROR(SizeSlot(slot, i));
     if (device) {
-      out.places.push_back(DeviceSlotPlace(collecting_, i, rank));
+      out.places.push_back(DeviceSlotPlace(collecting, i, rank));
     } else {
       out.places.push_back(slot.place() != nullptr ? *slot.place() : Place{});
     }
@@ -590,12 +553,12 @@ std::vector<StepReport> Job::RunOrHoldStep(const StepWork& work) {
     absl::MutexLock lock(&mu_);
     // A failed job runs no step again; its taken slots go.
     if (!failed_.ok()) {
-      taken_.erase(work.step);
+      slots_.Drop(work.step);
       held_.clear();
       return {};
     }
     // A step that already ran (its tick came back from an export) or that an import discarded.
-    if (work.step < steps_run_ || !taken_.contains(work.step)) return {};
+    if (work.step < steps_run_ || !slots_.IsTaken(work.step)) return {};
     held_.emplace(work.step, work);
     // Steps run in step order: the held ones from the next step on, as far as they are taken and
     // no export holds them. Every step gets a tick of its own; a tick that finds earlier steps
@@ -703,7 +666,7 @@ StepReport Job::StepNow(const StepWork& work) {
     {
       absl::MutexLock lock(&mu_);
       FailLocked(report.failed, &wake);
-      taken_.erase(work.step);
+      slots_.Drop(work.step);
     }
     for (auto& w : wake) w();
     return report;
@@ -712,7 +675,7 @@ StepReport Job::StepNow(const StepWork& work) {
   {
     absl::MutexLock lock(&mu_);
     if (!failed_.ok()) {
-      taken_.erase(work.step);
+      slots_.Drop(work.step);
       report.failed = failed_;
       return report;
     }
@@ -722,7 +685,7 @@ StepReport Job::StepNow(const StepWork& work) {
   const auto versions_ready = std::chrono::steady_clock::now();
   {
     absl::MutexLock lock(&mu_);
-    SlotSet& slots = taken_.at(work.step);
+    SlotSet& slots = slots_.Taken(work.step);
     kernels::AdamwHyper hyper{work.lr.value_or(hyper_.lr()), hyper_.beta1(), hyper_.beta2(),
                               hyper_.eps(), hyper_.weight_decay()};
     scalars.k = applied_steps_ + 1;
@@ -834,8 +797,7 @@ StepReport Job::StepNow(const StepWork& work) {
   report.skipped = skipped;
   report.clip = scalars.clip;
   for (const Tensor& t : tensors_) report.elements += t.elements;
-  spare_slot_sets_.push_back(std::move(taken_.at(work.step)));
-  taken_.erase(work.step);
+  slots_.Return(work.step);
   return report;
 }
 

@@ -23,6 +23,7 @@
 #include "server/backend.h"
 #include "server/chunk_buffer.h"
 #include "server/memory_budget.h"
+#include "server/slot_sets.h"
 
 namespace paramd {
 
@@ -160,33 +161,6 @@ class Job {
     // are reused once no reader holds them.
     std::vector<std::shared_ptr<ServedTensor>> versions;
   };
-  // A rank's gradient slot in the backend's exported GPU memory: allocated when the
-  // rank asks for device places, `written` once an in-place device push marked it this step (its
-  // ChunkBuffer then only counts the bytes).
-  struct DeviceSlot {
-    DeviceBytes bytes;
-    bool written = false;
-  };
-  // The gradient slots of one step: a host buffer per tensor and rank, and device slots for the
-  // ranks that write their gradients into exported GPU memory.
-  // A set is made when a step's first push or slot place needs it, so registering costs no
-  // per-rank records.
-  struct SlotSet {
-    std::vector<std::vector<ChunkBuffer>> host;   // [tensor][rank]; empty until made
-    std::vector<std::vector<DeviceSlot>> device;  // [tensor][rank], empty until asked for
-    bool made() const { return !host.empty(); }
-    // Forgets every chunk received and every device mark, keeping the memory.
-    void Clear() {
-      for (auto& per_tensor : host) {
-        for (ChunkBuffer& slot : per_tensor) slot.Clear();
-      }
-      for (auto& per_tensor : device) {
-        for (DeviceSlot& slot : per_tensor) slot.written = false;
-      }
-    }
-    std::vector<ChunkBuffer>& operator[](size_t i) { return host[i]; }
-    const std::vector<ChunkBuffer>& operator[](size_t i) const { return host[i]; }
-  };
   struct RankCommit {
     std::optional<double> lr;
     double grad_scale = 1.0;
@@ -208,15 +182,12 @@ class Job {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<SlotPlaces> SlotPlacesLocked(int32_t rank, int64_t step, Memory memory)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The device slot of (tensor, rank) in the collecting set, or null when none was allocated.
-  DeviceSlot* CollectingDeviceSlot(size_t tensor, int32_t rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The place of (tensor, rank)'s device slot in the collecting set, allocated now where missing;
+  // The place of (tensor, rank)'s device slot in `set` (made), allocated now where missing;
   // segment -1 when the backend's exported memory has no room.
   Place DeviceSlotPlace(SlotSet& set, size_t tensor, int32_t rank)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A slot set to collect a step in: a spare one, else a new one while the job holds fewer than
-  // kSlotSets; else UNAVAILABLE.
-  absl::StatusOr<SlotSet> NextSlotSet() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // UNAVAILABLE: the job holds kSlotSets, none for the step a push or slot place asked for.
+  absl::Status SlotSetsFull() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes the set that collects next_step_ where it is not made yet.
   absl::Status MakeCollectingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Buffers for a tensor's next version: the retired version's once no reader holds it, else new
@@ -292,12 +263,8 @@ class Job {
   int64_t initialized_tensors_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int32_t, RankCommit> commits_ ABSL_GUARDED_BY(mu_);  // for next_step_
   std::vector<int64_t> last_commit_ ABSL_GUARDED_BY(mu_);       // per rank, -1 = none
-  SlotSet collecting_ ABSL_GUARDED_BY(mu_);                     // gradients of next_step_
-  // Slots of steps handed to the executor, by step; their buffers are reused once a step ran.
-  std::map<int64_t, SlotSet> taken_ ABSL_GUARDED_BY(mu_);
-  std::vector<SlotSet> spare_slot_sets_ ABSL_GUARDED_BY(mu_);
-  // The set that collects next_step_ + 1, set aside early when a trainer asked for its places.
-  std::optional<SlotSet> next_collecting_ ABSL_GUARDED_BY(mu_);
+  // The gradient slots of next_step_, of the step after it, and of the steps taken.
+  SlotSets slots_ ABSL_GUARDED_BY(mu_);
   double last_step_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t skipped_steps_ ABSL_GUARDED_BY(mu_) = 0;
   double last_clip_ ABSL_GUARDED_BY(mu_) = 1.0;

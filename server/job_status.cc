@@ -34,21 +34,8 @@ v1::JobStatus Job::Status() const {
     by_kind.moment_scales += bytes.moment_scales;
     for (const auto& version : t.versions) served_bytes += version->bytes();
   }
-  int64_t slot_bytes = 0;
-  auto count = [&slot_bytes](const SlotSet& set) {
-    for (const auto& per_tensor : set.host) {
-      for (const ChunkBuffer& slot : per_tensor) slot_bytes += slot.size();
-    }
-    for (const auto& per_tensor : set.device) {
-      for (const DeviceSlot& slot : per_tensor) slot_bytes += slot.bytes.size();
-    }
-  };
-  count(collecting_);
-  if (next_collecting_.has_value()) count(*next_collecting_);
-  for (const auto& entry : taken_) count(entry.second);
-  for (const SlotSet& set : spare_slot_sets_) count(set);
   s.set_state_bytes(state_bytes);
-  s.set_slot_bytes(slot_bytes);
+  s.set_slot_bytes(slots_.bytes());
   s.set_served_bytes(served_bytes);
   s.set_last_step_seconds(last_step_seconds_);
   s.set_skipped_steps(skipped_steps_);

@@ -92,7 +92,7 @@ absl::StatusOr<v1::ImportStateResponse> Job::Import(StagedState staged) {
     };
     mu_.Await(absl::Condition(&settled));
     PARAMD_RETURN_IF_ERROR(failed_);
-    if (steps_run_ < next_step_ || !taken_.empty()) {
+    if (steps_run_ < next_step_ || slots_.any_taken()) {
       return absl::FailedPreconditionError(absl::StrCat(
           refused, "step ", steps_run_,
           " is running or queued; import between steps, once every rank pulled its weights"));
@@ -115,8 +115,9 @@ absl::StatusOr<v1::ImportStateResponse> Job::Import(StagedState staged) {
             absl::StrCat(refused, "the initial weights of tensor \"", t.spec.name(),
                          "\" are being uploaded; import instead of uploading, or after"));
       }
-      for (size_t r = 0; collecting_.made() && r < collecting_[i].size(); ++r) {
-        if (collecting_[i][r].received() > 0) {
+      const SlotSet& collecting = slots_.collecting();
+      for (size_t r = 0; collecting.made() && r < collecting[i].size(); ++r) {
+        if (collecting[i][r].received() > 0) {
           return absl::FailedPreconditionError(absl::StrCat(
               refused, "rank ", r, " pushed gradients of tensor \"", t.spec.name(), "\" for step ",
               next_step_, "; import before any rank pushes or commits a step"));
