@@ -47,7 +47,8 @@ Job::Job(const v1::RegisterRequest& spec, Backend* backend, BufferAllocator* buf
       formats_(ServedFormats(spec_)),
       backend_(backend),
       buffers_(buffers),
-      slots_(static_cast<size_t>(spec_.tensors_size()), world_size_) {
+      slots_(static_cast<size_t>(spec_.tensors_size()), world_size_),
+      served_(static_cast<size_t>(spec_.tensors_size())) {
   hyper_ = spec_.hyperparams();
   last_commit_.assign(static_cast<size_t>(world_size_), -1);
   tensors_.resize(static_cast<size_t>(spec_.tensors_size()));
@@ -83,9 +84,7 @@ absl::StatusOr<v1::RegisterResponse> Job::Register(const v1::RegisterRequest& re
   v1::RegisterResponse response;
   response.set_next_step(next_step_);
   // The version every tensor has published: a step taken but still running has not published yet.
-  int64_t version = std::numeric_limits<int64_t>::max();
-  for (const Tensor& t : tensors_) version = std::min(version, t.served ? t.served->version : -1);
-  response.set_version(version);
+  response.set_version(served_.published());
   response.set_max_chunk_bytes(max_chunk_bytes);
   return response;
 }
@@ -181,6 +180,7 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushLocked(const v1::PushChunk& chunk,
 
 absl::StatusOr<ChunkBuffer::Stored> Job::PushWeights(Tensor& t, const v1::PushChunk& chunk,
                                                      std::vector<std::function<void()>>* wake) {
+  const int index = static_cast<int>(&t - tensors_.data());
   if (chunk.rank() != 0 || chunk.step() != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("initial weights come from rank 0 at step 0; got rank ", chunk.rank(),
@@ -197,7 +197,7 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushWeights(Tensor& t, const v1::PushCh
     }
     return absl::FailedPreconditionError(absl::StrCat(
         "initial weights of tensor \"", t.spec.name(),
-        "\" were already uploaded (published version ", t.served->version,
+        "\" were already uploaded (published version ", served_.newest(index)->version,
         "); the daemon keeps its state, restart the job under a new name to reset it"));
   }
   if (absl::Status s = CheckInitialWeights(t.spec.name(), chunk.offset(), chunk.data()); !s.ok()) {
@@ -213,7 +213,7 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushWeights(Tensor& t, const v1::PushCh
   absl::StatusOr<ChunkBuffer::Stored> stored = t.upload->Store(chunk.offset(), chunk.data());
   if (!stored.ok() || !t.upload->complete()) return stored;
 
-  PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<ServedTensor> served, FreshServed(t));
+  PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<ServedTensor> served, FreshServed(index));
   served->version = 0;
   absl::StatusOr<std::unique_ptr<TensorState>> state =
       backend_->CreateState(t.info,
@@ -223,7 +223,7 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushWeights(Tensor& t, const v1::PushCh
   if (!state.ok()) return state.status();
   t.state = std::move(*state);  // the upload stays until the first step, for retries
   ++initialized_tensors_;
-  Publish(static_cast<int>(&t - tensors_.data()), std::move(served), wake);
+  served_.Publish(index, std::move(served), wake);
   return stored;
 }
 
@@ -513,37 +513,32 @@ void Job::SetTrainerTransport(int32_t rank, const std::string& transport,
   t.set_reason(reason);
 }
 
-absl::StatusOr<std::shared_ptr<ServedTensor>> Job::FreshServed(Tensor& t) const {
-  std::shared_ptr<ServedTensor> served;
-  // A retired version is free once no reader holds it (the job's own reference is the last one).
-  for (const std::shared_ptr<ServedTensor>& version : t.versions) {
-    if (version.use_count() == 1) served = version;
-  }
-  if (served == nullptr && t.versions.size() >= static_cast<size_t>(kServedVersions)) {
-    return std::shared_ptr<ServedTensor>();  // all leased: one more would pass the budget
-  }
-  if (served == nullptr) {
-    served = std::make_shared<ServedTensor>();
-    for (const FormatKey& f : formats_) {
-      ServedFormat& format = served->formats.emplace_back();
-      format.key = f;
-      format.layout = kernels::ServeLayout(KernelRecipe(f.recipe), KernelDirection(f.direction),
-                                           t.spec.rows(), t.spec.cols());
-      PARAMD_ASSIGN_OR_RETURN(format.bytes,
-                              NewBuffer(format.layout.data_bytes + format.layout.scale_bytes));
-      if (backend_->Exports().has_value()) {
-        absl::StatusOr<DeviceBytes> device = backend_->AllocateExported(format.bytes.size());
-        if (device.ok()) {
-          format.device = *std::move(device);
-        } else if (!warned_device_fallback_.exchange(true)) {
-          PARAMD_LOG(WARNING) << "job " << name_ << ": " << device.status()
-                              << "; served bytes that do not fit are pulled from host memory";
-        }
+absl::StatusOr<std::shared_ptr<ServedTensor>> Job::FreshServed(int tensor) {
+  return served_.Fresh(tensor, [this, tensor]() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // mu_ held
+    return NewServed(tensor);
+  });
+}
+
+absl::StatusOr<std::shared_ptr<ServedTensor>> Job::NewServed(int tensor) const {
+  const Tensor& t = tensors_[static_cast<size_t>(tensor)];
+  auto served = std::make_shared<ServedTensor>();
+  for (const FormatKey& f : formats_) {
+    ServedFormat& format = served->formats.emplace_back();
+    format.key = f;
+    format.layout = kernels::ServeLayout(KernelRecipe(f.recipe), KernelDirection(f.direction),
+                                         t.spec.rows(), t.spec.cols());
+    PARAMD_ASSIGN_OR_RETURN(format.bytes,
+                            NewBuffer(format.layout.data_bytes + format.layout.scale_bytes));
+    if (backend_->Exports().has_value()) {
+      absl::StatusOr<DeviceBytes> device = backend_->AllocateExported(format.bytes.size());
+      if (device.ok()) {
+        format.device = *std::move(device);
+      } else if (!warned_device_fallback_.exchange(true)) {
+        PARAMD_LOG(WARNING) << "job " << name_ << ": " << device.status()
+                            << "; served bytes that do not fit are pulled from host memory";
       }
     }
-    t.versions.push_back(served);
   }
-  served->skipped = false;
   return served;
 }
 
@@ -604,12 +599,7 @@ void Job::FailLocked(const absl::Status& why, std::vector<std::function<void()>>
   if (!failed_.ok()) return;
   failed_ = why;
   // Their pulls ask again, find no version (Served) and end with the job's status.
-  TakeAllWaitersLocked(wake);
-}
-
-void Job::TakeAllWaitersLocked(std::vector<std::function<void()>>* wake) {
-  for (auto& [id, waiter] : waiters_) wake->push_back(std::move(waiter.wake));
-  waiters_.clear();
+  served_.TakeAllWaiters(wake);
 }
 
 absl::Status Job::CheckUsable() const {
@@ -621,18 +611,18 @@ absl::Status Job::FreshServedForStep(int64_t step,
                                      std::vector<std::shared_ptr<ServedTensor>>* out) {
   const auto started = std::chrono::steady_clock::now();
   bool warned = false;
-  for (Tensor& t : tensors_) {
+  for (int i = 0; i < static_cast<int>(tensors_.size()); ++i) {
+    const Tensor& t = tensors_[static_cast<size_t>(i)];
     for (;;) {
       PARAMD_RETURN_IF_ERROR(failed_);  // deleted while it waited
-      PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<ServedTensor> served, FreshServed(t));
+      PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<ServedTensor> served, FreshServed(i));
       if (served != nullptr) {
         out->push_back(std::move(served));
         break;
       }
       // A reader still leases the retired version: its lease ends with Release or at its expiry.
-      const auto free = [&t]() {
-        return std::any_of(t.versions.begin(), t.versions.end(),
-                           [](const auto& version) { return version.use_count() == 1; });
+      const auto free = [this, i]() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // mu_ held
+        return served_.AnyFree(i);
       };
       mu_.AwaitWithTimeout(absl::Condition(&free), absl::Milliseconds(20));
       if (!warned && std::chrono::steady_clock::now() - started > std::chrono::seconds(1)) {
@@ -694,7 +684,8 @@ StepReport Job::StepNow(const StepWork& work) {
     scalars.seed = spec_.seed();
     for (size_t i = 0; i < tensors_.size(); ++i) {
       Tensor& t = tensors_[i];
-      previous.push_back(t.served.get());  // stays alive (published, then retired) while read
+      // Stays alive (published, then retired) while read.
+      previous.push_back(served_.newest(static_cast<int>(i)).get());
       TensorStep step;
       step.state = t.state.get();
       step.slot_type = t.spec.grad_type() == v1::ELEMENT_TYPE_BF16 ? kernels::SlotType::kBf16
@@ -741,7 +732,7 @@ StepReport Job::StepNow(const StepWork& work) {
       absl::MutexLock lock(&mu_);
       outputs[i]->version = work.step + 1;
       outputs[i]->skipped = skipped;
-      Publish(static_cast<int>(i), std::move(outputs[i]), &wake);
+      served_.Publish(static_cast<int>(i), std::move(outputs[i]), &wake);
       if (++published == outputs.size()) count_step();
     }
     for (auto& w : wake) w();
@@ -801,50 +792,29 @@ StepReport Job::StepNow(const StepWork& work) {
   return report;
 }
 
-void Job::Publish(int tensor, std::shared_ptr<const ServedTensor> served,
-                  std::vector<std::function<void()>>* wake) {
-  Tensor& t = tensors_[static_cast<size_t>(tensor)];
-  // The retired version's buffers are reused once its readers let go (FreshServed).
-  t.served = std::move(served);
-  for (auto it = waiters_.begin(); it != waiters_.end();) {
-    if (it->second.tensor == tensor && it->second.min_version <= t.served->version) {
-      wake->push_back(std::move(it->second.wake));
-      it = waiters_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-}
-
 std::shared_ptr<const ServedTensor> Job::Served(int tensor, int64_t min_version) const {
   absl::MutexLock lock(&mu_);
-  const auto& served = tensors_[static_cast<size_t>(tensor)].served;
+  const auto& served = served_.newest(tensor);
   if (failed_.ok() && served != nullptr && served->version >= min_version) return served;
   return nullptr;
 }
 
 uint64_t Job::AddWaiter(int tensor, int64_t min_version, std::function<void()> wake) {
   absl::MutexLock lock(&mu_);
-  const auto& served = tensors_[static_cast<size_t>(tensor)].served;
-  if (!failed_.ok() || stop_waiting_ || (served != nullptr && served->version >= min_version)) {
-    return 0;
-  }
-  const uint64_t id = next_waiter_++;
-  waiters_.emplace(id, Waiter{tensor, min_version, std::move(wake)});
-  return id;
+  if (!failed_.ok()) return 0;
+  return served_.AddWaiter(tensor, min_version, std::move(wake));
 }
 
 bool Job::RemoveWaiter(uint64_t id) {
   absl::MutexLock lock(&mu_);
-  return waiters_.erase(id) > 0;
+  return served_.RemoveWaiter(id);
 }
 
 void Job::StopWaiting() {
   std::vector<std::function<void()>> wake;
   {
     absl::MutexLock lock(&mu_);
-    stop_waiting_ = true;
-    TakeAllWaitersLocked(&wake);
+    served_.StopWaiting(&wake);
   }
   for (auto& w : wake) w();
 }

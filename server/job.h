@@ -23,6 +23,7 @@
 #include "server/backend.h"
 #include "server/chunk_buffer.h"
 #include "server/memory_budget.h"
+#include "server/served_versions.h"
 #include "server/slot_sets.h"
 
 namespace paramd {
@@ -154,21 +155,12 @@ class Job {
     TensorInfo info;  // shape, index and policy, for the backend
     int64_t elements = 0;
     int64_t grad_bytes = 0;
-    std::unique_ptr<TensorState> state;          // null until the initial weights arrived
-    std::unique_ptr<ChunkBuffer> upload;         // initial weights while they arrive
-    std::shared_ptr<const ServedTensor> served;  // newest published version
-    // Every served version's buffers, at most kServedVersions: the newest, and retired ones that
-    // are reused once no reader holds them.
-    std::vector<std::shared_ptr<ServedTensor>> versions;
+    std::unique_ptr<TensorState> state;   // null until the initial weights arrived
+    std::unique_ptr<ChunkBuffer> upload;  // initial weights while they arrive
   };
   struct RankCommit {
     std::optional<double> lr;
     double grad_scale = 1.0;
-  };
-  struct Waiter {
-    int tensor;
-    int64_t min_version;
-    std::function<void()> wake;
   };
 
   absl::Status CheckRank(int32_t rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -190,18 +182,19 @@ class Job {
   absl::Status SlotSetsFull() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes the set that collects next_step_ where it is not made yet.
   absl::Status MakeCollectingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Buffers for a tensor's next version: the retired version's once no reader holds it, else new
-  // ones while the tensor has fewer than kServedVersions; null when the retired version is still
-  // leased (the caller waits, or refuses).
-  absl::StatusOr<std::shared_ptr<ServedTensor>> FreshServed(Tensor& t) const
+  // Buffers for a tensor's next version (ServedVersions::Fresh): the retired version's once no
+  // reader holds it, else new ones while the tensor has fewer than kServedVersions; null when the
+  // retired version is still leased (the caller waits, or refuses).
+  absl::StatusOr<std::shared_ptr<ServedTensor>> FreshServed(int tensor)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // New buffers for a version of a tensor, in every served format.
+  absl::StatusOr<std::shared_ptr<ServedTensor>> NewServed(int tensor) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A buffer from `buffers_`, or from the heap when that fails (logged once); RESOURCE_EXHAUSTED
   // when the heap has none either.
   absl::StatusOr<HostBuffer> NewBuffer(int64_t bytes) const;
   // Makes a slot the size of tensor i's gradient (a no-op when it is).
   absl::Status SizeSlot(ChunkBuffer& slot, size_t i) const;
-  void Publish(int tensor, std::shared_ptr<const ServedTensor> served,
-               std::vector<std::function<void()>>* wake);
   // Runs one step that RunOrHoldStep claimed (step_running_).
   StepReport StepNow(const StepWork& work);
   // The served buffers of every tensor's next version, waiting while a retired version is leased.
@@ -209,9 +202,6 @@ class Job {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records the job's failure (the first one stays) and wakes its waiters (into `wake`).
   void FailLocked(const absl::Status& why, std::vector<std::function<void()>>* wake)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Removes every waiter, handing its wake to `wake`.
-  void TakeAllWaitersLocked(std::vector<std::function<void()>>* wake)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Lets go of step_running_ and starts the exports that waited for the steps that ran.
   void EndStepsRunning();
@@ -265,12 +255,12 @@ class Job {
   std::vector<int64_t> last_commit_ ABSL_GUARDED_BY(mu_);       // per rank, -1 = none
   // The gradient slots of next_step_, of the step after it, and of the steps taken.
   SlotSets slots_ ABSL_GUARDED_BY(mu_);
+  // Every tensor's served versions, and the pulls waiting for one.
+  ServedVersions served_ ABSL_GUARDED_BY(mu_);
   double last_step_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t skipped_steps_ ABSL_GUARDED_BY(mu_) = 0;
   double last_clip_ ABSL_GUARDED_BY(mu_) = 1.0;
-  std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   std::map<int32_t, v1::TrainerTransport> trainer_transports_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_waiter_ ABSL_GUARDED_BY(mu_) = 1;
   // Steps run so far (the version they published); an import sets it to the imported version.
   int64_t steps_run_ ABSL_GUARDED_BY(mu_) = 0;
   bool step_running_ ABSL_GUARDED_BY(mu_) = false;
@@ -280,7 +270,6 @@ class Job {
   std::multimap<int64_t, ExportStart> waiting_exports_ ABSL_GUARDED_BY(mu_);  // by wait_for
   std::map<int64_t, StepWork> held_ ABSL_GUARDED_BY(mu_);  // steps held back by an export
   absl::Status failed_ ABSL_GUARDED_BY(mu_);  // not OK once the job failed or was deleted
-  bool stop_waiting_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace paramd

@@ -129,7 +129,8 @@ absl::StatusOr<v1::ImportStateResponse> Job::Import(StagedState staged) {
     std::vector<std::shared_ptr<ServedTensor>> served;
     for (size_t i = 0; i < tensors_.size(); ++i) {
       Tensor& t = tensors_[i];
-      PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<ServedTensor> fresh, FreshServed(t));
+      PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<ServedTensor> fresh,
+                              FreshServed(static_cast<int>(i)));
       if (fresh == nullptr) {
         return absl::FailedPreconditionError(
             absl::StrCat(refused, "readers hold leases on every served version of tensor \"",
@@ -150,7 +151,7 @@ absl::StatusOr<v1::ImportStateResponse> Job::Import(StagedState staged) {
       t.state = std::move(states[i]);
       t.upload.reset();  // the state no longer comes from the uploaded weights
       served[i]->version = header.next_step();
-      Publish(static_cast<int>(i), std::move(served[i]), &wake);
+      served_.Publish(static_cast<int>(i), std::move(served[i]), &wake);
     }
     initialized_tensors_ = static_cast<int64_t>(tensors_.size());
     next_step_ = header.next_step();
