@@ -2,7 +2,6 @@
 
 #include <google/protobuf/util/message_differencer.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -47,10 +46,10 @@ Job::Job(const v1::RegisterRequest& spec, Backend* backend, BufferAllocator* buf
       formats_(ServedFormats(spec_)),
       backend_(backend),
       buffers_(buffers),
+      sequence_(name_, world_size_),
       slots_(static_cast<size_t>(spec_.tensors_size()), world_size_),
       served_(static_cast<size_t>(spec_.tensors_size())) {
   hyper_ = spec_.hyperparams();
-  last_commit_.assign(static_cast<size_t>(world_size_), -1);
   tensors_.resize(static_cast<size_t>(spec_.tensors_size()));
   for (int i = 0; i < spec_.tensors_size(); ++i) {
     Tensor& t = tensors_[static_cast<size_t>(i)];
@@ -82,7 +81,7 @@ absl::StatusOr<v1::RegisterResponse> Job::Register(const v1::RegisterRequest& re
   PARAMD_RETURN_IF_ERROR(failed_);
   registered_.insert(request.rank());
   v1::RegisterResponse response;
-  response.set_next_step(next_step_);
+  response.set_next_step(sequence_.next_step());
   // The version every tensor has published: a step taken but still running has not published yet.
   response.set_version(served_.published());
   response.set_max_chunk_bytes(max_chunk_bytes);
@@ -190,7 +189,7 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushWeights(Tensor& t, const v1::PushCh
     // Identical bytes before the first step are a retry of the upload: compared with the bytes as
     // uploaded, not with the served FP32 (the master, which a narrower master type rounds).
     // Anything else would overwrite the state.
-    if (t.upload != nullptr && next_step_ == 0 &&
+    if (t.upload != nullptr && sequence_.next_step() == 0 &&
         std::memcmp(t.upload->data() + chunk.offset(), chunk.data().data(), chunk.data().size()) ==
             0) {
       return ChunkBuffer::Stored::kDuplicate;
@@ -233,16 +232,18 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushGradient(Tensor& t, const v1::PushC
         "tensor \"", t.spec.name(),
         "\" has no initial weights yet; rank 0 uploads them (PUSH_KIND_INITIAL_WEIGHTS) first"));
   }
-  if (chunk.step() < next_step_) {
+  const int64_t next_step = sequence_.next_step();
+  if (chunk.step() < next_step) {
     return absl::FailedPreconditionError(absl::StrCat("step ", chunk.step(), " of job \"", name_,
                                                       "\" is stale: the job collects step ",
-                                                      next_step_, " now"));
+                                                      next_step, " now"));
   }
-  if (chunk.step() > next_step_) {
+  if (chunk.step() > next_step) {
     return absl::FailedPreconditionError(absl::StrCat(
         "step ", chunk.step(), " of job \"", name_, "\" is ahead of the step it collects (",
-        next_step_, "); every rank commits step ", next_step_, " first"));
+        next_step, "); every rank commits step ", next_step, " first"));
   }
+  const bool committed = sequence_.committed(chunk.rank());
   const size_t index = static_cast<size_t>(&t - tensors_.data());
   PARAMD_RETURN_IF_ERROR(MakeCollectingLocked());
   ChunkBuffer& slot = slots_.collecting()[index][static_cast<size_t>(chunk.rank())];
@@ -250,7 +251,7 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushGradient(Tensor& t, const v1::PushC
   if (chunk.in_place_device() && chunk.in_place_bytes() <= 0) {
     return absl::InvalidArgumentError("in_place_device marks in-place bytes; set in_place_bytes");
   }
-  if (chunk.in_place_device() && !commits_.contains(chunk.rank())) {
+  if (chunk.in_place_device() && !committed) {
     // A slot's bytes lie wholly in host memory or wholly in GPU memory: the step reads one.
     if (device == nullptr || device->bytes.size() != t.grad_bytes) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -269,13 +270,12 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushGradient(Tensor& t, const v1::PushC
     if (stored.ok()) device->written = true;
     return stored;
   }
-  if (device != nullptr && device->written && !commits_.contains(chunk.rank()) &&
-      chunk.in_place_bytes() == 0) {
+  if (device != nullptr && device->written && !committed && chunk.in_place_bytes() == 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("tensor \"", t.spec.name(), "\" has ", slot.received(), " bytes of step ",
                      chunk.step(), " written in GPU memory; finish it in place"));
   }
-  if (commits_.contains(chunk.rank())) {
+  if (committed) {
     // The rank's slots are complete, so a chunk is either an identical re-send (a retry, or a
     // restarted trainer pushing again: acknowledged) or a change to committed gradients.
     absl::StatusOr<ChunkBuffer::Stored> stored =
@@ -321,20 +321,10 @@ absl::StatusOr<CommitOutcome> Job::Commit(const v1::CommitRequest& request) {
   PARAMD_RETURN_IF_ERROR(failed_);
   const int32_t rank = request.rank();
   if (absl::Status s = CheckRank(rank); !s.ok()) return s;
-  if (request.step() < next_step_) {
-    // Only the step taken last can be retried: a rank commits step t + 1 after its commit of t
-    // returned, so an older step is not a retry.
-    if (request.step() >= 0 && last_commit_[static_cast<size_t>(rank)] == request.step()) {
-      return CommitOutcome{world_size_, false, std::nullopt};  // a retry of a commit that landed
-    }
-    return absl::FailedPreconditionError(absl::StrCat("step ", request.step(), " of job \"", name_,
-                                                      "\" is stale: the job collects step ",
-                                                      next_step_, " now"));
-  }
-  if (request.step() > next_step_) {
-    return absl::FailedPreconditionError(absl::StrCat("step ", request.step(), " of job \"", name_,
-                                                      "\" is ahead of the step it collects (",
-                                                      next_step_, ")"));
+  PARAMD_ASSIGN_OR_RETURN(const StepSequence::CommitKind kind,
+                          sequence_.CheckCommitStep(rank, request.step()));
+  if (kind == StepSequence::CommitKind::kRetry) {
+    return CommitOutcome{world_size_, false, std::nullopt};  // a retry of a commit that landed
   }
   if (initialized_tensors_ != static_cast<int64_t>(tensors_.size())) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -354,33 +344,13 @@ absl::StatusOr<CommitOutcome> Job::Commit(const v1::CommitRequest& request) {
                        " gradient bytes; push every chunk of every tensor before committing"));
     }
   }
-  for (const auto& [other, theirs] : commits_) {
-    if (theirs.lr != mine.lr || theirs.grad_scale != mine.grad_scale) {
-      auto lr_text = [](const std::optional<double>& lr) {
-        return lr ? absl::StrCat(*lr) : std::string("none");
-      };
-      return absl::InvalidArgumentError(
-          absl::StrCat("rank ", rank, " commits step ", request.step(), " with lr ",
-                       lr_text(mine.lr), " and grad_scale ", mine.grad_scale, " but rank ", other,
-                       " committed lr ", lr_text(theirs.lr), " and grad_scale ", theirs.grad_scale,
-                       "; every rank must send the same values for a step"));
-    }
-  }
-  commits_[rank] = mine;
-  CommitOutcome outcome;
-  outcome.committed_ranks = static_cast<int>(commits_.size());
-  if (outcome.committed_ranks < world_size_) return outcome;
-
-  // The last rank: hand the step's slots over and open the next step.
-  outcome.step_started = true;
-  outcome.work = StepWork{next_step_, mine.lr, mine.grad_scale};
-  slots_.Take(next_step_);
-  if (next_step_ == 0) {
+  PARAMD_ASSIGN_OR_RETURN(CommitOutcome outcome, sequence_.Commit(rank, mine));
+  if (!outcome.work.has_value()) return outcome;
+  // The last rank: the step's slots are handed over with it.
+  slots_.Take(outcome.work->step);
+  if (outcome.work->step == 0) {
     for (Tensor& t : tensors_) t.upload.reset();  // no retry of the initial weights from now on
   }
-  for (int64_t& last : last_commit_) last = next_step_;
-  commits_.clear();
-  ++next_step_;
   return outcome;
 }
 
@@ -411,12 +381,13 @@ absl::StatusOr<SlotPlaces> Job::SlotsForStep(int32_t rank, int64_t step, Memory 
 }
 
 absl::Status Job::SlotSetsFull() const {
-  const size_t held = slots_.held();
+  const int64_t steps_run = sequence_.steps_run();
+  const int64_t next_step = sequence_.next_step();
   return WithReason(
       absl::UnavailableError(absl::StrCat(
-          "job ", Quoted(name_), " holds ", held, " gradient slot sets (steps ", steps_run_, " to ",
-          next_step_ - 1, " wait to run, and the step collected): its slots for step ",
-          next_step_ + (slots_.collecting().made() ? 1 : 0), " come free once step ", steps_run_,
+          "job ", Quoted(name_), " holds ", slots_.held(), " gradient slot sets (steps ", steps_run,
+          " to ", next_step - 1, " wait to run, and the step collected): its slots for step ",
+          next_step + (slots_.collecting().made() ? 1 : 0), " come free once step ", steps_run,
           " has run; pull its weights first, or retry")),
       v1::ERROR_REASON_SLOT_SETS_FULL);
 }
@@ -448,16 +419,17 @@ absl::StatusOr<SlotPlaces> Job::SlotPlacesLocked(int32_t rank, int64_t step, Mem
   const bool device = memory == Memory::kDevice;
   PARAMD_RETURN_IF_ERROR(failed_);
   PARAMD_RETURN_IF_ERROR(CheckRank(rank));
-  if (step < next_step_) {
+  const int64_t next_step = sequence_.next_step();
+  if (step < next_step) {
     return absl::FailedPreconditionError(absl::StrCat("step ", step, " of job \"", name_,
                                                       "\" is stale: the job collects step ",
-                                                      next_step_, " now"));
+                                                      next_step, " now"));
   }
-  const bool lookahead = step == next_step_ + 1;
-  if (step > next_step_ && !lookahead) {
+  const bool lookahead = step == next_step + 1;
+  if (step > next_step && !lookahead) {
     return absl::FailedPreconditionError(
         absl::StrCat("step ", step, " of job \"", name_, "\" is ahead of the step it collects (",
-                     next_step_, "); every rank commits step ", next_step_, " first"));
+                     next_step, "); every rank commits step ", next_step, " first"));
   }
   if (initialized_tensors_ != static_cast<int64_t>(tensors_.size())) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -488,7 +460,7 @@ absl::StatusOr<SlotPlaces> Job::SlotPlacesLocked(int32_t rank, int64_t step, Mem
   PARAMD_RETURN_IF_ERROR(MakeCollectingLocked());
   SlotSet& collecting = slots_.collecting();
   SlotPlaces out;
-  out.committed = commits_.contains(rank);
+  out.committed = sequence_.committed(rank);
   for (size_t i = 0; i < tensors_.size(); ++i) {
     ChunkBuffer& slot = collecting[i][static_cast<size_t>(rank)];
     PARAMD_RETURN_IF_ERROR(SizeSlot(slot, i));
@@ -549,23 +521,13 @@ std::vector<StepReport> Job::RunOrHoldStep(const StepWork& work) {
     // A failed job runs no step again; its taken slots go.
     if (!failed_.ok()) {
       slots_.Drop(work.step);
-      held_.clear();
+      sequence_.DropHeld();
       return {};
     }
-    // A step that already ran (its tick came back from an export) or that an import discarded.
-    if (work.step < steps_run_ || !slots_.IsTaken(work.step)) return {};
-    held_.emplace(work.step, work);
-    // Steps run in step order: the held ones from the next step on, as far as they are taken and
-    // no export holds them. Every step gets a tick of its own; a tick that finds earlier steps
-    // missing leaves its step to theirs.
-    const int64_t hold_from = HoldFromLocked();
-    for (int64_t next = steps_run_;
-         !held_.empty() && held_.begin()->first == next && next < hold_from; ++next) {
-      run.push_back(held_.begin()->second);
-      held_.erase(held_.begin());
-    }
+    // A step an import discarded; one that already ran is the sequence's to ignore.
+    if (!slots_.IsTaken(work.step)) return {};
+    run = sequence_.ClaimRunnable(work);
     if (run.empty()) return {};
-    step_running_ = true;
   }
   std::vector<StepReport> reports;
   for (const StepWork& w : run) {
@@ -580,7 +542,7 @@ void Job::EndStepsRunning() {
   std::vector<std::function<void()>> started;
   {
     absl::MutexLock lock(&mu_);
-    step_running_ = false;
+    sequence_.EndRunning();
     started = StartCaughtUpExportsLocked();
   }
   for (auto& s : started) s();
@@ -717,7 +679,7 @@ StepReport Job::StepNow(const StepWork& work) {
     } else {
       ++applied_steps_;
     }
-    steps_run_ = work.step + 1;
+    sequence_.StepRan(work.step);
     last_step_seconds_ = seconds;
     last_clip_ = scalars.clip;
   };

@@ -1,6 +1,8 @@
-// One training job on this daemon: its tensors and their state, the gradient slots of the step
-// being collected, the ranks' commits, the published versions and the pulls waiting for them.
-// Plain C++ (no gRPC): the services validate, count and dispatch here. Thread-safe.
+// One training job on this daemon: its tensors and their state, and, under the job's one lock,
+// the order of its steps and exports (StepSequence: the ranks' commits, the steps taken, run and
+// held), the gradient slots of its steps (SlotSets), and its served versions with the pulls
+// waiting for them (ServedVersions). Plain C++ (no gRPC): the services validate, count and
+// dispatch here. Thread-safe.
 #pragma once
 
 #include <atomic>
@@ -25,25 +27,12 @@
 #include "server/memory_budget.h"
 #include "server/served_versions.h"
 #include "server/slot_sets.h"
+#include "server/step_sequence.h"
 
 namespace paramd {
 
 class StateExport;
 struct StagedState;
-
-// The work of one step, taken from the job when its last rank commits; run by the step executor.
-struct StepWork {
-  int64_t step = 0;
-  std::optional<double> lr;
-  double grad_scale = 1.0;
-};
-
-// What a commit did.
-struct CommitOutcome {
-  int committed_ranks = 0;
-  bool step_started = false;
-  std::optional<StepWork> work;  // set when this commit completed the step
-};
 
 // Facts about one finished step, for metrics and logs.
 struct StepReport {
@@ -158,10 +147,6 @@ class Job {
     std::unique_ptr<TensorState> state;   // null until the initial weights arrived
     std::unique_ptr<ChunkBuffer> upload;  // initial weights while they arrive
   };
-  struct RankCommit {
-    std::optional<double> lr;
-    double grad_scale = 1.0;
-  };
 
   absl::Status CheckRank(int32_t rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<ChunkBuffer::Stored> PushLocked(const v1::PushChunk& chunk,
@@ -180,7 +165,7 @@ class Job {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // UNAVAILABLE: the job holds kSlotSets, none for the step a push or slot place asked for.
   absl::Status SlotSetsFull() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Makes the set that collects next_step_ where it is not made yet.
+  // Makes the set that collects the step collected where it is not made yet.
   absl::Status MakeCollectingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Buffers for a tensor's next version (ServedVersions::Fresh): the retired version's once no
   // reader holds it, else new ones while the tensor has fewer than kServedVersions; null when the
@@ -195,7 +180,7 @@ class Job {
   absl::StatusOr<HostBuffer> NewBuffer(int64_t bytes) const;
   // Makes a slot the size of tensor i's gradient (a no-op when it is).
   absl::Status SizeSlot(ChunkBuffer& slot, size_t i) const;
-  // Runs one step that RunOrHoldStep claimed (step_running_).
+  // Runs one step that RunOrHoldStep claimed from the sequence.
   StepReport StepNow(const StepWork& work);
   // The served buffers of every tensor's next version, waiting while a retired version is leased.
   absl::Status FreshServedForStep(int64_t step, std::vector<std::shared_ptr<ServedTensor>>* out)
@@ -203,7 +188,7 @@ class Job {
   // Records the job's failure (the first one stays) and wakes its waiters (into `wake`).
   void FailLocked(const absl::Status& why, std::vector<std::function<void()>>* wake)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Lets go of step_running_ and starts the exports that waited for the steps that ran.
+  // Ends the steps claimed from the sequence and starts the exports that waited for them.
   void EndStepsRunning();
 
   // Export (StateExport): starts once every step committed before it ran, then holds later steps
@@ -225,9 +210,6 @@ class Job {
   using ExportStart = std::function<void(absl::StatusOr<ExportSnapshot>)>;
   void BeginExport(ExportStart start);
   std::optional<StepWork> EndExport();
-  // Steps from this one on wait for an export: every step while one streams, and those committed
-  // after the start of one waiting for earlier steps to run.
-  int64_t HoldFromLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts the waiting exports whose steps have run; what to call once the lock is let go.
   std::vector<std::function<void()>> StartCaughtUpExportsLocked()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -248,12 +230,11 @@ class Job {
   std::map<std::string, int> tensor_index_;  // immutable after construction
   std::set<int32_t> registered_ ABSL_GUARDED_BY(mu_);
   v1::AdamwHyperparams hyper_ ABSL_GUARDED_BY(mu_);
-  int64_t next_step_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t applied_steps_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t initialized_tensors_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<int32_t, RankCommit> commits_ ABSL_GUARDED_BY(mu_);  // for next_step_
-  std::vector<int64_t> last_commit_ ABSL_GUARDED_BY(mu_);       // per rank, -1 = none
-  // The gradient slots of next_step_, of the step after it, and of the steps taken.
+  // The step collected and its commits, the steps taken and run, the exports waiting and streaming.
+  StepSequence sequence_ ABSL_GUARDED_BY(mu_);
+  // The gradient slots of the step collected, of the step after it, and of the steps taken.
   SlotSets slots_ ABSL_GUARDED_BY(mu_);
   // Every tensor's served versions, and the pulls waiting for one.
   ServedVersions served_ ABSL_GUARDED_BY(mu_);
@@ -261,14 +242,8 @@ class Job {
   int64_t skipped_steps_ ABSL_GUARDED_BY(mu_) = 0;
   double last_clip_ ABSL_GUARDED_BY(mu_) = 1.0;
   std::map<int32_t, v1::TrainerTransport> trainer_transports_ ABSL_GUARDED_BY(mu_);
-  // Steps run so far (the version they published); an import sets it to the imported version.
-  int64_t steps_run_ ABSL_GUARDED_BY(mu_) = 0;
-  bool step_running_ ABSL_GUARDED_BY(mu_) = false;
-  int exporters_ ABSL_GUARDED_BY(mu_) = 0;  // exports streaming
-  // Exports waiting to start, each for every step committed before it to run (steps_run_ >=
-  // wait_for, none running).
-  std::multimap<int64_t, ExportStart> waiting_exports_ ABSL_GUARDED_BY(mu_);  // by wait_for
-  std::map<int64_t, StepWork> held_ ABSL_GUARDED_BY(mu_);  // steps held back by an export
+  // The starts of the exports waiting in sequence_.
+  std::map<StepSequence::ExportId, ExportStart> export_starts_ ABSL_GUARDED_BY(mu_);
   absl::Status failed_ ABSL_GUARDED_BY(mu_);  // not OK once the job failed or was deleted
 };
 

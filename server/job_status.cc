@@ -9,9 +9,9 @@ v1::JobStatus Job::Status() const {
   s.set_name(name_);
   s.set_world_size(world_size_);
   for (int32_t r : registered_) s.add_registered_ranks(r);
-  s.set_next_step(next_step_);
+  s.set_next_step(sequence_.next_step());
   s.set_applied_steps(applied_steps_);
-  for (const auto& entry : commits_) s.add_committed_ranks(entry.first);
+  for (const auto& entry : sequence_.commits()) s.add_committed_ranks(entry.first);
   *s.mutable_hyperparams() = hyper_;
   *s.mutable_state_policy() = spec_.state_policy();
   *s.mutable_serve() = spec_.serve();
