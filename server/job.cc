@@ -2,7 +2,6 @@
 
 #include <google/protobuf/util/message_differencer.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -46,9 +45,11 @@ Job::Job(const v1::RegisterRequest& spec, Backend* backend, BufferAllocator* buf
       spec_(NormalizedSpec(spec)),
       formats_(ServedFormats(spec_)),
       backend_(backend),
-      buffers_(buffers) {
+      buffers_(buffers),
+      sequence_(name_, world_size_),
+      slots_(static_cast<size_t>(spec_.tensors_size()), world_size_),
+      served_(static_cast<size_t>(spec_.tensors_size())) {
   hyper_ = spec_.hyperparams();
-  last_commit_.assign(static_cast<size_t>(world_size_), -1);
   tensors_.resize(static_cast<size_t>(spec_.tensors_size()));
   for (int i = 0; i < spec_.tensors_size(); ++i) {
     Tensor& t = tensors_[static_cast<size_t>(i)];
@@ -80,11 +81,9 @@ absl::StatusOr<v1::RegisterResponse> Job::Register(const v1::RegisterRequest& re
   PARAMD_RETURN_IF_ERROR(failed_);
   registered_.insert(request.rank());
   v1::RegisterResponse response;
-  response.set_next_step(next_step_);
+  response.set_next_step(sequence_.next_step());
   // The version every tensor has published: a step taken but still running has not published yet.
-  int64_t version = std::numeric_limits<int64_t>::max();
-  for (const Tensor& t : tensors_) version = std::min(version, t.served ? t.served->version : -1);
-  response.set_version(version);
+  response.set_version(served_.published());
   response.set_max_chunk_bytes(max_chunk_bytes);
   return response;
 }
@@ -180,6 +179,7 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushLocked(const v1::PushChunk& chunk,
 
 absl::StatusOr<ChunkBuffer::Stored> Job::PushWeights(Tensor& t, const v1::PushChunk& chunk,
                                                      std::vector<std::function<void()>>* wake) {
+  const int index = static_cast<int>(&t - tensors_.data());
   if (chunk.rank() != 0 || chunk.step() != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("initial weights come from rank 0 at step 0; got rank ", chunk.rank(),
@@ -189,14 +189,14 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushWeights(Tensor& t, const v1::PushCh
     // Identical bytes before the first step are a retry of the upload: compared with the bytes as
     // uploaded, not with the served FP32 (the master, which a narrower master type rounds).
     // Anything else would overwrite the state.
-    if (t.upload != nullptr && next_step_ == 0 &&
+    if (t.upload != nullptr && sequence_.next_step() == 0 &&
         std::memcmp(t.upload->data() + chunk.offset(), chunk.data().data(), chunk.data().size()) ==
             0) {
       return ChunkBuffer::Stored::kDuplicate;
     }
     return absl::FailedPreconditionError(absl::StrCat(
         "initial weights of tensor \"", t.spec.name(),
-        "\" were already uploaded (published version ", t.served->version,
+        "\" were already uploaded (published version ", served_.newest(index)->version,
         "); the daemon keeps its state, restart the job under a new name to reset it"));
   }
   if (absl::Status s = CheckInitialWeights(t.spec.name(), chunk.offset(), chunk.data()); !s.ok()) {
@@ -212,7 +212,7 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushWeights(Tensor& t, const v1::PushCh
   absl::StatusOr<ChunkBuffer::Stored> stored = t.upload->Store(chunk.offset(), chunk.data());
   if (!stored.ok() || !t.upload->complete()) return stored;
 
-  PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<ServedTensor> served, FreshServed(t));
+  PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<ServedTensor> served, FreshServed(index));
   served->version = 0;
   absl::StatusOr<std::unique_ptr<TensorState>> state =
       backend_->CreateState(t.info,
@@ -222,7 +222,7 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushWeights(Tensor& t, const v1::PushCh
   if (!state.ok()) return state.status();
   t.state = std::move(*state);  // the upload stays until the first step, for retries
   ++initialized_tensors_;
-  Publish(static_cast<int>(&t - tensors_.data()), std::move(served), wake);
+  served_.Publish(index, std::move(served), wake);
   return stored;
 }
 
@@ -232,24 +232,26 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushGradient(Tensor& t, const v1::PushC
         "tensor \"", t.spec.name(),
         "\" has no initial weights yet; rank 0 uploads them (PUSH_KIND_INITIAL_WEIGHTS) first"));
   }
-  if (chunk.step() < next_step_) {
+  const int64_t next_step = sequence_.next_step();
+  if (chunk.step() < next_step) {
     return absl::FailedPreconditionError(absl::StrCat("step ", chunk.step(), " of job \"", name_,
                                                       "\" is stale: the job collects step ",
-                                                      next_step_, " now"));
+                                                      next_step, " now"));
   }
-  if (chunk.step() > next_step_) {
+  if (chunk.step() > next_step) {
     return absl::FailedPreconditionError(absl::StrCat(
         "step ", chunk.step(), " of job \"", name_, "\" is ahead of the step it collects (",
-        next_step_, "); every rank commits step ", next_step_, " first"));
+        next_step, "); every rank commits step ", next_step, " first"));
   }
+  const bool committed = sequence_.committed(chunk.rank());
   const size_t index = static_cast<size_t>(&t - tensors_.data());
   PARAMD_RETURN_IF_ERROR(MakeCollectingLocked());
-  ChunkBuffer& slot = collecting_[index][static_cast<size_t>(chunk.rank())];
-  DeviceSlot* device = CollectingDeviceSlot(index, chunk.rank());
+  ChunkBuffer& slot = slots_.collecting()[index][static_cast<size_t>(chunk.rank())];
+  DeviceSlot* device = slots_.collecting().FindDevice(index, chunk.rank());
   if (chunk.in_place_device() && chunk.in_place_bytes() <= 0) {
     return absl::InvalidArgumentError("in_place_device marks in-place bytes; set in_place_bytes");
   }
-  if (chunk.in_place_device() && !commits_.contains(chunk.rank())) {
+  if (chunk.in_place_device() && !committed) {
     // A slot's bytes lie wholly in host memory or wholly in GPU memory: the step reads one.
     if (device == nullptr || device->bytes.size() != t.grad_bytes) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -268,13 +270,12 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushGradient(Tensor& t, const v1::PushC
     if (stored.ok()) device->written = true;
     return stored;
   }
-  if (device != nullptr && device->written && !commits_.contains(chunk.rank()) &&
-      chunk.in_place_bytes() == 0) {
+  if (device != nullptr && device->written && !committed && chunk.in_place_bytes() == 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("tensor \"", t.spec.name(), "\" has ", slot.received(), " bytes of step ",
                      chunk.step(), " written in GPU memory; finish it in place"));
   }
-  if (commits_.contains(chunk.rank())) {
+  if (committed) {
     // The rank's slots are complete, so a chunk is either an identical re-send (a retry, or a
     // restarted trainer pushing again: acknowledged) or a change to committed gradients.
     absl::StatusOr<ChunkBuffer::Stored> stored =
@@ -320,29 +321,20 @@ absl::StatusOr<CommitOutcome> Job::Commit(const v1::CommitRequest& request) {
   PARAMD_RETURN_IF_ERROR(failed_);
   const int32_t rank = request.rank();
   if (absl::Status s = CheckRank(rank); !s.ok()) return s;
-  if (request.step() < next_step_) {
-    // Only the step taken last can be retried: a rank commits step t + 1 after its commit of t
-    // returned, so an older step is not a retry.
-    if (request.step() >= 0 && last_commit_[static_cast<size_t>(rank)] == request.step()) {
-      return CommitOutcome{world_size_, false, std::nullopt};  // a retry of a commit that landed
-    }
-    return absl::FailedPreconditionError(absl::StrCat("step ", request.step(), " of job \"", name_,
-                                                      "\" is stale: the job collects step ",
-                                                      next_step_, " now"));
-  }
-  if (request.step() > next_step_) {
-    return absl::FailedPreconditionError(absl::StrCat("step ", request.step(), " of job \"", name_,
-                                                      "\" is ahead of the step it collects (",
-                                                      next_step_, ")"));
+  PARAMD_ASSIGN_OR_RETURN(const StepSequence::CommitKind kind,
+                          sequence_.CheckCommitStep(rank, request.step()));
+  if (kind == StepSequence::CommitKind::kRetry) {
+    return CommitOutcome{world_size_, false, std::nullopt};  // a retry of a commit that landed
   }
   if (initialized_tensors_ != static_cast<int64_t>(tensors_.size())) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job \"", name_, "\" has initial weights for ", initialized_tensors_, " of ",
         tensors_.size(), " tensors; rank 0 uploads all of them before the first commit"));
   }
+  const SlotSet& collecting = slots_.collecting();
   for (size_t i = 0; i < tensors_.size(); ++i) {
     const ChunkBuffer* slot =
-        collecting_.made() ? &collecting_[i][static_cast<size_t>(rank)] : nullptr;
+        collecting.made() ? &collecting[i][static_cast<size_t>(rank)] : nullptr;
     const int64_t received =
         slot != nullptr && slot->size() == tensors_[i].grad_bytes ? slot->received() : 0;
     if (received != tensors_[i].grad_bytes) {
@@ -352,42 +344,13 @@ absl::StatusOr<CommitOutcome> Job::Commit(const v1::CommitRequest& request) {
                        " gradient bytes; push every chunk of every tensor before committing"));
     }
   }
-  for (const auto& [other, theirs] : commits_) {
-    if (theirs.lr != mine.lr || theirs.grad_scale != mine.grad_scale) {
-      auto lr_text = [](const std::optional<double>& lr) {
-        return lr ? absl::StrCat(*lr) : std::string("none");
-      };
-      return absl::InvalidArgumentError(
-          absl::StrCat("rank ", rank, " commits step ", request.step(), " with lr ",
-                       lr_text(mine.lr), " and grad_scale ", mine.grad_scale, " but rank ", other,
-                       " committed lr ", lr_text(theirs.lr), " and grad_scale ", theirs.grad_scale,
-                       "; every rank must send the same values for a step"));
-    }
-  }
-  commits_[rank] = mine;
-  CommitOutcome outcome;
-  outcome.committed_ranks = static_cast<int>(commits_.size());
-  if (outcome.committed_ranks < world_size_) return outcome;
-
-  // The last rank: hand the step's slots over and open the next step.
-  outcome.step_started = true;
-  outcome.work = StepWork{next_step_, mine.lr, mine.grad_scale};
-  taken_.emplace(next_step_, std::move(collecting_));
-  if (next_collecting_.has_value()) {
-    collecting_ = *std::move(next_collecting_);
-    next_collecting_.reset();
-  } else {
-    // A spare set, or a new one within kSlotSets; else the first push of the step makes it.
-    absl::StatusOr<SlotSet> next = NextSlotSet();
-    collecting_ = next.ok() ? *std::move(next) : SlotSet();
-  }
-  collecting_.Clear();
-  if (next_step_ == 0) {
+  PARAMD_ASSIGN_OR_RETURN(CommitOutcome outcome, sequence_.Commit(rank, mine));
+  if (!outcome.work.has_value()) return outcome;
+  // The last rank: the step's slots are handed over with it.
+  slots_.Take(outcome.work->step);
+  if (outcome.work->step == 0) {
     for (Tensor& t : tensors_) t.upload.reset();  // no retry of the initial weights from now on
   }
-  for (int64_t& last : last_commit_) last = next_step_;
-  commits_.clear();
-  ++next_step_;
   return outcome;
 }
 
@@ -417,52 +380,25 @@ absl::StatusOr<SlotPlaces> Job::SlotsForStep(int32_t rank, int64_t step, Memory 
   return SlotPlacesLocked(rank, step, memory);
 }
 
-Job::DeviceSlot* Job::CollectingDeviceSlot(size_t tensor, int32_t rank) {
-  if (tensor >= collecting_.device.size()) return nullptr;
-  std::vector<DeviceSlot>& per_rank = collecting_.device[tensor];
-  if (rank < 0 || static_cast<size_t>(rank) >= per_rank.size()) return nullptr;
-  DeviceSlot& slot = per_rank[static_cast<size_t>(rank)];
-  return slot.bytes.empty() ? nullptr : &slot;
-}
-
-absl::StatusOr<Job::SlotSet> Job::NextSlotSet() {
-  if (!spare_slot_sets_.empty()) {
-    SlotSet set = std::move(spare_slot_sets_.back());
-    spare_slot_sets_.pop_back();
-    return set;
-  }
-  const size_t held =
-      (collecting_.made() ? 1 : 0) + (next_collecting_.has_value() ? 1 : 0) + taken_.size();
-  if (held >= static_cast<size_t>(kSlotSets)) {
-    return WithReason(
-        absl::UnavailableError(absl::StrCat(
-            "job ", Quoted(name_), " holds ", held, " gradient slot sets (steps ", steps_run_,
-            " to ", next_step_ - 1, " wait to run, and the step collected): its slots for step ",
-            next_step_ + (collecting_.made() ? 1 : 0), " come free once step ", steps_run_,
-            " has run; pull its weights first, or retry")),
-        v1::ERROR_REASON_SLOT_SETS_FULL);
-  }
-  SlotSet set;
-  set.host.resize(tensors_.size());
-  for (auto& per_tensor : set.host) per_tensor.resize(static_cast<size_t>(world_size_));
-  return set;
+absl::Status Job::SlotSetsFull() const {
+  const int64_t steps_run = sequence_.steps_run();
+  const int64_t next_step = sequence_.next_step();
+  return WithReason(
+      absl::UnavailableError(absl::StrCat(
+          "job ", Quoted(name_), " holds ", slots_.held(), " gradient slot sets (steps ", steps_run,
+          " to ", next_step - 1, " wait to run, and the step collected): its slots for step ",
+          next_step + (slots_.collecting().made() ? 1 : 0), " come free once step ", steps_run,
+          " has run; pull its weights first, or retry")),
+      v1::ERROR_REASON_SLOT_SETS_FULL);
 }
 
 absl::Status Job::MakeCollectingLocked() {
-  if (collecting_.made()) return absl::OkStatus();
-  PARAMD_ASSIGN_OR_RETURN(collecting_, NextSlotSet());
-  collecting_.Clear();
-  return absl::OkStatus();
+  return slots_.MakeCollecting() ? absl::OkStatus() : SlotSetsFull();
 }
 
 Place Job::DeviceSlotPlace(SlotSet& set, size_t tensor, int32_t rank) {
   const int64_t bytes = tensors_[tensor].grad_bytes;
-  if (set.device.size() != tensors_.size()) set.device.resize(tensors_.size());
-  std::vector<DeviceSlot>& per_rank = set.device[tensor];
-  if (per_rank.size() != static_cast<size_t>(world_size_)) {
-    per_rank.resize(static_cast<size_t>(world_size_));
-  }
-  DeviceSlot& slot = per_rank[static_cast<size_t>(rank)];
+  DeviceSlot& slot = set.Device(tensor, rank);
   if (slot.bytes.size() != bytes) {
     slot = DeviceSlot();
     absl::StatusOr<DeviceBytes> allocated = backend_->AllocateExported(bytes);
@@ -483,16 +419,17 @@ absl::StatusOr<SlotPlaces> Job::SlotPlacesLocked(int32_t rank, int64_t step, Mem
   const bool device = memory == Memory::kDevice;
   PARAMD_RETURN_IF_ERROR(failed_);
   PARAMD_RETURN_IF_ERROR(CheckRank(rank));
-  if (step < next_step_) {
+  const int64_t next_step = sequence_.next_step();
+  if (step < next_step) {
     return absl::FailedPreconditionError(absl::StrCat("step ", step, " of job \"", name_,
                                                       "\" is stale: the job collects step ",
-                                                      next_step_, " now"));
+                                                      next_step, " now"));
   }
-  const bool lookahead = step == next_step_ + 1;
-  if (step > next_step_ && !lookahead) {
+  const bool lookahead = step == next_step + 1;
+  if (step > next_step && !lookahead) {
     return absl::FailedPreconditionError(
         absl::StrCat("step ", step, " of job \"", name_, "\" is ahead of the step it collects (",
-                     next_step_, "); every rank commits step ", next_step_, " first"));
+                     next_step, "); every rank commits step ", next_step, " first"));
   }
   if (initialized_tensors_ != static_cast<int64_t>(tensors_.size())) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -502,12 +439,9 @@ absl::StatusOr<SlotPlaces> Job::SlotPlacesLocked(int32_t rank, int64_t step, Mem
   if (lookahead) {
     // No step reads this set (a spare one's step has run), so the trainer may write it already;
     // its pushes are accepted once the job collects `step`.
-    PARAMD_RETURN_IF_ERROR(MakeCollectingLocked());  // the set before it comes first
-    if (!next_collecting_.has_value()) {
-      PARAMD_ASSIGN_OR_RETURN(SlotSet next, NextSlotSet());
-      next_collecting_ = std::move(next);
-    }
-    SlotSet& set = *next_collecting_;
+    SlotSet* next = slots_.Lookahead();
+    if (next == nullptr) return SlotSetsFull();
+    SlotSet& set = *next;
     SlotPlaces out;
     for (size_t i = 0; i < tensors_.size(); ++i) {
       ChunkBuffer& slot = set[i][static_cast<size_t>(rank)];
@@ -524,13 +458,14 @@ absl::StatusOr<SlotPlaces> Job::SlotPlacesLocked(int32_t rank, int64_t step, Mem
     return out;
   }
   PARAMD_RETURN_IF_ERROR(MakeCollectingLocked());
+  SlotSet& collecting = slots_.collecting();
   SlotPlaces out;
-  out.committed = commits_.contains(rank);
+  out.committed = sequence_.committed(rank);
   for (size_t i = 0; i < tensors_.size(); ++i) {
-    ChunkBuffer& slot = collecting_[i][static_cast<size_t>(rank)];
+    ChunkBuffer& slot = collecting[i][static_cast<size_t>(rank)];
     PARAMD_RETURN_IF_ERROR(SizeSlot(slot, i));
     if (device) {
-      out.places.push_back(DeviceSlotPlace(collecting_, i, rank));
+      out.places.push_back(DeviceSlotPlace(collecting, i, rank));
     } else {
       out.places.push_back(slot.place() != nullptr ? *slot.place() : Place{});
     }
@@ -550,53 +485,33 @@ void Job::SetTrainerTransport(int32_t rank, const std::string& transport,
   t.set_reason(reason);
 }
 
-absl::StatusOr<std::shared_ptr<ServedTensor>> Job::FreshServed(Tensor& t) const {
-  std::shared_ptr<ServedTensor> served;
-  // A retired version is free once no reader holds it (the job's own reference is the last one).
-  for (const std::shared_ptr<ServedTensor>& version : t.versions) {
-    if (version.use_count() == 1) served = version;
-  }
-  if (served == nullptr && t.versions.size() >= static_cast<size_t>(kServedVersions)) {
-    return std::shared_ptr<ServedTensor>();  // all leased: one more would pass the budget
-  }
-  if (served == nullptr) {
-    served = std::make_shared<ServedTensor>();
-    for (const FormatKey& f : formats_) {
-      ServedFormat& format = served->formats.emplace_back();
-      format.key = f;
-      format.layout = kernels::ServeLayout(KernelRecipe(f.recipe), KernelDirection(f.direction),
-                                           t.spec.rows(), t.spec.cols());
-      PARAMD_ASSIGN_OR_RETURN(format.bytes,
-                              NewBuffer(format.layout.data_bytes + format.layout.scale_bytes));
-      if (backend_->Exports().has_value()) {
-        absl::StatusOr<DeviceBytes> device = backend_->AllocateExported(format.bytes.size());
-        if (device.ok()) {
-          format.device = *std::move(device);
-        } else if (!warned_device_fallback_.exchange(true)) {
-          PARAMD_LOG(WARNING) << "job " << name_ << ": " << device.status()
-                              << "; served bytes that do not fit are pulled from host memory";
-        }
-      }
-    }
-    t.versions.push_back(served);
-  }
-  served->skipped = false;
-  return served;
+absl::StatusOr<std::shared_ptr<ServedTensor>> Job::FreshServed(int tensor) {
+  return served_.Fresh(tensor, [this, tensor]() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // mu_ held
+    return NewServed(tensor);
+  });
 }
 
-StepReport Job::RunStep(const StepWork& work) {
-  {
-    absl::MutexLock lock(&mu_);
-    const auto runnable = [this, &work]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      return !step_running_ && work.step < HoldFromLocked();
-    };
-    mu_.Await(absl::Condition(&runnable));
-    held_.erase(work.step);
-    step_running_ = true;
+absl::StatusOr<std::shared_ptr<ServedTensor>> Job::NewServed(int tensor) const {
+  const Tensor& t = tensors_[static_cast<size_t>(tensor)];
+  auto served = std::make_shared<ServedTensor>();
+  for (const FormatKey& f : formats_) {
+    ServedFormat& format = served->formats.emplace_back();
+    format.key = f;
+    format.layout = kernels::ServeLayout(KernelRecipe(f.recipe), KernelDirection(f.direction),
+                                         t.spec.rows(), t.spec.cols());
+    PARAMD_ASSIGN_OR_RETURN(format.bytes,
+                            NewBuffer(format.layout.data_bytes + format.layout.scale_bytes));
+    if (backend_->Exports().has_value()) {
+      absl::StatusOr<DeviceBytes> device = backend_->AllocateExported(format.bytes.size());
+      if (device.ok()) {
+        format.device = *std::move(device);
+      } else if (!warned_device_fallback_.exchange(true)) {
+        PARAMD_LOG(WARNING) << "job " << name_ << ": " << device.status()
+                            << "; served bytes that do not fit are pulled from host memory";
+      }
+    }
   }
-  StepReport report = StepNow(work);
-  EndStepsRunning();
-  return report;
+  return served;
 }
 
 std::vector<StepReport> Job::RunOrHoldStep(const StepWork& work) {
@@ -605,24 +520,14 @@ std::vector<StepReport> Job::RunOrHoldStep(const StepWork& work) {
     absl::MutexLock lock(&mu_);
     // A failed job runs no step again; its taken slots go.
     if (!failed_.ok()) {
-      taken_.erase(work.step);
-      held_.clear();
+      slots_.Drop(work.step);
+      sequence_.DropHeld();
       return {};
     }
-    // A step that already ran (its tick came back from an export) or that an import discarded.
-    if (work.step < steps_run_ || !taken_.contains(work.step)) return {};
-    held_.emplace(work.step, work);
-    // Steps run in step order: the held ones from the next step on, as far as they are taken and
-    // no export holds them. Every step gets a tick of its own; a tick that finds earlier steps
-    // missing leaves its step to theirs.
-    const int64_t hold_from = HoldFromLocked();
-    for (int64_t next = steps_run_;
-         !held_.empty() && held_.begin()->first == next && next < hold_from; ++next) {
-      run.push_back(held_.begin()->second);
-      held_.erase(held_.begin());
-    }
+    // A step an import discarded; one that already ran is the sequence's to ignore.
+    if (!slots_.IsTaken(work.step)) return {};
+    run = sequence_.ClaimRunnable(work);
     if (run.empty()) return {};
-    step_running_ = true;
   }
   std::vector<StepReport> reports;
   for (const StepWork& w : run) {
@@ -637,7 +542,7 @@ void Job::EndStepsRunning() {
   std::vector<std::function<void()>> started;
   {
     absl::MutexLock lock(&mu_);
-    step_running_ = false;
+    sequence_.EndRunning();
     started = StartCaughtUpExportsLocked();
   }
   for (auto& s : started) s();
@@ -656,12 +561,7 @@ void Job::FailLocked(const absl::Status& why, std::vector<std::function<void()>>
   if (!failed_.ok()) return;
   failed_ = why;
   // Their pulls ask again, find no version (Served) and end with the job's status.
-  TakeAllWaitersLocked(wake);
-}
-
-void Job::TakeAllWaitersLocked(std::vector<std::function<void()>>* wake) {
-  for (auto& [id, waiter] : waiters_) wake->push_back(std::move(waiter.wake));
-  waiters_.clear();
+  served_.TakeAllWaiters(wake);
 }
 
 absl::Status Job::CheckUsable() const {
@@ -673,18 +573,18 @@ absl::Status Job::FreshServedForStep(int64_t step,
                                      std::vector<std::shared_ptr<ServedTensor>>* out) {
   const auto started = std::chrono::steady_clock::now();
   bool warned = false;
-  for (Tensor& t : tensors_) {
+  for (int i = 0; i < static_cast<int>(tensors_.size()); ++i) {
+    const Tensor& t = tensors_[static_cast<size_t>(i)];
     for (;;) {
       PARAMD_RETURN_IF_ERROR(failed_);  // deleted while it waited
-      PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<ServedTensor> served, FreshServed(t));
+      PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<ServedTensor> served, FreshServed(i));
       if (served != nullptr) {
         out->push_back(std::move(served));
         break;
       }
       // A reader still leases the retired version: its lease ends with Release or at its expiry.
-      const auto free = [&t]() {
-        return std::any_of(t.versions.begin(), t.versions.end(),
-                           [](const auto& version) { return version.use_count() == 1; });
+      const auto free = [this, i]() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // mu_ held
+        return served_.AnyFree(i);
       };
       mu_.AwaitWithTimeout(absl::Condition(&free), absl::Milliseconds(20));
       if (!warned && std::chrono::steady_clock::now() - started > std::chrono::seconds(1)) {
@@ -718,7 +618,7 @@ StepReport Job::StepNow(const StepWork& work) {
     {
       absl::MutexLock lock(&mu_);
       FailLocked(report.failed, &wake);
-      taken_.erase(work.step);
+      slots_.Drop(work.step);
     }
     for (auto& w : wake) w();
     return report;
@@ -727,7 +627,7 @@ StepReport Job::StepNow(const StepWork& work) {
   {
     absl::MutexLock lock(&mu_);
     if (!failed_.ok()) {
-      taken_.erase(work.step);
+      slots_.Drop(work.step);
       report.failed = failed_;
       return report;
     }
@@ -737,7 +637,7 @@ StepReport Job::StepNow(const StepWork& work) {
   const auto versions_ready = std::chrono::steady_clock::now();
   {
     absl::MutexLock lock(&mu_);
-    SlotSet& slots = taken_.at(work.step);
+    SlotSet& slots = slots_.Taken(work.step);
     kernels::AdamwHyper hyper{work.lr.value_or(hyper_.lr()), hyper_.beta1(), hyper_.beta2(),
                               hyper_.eps(), hyper_.weight_decay()};
     scalars.k = applied_steps_ + 1;
@@ -746,7 +646,8 @@ StepReport Job::StepNow(const StepWork& work) {
     scalars.seed = spec_.seed();
     for (size_t i = 0; i < tensors_.size(); ++i) {
       Tensor& t = tensors_[i];
-      previous.push_back(t.served.get());  // stays alive (published, then retired) while read
+      // Stays alive (published, then retired) while read.
+      previous.push_back(served_.newest(static_cast<int>(i)).get());
       TensorStep step;
       step.state = t.state.get();
       step.slot_type = t.spec.grad_type() == v1::ELEMENT_TYPE_BF16 ? kernels::SlotType::kBf16
@@ -778,7 +679,7 @@ StepReport Job::StepNow(const StepWork& work) {
     } else {
       ++applied_steps_;
     }
-    steps_run_ = work.step + 1;
+    sequence_.StepRan(work.step);
     last_step_seconds_ = seconds;
     last_clip_ = scalars.clip;
   };
@@ -793,7 +694,7 @@ StepReport Job::StepNow(const StepWork& work) {
       absl::MutexLock lock(&mu_);
       outputs[i]->version = work.step + 1;
       outputs[i]->skipped = skipped;
-      Publish(static_cast<int>(i), std::move(outputs[i]), &wake);
+      served_.Publish(static_cast<int>(i), std::move(outputs[i]), &wake);
       if (++published == outputs.size()) count_step();
     }
     for (auto& w : wake) w();
@@ -849,55 +750,33 @@ StepReport Job::StepNow(const StepWork& work) {
   report.skipped = skipped;
   report.clip = scalars.clip;
   for (const Tensor& t : tensors_) report.elements += t.elements;
-  spare_slot_sets_.push_back(std::move(taken_.at(work.step)));
-  taken_.erase(work.step);
+  slots_.Return(work.step);
   return report;
-}
-
-void Job::Publish(int tensor, std::shared_ptr<const ServedTensor> served,
-                  std::vector<std::function<void()>>* wake) {
-  Tensor& t = tensors_[static_cast<size_t>(tensor)];
-  // The retired version's buffers are reused once its readers let go (FreshServed).
-  t.served = std::move(served);
-  for (auto it = waiters_.begin(); it != waiters_.end();) {
-    if (it->second.tensor == tensor && it->second.min_version <= t.served->version) {
-      wake->push_back(std::move(it->second.wake));
-      it = waiters_.erase(it);
-    } else {
-      ++it;
-    }
-  }
 }
 
 std::shared_ptr<const ServedTensor> Job::Served(int tensor, int64_t min_version) const {
   absl::MutexLock lock(&mu_);
-  const auto& served = tensors_[static_cast<size_t>(tensor)].served;
+  const auto& served = served_.newest(tensor);
   if (failed_.ok() && served != nullptr && served->version >= min_version) return served;
   return nullptr;
 }
 
 uint64_t Job::AddWaiter(int tensor, int64_t min_version, std::function<void()> wake) {
   absl::MutexLock lock(&mu_);
-  const auto& served = tensors_[static_cast<size_t>(tensor)].served;
-  if (!failed_.ok() || stop_waiting_ || (served != nullptr && served->version >= min_version)) {
-    return 0;
-  }
-  const uint64_t id = next_waiter_++;
-  waiters_.emplace(id, Waiter{tensor, min_version, std::move(wake)});
-  return id;
+  if (!failed_.ok()) return 0;
+  return served_.AddWaiter(tensor, min_version, std::move(wake));
 }
 
 bool Job::RemoveWaiter(uint64_t id) {
   absl::MutexLock lock(&mu_);
-  return waiters_.erase(id) > 0;
+  return served_.RemoveWaiter(id);
 }
 
 void Job::StopWaiting() {
   std::vector<std::function<void()>> wake;
   {
     absl::MutexLock lock(&mu_);
-    stop_waiting_ = true;
-    TakeAllWaitersLocked(&wake);
+    served_.StopWaiting(&wake);
   }
   for (auto& w : wake) w();
 }

@@ -1,6 +1,8 @@
-// One training job on this daemon: its tensors and their state, the gradient slots of the step
-// being collected, the ranks' commits, the published versions and the pulls waiting for them.
-// Plain C++ (no gRPC): the services validate, count and dispatch here. Thread-safe.
+// One training job on this daemon: its tensors and their state, and, under the job's one lock,
+// the order of its steps and exports (StepSequence: the ranks' commits, the steps taken, run and
+// held), the gradient slots of its steps (SlotSets), and its served versions with the pulls
+// waiting for them (ServedVersions). Plain C++ (no gRPC): the services validate, count and
+// dispatch here. Thread-safe.
 #pragma once
 
 #include <atomic>
@@ -23,25 +25,14 @@
 #include "server/backend.h"
 #include "server/chunk_buffer.h"
 #include "server/memory_budget.h"
+#include "server/served_versions.h"
+#include "server/slot_sets.h"
+#include "server/step_sequence.h"
 
 namespace paramd {
 
 class StateExport;
 struct StagedState;
-
-// The work of one step, taken from the job when its last rank commits; run by the step executor.
-struct StepWork {
-  int64_t step = 0;
-  std::optional<double> lr;
-  double grad_scale = 1.0;
-};
-
-// What a commit did.
-struct CommitOutcome {
-  int committed_ranks = 0;
-  bool step_started = false;
-  std::optional<StepWork> work;  // set when this commit completed the step
-};
 
 // Facts about one finished step, for metrics and logs.
 struct StepReport {
@@ -102,17 +93,15 @@ class Job {
   // Records a rank's commit of a step; the last one returns the step's work.
   absl::StatusOr<CommitOutcome> Commit(const v1::CommitRequest& request);
 
-  // Runs a step taken by Commit on the backend and publishes each tensor's new version as soon as
-  // it is stepped, in registration order (= forward order). One step of a job at a time, in step
-  // order; waits while an export of the job streams. A backend error fails the job (Fail) and is
-  // the report's `failed`; so is the refusal of a job that failed before.
-  StepReport RunStep(const StepWork& work);
-  // What the daemon's step executor calls instead of RunStep, so an export never blocks it: runs
-  // every step held back by an export up to `work`, then `work`, in step order, and returns their
-  // reports; while an export streams (or waits to start) it holds `work` back and returns none.
-  // The export's end hands the newest held step back to the executor (StateExport). A step whose
+  // The step executor's tick for a step taken by Commit (every taken step gets one): runs every
+  // step held back up to `work`, then `work`, one step of the job at a time in step order, and
+  // returns their reports. A step runs on the backend and publishes each tensor's new version as
+  // soon as it is stepped, in registration order (= forward order). While an export streams (or
+  // waits to start) it holds `work` back and returns none, so an export never blocks the executor;
+  // the export's end hands the newest held step back to the executor (StateExport). A step whose
   // tensor's retired version is still leased waits for the lease to end (DESIGN.md §2: a step
-  // never overwrites leased bytes, and a job keeps kServedVersions of each tensor).
+  // never overwrites leased bytes, and a job keeps kServedVersions of each tensor). A backend
+  // error fails the job (Fail) and is the report's `failed`; a job that failed runs no step.
   std::vector<StepReport> RunOrHoldStep(const StepWork& work);
 
   // The job's description: its normalized registration. Immutable.
@@ -155,48 +144,8 @@ class Job {
     TensorInfo info;  // shape, index and policy, for the backend
     int64_t elements = 0;
     int64_t grad_bytes = 0;
-    std::unique_ptr<TensorState> state;          // null until the initial weights arrived
-    std::unique_ptr<ChunkBuffer> upload;         // initial weights while they arrive
-    std::shared_ptr<const ServedTensor> served;  // newest published version
-    // Every served version's buffers, at most kServedVersions: the newest, and retired ones that
-    // are reused once no reader holds them.
-    std::vector<std::shared_ptr<ServedTensor>> versions;
-  };
-  // A rank's gradient slot in the backend's exported GPU memory: allocated when the
-  // rank asks for device places, `written` once an in-place device push marked it this step (its
-  // ChunkBuffer then only counts the bytes).
-  struct DeviceSlot {
-    DeviceBytes bytes;
-    bool written = false;
-  };
-  // The gradient slots of one step: a host buffer per tensor and rank, and device slots for the
-  // ranks that write their gradients into exported GPU memory.
-  // A set is made when a step's first push or slot place needs it, so registering costs no
-  // per-rank records.
-  struct SlotSet {
-    std::vector<std::vector<ChunkBuffer>> host;   // [tensor][rank]; empty until made
-    std::vector<std::vector<DeviceSlot>> device;  // [tensor][rank], empty until asked for
-    bool made() const { return !host.empty(); }
-    // Forgets every chunk received and every device mark, keeping the memory.
-    void Clear() {
-      for (auto& per_tensor : host) {
-        for (ChunkBuffer& slot : per_tensor) slot.Clear();
-      }
-      for (auto& per_tensor : device) {
-        for (DeviceSlot& slot : per_tensor) slot.written = false;
-      }
-    }
-    std::vector<ChunkBuffer>& operator[](size_t i) { return host[i]; }
-    const std::vector<ChunkBuffer>& operator[](size_t i) const { return host[i]; }
-  };
-  struct RankCommit {
-    std::optional<double> lr;
-    double grad_scale = 1.0;
-  };
-  struct Waiter {
-    int tensor;
-    int64_t min_version;
-    std::function<void()> wake;
+    std::unique_ptr<TensorState> state;   // null until the initial weights arrived
+    std::unique_ptr<ChunkBuffer> upload;  // initial weights while they arrive
   };
 
   absl::Status CheckRank(int32_t rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -210,30 +159,28 @@ class Job {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<SlotPlaces> SlotPlacesLocked(int32_t rank, int64_t step, Memory memory)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The device slot of (tensor, rank) in the collecting set, or null when none was allocated.
-  DeviceSlot* CollectingDeviceSlot(size_t tensor, int32_t rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The place of (tensor, rank)'s device slot in the collecting set, allocated now where missing;
+  // The place of (tensor, rank)'s device slot in `set` (made), allocated now where missing;
   // segment -1 when the backend's exported memory has no room.
   Place DeviceSlotPlace(SlotSet& set, size_t tensor, int32_t rank)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A slot set to collect a step in: a spare one, else a new one while the job holds fewer than
-  // kSlotSets; else UNAVAILABLE.
-  absl::StatusOr<SlotSet> NextSlotSet() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Makes the set that collects next_step_ where it is not made yet.
+  // UNAVAILABLE: the job holds kSlotSets, none for the step a push or slot place asked for.
+  absl::Status SlotSetsFull() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes the set that collects the step collected where it is not made yet.
   absl::Status MakeCollectingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Buffers for a tensor's next version: the retired version's once no reader holds it, else new
-  // ones while the tensor has fewer than kServedVersions; null when the retired version is still
-  // leased (the caller waits, or refuses).
-  absl::StatusOr<std::shared_ptr<ServedTensor>> FreshServed(Tensor& t) const
+  // Buffers for a tensor's next version (ServedVersions::Fresh): the retired version's once no
+  // reader holds it, else new ones while the tensor has fewer than kServedVersions; null when the
+  // retired version is still leased (the caller waits, or refuses).
+  absl::StatusOr<std::shared_ptr<ServedTensor>> FreshServed(int tensor)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // New buffers for a version of a tensor, in every served format.
+  absl::StatusOr<std::shared_ptr<ServedTensor>> NewServed(int tensor) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A buffer from `buffers_`, or from the heap when that fails (logged once); RESOURCE_EXHAUSTED
   // when the heap has none either.
   absl::StatusOr<HostBuffer> NewBuffer(int64_t bytes) const;
   // Makes a slot the size of tensor i's gradient (a no-op when it is).
   absl::Status SizeSlot(ChunkBuffer& slot, size_t i) const;
-  void Publish(int tensor, std::shared_ptr<const ServedTensor> served,
-               std::vector<std::function<void()>>* wake);
-  // The body of RunStep; the caller has claimed step_running_.
+  // Runs one step that RunOrHoldStep claimed from the sequence.
   StepReport StepNow(const StepWork& work);
   // The served buffers of every tensor's next version, waiting while a retired version is leased.
   absl::Status FreshServedForStep(int64_t step, std::vector<std::shared_ptr<ServedTensor>>* out)
@@ -241,10 +188,7 @@ class Job {
   // Records the job's failure (the first one stays) and wakes its waiters (into `wake`).
   void FailLocked(const absl::Status& why, std::vector<std::function<void()>>* wake)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Removes every waiter, handing its wake to `wake`.
-  void TakeAllWaitersLocked(std::vector<std::function<void()>>* wake)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Lets go of step_running_ and starts the exports that waited for the steps that ran.
+  // Ends the steps claimed from the sequence and starts the exports that waited for them.
   void EndStepsRunning();
 
   // Export (StateExport): starts once every step committed before it ran, then holds later steps
@@ -266,9 +210,6 @@ class Job {
   using ExportStart = std::function<void(absl::StatusOr<ExportSnapshot>)>;
   void BeginExport(ExportStart start);
   std::optional<StepWork> EndExport();
-  // Steps from this one on wait for an export: every step while one streams, and those committed
-  // after the start of one waiting for earlier steps to run.
-  int64_t HoldFromLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts the waiting exports whose steps have run; what to call once the lock is let go.
   std::vector<std::function<void()>> StartCaughtUpExportsLocked()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -289,33 +230,21 @@ class Job {
   std::map<std::string, int> tensor_index_;  // immutable after construction
   std::set<int32_t> registered_ ABSL_GUARDED_BY(mu_);
   v1::AdamwHyperparams hyper_ ABSL_GUARDED_BY(mu_);
-  int64_t next_step_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t applied_steps_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t initialized_tensors_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<int32_t, RankCommit> commits_ ABSL_GUARDED_BY(mu_);  // for next_step_
-  std::vector<int64_t> last_commit_ ABSL_GUARDED_BY(mu_);       // per rank, -1 = none
-  SlotSet collecting_ ABSL_GUARDED_BY(mu_);                     // gradients of next_step_
-  // Slots of steps handed to the executor, by step; their buffers are reused once a step ran.
-  std::map<int64_t, SlotSet> taken_ ABSL_GUARDED_BY(mu_);
-  std::vector<SlotSet> spare_slot_sets_ ABSL_GUARDED_BY(mu_);
-  // The set that collects next_step_ + 1, set aside early when a trainer asked for its places.
-  std::optional<SlotSet> next_collecting_ ABSL_GUARDED_BY(mu_);
+  // The step collected and its commits, the steps taken and run, the exports waiting and streaming.
+  StepSequence sequence_ ABSL_GUARDED_BY(mu_);
+  // The gradient slots of the step collected, of the step after it, and of the steps taken.
+  SlotSets slots_ ABSL_GUARDED_BY(mu_);
+  // Every tensor's served versions, and the pulls waiting for one.
+  ServedVersions served_ ABSL_GUARDED_BY(mu_);
   double last_step_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t skipped_steps_ ABSL_GUARDED_BY(mu_) = 0;
   double last_clip_ ABSL_GUARDED_BY(mu_) = 1.0;
-  std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   std::map<int32_t, v1::TrainerTransport> trainer_transports_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_waiter_ ABSL_GUARDED_BY(mu_) = 1;
-  // Steps run so far (the version they published); an import sets it to the imported version.
-  int64_t steps_run_ ABSL_GUARDED_BY(mu_) = 0;
-  bool step_running_ ABSL_GUARDED_BY(mu_) = false;
-  int exporters_ ABSL_GUARDED_BY(mu_) = 0;  // exports streaming
-  // Exports waiting to start, each for every step committed before it to run (steps_run_ >=
-  // wait_for, none running).
-  std::multimap<int64_t, ExportStart> waiting_exports_ ABSL_GUARDED_BY(mu_);  // by wait_for
-  std::map<int64_t, StepWork> held_ ABSL_GUARDED_BY(mu_);  // steps held back by an export
+  // The starts of the exports waiting in sequence_.
+  std::map<StepSequence::ExportId, ExportStart> export_starts_ ABSL_GUARDED_BY(mu_);
   absl::Status failed_ ABSL_GUARDED_BY(mu_);  // not OK once the job failed or was deleted
-  bool stop_waiting_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace paramd

@@ -9,22 +9,23 @@ v1::JobStatus Job::Status() const {
   s.set_name(name_);
   s.set_world_size(world_size_);
   for (int32_t r : registered_) s.add_registered_ranks(r);
-  s.set_next_step(next_step_);
+  s.set_next_step(sequence_.next_step());
   s.set_applied_steps(applied_steps_);
-  for (const auto& entry : commits_) s.add_committed_ranks(entry.first);
+  for (const auto& entry : sequence_.commits()) s.add_committed_ranks(entry.first);
   *s.mutable_hyperparams() = hyper_;
   *s.mutable_state_policy() = spec_.state_policy();
   *s.mutable_serve() = spec_.serve();
   int64_t state_bytes = 0;
-  int64_t served_bytes = 0;
   StateBytes by_kind;
-  for (const Tensor& t : tensors_) {
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const Tensor& t = tensors_[i];
     v1::TensorStatus* ts = s.add_tensors();
     ts->set_name(t.spec.name());
     ts->set_rows(t.spec.rows());
     ts->set_cols(t.spec.cols());
     ts->set_grad_type(t.spec.grad_type());
-    ts->set_version(t.served ? t.served->version : -1);
+    const auto& served = served_.newest(static_cast<int>(i));
+    ts->set_version(served ? served->version : -1);
     const StateBytes bytes = t.state ? t.state->state_bytes() : StateBytes{};
     ts->set_state_bytes(bytes.total());
     state_bytes += bytes.total();
@@ -32,24 +33,10 @@ v1::JobStatus Job::Status() const {
     by_kind.exp_avg += bytes.exp_avg;
     by_kind.exp_avg_sq += bytes.exp_avg_sq;
     by_kind.moment_scales += bytes.moment_scales;
-    for (const auto& version : t.versions) served_bytes += version->bytes();
   }
-  int64_t slot_bytes = 0;
-  auto count = [&slot_bytes](const SlotSet& set) {
-    for (const auto& per_tensor : set.host) {
-      for (const ChunkBuffer& slot : per_tensor) slot_bytes += slot.size();
-    }
-    for (const auto& per_tensor : set.device) {
-      for (const DeviceSlot& slot : per_tensor) slot_bytes += slot.bytes.size();
-    }
-  };
-  count(collecting_);
-  if (next_collecting_.has_value()) count(*next_collecting_);
-  for (const auto& entry : taken_) count(entry.second);
-  for (const SlotSet& set : spare_slot_sets_) count(set);
   s.set_state_bytes(state_bytes);
-  s.set_slot_bytes(slot_bytes);
-  s.set_served_bytes(served_bytes);
+  s.set_slot_bytes(slots_.bytes());
+  s.set_served_bytes(served_.bytes());
   s.set_last_step_seconds(last_step_seconds_);
   s.set_skipped_steps(skipped_steps_);
   s.set_max_grad_norm(spec_.max_grad_norm());

@@ -1,8 +1,6 @@
-// Job's side of state export and import (server/state_transfer.h): holding steps back while an
-// export reads the state, and swapping in an imported state.
-#include <algorithm>
-#include <limits>
-
+// Job's side of state export and import (server/state_transfer.h): an export's begin and end
+// (which steps it waits for and holds back is StepSequence's), the snapshot it reads, and swapping
+// in an imported state.
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/error_reason.h"
@@ -27,7 +25,7 @@ void Job::BeginExport(ExportStart start) {
     } else {
       // The export is the state after every step all ranks committed before it: those queued run
       // first. Steps committed from now on wait (RunOrHoldStep) until it ends.
-      waiting_exports_.emplace(next_step_, std::move(start));
+      export_starts_.emplace(sequence_.AddExport(), std::move(start));
       started = StartCaughtUpExportsLocked();
     }
   }
@@ -36,12 +34,11 @@ void Job::BeginExport(ExportStart start) {
 
 std::vector<std::function<void()>> Job::StartCaughtUpExportsLocked() {
   std::vector<std::function<void()>> started;
-  if (step_running_) return started;
-  while (!waiting_exports_.empty() && waiting_exports_.begin()->first <= steps_run_) {
-    ++exporters_;
-    started.push_back([start = std::move(waiting_exports_.begin()->second),
-                       snapshot = SnapshotLocked()] { start(snapshot); });
-    waiting_exports_.erase(waiting_exports_.begin());
+  for (StepSequence::ExportId id : sequence_.StartCaughtUpExports()) {
+    auto it = export_starts_.find(id);
+    started.push_back(
+        [start = std::move(it->second), snapshot = SnapshotLocked()] { start(snapshot); });
+    export_starts_.erase(it);
   }
   return started;
 }
@@ -50,7 +47,7 @@ Job::ExportSnapshot Job::SnapshotLocked() const {
   ExportSnapshot snapshot;
   v1::StateHeader& h = snapshot.header;
   h.set_job(name_);
-  h.set_next_step(steps_run_);
+  h.set_next_step(sequence_.steps_run());
   h.set_applied_steps(applied_steps_);
   h.set_skipped_steps(skipped_steps_);
   h.set_seed(spec_.seed());
@@ -66,16 +63,7 @@ Job::ExportSnapshot Job::SnapshotLocked() const {
 
 std::optional<StepWork> Job::EndExport() {
   absl::MutexLock lock(&mu_);
-  --exporters_;
-  if (held_.empty() || held_.begin()->first >= HoldFromLocked()) return std::nullopt;
-  // One tick for the newest held step runs every held step it may in order (RunOrHoldStep).
-  return held_.rbegin()->second;
-}
-
-int64_t Job::HoldFromLocked() const {
-  if (exporters_ > 0) return std::numeric_limits<int64_t>::min();
-  if (waiting_exports_.empty()) return std::numeric_limits<int64_t>::max();
-  return waiting_exports_.begin()->first;
+  return sequence_.EndExport();
 }
 
 absl::StatusOr<v1::ImportStateResponse> Job::Import(StagedState staged) {
@@ -88,25 +76,26 @@ absl::StatusOr<v1::ImportStateResponse> Job::Import(StagedState staged) {
     // A step whose last tensor is published has run (a trainer may have pulled it all): only its
     // slots' return is left, which the import waits for.
     const auto settled = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      return steps_run_ < next_step_ || !step_running_;
+      return sequence_.steps_run() < sequence_.next_step() || !sequence_.step_running();
     };
     mu_.Await(absl::Condition(&settled));
     PARAMD_RETURN_IF_ERROR(failed_);
-    if (steps_run_ < next_step_ || !taken_.empty()) {
+    const int64_t next_step = sequence_.next_step();
+    if (sequence_.steps_run() < next_step || slots_.any_taken()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          refused, "step ", steps_run_,
+          refused, "step ", sequence_.steps_run(),
           " is running or queued; import between steps, once every rank pulled its weights"));
     }
-    if (exporters_ > 0 || !waiting_exports_.empty()) {
+    if (sequence_.exporting()) {
       return absl::FailedPreconditionError(
           absl::StrCat(refused, "an export of its state is streaming; retry when it ends"));
     }
-    if (!commits_.empty()) {
+    if (!sequence_.commits().empty()) {
       std::vector<int32_t> ranks;
-      for (const auto& entry : commits_) ranks.push_back(entry.first);
+      for (const auto& entry : sequence_.commits()) ranks.push_back(entry.first);
       return absl::FailedPreconditionError(
           absl::StrCat(refused, "rank(s) ", absl::StrJoin(ranks, ", "), " committed step ",
-                       next_step_, "; import before any rank pushes or commits a step"));
+                       next_step, "; import before any rank pushes or commits a step"));
     }
     for (size_t i = 0; i < tensors_.size(); ++i) {
       const Tensor& t = tensors_[i];
@@ -115,11 +104,12 @@ absl::StatusOr<v1::ImportStateResponse> Job::Import(StagedState staged) {
             absl::StrCat(refused, "the initial weights of tensor \"", t.spec.name(),
                          "\" are being uploaded; import instead of uploading, or after"));
       }
-      for (size_t r = 0; collecting_.made() && r < collecting_[i].size(); ++r) {
-        if (collecting_[i][r].received() > 0) {
+      const SlotSet& collecting = slots_.collecting();
+      for (size_t r = 0; collecting.made() && r < collecting[i].size(); ++r) {
+        if (collecting[i][r].received() > 0) {
           return absl::FailedPreconditionError(absl::StrCat(
               refused, "rank ", r, " pushed gradients of tensor \"", t.spec.name(), "\" for step ",
-              next_step_, "; import before any rank pushes or commits a step"));
+              next_step, "; import before any rank pushes or commits a step"));
         }
       }
     }
@@ -128,7 +118,8 @@ absl::StatusOr<v1::ImportStateResponse> Job::Import(StagedState staged) {
     std::vector<std::shared_ptr<ServedTensor>> served;
     for (size_t i = 0; i < tensors_.size(); ++i) {
       Tensor& t = tensors_[i];
-      PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<ServedTensor> fresh, FreshServed(t));
+      PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<ServedTensor> fresh,
+                              FreshServed(static_cast<int>(i)));
       if (fresh == nullptr) {
         return absl::FailedPreconditionError(
             absl::StrCat(refused, "readers hold leases on every served version of tensor \"",
@@ -149,17 +140,14 @@ absl::StatusOr<v1::ImportStateResponse> Job::Import(StagedState staged) {
       t.state = std::move(states[i]);
       t.upload.reset();  // the state no longer comes from the uploaded weights
       served[i]->version = header.next_step();
-      Publish(static_cast<int>(i), std::move(served[i]), &wake);
+      served_.Publish(static_cast<int>(i), std::move(served[i]), &wake);
     }
     initialized_tensors_ = static_cast<int64_t>(tensors_.size());
-    next_step_ = header.next_step();
-    steps_run_ = header.next_step();
+    sequence_.Restart(header.next_step());
     applied_steps_ = header.applied_steps();
     skipped_steps_ = header.skipped_steps();
     hyper_.set_lr(header.hyperparams().lr());
     hyper_.set_weight_decay(header.hyperparams().weight_decay());
-    // Commits of earlier steps are not retries any more.
-    std::fill(last_commit_.begin(), last_commit_.end(), -1);
   }
   for (auto& w : wake) w();
   v1::ImportStateResponse response;

@@ -267,7 +267,11 @@ class Harness {
         *outcome = absl::StrCat("committed ", committed->committed_ranks, " started ",
                                 committed->step_started);
         if (committed->work) {
-          const StepReport report = job_->RunStep(*committed->work);
+          // As the daemon's step executor runs it; no export holds it back here.
+          const std::vector<StepReport> reports = job_->RunOrHoldStep(*committed->work);
+          PARAMD_CHECK(reports.size() == 1)
+              << "step " << committed->work->step << " ran " << reports.size() << " steps";
+          const StepReport& report = reports[0];
           absl::StrAppend(outcome, " ran step ", report.step, " skipped ", report.skipped, " clip ",
                           report.clip);
         }

@@ -11,6 +11,7 @@
 #include "server/cpu_backend.h"
 #include "server/job.h"
 #include "tests/unit/server/reference_job.h"
+#include "tests/unit/server/run_taken_step.h"
 
 namespace paramd::testing {
 
@@ -104,7 +105,7 @@ class JobHarness {
     for (int r = 0; r < spec_.world_size(); ++r) {
       absl::StatusOr<CommitOutcome> outcome = Commit(r, step, lr, grad_scale);
       if (!outcome.ok()) return outcome.status();
-      if (outcome->work) job_.RunStep(*outcome->work);
+      if (outcome->work) RunTakenStep(job_, *outcome->work);
     }
     return absl::OkStatus();
   }

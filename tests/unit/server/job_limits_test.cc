@@ -36,6 +36,7 @@ using testing::MakeSpec;
 using testing::RandomGradients;
 using testing::RandomWeights;
 using testing::ResidentBytes;
+using testing::RunTakenStep;
 
 constexpr int64_t kMiB = int64_t{1} << 20;
 
@@ -175,10 +176,11 @@ TEST(JobSlotSetsTest, ATrainerAheadOfTwoQueuedStepsIsToldToWaitAndGoesOnOnceOneR
                         absl::StatusCode::kUnavailable, "gradient slot sets"));
   EXPECT_EQ(h.job().Status().slot_bytes(), 3 * 16 * 16 * 4);
   // Once step 0 ran, its set collects step 3.
-  EXPECT_TRUE(h.job().RunStep(queued[0]).failed.ok());
+  EXPECT_TRUE(RunTakenStep(h.job(), queued[0]).failed.ok());
   EXPECT_TRUE(h.PushGradients(0, 3, RandomGradients(spec, 13)).ok());
   EXPECT_EQ(h.job().Status().slot_bytes(), 3 * 16 * 16 * 4);
-  for (size_t i = 1; i < queued.size(); ++i) EXPECT_TRUE(h.job().RunStep(queued[i]).failed.ok());
+  for (size_t i = 1; i < queued.size(); ++i)
+    EXPECT_TRUE(RunTakenStep(h.job(), queued[i]).failed.ok());
 }
 
 // DESIGN.md §2: a step never overwrites leased bytes. With every one of a tensor's served
@@ -203,7 +205,7 @@ TEST(JobServedVersionsTest, AStepWaitsWhileReadersHoldEveryServedVersion) {
   ASSERT_TRUE(outcome.ok() && outcome->work.has_value());
   absl::Notification done;
   std::thread stepper([&] {
-    EXPECT_TRUE(h.job().RunStep(*outcome->work).failed.ok());
+    EXPECT_TRUE(RunTakenStep(h.job(), *outcome->work).failed.ok());
     done.Notify();
   });
   EXPECT_FALSE(done.WaitForNotificationWithTimeout(absl::Milliseconds(300)))

@@ -29,6 +29,7 @@ using testing::MakeSpec;
 using testing::RandomGradients;
 using testing::RandomWeights;
 using testing::ReferenceJob;
+using testing::RunTakenStep;
 using testing::StepGradients;
 using testing::ToBytes;
 
@@ -121,7 +122,7 @@ TEST_P(JobArrivalOrderTest, ShuffledArrivalOrdersGiveBitIdenticalMasterWeights) 
     std::deque<StepWork> taken;
     auto maybe_run = [&](double probability) {
       while (!taken.empty() && unit(rng) < probability) {
-        h.job().RunStep(taken.front());
+        RunTakenStep(h.job(), taken.front());
         taken.pop_front();
       }
     };
@@ -262,7 +263,7 @@ TEST_F(JobTest, DuplicatePushIsAcknowledgedWithoutEffect) {
   for (int r = 0; r < 3; ++r) {
     absl::StatusOr<CommitOutcome> outcome = h_.Commit(r, 0);
     ASSERT_TRUE(outcome.ok()) << outcome.status();
-    if (outcome->work) h_.job().RunStep(*outcome->work);
+    if (outcome->work) RunTakenStep(h_.job(), *outcome->work);
   }
   reference_.Step(grads, std::nullopt, 1.0);
   ExpectMatchesReference();
@@ -292,7 +293,7 @@ TEST_F(JobTest, DuplicateCommitIsIdempotent) {
   EXPECT_EQ(last->work->step, 0);
   EXPECT_EQ(last->work->lr, 2e-3);
   EXPECT_EQ(last->work->grad_scale, 0.5);
-  h_.job().RunStep(*last->work);
+  RunTakenStep(h_.job(), *last->work);
   reference_.Step(grads, 2e-3, 0.5);
   ExpectMatchesReference();
 }
@@ -314,7 +315,7 @@ TEST_F(JobTest, CommitRetryAfterTheStepWasTakenOrRanSucceedsWithoutEffect) {
   EXPECT_FALSE(retry->step_started);
   EXPECT_FALSE(retry->work.has_value());
 
-  h_.job().RunStep(*work);
+  RunTakenStep(h_.job(), *work);
   reference_.Step(grads, std::nullopt, 1.0);
   const v1::JobStatus before = h_.Snapshot();
   for (int r = 0; r < 3; ++r) {
@@ -342,7 +343,7 @@ TEST_F(JobTest, AddWaiterFiresExactlyOnceWhenTheVersionIsPublished) {
   }
   EXPECT_EQ(fired, 0);  // taken is not published
   ASSERT_TRUE(work.has_value());
-  h_.job().RunStep(*work);
+  RunTakenStep(h_.job(), *work);
   reference_.Step(grads, std::nullopt, 1.0);
   EXPECT_EQ(fired, 1);
   EXPECT_FALSE(h_.job().RemoveWaiter(id));  // it fired: nothing to remove
@@ -450,7 +451,7 @@ TEST_F(JobTest, StatusReportsVersionsAppliedStepsAndStateBytes) {
   EXPECT_EQ(s.committed_ranks_size(), 0);
   EXPECT_EQ(s.tensors(0).version(), 0);
 
-  h_.job().RunStep(*last->work);
+  RunTakenStep(h_.job(), *last->work);
   s = h_.job().Status();
   EXPECT_EQ(s.applied_steps(), 1);
   for (const v1::TensorStatus& t : s.tensors()) EXPECT_EQ(t.version(), 1);
@@ -479,7 +480,7 @@ TEST_F(JobTest, RegisterReportsThePublishedVersionAndTheStepCollected) {
   EXPECT_EQ(r->next_step(), 1);
   EXPECT_EQ(r->version(), 0);
   EXPECT_EQ(h_.job().Status().tensors(0).version(), 0);
-  h_.job().RunStep(*work);
+  RunTakenStep(h_.job(), *work);
   r = h_.job().Register(ForRank(spec_, 1), 4096);
   EXPECT_EQ(r->next_step(), 1);
   EXPECT_EQ(r->version(), 1);

@@ -29,6 +29,7 @@
 #include "server/registry.h"
 #include "tests/unit/server/reference_job.h"
 #include "tests/unit/server/resident_bytes.h"
+#include "tests/unit/server/run_taken_step.h"
 
 namespace paramd {
 namespace {
@@ -36,6 +37,7 @@ namespace {
 using testing::ForRank;
 using testing::MakeSpec;
 using testing::ResidentBytes;
+using testing::RunTakenStep;
 
 constexpr int64_t kMiB = int64_t{1} << 20;
 constexpr int64_t kChunkBytes = 4 * kMiB;
@@ -159,7 +161,7 @@ TEST(MemoryFormulaTest, ResidentGrowthOfALargeJobMatchesTheMemoryFormula) {
     if (outcome->work) work = outcome->work;
   }
   ASSERT_TRUE(work.has_value());
-  const StepReport report = job->RunStep(*work);
+  const StepReport report = RunTakenStep(*job, *work);
   EXPECT_FALSE(report.skipped);
   for (int r = 0; r < 2; ++r) {
     for (int i = 0; i < spec.tensors_size(); ++i) push(r, 1, i, v1::PUSH_KIND_GRADIENT);

@@ -14,6 +14,7 @@
 #include "server/job.h"
 #include "server/registry.h"
 #include "tests/unit/server/reference_job.h"
+#include "tests/unit/server/run_taken_step.h"
 
 namespace paramd::testing {
 
@@ -95,7 +96,7 @@ class RegistryJobHarness {
       if (grad_scale) request.set_grad_scale(*grad_scale);
       absl::StatusOr<CommitOutcome> outcome = job_->Commit(request);
       if (!outcome.ok()) return outcome.status();
-      if (outcome->work) report = job_->RunStep(*outcome->work);
+      if (outcome->work) report = RunTakenStep(*job_, *outcome->work);
     }
     if (!report) return absl::InternalError("no commit handed the step over");
     if (!report->failed.ok()) return report->failed;

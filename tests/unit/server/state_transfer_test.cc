@@ -22,6 +22,7 @@
 #include "server/cpu_backend.h"
 #include "server/job.h"
 #include "tests/unit/server/reference_job.h"
+#include "tests/unit/server/run_taken_step.h"
 
 namespace paramd {
 namespace {
@@ -31,6 +32,7 @@ using testing::FromBytes;
 using testing::MakeSpec;
 using testing::RandomGradients;
 using testing::RandomWeights;
+using testing::RunTakenStep;
 using testing::StepGradients;
 using testing::ToBytes;
 
@@ -166,7 +168,7 @@ class Driver {
                                   std::optional<double> lr) {
     absl::StatusOr<StepWork> work = PushAndCommit(step, grads, lr);
     if (!work.ok()) return work.status();
-    return job_->RunStep(*work);
+    return RunTakenStep(*job_, *work);
   }
 
   // Every served byte of the newest version, which must be `version`.
@@ -530,7 +532,7 @@ TEST_F(StateImportRefusalTest, AnImportIsRefusedWhileAStepIsCollectedQueuedOrExp
   absl::StatusOr<StepWork> work = target_.PushAndCommit(1, g, std::nullopt);
   ASSERT_TRUE(work.ok()) << work.status();
   ExpectRefusedStatus(state_, kPrecondition, {"step 1 is running or queued"});
-  target_.job().RunStep(*work);
+  RunTakenStep(target_.job(), *work);
   ASSERT_NE(target_.job().Served(0, 2), nullptr);  // the step's version, not the refused import's
   EXPECT_EQ(target_.job().Served(0, 3), nullptr);
   // Between steps it goes through, back to version 3 of the source.
