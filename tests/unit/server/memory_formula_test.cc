@@ -61,8 +61,9 @@ v1::RegisterRequest LargeSpec() {
 }
 
 // The memory formula from its parts: PolicyStateBytes per tensor; the served format (mxfp8
-// rowwise, data and scales by ServeLayout: a job that names formats is not served FP32) twice, for the published and the retired version;
-// the gradient slots of every rank twice, for the step collected and the step running.
+// rowwise, data and scales by ServeLayout: a job that names formats is not served FP32) twice, for
+// the published and the retired version; the gradient slots of every rank twice, for the step
+// collected and the step running.
 struct Formula {
   int64_t state = 0;
   int64_t served = 0;

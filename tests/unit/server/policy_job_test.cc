@@ -230,8 +230,8 @@ TEST_P(PolicyJobTest, WithoutFp32InTheListEveryOtherFormatStillEqualsTheReferenc
         for (v1::Direction direction : kDirections) {
           if (recipe == v1::RECIPE_FP32 && direction == v1::DIRECTION_ROWWISE) continue;
           SCOPED_TRACE(FormatText(recipe, direction));
-          EXPECT_TRUE(BitIdentical(h.Served(i, recipe, direction),
-                                   reference.Served(i, recipe, direction)));
+          EXPECT_TRUE(
+              BitIdentical(h.Served(i, recipe, direction), reference.Served(i, recipe, direction)));
         }
       }
     }

@@ -237,8 +237,9 @@ TEST(RegistrationTest, ServedFormatsAreTheRequestedOnesWithoutRepeatsAndFp32Only
   // One that names formats pays for those only: no FP32 unless listed.
   *r.add_serve() = Serve(v1::RECIPE_BF16, v1::DIRECTION_UNSPECIFIED);
   *r.add_serve() = Serve(v1::RECIPE_MXFP8, v1::DIRECTION_COLUMNWISE);
-  EXPECT_EQ(ServedFormats(r), (std::vector<FormatKey>{{v1::RECIPE_BF16, v1::DIRECTION_ROWWISE},
-                                                      {v1::RECIPE_MXFP8, v1::DIRECTION_COLUMNWISE}}));
+  EXPECT_EQ(ServedFormats(r),
+            (std::vector<FormatKey>{{v1::RECIPE_BF16, v1::DIRECTION_ROWWISE},
+                                    {v1::RECIPE_MXFP8, v1::DIRECTION_COLUMNWISE}}));
 
   *r.add_serve() = Serve(v1::RECIPE_FP32);
   *r.add_serve() = Serve(v1::RECIPE_BF16, v1::DIRECTION_ROWWISE);
