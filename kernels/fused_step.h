@@ -142,42 +142,11 @@ enum class CpuPath { kAuto, kScalar, kAvx2, kAvx512 };
 KStatus FusedStepCpu(const FusedStepArgs& args, int64_t begin, int64_t end,
                      CpuPath path = CpuPath::kAuto, float* master_amax = nullptr);
 
-// Block serve formats (fp8_block, mxfp8 in kernels/recipes.h) are quantized per 128-row panel
-// while the panel's new master is still in cache: the step runs panel by panel over rows
-// [row_begin, row_end) of a [rows, cols] tensor (row_begin a multiple of 128; numel = rows * cols)
-// and calls panel_done(panel_row_begin, panel_row_end) after each. Returns the first error.
-template <typename PanelFn>
-KStatus FusedStepPanelsCpu(const FusedStepArgs& args, int64_t cols, int64_t row_begin,
-                           int64_t row_end, PanelFn&& panel_done, CpuPath path = CpuPath::kAuto,
-                           float* master_amax = nullptr);
+// A whole tensor's step, panel by panel with its served formats, is kernels/cpu_step.h.
 
 // The path kAuto resolves to on this CPU, and whether a path can run here.
 CpuPath BestCpuPath();
 bool CpuPathSupported(CpuPath path);
 const char* CpuPathName(CpuPath path);
-
-// ---- implementation of the template above ----
-
-template <typename PanelFn>
-KStatus FusedStepPanelsCpu(const FusedStepArgs& args, int64_t cols, int64_t row_begin,
-                           int64_t row_end, PanelFn&& panel_done, CpuPath path,
-                           float* master_amax) {
-  constexpr int64_t kPanelRows = 128;
-  if (cols < 1 || row_begin < 0 || row_end < row_begin || row_begin % kPanelRows != 0) {
-    return KStatus(Code::kInvalidArgument, "FusedStepPanelsCpu: bad panel rows or cols");
-  }
-  float amax = 0.0f;
-  for (int64_t r = row_begin; r < row_end; r += kPanelRows) {
-    const int64_t r_end = r + kPanelRows < row_end ? r + kPanelRows : row_end;
-    float panel_amax = 0.0f;
-    if (KStatus st = FusedStepCpu(args, r * cols, r_end * cols, path, &panel_amax); !st.ok()) {
-      return st;
-    }
-    amax = AmaxCombine(amax, panel_amax);
-    panel_done(r, r_end);
-  }
-  if (master_amax != nullptr) *master_amax = amax;
-  return KStatus::Ok();
-}
 
 }  // namespace paramd::kernels

@@ -158,6 +158,9 @@ struct ServeArgs {
   float tensor_scale = 1.0f;  // fp8_tensor / fp8_delayed: the scale (positive, finite)
   void* data = nullptr;       // the whole output, ServeLayout(...).data_bytes
   void* scales = nullptr;     // the whole scale buffer, ServeLayout(...).scale_bytes (or null)
+  // bf16 of a bf16+remainder master: its stored high halves ([rows, cols]), served as they are
+  // (rowwise or transposed) instead of a cast of `master`, which may then be null.
+  const uint16_t* bf16_halves = nullptr;
 };
 
 // Quantizes rows [row_begin, row_end) of the master into args.data and args.scales, writing only

@@ -18,7 +18,7 @@ tests=(
   tests/unit/kernels/state_codec_test tests/unit/kernels/policy_accuracy_test
   tests/unit/kernels/step_rules_test tests/unit/kernels/adamw_accuracy_test
   tests/unit/kernels/bf16_cast_test tests/unit/kernels/thread_pool_test
-  tests/unit/kernels/philox_test
+  tests/unit/kernels/philox_test tests/unit/kernels/cpu_step_test
   tests/unit/server/job_test tests/unit/server/job_bad_input_test
   tests/unit/server/chunk_buffer_test tests/unit/server/registration_test
   tests/unit/server/registry_test tests/unit/server/config_test

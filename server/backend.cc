@@ -41,6 +41,21 @@ kernels::Direction KernelDirection(v1::Direction direction) {
                                                : kernels::Direction::kRowwise;
 }
 
+kernels::ServeArgs ServeArgsOf(const TensorInfo& info, const float* fp32,
+                               const uint16_t* bf16_halves, float tensor_scale, ServedFormat& f) {
+  kernels::ServeArgs args;
+  args.master = fp32;
+  args.rows = info.rows;
+  args.cols = info.cols;
+  args.recipe = KernelRecipe(f.key.recipe);
+  args.direction = KernelDirection(f.key.direction);
+  args.tensor_scale = tensor_scale;
+  args.data = f.data();
+  args.scales = f.layout.scale_bytes > 0 ? f.scales() : nullptr;
+  if (f.key.recipe == v1::RECIPE_BF16) args.bf16_halves = bf16_halves;
+  return args;
+}
+
 bool WrittenInTheStepsPass(const FormatKey& format) {
   return format.direction == v1::DIRECTION_ROWWISE &&
          (format.recipe == v1::RECIPE_FP32 || format.recipe == v1::RECIPE_BF16 ||

@@ -95,6 +95,12 @@ StateBytes PolicyStateBytes(const TensorInfo& info);
 // pass; the block and per-tensor formats and the columnwise ones are cut from FP32 values after it.
 bool WrittenInTheStepsPass(const FormatKey& format);
 
+// The kernel's arguments for one served format of a tensor (kernels/recipes.h), cut from `fp32`
+// (its FP32 values) with `tensor_scale` for a per-tensor recipe; a bf16 format of a bf16+remainder
+// master passes that master's halves, which it serves as they are.
+kernels::ServeArgs ServeArgsOf(const TensorInfo& info, const float* fp32,
+                               const uint16_t* bf16_halves, float tensor_scale, ServedFormat& f);
+
 // The FP32 values the cpu backend keeps beside a tensor's master to cut its other formats from:
 // 4 B per element where the job does not serve FP32 rowwise, the master is 16-bit, and a format
 // is cut after the step; else 0 (the served FP32 bytes or an FP32 master are those values).

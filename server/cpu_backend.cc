@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "kernels/cpu_step.h"
 #include "kernels/formats.h"
 #include "kernels/step_rules.h"
 #include "server/initial_state.h"
@@ -17,9 +18,7 @@
 namespace paramd {
 namespace {
 
-constexpr int64_t kPanelRows = kernels::kServePanelRows;
-// Elements per parallel block when a tensor has too few rows for panels: a multiple of the
-// 128-element chunk of scaled moments.
+// Elements per parallel block of the gradient check: a multiple of the 128-element chunk.
 constexpr int64_t kGrain = kernels::kDefaultGrain;
 
 class CpuTensorState : public TensorState {
@@ -82,37 +81,13 @@ void SizeWorking(CpuTensorState& s, const ServedTensor& out) {
   s.working.resize(static_cast<size_t>(CpuWorkingBytes(s.info, keys) / 4));
 }
 
+// The kernel's arguments for format `f` of this step, cut from the step's FP32 values.
 kernels::ServeArgs ServeArgsFor(const CpuTensorState& s, ServedTensor* out, ServedFormat& f,
                                 float tensor_scale) {
-  kernels::ServeArgs args;
-  args.master = Fp32Source(s, out);
-  args.rows = s.info.rows;
-  args.cols = s.info.cols;
-  args.recipe = KernelRecipe(f.key.recipe);
-  args.direction = KernelDirection(f.key.direction);
-  args.tensor_scale = tensor_scale;
-  args.data = f.data();
-  args.scales = f.layout.scale_bytes > 0 ? f.scales() : nullptr;
-  return args;
-}
-
-// Quantizes rows [row_begin, row_end) of every format computed from the FP32 copy (all but the
-// elementwise ones the step wrote, and the per-tensor ones, which need the whole tensor's amax).
-absl::Status ServeRows(const CpuTensorState& s, ServedTensor* out, int64_t row_begin,
-                       int64_t row_end) {
-  for (ServedFormat& f : out->formats) {
-    if (IsElementwise(f) || IsPerTensor(f)) continue;
-    if (f.key.recipe == v1::RECIPE_BF16 &&
-        s.info.policy.master == kernels::MasterType::kBf16Remainder) {
-      ServeBf16Halves(reinterpret_cast<const uint16_t*>(s.master.data()), s.info.rows, s.info.cols,
-                      f, row_begin, row_end);
-      continue;
-    }
-    absl::Status st =
-        FromKernel(kernels::ServeQuantizeCpu(ServeArgsFor(s, out, f, 1.0f), row_begin, row_end));
-    if (!st.ok()) return st;
-  }
-  return absl::OkStatus();
+  const bool split = s.info.policy.master == kernels::MasterType::kBf16Remainder;
+  return ServeArgsOf(s.info, Fp32Source(s, out),
+                     split ? reinterpret_cast<const uint16_t*>(s.master.data()) : nullptr,
+                     tensor_scale, f);
 }
 
 kernels::FusedStepArgs StepArgs(CpuTensorState& s, const TensorStep& t, const StepScalars& k) {
@@ -171,66 +146,34 @@ absl::Status CpuBackend::Step(std::span<TensorStep> tensors, const StepScalars& 
   // Tensor by tensor, each with every thread, and each reported as soon as it is done: the job
   // publishes it while the next ones are stepped. A small tensor is one ParallelFor of few
   // blocks; grouping small tensors would save little next to the publish it would delay.
+  std::vector<kernels::ServeArgs> cut, per_tensor;
   for (size_t index = 0; index < tensors.size(); ++index) {
     TensorStep& t = tensors[index];
     auto& s = *static_cast<CpuTensorState*>(t.state);
-    const kernels::FusedStepArgs args = StepArgs(s, t, scalars);
-    const int64_t rows = s.info.rows, cols = s.info.cols;
-    // fp8_delayed's scale comes from earlier steps' amaxes: known now, so it is cast in the pass.
+    // fp8_delayed's scale comes from earlier steps' amaxes: known now.
     const float delayed = s.history.NextScale(s.info.delayed_margin, s.delayed_scale).scale;
-    absl::Status status;
-    absl::Mutex mu;
-    float amax = 0.0f;
-    auto fail = [&](absl::Status st) {
-      absl::MutexLock lock(&mu);
-      if (status.ok()) status = std::move(st);
-    };
-    auto add_amax = [&](float a) {
-      absl::MutexLock lock(&mu);
-      amax = kernels::AmaxCombine(amax, a);
-    };
-    const int64_t panels = (rows + kPanelRows - 1) / kPanelRows;
-    if (panels >= 2) {
-      // Panel by panel: the step, then the block formats of the panel while it is in cache.
-      pool_.ParallelFor(panels, 1, [&](int64_t p0, int64_t p1) {
-        for (int64_t p = p0; p < p1; ++p) {
-          const int64_t r0 = p * kPanelRows, r1 = std::min(rows, r0 + kPanelRows);
-          float panel_amax = 0.0f;
-          absl::Status st = FromKernel(kernels::FusedStepCpu(args, r0 * cols, r1 * cols,
-                                                             kernels::CpuPath::kAuto, &panel_amax));
-          if (st.ok()) st = ServeRows(s, t.out, r0, r1);
-          if (!st.ok()) return fail(std::move(st));
-          add_amax(panel_amax);
-        }
-      });
-    } else {
-      // Too few rows for panels: element blocks for the step, then the formats over all rows.
-      pool_.ParallelFor(s.n, kGrain, [&](int64_t begin, int64_t end) {
-        float block_amax = 0.0f;
-        absl::Status st = FromKernel(
-            kernels::FusedStepCpu(args, begin, end, kernels::CpuPath::kAuto, &block_amax));
-        if (!st.ok()) return fail(std::move(st));
-        add_amax(block_amax);
-      });
-      if (status.ok()) status = ServeRows(s, t.out, 0, rows);
-    }
-    if (!status.ok()) return status;
-    // The per-tensor formats: fp8_tensor needs this step's amax, so it is a second, lighter pass.
-    const float current = kernels::NextFp8TensorScale(amax, s.tensor_scale).scale;
+    cut.clear();
+    per_tensor.clear();
     for (ServedFormat& f : t.out->formats) {
-      if (!IsPerTensor(f)) continue;
-      const float scale = f.key.recipe == v1::RECIPE_FP8_TENSOR ? current : delayed;
-      const kernels::ServeArgs serve = ServeArgsFor(s, t.out, f, scale);
-      pool_.ParallelFor(panels, 1, [&](int64_t p0, int64_t p1) {
-        absl::Status st = FromKernel(
-            kernels::ServeQuantizeCpu(serve, p0 * kPanelRows, std::min(rows, p1 * kPanelRows)));
-        if (!st.ok()) fail(std::move(st));
-      });
-      if (!status.ok()) return status;
+      if (IsElementwise(f)) continue;  // written by the step's own pass
+      if (IsPerTensor(f)) {
+        per_tensor.push_back(ServeArgsFor(s, t.out, f, delayed));
+      } else {
+        cut.push_back(ServeArgsFor(s, t.out, f, 1.0f));
+      }
     }
-    s.tensor_scale = current;
+    kernels::CpuTensorStepArgs args;
+    args.step = StepArgs(s, t, scalars);
+    args.rows = s.info.rows;
+    args.cols = s.info.cols;
+    args.cut = cut;
+    args.per_tensor = per_tensor;
+    args.previous_tensor_scale = s.tensor_scale;
+    kernels::CpuTensorStepResult result;
+    PARAMD_RETURN_IF_ERROR(FromKernel(kernels::CpuTensorStep(args, pool_, &result)));
+    s.tensor_scale = result.tensor_scale;
     s.delayed_scale = delayed;
-    s.history.Append(amax);  // after the cast; a skipped step appends nothing
+    s.history.Append(result.amax);  // after the cast; a skipped step appends nothing
     if (tensor_done) tensor_done(index);
   }
   return absl::OkStatus();

@@ -9,19 +9,6 @@
 
 namespace paramd {
 
-void ServeBf16Halves(const uint16_t* halves, int64_t rows, int64_t cols, ServedFormat& format,
-                     int64_t row_begin, int64_t row_end) {
-  auto* out = reinterpret_cast<uint16_t*>(format.data());
-  if (format.key.direction == v1::DIRECTION_ROWWISE) {
-    std::memcpy(out + row_begin * cols, halves + row_begin * cols,
-                static_cast<size_t>((row_end - row_begin) * cols) * sizeof(uint16_t));
-    return;
-  }
-  for (int64_t r = row_begin; r < row_end; ++r) {
-    for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = halves[r * cols + c];
-  }
-}
-
 absl::Status MakeInitialState(const TensorInfo& info, std::span<const float> initial,
                               kernels::ThreadPool& pool, InitialState* state, ServedTensor* out) {
   const int64_t n = info.rows * info.cols;
@@ -76,21 +63,10 @@ absl::Status ServeFromFp32(const TensorInfo& info, const float* fp32, const uint
                            float fp8_tensor_scale, float fp8_delayed_scale, ServedTensor* out) {
   for (ServedFormat& f : out->formats) {
     if (f.key.recipe == v1::RECIPE_FP32 && f.key.direction == v1::DIRECTION_ROWWISE) continue;
-    if (f.key.recipe == v1::RECIPE_BF16 && bf16_halves != nullptr) {
-      ServeBf16Halves(bf16_halves, info.rows, info.cols, f, 0, info.rows);
-      continue;
-    }
-    kernels::ServeArgs args;
-    args.master = fp32;
-    args.rows = info.rows;
-    args.cols = info.cols;
-    args.recipe = KernelRecipe(f.key.recipe);
-    args.direction = KernelDirection(f.key.direction);
-    args.tensor_scale = f.key.recipe == v1::RECIPE_FP8_TENSOR    ? fp8_tensor_scale
+    const float scale = f.key.recipe == v1::RECIPE_FP8_TENSOR    ? fp8_tensor_scale
                         : f.key.recipe == v1::RECIPE_FP8_DELAYED ? fp8_delayed_scale
                                                                  : 1.0f;
-    args.data = f.data();
-    args.scales = f.layout.scale_bytes > 0 ? f.scales() : nullptr;
+    const kernels::ServeArgs args = ServeArgsOf(info, fp32, bf16_halves, scale, f);
     absl::Status st = FromKernel(kernels::ServeQuantizeCpu(args, 0, info.rows));
     if (!st.ok()) return st;
   }

@@ -40,9 +40,4 @@ absl::StatusOr<float*> Fp32Values(const TensorInfo& info, ServedTensor* out,
 absl::Status ServeImportedMaster(const TensorInfo& info, const HostTensorState& state,
                                  kernels::ThreadPool& pool, ServedTensor* out);
 
-// The BF16 a bf16+remainder master serves is its stored high half, not a fresh cast: copies rows
-// [row_begin, row_end) of `halves` ([rows, cols]) into `format` (rowwise or transposed).
-void ServeBf16Halves(const uint16_t* halves, int64_t rows, int64_t cols, ServedFormat& format,
-                     int64_t row_begin, int64_t row_end);
-
 }  // namespace paramd

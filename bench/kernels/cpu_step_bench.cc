@@ -6,9 +6,10 @@
 // of (a) multithreaded memcpy, counted read + write, and (b) a vectorized loop with the policy's
 // own access pattern and no arithmetic (every stream read and written as the step does, with a
 // streaming store for the write-only served output, with and without the step's prefetch).
-// Policies that serve FP8 quantize it with kernels/recipes.h panel by panel inside the step's
-// range (FusedStepPanelsCpu), while the panel is in cache. A table, or with --json one JSON line
-// per policy for scripts.
+// The step is the daemon's (kernels/cpu_step.h: 128-row panels over the threads); policies that
+// serve FP8 quantize it with kernels/recipes.h panel by panel, while the panel is in cache. A
+// table, or with --json one JSON line per policy for scripts. --grain sets the blocks of the
+// ceiling loops and of the fill.
 //
 //   paramd_cpu_step_bench [--threads N] [--n ELEMENTS] [--reps R] [--grain G]
 //                         [--path auto|scalar|avx2|avx512] [--policy NAME[,NAME...]|all] [--json]
@@ -33,12 +34,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
 
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/cpu_step.h"
 #include "kernels/fused_step.h"
 #include "kernels/recipes.h"
 
@@ -430,27 +433,18 @@ Result Measure(const Options& o, const BenchPolicy& bp, ThreadPool& pool, const 
   if (bp.serve == Serve::kBf16) args.out_bf16 = b.out.as<uint16_t>();
   if (bp.serve == Serve::kFp16) args.out_fp16 = b.out.as<uint16_t>();
 
+  // The step as the daemon's cpu backend runs it, through the same entry point: panels of 128 rows
+  // over the pool, fp8_block cut from each panel while it is in cache.
+  CpuTensorStepArgs tensor;
+  tensor.step = args;
+  tensor.rows = n / kCols;
+  tensor.cols = kCols;
+  if (bp.serve == Serve::kFp8Block) tensor.cut = std::span<const ServeArgs>(&b.serve, 1);
+  tensor.path = path;
   bool ok = true;
-  const int64_t panels = n / kCols / 128;
-  const int64_t panel_grain = std::max<int64_t>(1, o.grain / (kCols * 128));
   auto step = [&] {
-    if (bp.serve != Serve::kFp8Block) {
-      pool.ParallelFor(n, o.grain, [&](int64_t begin, int64_t end) {
-        if (!FusedStepCpu(args, begin, end, path).ok()) ok = false;
-      });
-      return;
-    }
-    pool.ParallelFor(panels, panel_grain, [&](int64_t p0, int64_t p1) {
-      const KStatus st = FusedStepPanelsCpu(
-          args, kCols, p0 * 128, p1 * 128,
-          [&](int64_t r0, int64_t r1) {
-            if (!ServeQuantizeCpu(b.serve, r0, r1, path).ok()) {
-              ok = false;
-            }
-          },
-          path);
-      if (!st.ok()) ok = false;
-    });
+    CpuTensorStepResult result;
+    if (!CpuTensorStep(tensor, pool, &result).ok()) ok = false;
   };
   const bool avx512 = CpuPathSupported(CpuPath::kAvx512);
   auto pattern = [&]<bool kPrefetch>() {

@@ -65,7 +65,8 @@ KStatus Validate(const ServeArgs& a, int64_t row_begin, int64_t row_end) {
                    " rows: it must start at a multiple of 128 and end at one or at the last row");
   }
   const ServeBufferLayout layout = ServeLayout(a.recipe, a.direction, a.rows, a.cols);
-  if (a.master == nullptr && a.rows * a.cols > 0) return Invalid("master is null");
+  const bool from_halves = a.recipe == Recipe::kBf16 && a.bf16_halves != nullptr;
+  if (a.master == nullptr && !from_halves && a.rows * a.cols > 0) return Invalid("master is null");
   if (a.data == nullptr && layout.data_bytes > 0) return Invalid("data is null");
   if (a.scales == nullptr && layout.scale_count > 0) return Invalid("scales is null");
   if (RecipeInfoOf(a.recipe).scale_kind == ScaleKind::kTensor) {
@@ -174,6 +175,21 @@ void Elementwise(const ServeArgs& a, int64_t rb, int64_t re, Cast cast) {
   }
 }
 
+// bf16 from a bf16+remainder master's stored halves, rows [rb, re), either direction.
+void Bf16Halves(const ServeArgs& a, int64_t rb, int64_t re) {
+  auto* out = static_cast<uint16_t*>(a.data);
+  if (a.direction == Direction::kRowwise) {
+    if (re > rb) {
+      std::memcpy(out + rb * a.cols, a.bf16_halves + rb * a.cols,
+                  static_cast<size_t>((re - rb) * a.cols) * sizeof(uint16_t));
+    }
+    return;
+  }
+  for (int64_t r = rb; r < re; ++r) {
+    for (int64_t c = 0; c < a.cols; ++c) out[c * a.rows + r] = a.bf16_halves[r * a.cols + c];
+  }
+}
+
 // fp8_block: rows [rb, re) hold whole 128-row blocks (the last one possibly partial).
 void Block(const ServeKernels& k, const ServeArgs& a, int64_t rb, int64_t re) {
   const int64_t brows = CeilDiv(a.rows, kFp8BlockSize), bcols = CeilDiv(a.cols, kFp8BlockSize);
@@ -236,7 +252,11 @@ void Run(const ServeKernels& k, const ServeArgs& a, int64_t rb, int64_t re) {
       });
       return;
     case Recipe::kBf16:
-      Elementwise<uint16_t>(a, rb, re, k.bf16);
+      if (a.bf16_halves != nullptr) {
+        Bf16Halves(a, rb, re);
+      } else {
+        Elementwise<uint16_t>(a, rb, re, k.bf16);
+      }
       return;
     case Recipe::kFp16:
       Elementwise<uint16_t>(a, rb, re, k.fp16);

@@ -395,28 +395,5 @@ TEST(StatePolicyTest, MasterAmaxIsTheLargestMagnitudeOrNaN) {
   EXPECT_TRUE(std::isnan(amax));
 }
 
-TEST(StatePolicyTest, PanelsRunInOrderAndComposeToOneCall) {
-  const StatePolicy policy = MakeStatePolicy(MasterType::kFp32, MomentType::kFp8, MomentType::kFp8);
-  std::mt19937_64 rng(8);
-  constexpr int64_t kRows = 300, kCols = 37;
-  const std::vector<float> initial = testing::NormalFloats(rng, kRows * kCols, 0.02);
-  const Grads grads(rng, SlotType::kFp32, 1, kRows * kCols);
-  const AdamwScalars s = MakeAdamwScalars(testing::AccuracySetupHyper(), 1);
-  PolicyTensor whole(policy, initial), panels(policy, initial);
-  float amax_whole = 0.0f, amax_panels = 0.0f;
-  ASSERT_TRUE(FusedStepCpu(whole.Args(grads.ptrs, SlotType::kFp32, 1.0f, 1.0f, s, {}), 0,
-                           kRows * kCols, CpuPath::kAuto, &amax_whole)
-                  .ok());
-  std::vector<std::pair<int64_t, int64_t>> seen;
-  ASSERT_TRUE(FusedStepPanelsCpu(
-                  panels.Args(grads.ptrs, SlotType::kFp32, 1.0f, 1.0f, s, {}), kCols, 0, kRows,
-                  [&](int64_t r0, int64_t r1) { seen.emplace_back(r0, r1); }, CpuPath::kAuto,
-                  &amax_panels)
-                  .ok());
-  EXPECT_EQ(seen, (std::vector<std::pair<int64_t, int64_t>>{{0, 128}, {128, 256}, {256, 300}}));
-  EXPECT_EQ(CompareTensors(panels, whole), "");
-  EXPECT_EQ(amax_panels, amax_whole);
-}
-
 }  // namespace
 }  // namespace paramd::kernels

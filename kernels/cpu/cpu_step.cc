@@ -1,0 +1,86 @@
+#include "kernels/cpu_step.h"
+
+#include <algorithm>
+#include <mutex>
+
+namespace paramd::kernels {
+namespace {
+
+// The first error of a parallel loop, kept under a lock, and the amax combined likewise.
+class StepOutcome {
+ public:
+  void Fail(KStatus status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (status_.ok()) status_ = std::move(status);
+  }
+  void AddAmax(float amax) {
+    std::lock_guard<std::mutex> lock(mu_);
+    amax_ = AmaxCombine(amax_, amax);
+  }
+  KStatus status() const { return status_; }
+  float amax() const { return amax_; }
+
+ private:
+  std::mutex mu_;
+  KStatus status_ = KStatus::Ok();
+  float amax_ = 0.0f;
+};
+
+KStatus CutRows(std::span<const ServeArgs> cut, int64_t row_begin, int64_t row_end, CpuPath path) {
+  for (const ServeArgs& f : cut) {
+    if (KStatus st = ServeQuantizeCpu(f, row_begin, row_end, path); !st.ok()) return st;
+  }
+  return KStatus::Ok();
+}
+
+}  // namespace
+
+KStatus CpuTensorStep(const CpuTensorStepArgs& args, ThreadPool& pool,
+                      CpuTensorStepResult* result) {
+  const int64_t rows = args.rows, cols = args.cols;
+  if (rows < 0 || cols < 0 || rows * cols != args.step.numel) {
+    return KStatus(Code::kInvalidArgument, "CpuTensorStep: rows * cols must be step.numel");
+  }
+  StepOutcome outcome;
+  const int64_t panels = (rows + kServePanelRows - 1) / kServePanelRows;
+  if (panels >= 2) {
+    pool.ParallelFor(panels, 1, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) {
+        const int64_t r0 = p * kServePanelRows, r1 = std::min(rows, r0 + kServePanelRows);
+        float panel_amax = 0.0f;
+        KStatus st = FusedStepCpu(args.step, r0 * cols, r1 * cols, args.path, &panel_amax);
+        if (st.ok()) st = CutRows(args.cut, r0, r1, args.path);
+        if (!st.ok()) return outcome.Fail(std::move(st));
+        outcome.AddAmax(panel_amax);
+      }
+    });
+  } else {
+    pool.ParallelFor(args.step.numel, kDefaultGrain, [&](int64_t begin, int64_t end) {
+      float block_amax = 0.0f;
+      KStatus st = FusedStepCpu(args.step, begin, end, args.path, &block_amax);
+      if (!st.ok()) return outcome.Fail(std::move(st));
+      outcome.AddAmax(block_amax);
+    });
+    if (outcome.status().ok()) {
+      if (KStatus st = CutRows(args.cut, 0, rows, args.path); !st.ok()) outcome.Fail(std::move(st));
+    }
+  }
+  if (KStatus st = outcome.status(); !st.ok()) return st;
+
+  const float amax = outcome.amax();
+  const float current = NextFp8TensorScale(amax, args.previous_tensor_scale).scale;
+  for (ServeArgs serve : args.per_tensor) {
+    if (serve.recipe == Recipe::kFp8Tensor) serve.tensor_scale = current;
+    pool.ParallelFor(panels, 1, [&](int64_t p0, int64_t p1) {
+      KStatus st = ServeQuantizeCpu(serve, p0 * kServePanelRows,
+                                    std::min(rows, p1 * kServePanelRows), args.path);
+      if (!st.ok()) outcome.Fail(std::move(st));
+    });
+    if (KStatus st = outcome.status(); !st.ok()) return st;
+  }
+  result->amax = amax;
+  result->tensor_scale = current;
+  return KStatus::Ok();
+}
+
+}  // namespace paramd::kernels

@@ -1,0 +1,49 @@
+// One tensor's whole step on the CPU, composed once for everyone who runs it: the daemon's cpu
+// backend (server/cpu_backend.cc) and the kernel benchmark (bench/kernels) call this, so the
+// benchmark measures what the daemon runs.
+//
+// The composition (DESIGN.md §10):
+//   1. the fused step (FusedStepCpu) over 128-row panels, spread over the pool's threads; each
+//      panel's cut formats (block, mxfp8, columnwise: ServeQuantizeCpu) are written right after
+//      the panel is stepped, while its new master is in cache. A tensor of fewer than two panels
+//      steps in element blocks instead and cuts its formats after;
+//   2. the amax of the new stored master, combined over the panels (AmaxCombine: any order, same
+//      bits);
+//   3. the per-tensor formats in a second, lighter pass: fp8_tensor with the scale of this step's
+//      amax (NextFp8TensorScale), fp8_delayed with the scale the caller took from its history.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/fused_step.h"
+#include "kernels/recipes.h"
+#include "kernels/status.h"
+
+namespace paramd::kernels {
+
+struct CpuTensorStepArgs {
+  FusedStepArgs step;  // step.numel == rows * cols; its out_* are the in-pass outputs
+  int64_t rows = 0;
+  int64_t cols = 0;
+  // Formats cut from the FP32 values after each panel (their `master`: the served FP32 bytes, an
+  // FP32 master, or a working copy the step writes through out_fp32).
+  std::span<const ServeArgs> cut;
+  // Per-tensor formats of the second pass. fp8_tensor's tensor_scale is ignored (this step's amax
+  // gives it); fp8_delayed's is the scale used.
+  std::span<const ServeArgs> per_tensor;
+  float previous_tensor_scale = 1.0f;  // fp8_tensor: the scale of the previous step
+  CpuPath path = CpuPath::kAuto;
+};
+
+struct CpuTensorStepResult {
+  float amax = 0.0f;          // of the new stored master (for an fp8_delayed history)
+  float tensor_scale = 1.0f;  // fp8_tensor: the scale this step served with
+};
+
+// Runs the whole step of one tensor on `pool`'s threads. Returns the first error of a kernel
+// (nothing is published on error: the caller fails the step).
+KStatus CpuTensorStep(const CpuTensorStepArgs& args, ThreadPool& pool, CpuTensorStepResult* result);
+
+}  // namespace paramd::kernels

@@ -1,0 +1,180 @@
+// kernels/cpu_step.h: the composed tensor step (panels over a pool, cut formats per panel, the
+// per-tensor second pass) equals the plain sequence of its kernels on one thread, whatever the
+// thread count and however many panels the tensor has.
+#include "kernels/cpu_step.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/fused_step.h"
+#include "kernels/recipes.h"
+#include "tests/unit/kernels/kernels_test_util.h"
+
+namespace paramd::kernels {
+namespace {
+
+// One fp32-master tensor with fp8 moments (chunk-scaled) and its outputs; the FP32 served copy is
+// what the cut formats read.
+struct Tensor {
+  Tensor(int64_t rows, int64_t cols, uint32_t seed)
+      : rows(rows),
+        cols(cols),
+        n(rows * cols),
+        grad(n),
+        master(n),
+        m(n),
+        v(n),
+        m_scale(NumChunks(n), 1.0f),
+        v_scale(NumChunks(n), 1.0f),
+        fp32(n) {
+    std::mt19937 gen(seed);
+    std::normal_distribution<float> normal(0.0f, 0.02f);
+    for (int64_t i = 0; i < n; ++i) {
+      master[i] = normal(gen);
+      grad[i] = 0.1f * normal(gen);
+    }
+    AddOutput(Recipe::kFp8Block, Direction::kRowwise, &cut);
+    AddOutput(Recipe::kMxfp8, Direction::kColumnwise, &cut);
+    AddOutput(Recipe::kBf16, Direction::kColumnwise, &cut);
+    AddOutput(Recipe::kFp8Tensor, Direction::kRowwise, &per_tensor);
+    AddOutput(Recipe::kFp8Delayed, Direction::kRowwise, &per_tensor);
+    per_tensor.back().tensor_scale = 64.0f;
+  }
+
+  void AddOutput(Recipe recipe, Direction direction, std::vector<ServeArgs>* into) {
+    const ServeBufferLayout layout = ServeLayout(recipe, direction, rows, cols);
+    bytes.emplace_back(static_cast<size_t>(layout.data_bytes + layout.scale_bytes), 0xA5);
+    ServeArgs a;
+    a.master = fp32.data();
+    a.rows = rows;
+    a.cols = cols;
+    a.recipe = recipe;
+    a.direction = direction;
+    a.data = bytes.back().data();
+    a.scales = layout.scale_bytes > 0 ? bytes.back().data() + layout.data_bytes : nullptr;
+    into->push_back(a);
+  }
+
+  FusedStepArgs Step() {
+    FusedStepArgs a;
+    slot = grad.data();
+    a.slots = &slot;
+    a.num_slots = 1;
+    a.scalars = MakeAdamwScalars(testing::AccuracySetupHyper(), 3);
+    a.policy.exp_avg = MomentType::kFp8;
+    a.policy.exp_avg_sq = MomentType::kFp8;
+    a.numel = n;
+    a.master = master.data();
+    a.exp_avg = m.data();
+    a.exp_avg_scale_inv = m_scale.data();
+    a.exp_avg_sq = v.data();
+    a.exp_avg_sq_scale_inv = v_scale.data();
+    a.out_fp32 = fp32.data();
+    return a;
+  }
+
+  int64_t rows, cols, n;
+  std::vector<float> grad, master;
+  std::vector<uint8_t> m, v;
+  std::vector<float> m_scale, v_scale, fp32;
+  std::vector<std::vector<uint8_t>> bytes;  // each output's data and scales: ServeArgs point in
+  std::vector<ServeArgs> cut, per_tensor;
+  const void* slot = nullptr;
+};
+
+std::vector<std::vector<uint8_t>> StepOnce(int64_t rows, int64_t cols, int threads, bool composed,
+                                           CpuTensorStepResult* result) {
+  Tensor t(rows, cols, 11);
+  const float previous = 32.0f;
+  if (composed) {
+    ThreadPool pool(threads);
+    CpuTensorStepArgs args;
+    args.step = t.Step();
+    args.rows = rows;
+    args.cols = cols;
+    args.cut = t.cut;
+    args.per_tensor = t.per_tensor;
+    args.previous_tensor_scale = previous;
+    EXPECT_TRUE(CpuTensorStep(args, pool, result).ok());
+  } else {
+    // The plain sequence on one thread: the step over everything, each format over every row.
+    float amax = 0.0f;
+    EXPECT_TRUE(FusedStepCpu(t.Step(), 0, t.n, CpuPath::kAuto, &amax).ok());
+    for (const ServeArgs& f : t.cut) EXPECT_TRUE(ServeQuantizeCpu(f, 0, rows).ok());
+    result->amax = amax;
+    result->tensor_scale = NextFp8TensorScale(amax, previous).scale;
+    for (ServeArgs f : t.per_tensor) {
+      if (f.recipe == Recipe::kFp8Tensor) f.tensor_scale = result->tensor_scale;
+      EXPECT_TRUE(ServeQuantizeCpu(f, 0, rows).ok());
+    }
+  }
+  std::vector<std::vector<uint8_t>> out = t.bytes;
+  out.emplace_back(reinterpret_cast<const uint8_t*>(t.master.data()),
+                   reinterpret_cast<const uint8_t*>(t.master.data() + t.n));
+  out.push_back(t.m);
+  out.push_back(t.v);
+  return out;
+}
+
+TEST(CpuTensorStepTest, EqualsItsKernelsInSequenceAtEveryThreadCountAndShape) {
+  // Many panels with a partial last one; exactly two; one (element blocks); a 1-D tensor.
+  const int64_t shapes[][2] = {{300, 200}, {256, 64}, {100, 96}, {1, 5000}};
+  for (const auto& shape : shapes) {
+    CpuTensorStepResult plain;
+    const auto want = StepOnce(shape[0], shape[1], 1, false, &plain);
+    for (int threads : {1, 3}) {
+      SCOPED_TRACE(::testing::Message()
+                   << shape[0] << "x" << shape[1] << ", " << threads << " threads");
+      CpuTensorStepResult got;
+      EXPECT_EQ(StepOnce(shape[0], shape[1], threads, true, &got), want);
+      EXPECT_EQ(got.amax, plain.amax);
+      EXPECT_EQ(got.tensor_scale, plain.tensor_scale);
+      EXPECT_GT(got.amax, 0.0f);
+    }
+  }
+}
+
+TEST(CpuTensorStepTest, RefusesAShapeThatIsNotTheStepsElements) {
+  Tensor t(4, 8, 3);
+  ThreadPool pool(1);
+  CpuTensorStepArgs args;
+  args.step = t.Step();
+  args.rows = 4;
+  args.cols = 9;
+  CpuTensorStepResult result;
+  EXPECT_EQ(CpuTensorStep(args, pool, &result).code(), Code::kInvalidArgument);
+}
+
+// A bf16+remainder master serves its stored halves as they are: rowwise a copy, columnwise the
+// transpose, with no master values needed.
+TEST(ServeBf16HalvesTest, CopiesOrTransposesTheStoredHalves) {
+  const int64_t rows = 130, cols = 7;
+  std::vector<uint16_t> halves(rows * cols);
+  for (size_t i = 0; i < halves.size(); ++i) halves[i] = static_cast<uint16_t>(i * 2654435761u);
+  for (Direction direction : {Direction::kRowwise, Direction::kColumnwise}) {
+    std::vector<uint16_t> out(halves.size(), 0);
+    ServeArgs a;
+    a.rows = rows;
+    a.cols = cols;
+    a.recipe = Recipe::kBf16;
+    a.direction = direction;
+    a.data = out.data();
+    a.bf16_halves = halves.data();
+    ASSERT_TRUE(ServeQuantizeCpu(a, 0, 128).ok());
+    ASSERT_TRUE(ServeQuantizeCpu(a, 128, rows).ok());
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const uint16_t got =
+            direction == Direction::kRowwise ? out[r * cols + c] : out[c * rows + r];
+        ASSERT_EQ(got, halves[r * cols + c]) << r << "," << c;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace paramd::kernels
