@@ -67,8 +67,8 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
           "chunk of ", chunk_.data().size(), " bytes exceeds this daemon's max_chunk_bytes (",
           limit, "); split pushes into chunks of at most that size"));
     }
-    if (chunk_.in_place_bytes() != 0 && chunk_.instance() != 0 &&
-        chunk_.instance() != daemon_->instance()) {
+    if (chunk_.has_in_place() && chunk_.in_place().instance() != 0 &&
+        chunk_.in_place().instance() != daemon_->instance()) {
       return WithReason(
           absl::FailedPreconditionError(absl::StrCat(
               "the slot place of tensor ", Quoted(chunk_.tensor()), " ", kFromAnotherDaemonStart,
@@ -93,11 +93,12 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       // Counted under the transport whose memory the bytes were written in, or that carries
       // them in its messages.
       std::optional<Memory> memory;
-      if (chunk_.in_place_bytes() > 0) {
-        memory = chunk_.in_place_device() ? Memory::kDevice : Memory::kHost;
+      if (chunk_.has_in_place()) {
+        memory =
+            chunk_.in_place().memory() == v1::PLACE_MEMORY_DEVICE ? Memory::kDevice : Memory::kHost;
       }
       daemon_->metrics().Pushed(daemon_->transports().NameOf(memory),
-                                memory.has_value() ? chunk_.in_place_bytes()
+                                memory.has_value() ? chunk_.in_place().bytes()
                                                    : static_cast<int64_t>(chunk_.data().size()));
     } else {
       response_.set_chunks_duplicate(response_.chunks_duplicate() + 1);

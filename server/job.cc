@@ -152,15 +152,17 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushLocked(const v1::PushChunk& chunk,
   const bool weights = chunk.kind() == v1::PUSH_KIND_INITIAL_WEIGHTS;
   const int64_t total = weights ? t.elements * 4 : t.grad_bytes;
   const int64_t element = weights ? 4 : ElementBytes(t.spec.grad_type());
-  const bool in_place = chunk.in_place_bytes() != 0;
-  if (in_place && (weights || !chunk.data().empty() || chunk.in_place_bytes() < 0)) {
+  const bool in_place = chunk.has_in_place();
+  if (in_place && (weights || chunk.in_place().bytes() <= 0 ||
+                   chunk.in_place().memory() == v1::PLACE_MEMORY_UNSPECIFIED)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "in_place_bytes = ", chunk.in_place_bytes(), " of tensor \"", t.spec.name(),
-        "\": an in-place push marks > 0 gradient bytes written to shared memory and carries no "
-        "data"));
+        "in-place mark of ", chunk.in_place().bytes(), " bytes in ",
+        v1::PlaceMemory_Name(chunk.in_place().memory()), " for tensor \"", t.spec.name(),
+        "\": a mark names > 0 gradient bytes written in PLACE_MEMORY_HOST or PLACE_MEMORY_DEVICE "
+        "(initial weights travel in data chunks)"));
   }
   const int64_t length =
-      in_place ? chunk.in_place_bytes() : static_cast<int64_t>(chunk.data().size());
+      in_place ? chunk.in_place().bytes() : static_cast<int64_t>(chunk.data().size());
   if (length == 0 || chunk.offset() < 0 || chunk.offset() % element != 0 || length % element != 0 ||
       chunk.offset() > total - length) {
     // A client's offset can be anything: its end, only printed here, saturates (no overflow).
@@ -248,10 +250,10 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushGradient(Tensor& t, const v1::PushC
   PARAMD_RETURN_IF_ERROR(MakeCollectingLocked());
   ChunkBuffer& slot = slots_.collecting()[index][static_cast<size_t>(chunk.rank())];
   DeviceSlot* device = slots_.collecting().FindDevice(index, chunk.rank());
-  if (chunk.in_place_device() && chunk.in_place_bytes() <= 0) {
-    return absl::InvalidArgumentError("in_place_device marks in-place bytes; set in_place_bytes");
-  }
-  if (chunk.in_place_device() && !committed) {
+  // Marks were checked by Push: bytes > 0, a known memory.
+  const bool marked = chunk.has_in_place();
+  const int64_t marked_bytes = chunk.in_place().bytes();
+  if (marked && chunk.in_place().memory() == v1::PLACE_MEMORY_DEVICE && !committed) {
     // A slot's bytes lie wholly in host memory or wholly in GPU memory: the step reads one.
     if (device == nullptr || device->bytes.size() != t.grad_bytes) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -265,12 +267,11 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushGradient(Tensor& t, const v1::PushC
           absl::StrCat("tensor \"", t.spec.name(), "\" has ", slot.received(), " bytes of step ",
                        chunk.step(), " pushed in data chunks; finish it in data chunks"));
     }
-    absl::StatusOr<ChunkBuffer::Stored> stored =
-        slot.MarkWritten(chunk.offset(), chunk.in_place_bytes());
+    absl::StatusOr<ChunkBuffer::Stored> stored = slot.MarkWritten(chunk.offset(), marked_bytes);
     if (stored.ok()) device->written = true;
     return stored;
   }
-  if (device != nullptr && device->written && !committed && chunk.in_place_bytes() == 0) {
+  if (device != nullptr && device->written && !committed && !marked) {
     return absl::FailedPreconditionError(
         absl::StrCat("tensor \"", t.spec.name(), "\" has ", slot.received(), " bytes of step ",
                      chunk.step(), " written in GPU memory; finish it in place"));
@@ -279,8 +280,8 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushGradient(Tensor& t, const v1::PushC
     // The rank's slots are complete, so a chunk is either an identical re-send (a retry, or a
     // restarted trainer pushing again: acknowledged) or a change to committed gradients.
     absl::StatusOr<ChunkBuffer::Stored> stored =
-        chunk.in_place_bytes() > 0 ? slot.MarkWritten(chunk.offset(), chunk.in_place_bytes())
-                                   : slot.Store(chunk.offset(), chunk.data());
+        marked ? slot.MarkWritten(chunk.offset(), marked_bytes)
+               : slot.Store(chunk.offset(), chunk.data());
     if (stored.ok()) {
       PARAMD_CHECK(*stored == ChunkBuffer::Stored::kDuplicate);
       return stored;
@@ -289,8 +290,9 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushGradient(Tensor& t, const v1::PushC
         absl::StrCat("rank ", chunk.rank(), " already committed step ", chunk.step(),
                      "; its gradients are final: ", stored.status().message()));
   }
-  PARAMD_RETURN_IF_ERROR(SizeSlot(slot, index));
-  if (chunk.in_place_bytes() > 0) {
+  if (marked) {
+    // Checked before the slot is sized: a slot Attach did not place has no place yet, and a mark
+    // for it is refused without allocating one.
     if (slot.place() == nullptr) {
       return absl::FailedPreconditionError(
           absl::StrCat("an in-place push of tensor \"", t.spec.name(),
@@ -298,8 +300,9 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushGradient(Tensor& t, const v1::PushC
                        "chunks, or ask Attach "
                        "for the step's slot places first"));
     }
-    return slot.MarkWritten(chunk.offset(), chunk.in_place_bytes());
+    return slot.MarkWritten(chunk.offset(), marked_bytes);
   }
+  PARAMD_RETURN_IF_ERROR(SizeSlot(slot, index));
   return slot.Store(chunk.offset(), chunk.data());
 }
 

@@ -327,8 +327,9 @@ Marks::Marks(v1::Data::Stub& stub, const PushTarget& target, uint64_t instance, 
   chunk_.set_rank(target.rank);
   chunk_.set_step(target.step);
   chunk_.set_kind(target.kind);
-  chunk_.set_in_place_device(memory == Memory::kDevice);
-  chunk_.set_instance(instance);
+  v1::InPlaceMark* mark = chunk_.mutable_in_place();
+  mark->set_memory(memory == Memory::kDevice ? v1::PLACE_MEMORY_DEVICE : v1::PLACE_MEMORY_HOST);
+  mark->set_instance(instance);
 }
 
 bool Marks::Mark(const std::string& tensor, int64_t offset, int64_t bytes, bool last) {
@@ -339,7 +340,7 @@ bool Marks::Mark(const std::string& tensor, int64_t offset, int64_t bytes, bool 
   }
   chunk_.set_tensor(tensor);
   chunk_.set_offset(offset);
-  chunk_.set_in_place_bytes(bytes);
+  chunk_.mutable_in_place()->set_bytes(bytes);
   // The marks matter together (the commit follows the push): gRPC may batch them.
   if (!last) return writer_->Write(chunk_, grpc::WriteOptions().set_buffer_hint());
   writer_->WriteLast(chunk_, grpc::WriteOptions());  // also closes the stream: one write less

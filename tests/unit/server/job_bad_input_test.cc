@@ -132,6 +132,38 @@ TEST_F(JobBadInputTest, ChunkBeyondTheEndIsInvalidArgument) {
   ExpectUnchangedAndStillExact();
 }
 
+// An in-place mark names > 0 gradient bytes in a known memory; anything else is refused before it
+// touches a slot. (A mark carries no bytes: the payload is one or the other.)
+TEST_F(JobBadInputTest, InPlaceMarksOfNoBytesUnknownMemoryOrWeightsAreInvalidArgument) {
+  auto mark = [this](int64_t bytes, v1::PlaceMemory memory, v1::PushKind kind) {
+    v1::PushChunk chunk;
+    chunk.set_job(spec_.job());
+    chunk.set_rank(0);
+    chunk.set_step(0);
+    chunk.set_tensor("w");
+    chunk.set_kind(kind);
+    chunk.set_offset(0);
+    chunk.mutable_in_place()->set_bytes(bytes);
+    chunk.mutable_in_place()->set_memory(memory);
+    return h_.job().Push(chunk);
+  };
+  EXPECT_TRUE(HasStatus(mark(0, v1::PLACE_MEMORY_HOST, v1::PUSH_KIND_GRADIENT), kInvalid,
+                        "in-place mark of 0 bytes"));
+  EXPECT_TRUE(HasStatus(mark(-8, v1::PLACE_MEMORY_DEVICE, v1::PUSH_KIND_GRADIENT), kInvalid,
+                        "in-place mark of -8 bytes"));
+  EXPECT_TRUE(HasStatus(mark(8, v1::PLACE_MEMORY_UNSPECIFIED, v1::PUSH_KIND_GRADIENT), kInvalid,
+                        "in PLACE_MEMORY_UNSPECIFIED"));
+  EXPECT_TRUE(HasStatus(mark(8, v1::PLACE_MEMORY_HOST, v1::PUSH_KIND_INITIAL_WEIGHTS), kInvalid,
+                        "initial weights travel in data chunks"));
+  // A well-formed mark for a slot the daemon did not place in shared memory or GPU memory.
+  EXPECT_TRUE(HasStatus(mark(8, v1::PLACE_MEMORY_HOST, v1::PUSH_KIND_GRADIENT),
+                        absl::StatusCode::kFailedPrecondition, "not in shared memory"));
+  EXPECT_TRUE(HasStatus(mark(8, v1::PLACE_MEMORY_DEVICE, v1::PUSH_KIND_GRADIENT),
+                        absl::StatusCode::kFailedPrecondition,
+                        "GPU slot the daemon did not hand out"));
+  ExpectUnchangedAndStillExact();
+}
+
 TEST_F(JobBadInputTest, ConflictingDuplicatePushIsFailedPrecondition) {
   const StepGradients grads = Grads(0);
   const std::string& right = grads[0][1];  // tensor "w", rank 1
