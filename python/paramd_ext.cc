@@ -149,6 +149,46 @@ struct PulledBytes {
   std::vector<std::byte> bytes;
 };
 
+// A pull read in place (Client::PullInPlace): the served bytes where they lie, under a lease that
+// this object holds. The lease ends with release() or when the object goes (a torch tensor made by
+// torch.frombuffer keeps it alive: the lease is tied to the tensor that views it), or when its
+// time passes on the daemon; a view used past that reads whatever a later step writes there.
+class PyPulledView {
+ public:
+  PyPulledView(std::shared_ptr<Client> client, PulledView view)
+      : client_(std::move(client)), view_(std::move(view)) {}
+  ~PyPulledView() { Release(); }
+  PyPulledView(const PyPulledView&) = delete;
+  PyPulledView& operator=(const PyPulledView&) = delete;
+
+  const v1::PullHeader& header() const { return view_.header; }
+  bool on_device() const { return view_.header.place_on_device(); }
+  bool released() const { return client_ == nullptr; }
+
+  // The bytes as a read-only buffer; empty once released and for a view in GPU memory, which has
+  // no host bytes (the buffer protocol cannot raise: paramd._formats checks first).
+  py::buffer_info Buffer() const {
+    const bool host = !released() && !on_device();
+    return py::buffer_info(host ? const_cast<std::byte*>(view_.data.data()) : nullptr, 1,
+                           py::format_descriptor<uint8_t>::format(), 1,
+                           {static_cast<py::ssize_t>(host ? view_.data.size() : 0)}, {1},
+                           /*readonly=*/true);
+  }
+
+  // Ends the lease now (sent without waiting); later buffer requests raise.
+  void Release() {
+    if (client_ == nullptr) return;
+    const std::shared_ptr<Client> client = std::move(client_);
+    client_ = nullptr;
+    // Nothing to raise into from a destructor; the lease then ends at its deadline.
+    (void)client->Release(view_);
+  }
+
+ private:
+  std::shared_ptr<Client> client_;
+  PulledView view_;
+};
+
 v1::StatePolicy ParsePolicy(const py::dict& policy) {
   v1::StatePolicy out;
   for (const auto& [key_handle, value_handle] : policy) {
@@ -397,6 +437,21 @@ class PyClient {
     return out;
   }
 
+  // Waits like Pull and leases the served bytes where they lie (shm): no copy. `lease_s` 0 takes
+  // the daemon's default lease. FAILED_PRECONDITION on a transport that cannot read in place.
+  std::unique_ptr<PyPulledView> PullInPlace(const std::string& job, const std::string& tensor,
+                                            const std::string& format, int64_t min_version,
+                                            double timeout_s, double lease_s) {
+    PullTarget target{job, tensor, ParseFormat(format), min_version};
+    absl::StatusOr<PulledView> view;
+    const std::shared_ptr<Client> client = Open();
+    {
+      py::gil_scoped_release release;
+      view = client->PullInPlace(target, Millis(timeout_s), Millis(lease_s));
+    }
+    return std::make_unique<PyPulledView>(client, Value(std::move(view)));
+  }
+
   // Several tensors in one call (Client::PullMany), in the order named.
   std::vector<std::unique_ptr<PulledBytes>> PullMany(const std::string& job,
                                                      const std::vector<std::string>& tensors,
@@ -444,6 +499,7 @@ class PyClient {
       d["state_bytes"] = j.state_bytes();
       d["served_bytes"] = j.served_bytes();
       d["slot_bytes"] = j.slot_bytes();
+      d["leases"] = j.leases();
       d["hyperparams"] = HyperparamsDict(j.hyperparams());
       d["state_policy"] = PolicyDict(j.state_policy());
       jobs.append(std::move(d));
@@ -511,6 +567,7 @@ class PyClient {
 PYBIND11_MODULE(_paramd, m) {
   using paramd::PulledBytes;
   using paramd::PyClient;
+  using paramd::PyPulledView;
   m.doc() = "Bindings of the paramd C++ client (client/client.h)";
 
   static py::exception<paramd::StatusError> status_error(m, "StatusError", PyExc_RuntimeError);
@@ -554,6 +611,38 @@ PYBIND11_MODULE(_paramd, m) {
       .def_property_readonly(
           "format", [](const PulledBytes& p) { return paramd::FormatName(p.header.format()); });
 
+  py::class_<PyPulledView>(
+      m, "PulledView", py::buffer_protocol(),
+      "The served bytes of one pull where they lie (data, then scales), under a lease this object "
+      "holds until release() or until it goes")
+      .def_buffer(&PyPulledView::Buffer)
+      .def("release", &PyPulledView::Release, "Ends the lease; the bytes may change after it")
+      .def_property_readonly("released", &PyPulledView::released)
+      .def_property_readonly("on_device", &PyPulledView::on_device)
+      .def("__len__",
+           [](const PyPulledView& p) { return p.header().data_bytes() + p.header().scale_bytes(); })
+      .def_property_readonly("version", [](const PyPulledView& p) { return p.header().version(); })
+      .def_property_readonly("rows", [](const PyPulledView& p) { return p.header().rows(); })
+      .def_property_readonly("cols", [](const PyPulledView& p) { return p.header().cols(); })
+      .def_property_readonly("skipped", [](const PyPulledView& p) { return p.header().skipped(); })
+      .def_property_readonly("data_bytes",
+                             [](const PyPulledView& p) { return p.header().data_bytes(); })
+      .def_property_readonly("scale_bytes",
+                             [](const PyPulledView& p) { return p.header().scale_bytes(); })
+      .def_property_readonly("scale_type",
+                             [](const PyPulledView& p) {
+                               return paramd::EnumName(
+                                   paramd::v1::ScaleType_Name(p.header().scale_type()),
+                                   "SCALE_TYPE_");
+                             })
+      .def_property_readonly("scale_shape",
+                             [](const PyPulledView& p) {
+                               return std::vector<int64_t>(p.header().scale_shape().begin(),
+                                                           p.header().scale_shape().end());
+                             })
+      .def_property_readonly(
+          "format", [](const PyPulledView& p) { return paramd::FormatName(p.header().format()); });
+
   py::class_<PyClient>(m, "Client", "One trainer rank's connection to a paramd daemon")
       .def(py::init<const std::string&, const std::string&, double, double, int>(),
            py::arg("address"), py::arg("transport") = "auto", py::arg("rpc_timeout_s") = 30.0,
@@ -570,6 +659,10 @@ PYBIND11_MODULE(_paramd, m) {
            py::arg("lr") = std::nullopt, py::arg("grad_scale") = std::nullopt)
       .def("pull", &PyClient::Pull, py::arg("job"), py::arg("tensor"), py::arg("format") = "fp32",
            py::arg("min_version") = 0, py::arg("timeout_s") = 60.0)
+      .def("pull_in_place", &PyClient::PullInPlace, py::arg("job"), py::arg("tensor"),
+           py::arg("format") = "fp32", py::arg("min_version") = 0, py::arg("timeout_s") = 60.0,
+           py::arg("lease_s") = 0.0,
+           "Leases the served bytes where they lie (shm): a PulledView, no copy")
       .def("pull_many", &PyClient::PullMany, py::arg("job"), py::arg("tensors"),
            py::arg("format") = "fp32", py::arg("min_version") = 0, py::arg("timeout_s") = 60.0,
            "Several tensors in one call, in the order named (one request over shm and cuda_ipc)")

@@ -15,11 +15,11 @@ Low level (tensors in and out, no PyTorch optimizer semantics):
 The optimizer a training loop swaps in for torch.optim.AdamW is paramd.torch.AdamW.
 """
 
-from paramd._paramd import Client, PulledBytes, StatusError
+from paramd._paramd import Client, PulledBytes, PulledView, StatusError
 
 __all__ = [
-    "Client", "PulledBytes", "StatusError", "byte_view", "connect", "dequantize",
-    "hyperparams", "pull", "pull_many", "push_gradients", "served", "state_policy",
+    "Client", "PulledBytes", "PulledView", "StatusError", "byte_view", "connect", "dequantize",
+    "hyperparams", "pull", "pull_in_place", "pull_many", "push_gradients", "served", "state_policy",
     "upload_initial_weights",
 ]
 
@@ -78,6 +78,17 @@ def push_gradients(client, job, rank, step, grads):
 def pull(client, job, tensor, fmt="fp32", min_version=0, timeout_s=60.0):
     """Waits for `min_version` and returns the served weight as a ServedWeight (no copy)."""
     return served(client.pull(job, tensor, fmt, min_version, timeout_s))
+
+
+def pull_in_place(client, job, tensor, fmt="fp32", min_version=0, timeout_s=60.0, lease_s=0.0):
+    """Waits for `min_version` and views the served weight where it lies (shm) as a ServedWeight:
+    no copy at all. The view holds a lease on the bytes; its tensors keep the view alive, so the
+    lease ends when they go (or at client.pull_in_place(...).release(), or after `lease_s`, 0 =
+    the daemon's default). Until then the bytes are unchanged while later steps run; a tensor
+    used after its lease ended reads whatever a later step writes there. Read-only: do not write
+    into it. Raises StatusError FAILED_PRECONDITION on a transport that cannot read in place
+    (inline)."""
+    return served(client.pull_in_place(job, tensor, fmt, min_version, timeout_s, lease_s))
 
 
 def pull_many(client, job, tensors, fmt="fp32", min_version=0, timeout_s=60.0):

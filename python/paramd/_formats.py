@@ -5,6 +5,7 @@ in place as torch tensors of the served dtype and dequantize it to float32 with 
 DESIGN.md section 3, so the module gets exactly the values the daemon's recipe encodes.
 """
 
+import warnings
 from collections import namedtuple
 
 import torch
@@ -59,10 +60,17 @@ def grad_type_of(dtype):
 
 def served(pulled):
     """Views a pull (paramd._paramd.PulledBytes) as a ServedWeight, without copying the data."""
+    if getattr(pulled, "released", False):
+        raise ValueError("this in-place view was released; pull again")
+    if getattr(pulled, "on_device", False):
+        raise ValueError("this in-place view is in GPU memory (cuda_ipc); pull a copy instead")
     fmt = pulled.format
     dtype = _DATA_DTYPES[recipe_of(fmt)]
     rows, cols = pulled.rows, pulled.cols
-    raw = torch.frombuffer(pulled, dtype=torch.uint8)
+    with warnings.catch_warnings():
+        # An in-place view (PulledView) is a read-only buffer; torch warns that it views it anyway.
+        warnings.filterwarnings("ignore", message="The given buffer is not writable")
+        raw = torch.frombuffer(pulled, dtype=torch.uint8)
     data = raw[:pulled.data_bytes].view(dtype)
     # Columnwise data is the transpose, except mxfp8's, which keeps [rows, cols].
     if is_columnwise(fmt) and recipe_of(fmt) != "mxfp8":

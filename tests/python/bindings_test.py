@@ -1,6 +1,8 @@
 """paramd's Python bindings against a real daemon: register, push, commit, pull in every serve
 format (zero-copy views, dequantized against the recipes' error bounds), errors with codes."""
 
+import gc
+import time
 import unittest
 
 import support
@@ -97,6 +99,57 @@ class BindingsTest(unittest.TestCase):
         self.assertTrue(torch.allclose(moved, grad.sign(), atol=1e-3))
         status = client.status("step")["jobs"][0]
         self.assertEqual(status["applied_steps"], 1)
+
+    def test_pull_in_place_views_the_served_bytes_under_a_lease_its_tensor_holds(self):
+        client = paramd.connect(self.daemon.address)
+        client.register(job="view", rank=0, world_size=1, tensors=[("w", ROWS, COLS, "fp32")],
+                        hyperparams=paramd.hyperparams(lr=1e-2))
+        self.assertEqual(client.transport, "shm")  # the daemon is local: shm is the automatic pick
+        paramd.upload_initial_weights(client, "view", {"w": self.weights})
+
+        def leases():
+            return client.status("view")["jobs"][0]["leases"]
+
+        def leases_reach(count):
+            give_up = time.monotonic() + 10.0
+            while leases() != count and time.monotonic() < give_up:
+                gc.collect()
+                time.sleep(0.01)
+            return leases() == count
+
+        w = paramd.pull_in_place(client, "view", "w", "fp32", 0).data
+        self.assertTrue(torch.equal(w, self.weights))
+        self.assertEqual(leases(), 1)
+        # Later steps publish new versions; the leased version 0 stays, byte for byte.
+        for step in range(3):
+            grad = torch.full((ROWS, COLS), 0.01 * (step + 1))
+            paramd.push_gradients(client, "view", 0, step, {"w": grad})
+            client.commit("view", 0, step)
+        newest = paramd.pull(client, "view", "w", "fp32", 3).data
+        self.assertFalse(torch.equal(newest, self.weights))
+        self.assertTrue(torch.equal(w, self.weights))
+        # The tensor holds the lease: it ends when the tensor goes.
+        del w
+        self.assertTrue(leases_reach(0), f"{leases()} leases left after the view went")
+
+        view = client.pull_in_place("view", "w", "fp32", 3)
+        self.assertEqual(view.version, 3)
+        self.assertFalse(view.on_device)
+        self.assertTrue(leases_reach(1))
+        view.release()
+        self.assertTrue(view.released)
+        self.assertTrue(leases_reach(0))
+        self.assertEqual(len(memoryview(view)), 0)  # no bytes to read once released
+        with self.assertRaises(ValueError):
+            paramd.served(view)
+        client.close()
+
+    def test_pull_in_place_over_inline_is_failed_precondition(self):
+        client = paramd.connect(self.daemon.address, transport="inline")
+        with self.assertRaises(paramd.StatusError) as caught:
+            client.pull_in_place("bind", "w", "fp32", 0, 5.0)
+        self.assertEqual(caught.exception.code, "FAILED_PRECONDITION")
+        client.close()
 
     def test_pull_many_gives_each_tensor_in_the_order_asked(self):
         shapes = {"a": (3, 5), "b": (64, 2), "c": (1, 7)}
