@@ -28,7 +28,7 @@ tests=(
   tests/integration/client_retry_test tests/integration/shm_test
   tests/integration/state_transfer_rpc_test tests/integration/pull_many_stress_test
   tests/unit/server/job_limits_test tests/unit/server/job_failure_test
-  tests/unit/server/step_sequence_test
+  tests/unit/server/step_sequence_test tests/unit/server/checkpoint_test
   tests/integration/hostile_input_test
 )
 

@@ -1,0 +1,77 @@
+// A job's state on disk: one directory per checkpoint, holding the state's stream (the StateChunk
+// messages ExportState sends, every field in its stored dtype with its scales) in files of bounded
+// size and a manifest (v1::CheckpointManifest: the registration, the state's header, each file's
+// size and CRC-32C).
+//
+// Layout: ROOT/JOB/step-NNNNNNNNNNNN/{state-00000.bin, ..., manifest.pb}, NNN the step the state
+// consumes next (the version it holds). A checkpoint is written into ROOT/JOB/.partial-NNN-XXXXXX:
+// every file is fsynced, the manifest is written and fsynced last, the directory is renamed into
+// place atomically and ROOT/JOB is fsynced. So a directory named step-* is complete, and a crash
+// at any point leaves the previous checkpoints as they were (and at most a .partial-* directory,
+// which the next writer of that job removes).
+//
+// Plain C++ and POSIX files: the Control service and the daemon's schedule drive it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "paramd/v1/checkpoint.pb.h"
+#include "paramd/v1/control.pb.h"
+
+namespace paramd {
+
+inline constexpr int kCheckpointFormat = 1;
+inline constexpr char kCheckpointManifest[] = "manifest.pb";
+
+// Writes one checkpoint, chunk by chunk: memory is one chunk at a time.
+class CheckpointWriter {
+ public:
+  // Starts a checkpoint of `registration`'s job under `root` (created if missing), its state in
+  // files of about `file_bytes` each. Removes .partial-* directories that earlier writers of the
+  // job left.
+  static absl::StatusOr<std::unique_ptr<CheckpointWriter>> Start(
+      const std::string& root, const v1::RegisterRequest& registration, int64_t file_bytes);
+  ~CheckpointWriter();  // a checkpoint not finished is removed
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  // Appends the stream's next chunk; the first carries the state's header.
+  absl::Status Add(const v1::StateChunk& chunk);
+  // Makes the checkpoint durable and complete; returns its directory. An existing checkpoint of
+  // the same version is replaced.
+  absl::StatusOr<std::string> Finish();
+
+ private:
+  CheckpointWriter(std::string job_dir, std::string partial, v1::CheckpointManifest manifest,
+                   int64_t file_bytes);
+  absl::Status OpenFile();
+  absl::Status CloseFile();
+
+  const std::string job_dir_;
+  const std::string partial_;
+  v1::CheckpointManifest manifest_;
+  const int64_t file_bytes_;
+  int fd_ = -1;
+  v1::CheckpointFile* file_ = nullptr;  // the file being written
+  std::string record_;                  // one chunk, serialized, reused
+  bool finished_ = false;
+};
+
+// The complete checkpoints of `job` under `root`, newest version first (directories only: each
+// is verified when read).
+absl::StatusOr<std::vector<std::string>> ListCheckpoints(const std::string& root,
+                                                         const std::string& job);
+
+// Reads the checkpoint in `dir`: the manifest, then every file's chunks in order, each handed to
+// `chunk`, with every file's size and CRC-32C checked as it is read. A missing, truncated,
+// altered or unknown file is DATA_LOSS naming it; a chunk over `max_chunk_bytes` of data is
+// DATA_LOSS too. `chunk`'s error ends the read. The manifest read is returned.
+absl::StatusOr<v1::CheckpointManifest> ReadCheckpoint(
+    const std::string& dir, int64_t max_chunk_bytes,
+    const std::function<absl::Status(const v1::StateChunk&)>& chunk);
+
+}  // namespace paramd

@@ -1,0 +1,238 @@
+// server/checkpoint.h: a job's state written to a checkpoint directory and read back continues
+// bit for bit; only complete checkpoints are listed; a truncated, altered or missing file is
+// refused naming it, and the checkpoint before it stays usable.
+#include "server/checkpoint.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "common/crc32c.h"
+#include "server/state_transfer.h"
+#include "tests/unit/server/policy_cases.h"
+#include "tests/unit/server/reference_job.h"
+#include "tests/unit/server/registry_job_harness.h"
+
+namespace paramd {
+namespace {
+
+using testing::BitIdentical;
+using testing::Cases;
+using testing::kDirections;
+using testing::kRecipes;
+using testing::PolicySpec;
+using testing::PolicyWeights;
+using testing::RandomGradients;
+using testing::RandomWeights;
+using testing::RegistryJobHarness;
+
+constexpr int64_t kChunkBytes = 4096;
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char dir[] = "/tmp/paramd-checkpoint-test-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    root_ = dir;
+  }
+  void TearDown() override { std::system(("rm -rf " + root_).c_str()); }
+
+  // The fp8 policy (scaled moments, stochastic rounding, every serve format).
+  static v1::RegisterRequest Spec() {
+    for (const testing::PolicyCase& c : Cases()) {
+      if (c.name == "Fp8BothWithDefaultRounding") return PolicySpec(c);
+    }
+    return {};
+  }
+
+  // Writes `h`'s state as a checkpoint, in files of `file_bytes`.
+  absl::StatusOr<std::string> Write(RegistryJobHarness& h, int64_t file_bytes) {
+    absl::StatusOr<std::unique_ptr<StateExport>> exporting =
+        StateExport::BeginAndWait(h.shared(), kChunkBytes, [](const StepWork&) {});
+    if (!exporting.ok()) return exporting.status();
+    absl::StatusOr<std::unique_ptr<CheckpointWriter>> writer =
+        CheckpointWriter::Start(root_, h.job().spec(), file_bytes);
+    if (!writer.ok()) return writer.status();
+    for (;;) {
+      v1::StateChunk chunk;
+      absl::StatusOr<bool> more = (*exporting)->Next(&chunk);
+      if (!more.ok()) return more.status();
+      if (!*more) break;
+      if (absl::Status s = (*writer)->Add(chunk); !s.ok()) return s;
+    }
+    return (*writer)->Finish();
+  }
+
+  // Reads the checkpoint in `dir` into `h`'s job.
+  absl::Status Restore(const std::string& dir, RegistryJobHarness& h) {
+    StateImport import(h.job().spec(), kChunkBytes);
+    absl::StatusOr<v1::CheckpointManifest> manifest = ReadCheckpoint(
+        dir, kChunkBytes, [&](const v1::StateChunk& chunk) { return import.Add(chunk); });
+    if (!manifest.ok()) return manifest.status();
+    absl::StatusOr<StagedState> staged = import.Finish();
+    if (!staged.ok()) return staged.status();
+    return h.job().Import(*std::move(staged)).status();
+  }
+
+  static void ExpectSameServed(const RegistryJobHarness& a, const RegistryJobHarness& b,
+                               const v1::RegisterRequest& spec) {
+    for (int i = 0; i < spec.tensors_size(); ++i) {
+      for (v1::Recipe recipe : kRecipes) {
+        for (v1::Direction direction : kDirections) {
+          EXPECT_TRUE(BitIdentical(a.Served(i, recipe, direction), b.Served(i, recipe, direction)))
+              << spec.tensors(i).name() << " " << v1::Recipe_Name(recipe);
+        }
+      }
+    }
+  }
+
+  std::string root_;
+};
+
+TEST(Crc32cTest, IsTheCastagnoliCrcAndContinuesAcrossPieces) {
+  const std::string text = "123456789";
+  EXPECT_EQ(Crc32c(0, text.data(), text.size()), 0xE3069283u);  // the standard check value
+  EXPECT_EQ(Crc32c(Crc32c(0, text.data(), 4), text.data() + 4, 5), 0xE3069283u);
+  EXPECT_EQ(Crc32c(0, nullptr, 0), 0u);
+}
+
+TEST_F(CheckpointTest, AWrittenCheckpointRestoresAndTrainingContinuesBitForBit) {
+  const v1::RegisterRequest spec = Spec();
+  RegistryJobHarness a(spec);
+  ASSERT_TRUE(a.Start(PolicyWeights(spec)).ok());
+  for (int64_t step = 0; step < 2; ++step) {
+    ASSERT_TRUE(a.RunStep(step, RandomGradients(spec, 40 + static_cast<uint64_t>(step))).ok());
+  }
+  // Small files: the stream spans several.
+  absl::StatusOr<std::string> dir = Write(a, 16 << 10);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  EXPECT_EQ(*dir, root_ + "/policy/step-000000000002");
+
+  RegistryJobHarness b(spec);
+  ASSERT_TRUE(b.Start(RandomWeights(spec, 9)).ok());  // other weights: the restore replaces them
+  ASSERT_TRUE(Restore(*dir, b).ok());
+  EXPECT_EQ(b.job().Status().next_step(), 2);
+  ExpectSameServed(a, b, spec);
+  for (int64_t step = 2; step < 4; ++step) {
+    const auto grads = RandomGradients(spec, 40 + static_cast<uint64_t>(step));
+    ASSERT_TRUE(a.RunStep(step, grads).ok());
+    ASSERT_TRUE(b.RunStep(step, grads).ok());
+  }
+  ExpectSameServed(a, b, spec);
+
+  // The manifest names the registration and the version, and the files it lists.
+  std::vector<v1::StateChunk> chunks;
+  absl::StatusOr<v1::CheckpointManifest> manifest =
+      ReadCheckpoint(*dir, kChunkBytes, [&](const v1::StateChunk& c) {
+        chunks.push_back(c);
+        return absl::OkStatus();
+      });
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  EXPECT_EQ(manifest->registration().SerializeAsString(), a.job().spec().SerializeAsString());
+  EXPECT_EQ(manifest->header().next_step(), 2);
+  EXPECT_GT(manifest->files_size(), 1);
+  ASSERT_FALSE(chunks.empty());
+  EXPECT_TRUE(chunks.front().has_header());
+}
+
+TEST_F(CheckpointTest, OnlyCompleteCheckpointsAreListedNewestFirst) {
+  const v1::RegisterRequest spec = Spec();
+  RegistryJobHarness a(spec);
+  ASSERT_TRUE(a.Start(PolicyWeights(spec)).ok());
+  ASSERT_TRUE(Write(a, 1 << 20).ok());
+  ASSERT_TRUE(a.RunStep(0, RandomGradients(spec, 50)).ok());
+  ASSERT_TRUE(Write(a, 1 << 20).ok());
+  {
+    // A writer that never finishes (a crash mid-write) leaves nothing listed...
+    absl::StatusOr<std::unique_ptr<CheckpointWriter>> writer =
+        CheckpointWriter::Start(root_, a.job().spec(), 1 << 20);
+    ASSERT_TRUE(writer.ok());
+  }
+  // ...and neither does a partial directory a killed process left.
+  ASSERT_EQ(mkdir((root_ + "/policy/.partial-crashed").c_str(), 0700), 0);
+  absl::StatusOr<std::vector<std::string>> listed = ListCheckpoints(root_, "policy");
+  ASSERT_TRUE(listed.ok());
+  EXPECT_EQ(*listed, (std::vector<std::string>{root_ + "/policy/step-000000000001",
+                                               root_ + "/policy/step-000000000000"}));
+  // The next writer of the job clears what a crashed one left.
+  absl::StatusOr<std::unique_ptr<CheckpointWriter>> next =
+      CheckpointWriter::Start(root_, a.job().spec(), 1 << 20);
+  ASSERT_TRUE(next.ok());
+  struct stat st;
+  EXPECT_NE(stat((root_ + "/policy/.partial-crashed").c_str(), &st), 0);
+}
+
+TEST_F(CheckpointTest, TruncatedAlteredOrMissingFilesAreRefusedNamingThemAndTheOlderOneStillWorks) {
+  const v1::RegisterRequest spec = Spec();
+  RegistryJobHarness a(spec);
+  ASSERT_TRUE(a.Start(PolicyWeights(spec)).ok());
+  absl::StatusOr<std::string> older = Write(a, 1 << 20);
+  ASSERT_TRUE(older.ok());
+  ASSERT_TRUE(a.RunStep(0, RandomGradients(spec, 60)).ok());
+  absl::StatusOr<std::string> newer = Write(a, 16 << 10);
+  ASSERT_TRUE(newer.ok());
+  const std::string file = *newer + "/state-00001.bin";
+
+  auto read_into_fresh_job = [&](const std::string& dir) {
+    RegistryJobHarness b(spec);
+    EXPECT_TRUE(b.Start(RandomWeights(spec, 9)).ok());
+    const v1::JobStatus before = b.job().Status();
+    absl::Status status = Restore(dir, b);
+    if (!status.ok()) {
+      // Nothing was applied: the job still serves what it served.
+      EXPECT_EQ(b.job().Status().next_step(), before.next_step());
+    }
+    return status;
+  };
+
+  // One bit flipped in the middle of a file.
+  std::string bytes;
+  {
+    std::ifstream in(file, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  ASSERT_GT(bytes.size(), 100u);
+  std::string flipped = bytes;
+  flipped[flipped.size() / 2] ^= 0x10;
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << flipped;
+  absl::Status status = read_into_fresh_job(*newer);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_NE(status.message().find("state-00001.bin"), std::string::npos) << status;
+
+  // One bit flipped in the last record's data: it parses and imports, only the CRC-32C tells.
+  flipped = bytes;
+  flipped.back() ^= 0x01;
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << flipped;
+  status = read_into_fresh_job(*newer);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_NE(status.message().find("state-00001.bin\" has CRC-32C"), std::string::npos) << status;
+
+  // Truncated.
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes.substr(0, bytes.size() - 7);
+  status = read_into_fresh_job(*newer);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_NE(status.message().find("truncated"), std::string::npos) << status;
+
+  // Missing.
+  ASSERT_EQ(unlink(file.c_str()), 0);
+  status = read_into_fresh_job(*newer);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_NE(status.message().find("is missing"), std::string::npos) << status;
+
+  // A manifest that does not parse.
+  std::ofstream(*newer + "/manifest.pb", std::ios::binary | std::ios::trunc) << "not a manifest";
+  status = read_into_fresh_job(*newer);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_NE(status.message().find("manifest.pb"), std::string::npos) << status;
+
+  // The older checkpoint is untouched and restores.
+  EXPECT_TRUE(read_into_fresh_job(*older).ok());
+}
+
+}  // namespace
+}  // namespace paramd
