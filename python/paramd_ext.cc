@@ -189,6 +189,30 @@ class PyPulledView {
   PulledView view_;
 };
 
+// A pull's header fields as read-only properties of `cls`; `header(const T&)` finds the header.
+template <typename T, typename Header>
+void BindPullHeader(py::class_<T>& cls, Header header) {
+  cls.def_property_readonly("version", [header](const T& p) { return header(p).version(); })
+      .def_property_readonly("rows", [header](const T& p) { return header(p).rows(); })
+      .def_property_readonly("cols", [header](const T& p) { return header(p).cols(); })
+      .def_property_readonly("skipped", [header](const T& p) { return header(p).skipped(); })
+      .def_property_readonly("data_bytes", [header](const T& p) { return header(p).data_bytes(); })
+      .def_property_readonly("scale_bytes",
+                             [header](const T& p) { return header(p).scale_bytes(); })
+      .def_property_readonly("scale_type",
+                             [header](const T& p) {
+                               return EnumName(v1::ScaleType_Name(header(p).scale_type()),
+                                               "SCALE_TYPE_");
+                             })
+      .def_property_readonly("scale_shape",
+                             [header](const T& p) {
+                               return std::vector<int64_t>(header(p).scale_shape().begin(),
+                                                           header(p).scale_shape().end());
+                             })
+      .def_property_readonly("format",
+                             [header](const T& p) { return FormatName(header(p).format()); });
+}
+
 v1::StatePolicy ParsePolicy(const py::dict& policy) {
   v1::StatePolicy out;
   for (const auto& [key_handle, value_handle] : policy) {
@@ -582,66 +606,30 @@ PYBIND11_MODULE(_paramd, m) {
     }
   });
 
-  py::class_<PulledBytes>(m, "PulledBytes", py::buffer_protocol(),
-                          "Bytes of one pull (data, then scales) or one state field")
+  py::class_<PulledBytes> pulled_bytes(m, "PulledBytes", py::buffer_protocol(),
+                                       "Bytes of one pull (data, then scales) or one state field");
+  pulled_bytes
       .def_buffer([](PulledBytes& p) {
         return py::buffer_info(p.bytes.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
                                {static_cast<py::ssize_t>(p.bytes.size())}, {1});
       })
-      .def("__len__", [](const PulledBytes& p) { return p.bytes.size(); })
-      .def_property_readonly("version", [](const PulledBytes& p) { return p.header.version(); })
-      .def_property_readonly("rows", [](const PulledBytes& p) { return p.header.rows(); })
-      .def_property_readonly("cols", [](const PulledBytes& p) { return p.header.cols(); })
-      .def_property_readonly("skipped", [](const PulledBytes& p) { return p.header.skipped(); })
-      .def_property_readonly("data_bytes",
-                             [](const PulledBytes& p) { return p.header.data_bytes(); })
-      .def_property_readonly("scale_bytes",
-                             [](const PulledBytes& p) { return p.header.scale_bytes(); })
-      .def_property_readonly("scale_type",
-                             [](const PulledBytes& p) {
-                               return paramd::EnumName(
-                                   paramd::v1::ScaleType_Name(p.header.scale_type()),
-                                   "SCALE_TYPE_");
-                             })
-      .def_property_readonly("scale_shape",
-                             [](const PulledBytes& p) {
-                               return std::vector<int64_t>(p.header.scale_shape().begin(),
-                                                           p.header.scale_shape().end());
-                             })
-      .def_property_readonly(
-          "format", [](const PulledBytes& p) { return paramd::FormatName(p.header.format()); });
+      .def("__len__", [](const PulledBytes& p) { return p.bytes.size(); });
+  paramd::BindPullHeader(
+      pulled_bytes, [](const PulledBytes& p) -> const auto& { return p.header; });
 
-  py::class_<PyPulledView>(
+  py::class_<PyPulledView> pulled_view(
       m, "PulledView", py::buffer_protocol(),
       "The served bytes of one pull where they lie (data, then scales), under a lease this object "
-      "holds until release() or until it goes")
-      .def_buffer(&PyPulledView::Buffer)
+      "holds until release() or until it goes");
+  pulled_view.def_buffer(&PyPulledView::Buffer)
       .def("release", &PyPulledView::Release, "Ends the lease; the bytes may change after it")
       .def_property_readonly("released", &PyPulledView::released)
       .def_property_readonly("on_device", &PyPulledView::on_device)
-      .def("__len__",
-           [](const PyPulledView& p) { return p.header().data_bytes() + p.header().scale_bytes(); })
-      .def_property_readonly("version", [](const PyPulledView& p) { return p.header().version(); })
-      .def_property_readonly("rows", [](const PyPulledView& p) { return p.header().rows(); })
-      .def_property_readonly("cols", [](const PyPulledView& p) { return p.header().cols(); })
-      .def_property_readonly("skipped", [](const PyPulledView& p) { return p.header().skipped(); })
-      .def_property_readonly("data_bytes",
-                             [](const PyPulledView& p) { return p.header().data_bytes(); })
-      .def_property_readonly("scale_bytes",
-                             [](const PyPulledView& p) { return p.header().scale_bytes(); })
-      .def_property_readonly("scale_type",
-                             [](const PyPulledView& p) {
-                               return paramd::EnumName(
-                                   paramd::v1::ScaleType_Name(p.header().scale_type()),
-                                   "SCALE_TYPE_");
-                             })
-      .def_property_readonly("scale_shape",
-                             [](const PyPulledView& p) {
-                               return std::vector<int64_t>(p.header().scale_shape().begin(),
-                                                           p.header().scale_shape().end());
-                             })
-      .def_property_readonly(
-          "format", [](const PyPulledView& p) { return paramd::FormatName(p.header().format()); });
+      .def("__len__", [](const PyPulledView& p) {
+        return p.header().data_bytes() + p.header().scale_bytes();
+      });
+  paramd::BindPullHeader(
+      pulled_view, [](const PyPulledView& p) -> const auto& { return p.header(); });
 
   py::class_<PyClient>(m, "Client", "One trainer rank's connection to a paramd daemon")
       .def(py::init<const std::string&, const std::string&, double, double, int>(),

@@ -62,8 +62,12 @@ struct ServedTensor {
   const ServedFormat* Find(const FormatKey& format) const;
   // The FP32 rowwise bytes, or null where the job does not serve FP32.
   float* Fp32() {
-    const ServedFormat* f = Find(FormatKey{v1::RECIPE_FP32, v1::DIRECTION_ROWWISE});
-    return f == nullptr ? nullptr : reinterpret_cast<float*>(const_cast<uint8_t*>(f->bytes.data()));
+    for (ServedFormat& f : formats) {
+      if (f.key == FormatKey{v1::RECIPE_FP32, v1::DIRECTION_ROWWISE}) {
+        return reinterpret_cast<float*>(f.data());
+      }
+    }
+    return nullptr;
   }
   int64_t bytes() const;
 };

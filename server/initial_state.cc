@@ -17,8 +17,9 @@ absl::Status MakeInitialState(const TensorInfo& info, std::span<const float> ini
   state->master.resize(static_cast<size_t>(n * (half || split ? 2 : 4)));
   if (split) state->remainder.resize(static_cast<size_t>(n));
   // The stored master's value, what every format is cut from.
+  float* fp32_master = split || half ? nullptr : reinterpret_cast<float*>(state->master.data());
   std::vector<float> working;
-  absl::StatusOr<float*> fp32_values = Fp32Values(info, out, &working);
+  absl::StatusOr<float*> fp32_values = Fp32Values(info, out, fp32_master, &working);
   if (!fp32_values.ok()) return fp32_values.status();
   float* fp32 = *fp32_values;
   pool.ParallelFor(n, kernels::kDefaultGrain, [&](int64_t begin, int64_t end) {
@@ -34,8 +35,8 @@ absl::Status MakeInitialState(const TensorInfo& info, std::span<const float> ini
         reinterpret_cast<uint16_t*>(state->master.data())[i] = code;
         fp32[i] = kernels::FloatFromFp16(code);
       } else {
-        reinterpret_cast<float*>(state->master.data())[i] = x;
-        fp32[i] = x;
+        fp32_master[i] = x;
+        fp32[i] = x;  // the master itself where FP32 is not served
       }
     }
   });
@@ -49,9 +50,10 @@ absl::Status MakeInitialState(const TensorInfo& info, std::span<const float> ini
                        state->fp8_tensor_scale, state->delayed_scale, out);
 }
 
-absl::StatusOr<float*> Fp32Values(const TensorInfo& info, ServedTensor* out,
+absl::StatusOr<float*> Fp32Values(const TensorInfo& info, ServedTensor* out, float* fp32_master,
                                   std::vector<float>* working) try {
   if (float* fp32 = out->Fp32(); fp32 != nullptr) return fp32;
+  if (fp32_master != nullptr) return fp32_master;
   working->resize(static_cast<size_t>(info.rows * info.cols));
   return working->data();
 } catch (const std::bad_alloc&) {
@@ -78,11 +80,16 @@ absl::Status ServeImportedMaster(const TensorInfo& info, const HostTensorState& 
   const int64_t n = info.rows * info.cols;
   const bool split = info.policy.master == kernels::MasterType::kBf16Remainder;
   const bool half = info.policy.master == kernels::MasterType::kFp16;
+  const auto* halves = reinterpret_cast<const uint16_t*>(state.master.data());
+  if (!split && !half && out->Fp32() == nullptr) {
+    // An FP32 master is the values every format is cut from.
+    return ServeFromFp32(info, reinterpret_cast<const float*>(state.master.data()), nullptr,
+                         state.scalars.fp8_tensor_scale, state.scalars.fp8_delayed_scale, out);
+  }
   std::vector<float> working;
-  absl::StatusOr<float*> fp32_values = Fp32Values(info, out, &working);
+  absl::StatusOr<float*> fp32_values = Fp32Values(info, out, nullptr, &working);
   if (!fp32_values.ok()) return fp32_values.status();
   float* fp32 = *fp32_values;
-  const auto* halves = reinterpret_cast<const uint16_t*>(state.master.data());
   pool.ParallelFor(n, kernels::kDefaultGrain, [&](int64_t begin, int64_t end) {
     if (!split && !half) {
       std::memcpy(fp32 + begin, state.master.data() + begin * 4,

@@ -31,8 +31,9 @@ absl::Status ServeFromFp32(const TensorInfo& info, const float* fp32, const uint
                            float fp8_tensor_scale, float fp8_delayed_scale, ServedTensor* out);
 
 // Where a tensor's FP32 values are written for its other formats: `out`'s FP32 bytes where it
-// serves FP32, else `working`, sized here (RESOURCE_EXHAUSTED where the heap has no room).
-absl::StatusOr<float*> Fp32Values(const TensorInfo& info, ServedTensor* out,
+// serves FP32, else an FP32 master (`fp32_master`, null for a 16-bit one), else `working`, sized
+// here (RESOURCE_EXHAUSTED where the heap has no room).
+absl::StatusOr<float*> Fp32Values(const TensorInfo& info, ServedTensor* out, float* fp32_master,
                                   std::vector<float>* working);
 
 // The served bytes of an imported state: every format of `out` from its master (the values it

@@ -48,7 +48,8 @@ MemoryBytes JobFootprint(const v1::RegisterRequest& raw, BackendPlacement placem
   for (int i = 0; i < spec.tensors_size(); ++i) {
     const v1::TensorSpec& t = spec.tensors(i);
     const Wide elements = static_cast<Wide>(t.rows()) * static_cast<Wide>(t.cols());
-    const Wide state = static_cast<Wide>(PolicyStateBytes(TensorInfoOf(spec, i)).total());
+    const TensorInfo info = TensorInfoOf(spec, i);
+    const Wide state = static_cast<Wide>(PolicyStateBytes(info).total());
     Wide served = 0;
     for (const FormatKey& f : formats) {
       const kernels::ServeBufferLayout layout = kernels::ServeLayout(
@@ -60,8 +61,10 @@ MemoryBytes JobFootprint(const v1::RegisterRequest& raw, BackendPlacement placem
     const Wide slots = kSlotSets * world * static_cast<Wide>(slot_bytes);
     const Wide records = kSlotSets * world * static_cast<Wide>(SlotRecordBytes(slot_bytes));
     // The initial weights (FP32) until the first step, and an import's staged copy of the state;
-    // a job that does not serve FP32 has its FP32 values in a scratch copy while version 0 is made.
-    const Wide transient = 4 * elements + state + (serves_fp32 ? 0 : 4 * elements);
+    // a 16-bit master of a job that does not serve FP32 has its FP32 values in a scratch copy
+    // while version 0 (or an import's version) is made.
+    const bool scratch = !serves_fp32 && info.policy.master != kernels::MasterType::kFp32;
+    const Wide transient = 4 * elements + state + (scratch ? 4 * elements : 0);
     host += kServedVersions * served + slots + records + transient +
             static_cast<Wide>(TensorRecordBytes(t));
     if (placement.state_on_device) {
@@ -70,7 +73,7 @@ MemoryBytes JobFootprint(const v1::RegisterRequest& raw, BackendPlacement placem
       device += state + (kServedVersions + 1) * served + world * static_cast<Wide>(slot_bytes) +
                 slots + 4096 + 8 * world;
     } else {
-      host += state + static_cast<Wide>(CpuWorkingBytes(TensorInfoOf(spec, i), formats));
+      host += state + static_cast<Wide>(CpuWorkingBytes(info, formats));
     }
   }
   return MemoryBytes{Saturated(host), Saturated(device)};

@@ -54,32 +54,45 @@ class PolicyJobTest : public ::testing::TestWithParam<PolicyCase> {
         h_(spec_),
         reference_(spec_, initial_) {}
 
-  // Every tensor's newest version: its number, not skipped, every format as the reference serves.
-  void ExpectEveryFormatMatches(int64_t version) {
-    for (int i = 0; i < spec_.tensors_size(); ++i) {
+  // Every tensor's newest version: its number, not skipped, every format as the reference serves;
+  // with `fp32_served` false, all but FP32 rowwise, which is not served.
+  static void ExpectEveryFormatMatches(const RegistryJobHarness& h,
+                                       const PolicyReferenceJob& reference,
+                                       const v1::RegisterRequest& spec, int64_t version,
+                                       bool fp32_served = true) {
+    for (int i = 0; i < spec.tensors_size(); ++i) {
       SCOPED_TRACE(::testing::Message()
-                   << "tensor " << spec_.tensors(i).name() << ", version " << version);
-      std::shared_ptr<const ServedTensor> served = h_.Newest(i);
+                   << "tensor " << spec.tensors(i).name() << ", version " << version);
+      std::shared_ptr<const ServedTensor> served = h.Newest(i);
       ASSERT_NE(served, nullptr);
       EXPECT_EQ(served->version, version);
       EXPECT_FALSE(served->skipped);
-      EXPECT_EQ(served->formats.size(), 14u);  // every recipe x direction, each once
+      // Every recipe x direction, each once.
+      EXPECT_EQ(served->formats.size(), fp32_served ? 14u : 13u);
+      EXPECT_EQ(served->Find(FormatKey{v1::RECIPE_FP32, v1::DIRECTION_ROWWISE}) != nullptr,
+                fp32_served);
       for (v1::Recipe recipe : kRecipes) {
         for (v1::Direction direction : kDirections) {
+          if (!fp32_served && recipe == v1::RECIPE_FP32 && direction == v1::DIRECTION_ROWWISE) {
+            continue;
+          }
           SCOPED_TRACE(FormatText(recipe, direction));
-          EXPECT_TRUE(BitIdentical(h_.Served(i, recipe, direction),
-                                   reference_.Served(i, recipe, direction)));
+          EXPECT_TRUE(
+              BitIdentical(h.Served(i, recipe, direction), reference.Served(i, recipe, direction)));
         }
       }
-      if (reference_.policy().master == reference::MasterRef::kBf16Remainder) {
+      if (reference.policy().master == reference::MasterRef::kBf16Remainder) {
         // The stored half is the BF16 nearest the master with ties away from zero (the second,
         // value-based model of that rule).
-        const std::vector<float> master = reference_.MasterValues(i);
+        const std::vector<float> master = reference.MasterValues(i);
         std::vector<uint16_t> want;
         for (float x : master) want.push_back(reference::Bf16ServedRef(x));
-        EXPECT_TRUE(BitIdentical(reference_.state(i).master_u16, want));
+        EXPECT_TRUE(BitIdentical(reference.state(i).master_u16, want));
       }
     }
+  }
+  void ExpectEveryFormatMatches(int64_t version) {
+    ExpectEveryFormatMatches(h_, reference_, spec_, version);
   }
 
   const v1::RegisterRequest spec_;
@@ -218,23 +231,7 @@ TEST_P(PolicyJobTest, WithoutFp32InTheListEveryOtherFormatStillEqualsTheReferenc
   const int64_t served_without = h.job().Status().served_bytes();
   const int64_t served_with = h_.job().Status().served_bytes();
   auto expect_formats = [&](int64_t version) {
-    for (int i = 0; i < spec.tensors_size(); ++i) {
-      SCOPED_TRACE(::testing::Message()
-                   << "tensor " << spec.tensors(i).name() << ", version " << version);
-      std::shared_ptr<const ServedTensor> served = h.Newest(i);
-      ASSERT_NE(served, nullptr);
-      EXPECT_EQ(served->version, version);
-      EXPECT_EQ(served->formats.size(), 13u);
-      EXPECT_EQ(served->Find(FormatKey{v1::RECIPE_FP32, v1::DIRECTION_ROWWISE}), nullptr);
-      for (v1::Recipe recipe : kRecipes) {
-        for (v1::Direction direction : kDirections) {
-          if (recipe == v1::RECIPE_FP32 && direction == v1::DIRECTION_ROWWISE) continue;
-          SCOPED_TRACE(FormatText(recipe, direction));
-          EXPECT_TRUE(
-              BitIdentical(h.Served(i, recipe, direction), reference.Served(i, recipe, direction)));
-        }
-      }
-    }
+    ExpectEveryFormatMatches(h, reference, spec, version, /*fp32_served=*/false);
   };
   expect_formats(0);
   for (int64_t step = 0; step < 3; ++step) {
