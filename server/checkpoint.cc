@@ -232,13 +232,18 @@ absl::StatusOr<v1::CheckpointManifest> ReadCheckpoint(
   {
     const int fd = open(manifest_path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return Lost(manifest_path, "cannot be opened");
-    std::string bytes(static_cast<size_t>(kMaxManifestBytes) + 1, '\0');
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_size > kMaxManifestBytes) {
+      close(fd);
+      return Lost(manifest_path, "is too large");
+    }
+    std::string bytes(static_cast<size_t>(st.st_size), '\0');
     absl::StatusOr<size_t> got = ReadUpTo(fd, bytes.data(), bytes.size(), manifest_path);
     close(fd);
     if (!got.ok()) return got.status();
-    if (*got > static_cast<size_t>(kMaxManifestBytes)) return Lost(manifest_path, "is too large");
-    bytes.resize(*got);
-    if (!manifest.ParseFromString(bytes)) return Lost(manifest_path, "does not parse");
+    if (*got != bytes.size() || !manifest.ParseFromString(bytes)) {
+      return Lost(manifest_path, "does not parse");
+    }
   }
   if (manifest.format() != kCheckpointFormat) {
     return Lost(manifest_path, absl::StrCat("has format ", manifest.format(),
