@@ -102,36 +102,82 @@ std::string ElementTypeName(v1::ElementType type) {
   return EnumName(v1::ElementType_Name(type), "ELEMENT_TYPE_");
 }
 
-// A contiguous byte range of a Python buffer; holds the buffer's view while the bytes are read.
+// A contiguous byte range to push: a Python buffer (host memory), whose view is held while the
+// bytes are read, or an object with __cuda_array_interface__ (a CUDA tensor: GPU memory, which the
+// caller keeps alive; only cuda_ipc reads it).
 struct HeldBytes {
-  py::buffer_info info;
+  std::optional<py::buffer_info> info;
   std::span<const std::byte> bytes;
+  bool on_device = false;
 };
 
-HeldBytes Hold(const py::buffer& buffer) {
-  HeldBytes held{buffer.request(), {}};
-  // A C-contiguous buffer's bytes are one range of itemsize * size bytes.
-  int64_t stride = held.info.itemsize;
-  for (int i = held.info.ndim - 1; i >= 0; --i) {
-    if (held.info.shape[i] > 1 && held.info.strides[i] != stride) {
-      throw py::value_error("paramd needs C-contiguous buffers (call .contiguous() first)");
+// The bytes of a CUDA array (CUDA Array Interface, version 2 or 3): C-contiguous only.
+HeldBytes HoldDevice(const py::dict& cai) {
+  const auto shape = py::cast<std::vector<int64_t>>(cai["shape"]);
+  const std::string typestr = py::cast<std::string>(cai["typestr"]);
+  const int64_t itemsize = typestr.size() >= 3 ? std::stoll(typestr.substr(2)) : 0;
+  if (itemsize <= 0)
+    throw py::value_error("unreadable __cuda_array_interface__ typestr " + typestr);
+  int64_t size = 1;
+  for (int64_t extent : shape) size *= extent;
+  if (cai.contains("strides") && !cai["strides"].is_none()) {
+    const auto strides = py::cast<std::vector<int64_t>>(cai["strides"]);
+    int64_t stride = itemsize;
+    for (int i = static_cast<int>(shape.size()) - 1; i >= 0; --i) {
+      if (shape[i] > 1 && strides[i] != stride) {
+        throw py::value_error("paramd needs contiguous GPU tensors (call .contiguous() first)");
+      }
+      stride *= shape[i];
     }
-    stride *= held.info.shape[i];
   }
-  held.bytes = {static_cast<const std::byte*>(held.info.ptr),
-                static_cast<size_t>(held.info.itemsize * held.info.size)};
+  const auto data = py::cast<std::pair<uintptr_t, bool>>(cai["data"]);
+  HeldBytes held;
+  held.bytes = {reinterpret_cast<const std::byte*>(data.first),
+                static_cast<size_t>(size * itemsize)};
+  held.on_device = true;
   return held;
 }
 
-// Pushes [(tensor name, buffer)] with the GIL released while the bytes move.
+HeldBytes Hold(const py::object& object) {
+  if (py::hasattr(object, "__cuda_array_interface__")) {
+    return HoldDevice(py::cast<py::dict>(object.attr("__cuda_array_interface__")));
+  }
+  HeldBytes held{py::cast<py::buffer>(object).request(), {}};
+  const py::buffer_info& info = *held.info;
+  // A C-contiguous buffer's bytes are one range of itemsize * size bytes.
+  int64_t stride = info.itemsize;
+  for (int i = info.ndim - 1; i >= 0; --i) {
+    if (info.shape[i] > 1 && info.strides[i] != stride) {
+      throw py::value_error("paramd needs C-contiguous buffers (call .contiguous() first)");
+    }
+    stride *= info.shape[i];
+  }
+  held.bytes = {static_cast<const std::byte*>(info.ptr),
+                static_cast<size_t>(info.itemsize * info.size)};
+  return held;
+}
+
+// Pushes [(tensor name, buffer or CUDA array)] with the GIL released while the bytes move. GPU
+// memory is read by the cuda_ipc transport alone (its copies read either memory); any other
+// transport would read it as host memory, so it is refused before anything moves.
 template <typename PushFn>
-void PushBuffers(const std::vector<std::pair<std::string, py::buffer>>& items, PushFn push) {
+void PushBuffers(const Client& client, const std::vector<std::pair<std::string, py::object>>& items,
+                 PushFn push) {
   std::vector<HeldBytes> held;
   std::vector<PushItem> push_items;
   held.reserve(items.size());
   push_items.reserve(items.size());
   for (const auto& [name, buffer] : items) {
     held.push_back(Hold(buffer));
+    if (held.back().on_device && client.transport_name() != "cuda_ipc") {
+      throw StatusError(absl::FailedPreconditionError(
+          "tensor \"" + name +
+          "\" is in GPU memory, which only the cuda_ipc transport reads (this " + "client uses " +
+          (client.transport_name().empty() ? std::string("no transport yet")
+                                           : client.transport_name()) +
+          "); register first, run the daemon with --backend=cuda:N on this node, or copy the " +
+          "tensor to the CPU"));
+    }
     push_items.push_back({name, held.back().bytes});
   }
   absl::Status status;
@@ -173,6 +219,27 @@ class PyPulledView {
                            py::format_descriptor<uint8_t>::format(), 1,
                            {static_cast<py::ssize_t>(host ? view_.data.size() : 0)}, {1},
                            /*readonly=*/true);
+  }
+
+  // A view in GPU memory as a CUDA array of bytes (the CUDA Array Interface, which
+  // torch.as_tensor(view, device="cuda") reads without a copy, keeping this object, and so the
+  // lease, alive); AttributeError for a host view or once released, as the protocol expects.
+  py::dict CudaArrayInterface() const {
+    if (released() || !on_device()) {
+      throw py::attribute_error(released() ? "this in-place view was released"
+                                           : "this in-place view is in host memory");
+    }
+    py::dict cai;
+    cai["shape"] = py::make_tuple(static_cast<py::ssize_t>(view_.data.size()));
+    cai["typestr"] = "|u1";
+    // Not marked read-only: torch refuses such arrays. The bytes are the daemon's: never write.
+    cai["data"] = py::make_tuple(reinterpret_cast<uintptr_t>(view_.data.data()), false);
+    cai["strides"] = py::none();
+    // Published bytes: the step that wrote them completed before the daemon published the
+    // version, so a reader need not wait on any stream.
+    cai["stream"] = py::none();
+    cai["version"] = 3;
+    return cai;
   }
 
   // Ends the lease now (sent without waiting); later buffer requests raise.
@@ -334,8 +401,9 @@ std::set<PyClient*>& OpenClients() {
 class PyClient {
  public:
   PyClient(const std::string& address, const std::string& transport, double rpc_timeout_s,
-           double connect_timeout_s, int max_attempts) {
+           double connect_timeout_s, int max_attempts, uintptr_t cuda_stream) {
     ClientOptions options;
+    options.cuda_stream = cuda_stream;
     options.address = address;
     options.transport = transport;
     options.rpc_timeout = Millis(rpc_timeout_s);
@@ -413,17 +481,17 @@ class PyClient {
   }
 
   void UploadInitialWeights(const std::string& job,
-                            const std::vector<std::pair<std::string, py::buffer>>& items) {
+                            const std::vector<std::pair<std::string, py::object>>& items) {
     const std::shared_ptr<Client> client = Open();
-    PushBuffers(items, [&](std::span<const PushItem> push_items) {
+    PushBuffers(*client, items, [&](std::span<const PushItem> push_items) {
       return client->UploadInitialWeights(job, push_items);
     });
   }
 
   void PushGradients(const std::string& job, int rank, int64_t step,
-                     const std::vector<std::pair<std::string, py::buffer>>& items) {
+                     const std::vector<std::pair<std::string, py::object>>& items) {
     const std::shared_ptr<Client> client = Open();
-    PushBuffers(items, [&](std::span<const PushItem> push_items) {
+    PushBuffers(*client, items, [&](std::span<const PushItem> push_items) {
       return client->PushGradients(job, rank, step, push_items);
     });
   }
@@ -474,6 +542,25 @@ class PyClient {
       view = client->PullInPlace(target, Millis(timeout_s), Millis(lease_s));
     }
     return std::make_unique<PyPulledView>(client, Value(std::move(view)));
+  }
+
+  // Several tensors in place in one call (Client::PullInPlaceMany), in the order named: one view,
+  // with its own lease, per tensor.
+  std::vector<std::unique_ptr<PyPulledView>> PullInPlaceMany(
+      const std::string& job, const std::vector<std::string>& tensors, const std::string& format,
+      int64_t min_version, double timeout_s, double lease_s) {
+    PullManyTarget target{job, tensors, ParseFormat(format), min_version};
+    absl::StatusOr<std::vector<PulledView>> views;
+    const std::shared_ptr<Client> client = Open();
+    {
+      py::gil_scoped_release release;
+      views = client->PullInPlaceMany(target, Millis(timeout_s), Millis(lease_s));
+    }
+    std::vector<std::unique_ptr<PyPulledView>> out;
+    for (PulledView& view : Value(std::move(views))) {
+      out.push_back(std::make_unique<PyPulledView>(client, std::move(view)));
+    }
+    return out;
   }
 
   // Several tensors in one call (Client::PullMany), in the order named.
@@ -625,6 +712,7 @@ PYBIND11_MODULE(_paramd, m) {
       .def("release", &PyPulledView::Release, "Ends the lease; the bytes may change after it")
       .def_property_readonly("released", &PyPulledView::released)
       .def_property_readonly("on_device", &PyPulledView::on_device)
+      .def_property_readonly("__cuda_array_interface__", &PyPulledView::CudaArrayInterface)
       .def("__len__", [](const PyPulledView& p) {
         return p.header().data_bytes() + p.header().scale_bytes();
       });
@@ -632,9 +720,13 @@ PYBIND11_MODULE(_paramd, m) {
       pulled_view, [](const PyPulledView& p) -> const auto& { return p.header(); });
 
   py::class_<PyClient>(m, "Client", "One trainer rank's connection to a paramd daemon")
-      .def(py::init<const std::string&, const std::string&, double, double, int>(),
+      .def(py::init<const std::string&, const std::string&, double, double, int, uintptr_t>(),
            py::arg("address"), py::arg("transport") = "auto", py::arg("rpc_timeout_s") = 30.0,
-           py::arg("connect_timeout_s") = 10.0, py::arg("max_attempts") = 5)
+           py::arg("connect_timeout_s") = 10.0, py::arg("max_attempts") = 5,
+           py::arg("cuda_stream") = 0,
+           "cuda_stream: the cudaStream_t (an int, torch.cuda.Stream.cuda_stream) that gradients "
+           "in GPU memory are written on; cuda_ipc's copies of a push wait for it (0: the legacy "
+           "default stream, PyTorch's default)")
       .def("register", &PyClient::Register, py::arg("job"), py::arg("rank"), py::arg("world_size"),
            py::arg("tensors"), py::arg("hyperparams"), py::arg("state_policy") = py::dict(),
            py::arg("serve") = std::vector<std::string>(), py::arg("seed") = 0,
@@ -650,7 +742,11 @@ PYBIND11_MODULE(_paramd, m) {
       .def("pull_in_place", &PyClient::PullInPlace, py::arg("job"), py::arg("tensor"),
            py::arg("format") = "fp32", py::arg("min_version") = 0, py::arg("timeout_s") = 60.0,
            py::arg("lease_s") = 0.0,
-           "Leases the served bytes where they lie (shm): a PulledView, no copy")
+           "Leases the served bytes where they lie (shm, cuda_ipc): a PulledView, no copy")
+      .def("pull_in_place_many", &PyClient::PullInPlaceMany, py::arg("job"), py::arg("tensors"),
+           py::arg("format") = "fp32", py::arg("min_version") = 0, py::arg("timeout_s") = 60.0,
+           py::arg("lease_s") = 0.0,
+           "pull_in_place of several tensors in one call, in the order named: [PulledView]")
       .def("pull_many", &PyClient::PullMany, py::arg("job"), py::arg("tensors"),
            py::arg("format") = "fp32", py::arg("min_version") = 0, py::arg("timeout_s") = 60.0,
            "Several tensors in one call, in the order named (one request over shm and cuda_ipc)")

@@ -16,6 +16,11 @@
 #           over cuda_ipc, in place and copied, against the kernel alone and torch's fused AdamW
 #   daemon  scripts/gpu_daemon.sh: the example jobs through paramd --backend=cuda:0
 #   shm     bench/run_shm_bench.sh at 1e9 parameters, fp32 and fp8 policies (the host's CPU)
+#   python  tests/python/cuda_test.py: paramd.torch.AdamW with CUDA parameters over cuda_ipc (the
+#           bundle's Python package: scripts/bundle.sh with PARAMD_BUNDLE_PYTHON)
+#   lm      tests/python/lm_training_test.py --device cuda: examples/lm, 2 ranks on GPU 0
+#   llm     bench/python/lm_gpu_bench.py: a 1.1e9-parameter Llama's tokens/s and peak memory,
+#           paramd against torch's fused AdamW and no optimizer
 # Usage: scripts/gpu_bundle.sh BUNDLE_DIR [PART...]   (default: all but whole; logs go to $OUT when
 # set, else to a temporary folder)
 set -uo pipefail
@@ -81,7 +86,19 @@ for p in "${parts[@]}"; do
       part shm_fp8 "${SHM_TIMEOUT:-240}" "$root/bench/run_shm_bench.sh" "$bundle" \
         --elements=1000000000 --step_iters=2 --iters=5 --step_policy=fp8 --call_iters=0
       ;;
-    *) echo "gpu_bundle: unknown part $p (kernels, sanitize, backend, limits, ipc, whole, daemon, shm)"; exit 2 ;;
+    python | lm | llm)
+      [ -d "$bundle/python/paramd" ] || { echo "gpu_bundle: $bundle has no python/ (PARAMD_BUNDLE_PYTHON)"; exit 2; }
+      py=(env PYTHONPATH="$bundle/python" PARAMD_BINARY="$bundle/bin/paramd-daemon"
+          PARAMD_SOURCE_DIR="$root" PYTHONUNBUFFERED=1 python3)
+      case "$p" in
+        python) part python "${PYTHON_TIMEOUT:-300}" "${py[@]}" "$root/tests/python/cuda_test.py" ;;
+        lm) part lm "${LM_TIMEOUT:-300}" "${py[@]}" "$root/tests/python/lm_training_test.py" \
+              --device cuda ;;
+        llm) part llm "${LLM_TIMEOUT:-540}" "${py[@]}" "$root/bench/python/lm_gpu_bench.py" \
+               --json "$logs/llm.json" ${LLM_ROWS:+--rows "$LLM_ROWS"} ;;
+      esac
+      ;;
+    *) echo "gpu_bundle: unknown part $p (kernels, sanitize, backend, limits, ipc, whole, daemon, shm, python, lm, llm)"; exit 2 ;;
   esac
 done
 
@@ -93,6 +110,6 @@ for r in "${rows[@]}"; do
   echo "| $a | $b | $c | $d |"
 done
 for f in "$logs"/*.log; do
-  grep -E "^\| (cuda_ipc|inline|shm|step|same|peer|per call|memcpy|what|one|llm|set)" "$f" | sed "s|^|$(basename "$f" .log): |" | head -20
+  grep -E "^\| (cuda_ipc|inline|shm|step|same|peer|per call|memcpy|what|one|llm|set|row|none|torch|paramd)" "$f" | sed "s|^|$(basename "$f" .log): |" | head -20
 done
 exit $status

@@ -8,7 +8,7 @@ packages=(
   libucx-dev ucx-utils prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
   clang-format iperf3 prometheus python3
   pybind11-dev python3-dev python3-venv
-  clang-14 libclang-rt-14-dev
+  clang-14 libclang-rt-14-dev patchelf
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -377,6 +377,19 @@ PlacedTransport::~PlacedTransport() { Stop(); }
 
 absl::Status PlacedTransport::BeforePush() { return absl::OkStatus(); }
 absl::Status PlacedTransport::FinishCopies() { return absl::OkStatus(); }
+absl::Status PlacedTransport::ToHost(std::span<const PushItem> items, std::vector<PushItem>* host,
+                                     std::vector<std::vector<std::byte>>* storage) {
+  host->assign(items.begin(), items.end());
+  return absl::OkStatus();
+}
+
+absl::Status PlacedTransport::PushInline(const PushTarget& target, std::span<const PushItem> items,
+                                         Deadline deadline) {
+  std::vector<PushItem> host;
+  std::vector<std::vector<std::byte>> storage;
+  if (absl::Status s = ToHost(items, &host, &storage); !s.ok()) return s;
+  return inline_->Push(target, host, deadline);
+}
 
 void PlacedTransport::Stop() {
   slots_->WaitIdle();
@@ -401,7 +414,7 @@ absl::Status PlacedTransport::Probe(Deadline deadline) {
 absl::Status PlacedTransport::Push(const PushTarget& target, std::span<const PushItem> items,
                                    Deadline deadline) {
   if (target.kind == v1::PUSH_KIND_INITIAL_WEIGHTS) {
-    return inline_->Push(target, items, deadline);  // once per job, from rank 0
+    return PushInline(target, items, deadline);  // once per job, from rank 0
   }
   if (absl::Status s = BeforePush(); !s.ok()) return s;
   return slots_->PushFollowingRestarts([&] { return PushPlaced(target, items, deadline); });
@@ -419,7 +432,7 @@ absl::Status PlacedTransport::PushPlaced(const PushTarget& target, std::span<con
     slots_->MarkReceived(**slots, plan->placed);
     slots_->LookAhead(target);
   }
-  if (!plan->inline_items.empty()) return inline_->Push(target, plan->inline_items, deadline);
+  if (!plan->inline_items.empty()) return PushInline(target, plan->inline_items, deadline);
   return absl::OkStatus();
 }
 

@@ -145,8 +145,16 @@ class PlacedTransport : public Transport {
   // Copies `bytes` bytes at `from` into `out` (resized); may complete only at FinishCopies.
   virtual absl::Status CopyOut(const uint8_t* from, size_t bytes, std::vector<std::byte>* out) = 0;
   virtual absl::Status FinishCopies();
+  // The items the inline path sends (initial weights, and any the daemon did not place) as host
+  // bytes: this default takes them as they are; cuda_ipc copies those in GPU memory into
+  // `storage` first, since the inline path reads them on the host.
+  virtual absl::Status ToHost(std::span<const PushItem> items, std::vector<PushItem>* host,
+                              std::vector<std::vector<std::byte>>* storage);
 
  private:
+  // Pushes `items` over the inline path, as host bytes (ToHost).
+  absl::Status PushInline(const PushTarget& target, std::span<const PushItem> items,
+                          Deadline deadline);
   struct SlotCache;
   class StepSlots;
 

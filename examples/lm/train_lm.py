@@ -3,6 +3,14 @@ torch.optim.AdamW, and compares the loss curves.
 
     python examples/lm/train_lm.py --daemon build/server/paramd --policy fp32 --policy fp8 \
         --plot lm_loss.png
+    python examples/lm/train_lm.py --device cuda --policy fp32 --policy fp8_gemm --plot lm.png
+
+With --device cuda both ranks train on GPU 0 (gloo still carries the few scalars and DDP's
+all-reduce), the daemon it starts runs `--backend=cuda:0`, and gradients and weights move over
+cuda_ipc. The fp32 policy is compared with torch AdamW in fp32; the other policies run under
+bf16 autocast and are compared with torch AdamW under bf16 autocast. `fp8_gemm` computes the
+blocks' linear layers' forward GEMMs with torch._scaled_mm from the daemon's served `fp8_tensor`
+weights (the backward uses the bf16 weights).
 
 Each run is `world_size` processes (torch.multiprocessing spawn, gloo) training the same model
 from the same seed on the same batches: the torch run averages gradients with
@@ -39,18 +47,23 @@ POLICIES = {
     "fp8": ("fp8", ["bf16"]),
     # Both moments fp8; bf16 weights.
     "fp8_all": ("fp8_all", ["bf16"]),
+    # The fp8 policy, with bf16 weights in the parameters and fp8_tensor weights for the forward
+    # GEMMs of the blocks' linear layers (CUDA only: torch._scaled_mm).
+    "fp8_gemm": ("fp8", ["bf16", "fp8_tensor"]),
 }
+FP8_GEMM_POLICIES = ("fp8_gemm",)
 
 
 class Settings:
     """Everything that fixes a run; the same for the torch run and the paramd runs."""
 
     def __init__(self, steps=40, world_size=2, batch=16, context=32, d_model=64, heads=4,
-                 layers=2, lr=3e-3, warmup=5, weight_decay=0.1, seed=1, threads=1):
+                 layers=2, lr=3e-3, warmup=5, weight_decay=0.1, seed=1, threads=1, device="cpu"):
         self.steps, self.world_size, self.batch, self.context = steps, world_size, batch, context
         self.d_model, self.heads, self.layers = d_model, heads, layers
         self.lr, self.warmup, self.weight_decay, self.seed = lr, warmup, weight_decay, seed
         self.threads = threads
+        self.device = device
 
 
 class Block(nn.Module):
@@ -83,7 +96,7 @@ class TinyLM(nn.Module):
         self.head = nn.Linear(s.d_model, vocab)
 
     def forward(self, idx):
-        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln(x))
@@ -133,22 +146,66 @@ def mean_over_ranks(value):
     return t.item() / dist.get_world_size()
 
 
-def held_out_loss(model, tokens, s):
+def held_out_loss(model, tokens, s, autocast):
     with torch.no_grad():
         losses = []
         for k in range(4):
-            x, y = batch(tokens, s, 10_000 + k, 0)
-            losses.append(F.cross_entropy(model(x).flatten(0, 1), y.flatten()).item())
+            x, y = (t.to(s.device) for t in batch(tokens, s, 10_000 + k, 0))
+            with _autocast(s, autocast):
+                loss = F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten())
+            losses.append(loss.item())
     return sum(losses) / len(losses)
+
+
+def _autocast(s, enabled):
+    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=enabled and s.device == "cuda")
+
+
+class Fp8Matmul(torch.autograd.Function):
+    """y = x @ W^T with the forward GEMM in FP8: x quantized per tensor here, W as the daemon
+    served it (fp8_tensor data and scale_inv); the backward computes in bf16 from `weight`."""
+
+    @staticmethod
+    def forward(ctx, x, weight, w_data, w_scale_inv):
+        ctx.save_for_backward(x, weight)
+        amax = x.detach().abs().amax().float()
+        x_scale_inv = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+        xq = (x.float() / x_scale_inv).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        return torch._scaled_mm(xq, w_data.t(), scale_a=x_scale_inv.reshape(1, 1),
+                                scale_b=w_scale_inv.reshape(1, 1), out_dtype=torch.bfloat16)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        w = weight.to(torch.bfloat16)
+        grad_x = (grad.to(torch.bfloat16) @ w).to(x.dtype)
+        grad_w = (grad.to(torch.bfloat16).t() @ x.to(torch.bfloat16)).to(weight.dtype)
+        return grad_x, grad_w, None, None
+
+
+def use_fp8_gemms(model, opt):
+    """Routes the forward of every block linear layer through Fp8Matmul with the weights the
+    optimizer loaded for it (paramd.torch.AdamW.served, fp8_tensor)."""
+    for block in model.blocks:
+        for linear in (block.qkv, block.proj, block.up, block.down):
+            def forward(x, linear=linear):
+                served = opt.served(linear.weight, "fp8_tensor")
+                y = Fp8Matmul.apply(x.reshape(-1, x.shape[-1]), linear.weight, served.data,
+                                     served.scale)
+                return (y + linear.bias).reshape(*x.shape[:-1], -1)
+            linear.forward = forward
 
 
 def _rank_main(rank, s, run, port, out_path):
     torch.set_num_threads(s.threads)
+    if s.device == "cuda":
+        torch.cuda.set_device(0)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=s.world_size)
     train, held_out, vocab = dataset(s)
     torch.manual_seed(s.seed)
-    model = TinyLM(vocab, s)
+    model = TinyLM(vocab, s).to(s.device)
+    autocast = run["autocast"]
     if run["optimizer"] == "torch":
         trained = nn.parallel.DistributedDataParallel(model)
         opt = torch.optim.AdamW(param_groups(model, s, named=False), lr=s.lr, betas=(0.9, 0.95))
@@ -159,11 +216,14 @@ def _rank_main(rank, s, run, port, out_path):
                                  address=run["address"], job=run["job"],
                                  state_policy=run["state_policy"], serve=run["serve"],
                                  module=model, seed=s.seed)
+        if run["policy"] in FP8_GEMM_POLICIES:
+            use_fp8_gemms(model, opt)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(s))
     losses, started = [], time.perf_counter()
     for step in range(s.steps):
-        x, y = batch(train, s, step, rank)
-        loss = F.cross_entropy(trained(x).flatten(0, 1), y.flatten())
+        x, y = (t.to(s.device) for t in batch(train, s, step, rank))
+        with _autocast(s, autocast):
+            loss = F.cross_entropy(trained(x).flatten(0, 1).float(), y.flatten())
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -172,7 +232,8 @@ def _rank_main(rank, s, run, port, out_path):
     seconds = time.perf_counter() - started
     if run["optimizer"] != "torch":
         opt.sync_weights()
-    result = {"losses": losses, "held_out": mean_over_ranks(held_out_loss(model, held_out, s)),
+    result = {"losses": losses,
+              "held_out": mean_over_ranks(held_out_loss(model, held_out, s, autocast)),
               "seconds": seconds}
     if run["optimizer"] != "torch":
         # What the daemon really kept and served, so a test can tell a policy was in effect.
@@ -192,11 +253,17 @@ def _free_port():
         return sock.getsockname()[1]
 
 
-def run(s, optimizer="torch", policy="fp32", address=None, job=None):
-    """Trains with `world_size` spawned ranks; returns rank 0's {'losses', 'held_out', ...}."""
+def run(s, optimizer="torch", policy="fp32", address=None, job=None, autocast=None):
+    """Trains with `world_size` spawned ranks; returns rank 0's {'losses', 'held_out', ...}.
+    On CUDA every policy but fp32 runs under bf16 autocast unless `autocast` says otherwise."""
     state_policy, serve = POLICIES[policy]
+    if autocast is None:
+        autocast = s.device == "cuda" and policy != "fp32"
+    if policy in FP8_GEMM_POLICIES and s.device != "cuda":
+        raise ValueError(f"policy {policy} computes FP8 GEMMs on the GPU: use --device cuda")
     spec = {"optimizer": optimizer, "address": address, "job": job or f"lm-{policy}",
-            "state_policy": state_policy, "serve": serve}
+            "state_policy": state_policy, "serve": serve, "policy": policy,
+            "autocast": autocast}
     with tempfile.TemporaryDirectory() as tmp:
         out_path = os.path.join(tmp, "result.json")
         mp.spawn(_rank_main, args=(s, spec, _free_port(), out_path), nprocs=s.world_size)
@@ -215,8 +282,13 @@ def compare(reference, result):
     return per_step, relative(result["held_out"], reference["held_out"])
 
 
-_COLORS = {"torch": (0, 0, 0), "fp32": (31, 119, 180), "fp8": (214, 39, 40),
-           "fp8_all": (44, 160, 44)}
+_COLORS = {"torch": (0, 0, 0), "torch_bf16": (127, 127, 127), "fp32": (31, 119, 180),
+           "fp8": (214, 39, 40), "fp8_all": (44, 160, 44), "fp8_gemm": (148, 103, 189)}
+
+
+def reference_of(s, policy):
+    """The torch run a policy is compared with: fp32, or bf16 autocast on CUDA."""
+    return "torch_bf16" if s.device == "cuda" and policy != "fp32" else "torch"
 
 
 def main():
@@ -226,16 +298,24 @@ def main():
     parser.add_argument("--policy", action="append", choices=sorted(POLICIES),
                         help="paramd policies to run (repeatable; default fp32 and fp8)")
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the ranks train (cuda: GPU 0, daemon on --backend=cuda:0)")
     parser.add_argument("--plot", help="write the loss curves to this PNG")
     args = parser.parse_args()
-    policies = args.policy or ["fp32", "fp8"]
-    s = Settings(steps=args.steps)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda needs a CUDA GPU, and torch sees none "
+                     f"(torch {torch.__version__}, CUDA build {torch.version.cuda})")
+    policies = args.policy or (["fp32", "fp8_gemm"] if args.device == "cuda" else ["fp32", "fp8"])
+    s = Settings(steps=args.steps, device=args.device)
 
     from paramd.daemon import Daemon
-    daemon = None if args.address else Daemon(args.daemon, step_threads=1)
+    backend = "cuda:0" if args.device == "cuda" else "cpu"
+    daemon = None if args.address else Daemon(args.daemon, backend=backend, step_threads=1)
     address = args.address or daemon.address
     try:
-        results = {"torch": run(s, "torch")}
+        results = {"torch": run(s, "torch", autocast=False)}
+        if any(reference_of(s, p) == "torch_bf16" for p in policies):
+            results["torch_bf16"] = run(s, "torch", autocast=True)
         for policy in policies:
             results[policy] = run(s, "paramd", policy, address)
     finally:
@@ -248,10 +328,11 @@ def main():
         print(f"{step:4d}  " + "  ".join(f"{results[n]['losses'][step]:9.5f}" for n in names))
     print("held  " + "  ".join(f"{results[n]['held_out']:9.5f}" for n in names))
     for policy in policies:
-        per_step, held = compare(results["torch"], results[policy])
-        print(f"{policy}: max per-step relative loss difference {per_step:.2e}, held-out "
-              f"{held:.2e}, {results[policy]['seconds']:.2f} s (torch "
-              f"{results['torch']['seconds']:.2f} s)")
+        ref = reference_of(s, policy)
+        per_step, held = compare(results[ref], results[policy])
+        print(f"{policy} (against {ref}, transport {results[policy]['transport']}): max per-step "
+              f"relative loss difference {per_step:.2e}, held-out {held:.2e}, "
+              f"{results[policy]['seconds']:.2f} s ({ref} {results[ref]['seconds']:.2f} s)")
     if args.plot:
         png.plot_curves(args.plot, [(results[n]["losses"], _COLORS[n]) for n in names])
         print(f"wrote {args.plot}: " + ", ".join(

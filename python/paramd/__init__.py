@@ -19,8 +19,8 @@ from paramd._paramd import Client, PulledBytes, PulledView, StatusError
 
 __all__ = [
     "Client", "PulledBytes", "PulledView", "StatusError", "byte_view", "connect", "dequantize",
-    "hyperparams", "pull", "pull_in_place", "pull_many", "push_gradients", "served", "state_policy",
-    "upload_initial_weights",
+    "hyperparams", "pull", "pull_in_place", "pull_in_place_many", "pull_many", "push_gradients",
+    "served", "state_policy", "upload_initial_weights",
 ]
 
 # Named state policies (DESIGN.md section 3); a dict with the keys below picks any other mix.
@@ -40,10 +40,13 @@ _POLICY_KEYS = ("master", "exp_avg", "exp_avg_sq", "exp_avg_rounding", "exp_avg_
 
 
 def connect(address="127.0.0.1:50051", transport="auto", rpc_timeout_s=30.0,
-            connect_timeout_s=10.0, max_attempts=5):
-    """Connects to a daemon; waits up to connect_timeout_s for it to answer."""
+            connect_timeout_s=10.0, max_attempts=5, cuda_stream=0):
+    """Connects to a daemon; waits up to connect_timeout_s for it to answer. `cuda_stream` (an
+    int, torch.cuda.Stream.cuda_stream; 0 = the default stream) is the stream gradients in GPU
+    memory are written on: cuda_ipc's push copies wait for the work queued there."""
     return Client(address, transport=transport, rpc_timeout_s=rpc_timeout_s,
-                  connect_timeout_s=connect_timeout_s, max_attempts=max_attempts)
+                  connect_timeout_s=connect_timeout_s, max_attempts=max_attempts,
+                  cuda_stream=cuda_stream)
 
 
 def state_policy(policy):
@@ -81,14 +84,23 @@ def pull(client, job, tensor, fmt="fp32", min_version=0, timeout_s=60.0):
 
 
 def pull_in_place(client, job, tensor, fmt="fp32", min_version=0, timeout_s=60.0, lease_s=0.0):
-    """Waits for `min_version` and views the served weight where it lies (shm) as a ServedWeight:
-    no copy at all. The view holds a lease on the bytes; its tensors keep the view alive, so the
+    """Waits for `min_version` and views the served weight where it lies as a ServedWeight: no
+    copy at all. Over shm its tensors are CPU tensors over the daemon's shared memory; over
+    cuda_ipc CUDA tensors over the daemon's GPU memory (queue the work that reads them before
+    the lease ends). The view holds a lease on the bytes; its tensors keep the view alive, so the
     lease ends when they go (or at client.pull_in_place(...).release(), or after `lease_s`, 0 =
     the daemon's default). Until then the bytes are unchanged while later steps run; a tensor
     used after its lease ended reads whatever a later step writes there. Read-only: do not write
     into it. Raises StatusError FAILED_PRECONDITION on a transport that cannot read in place
     (inline)."""
     return served(client.pull_in_place(job, tensor, fmt, min_version, timeout_s, lease_s))
+
+
+def pull_in_place_many(client, job, tensors, fmt="fp32", min_version=0, timeout_s=60.0,
+                       lease_s=0.0):
+    """pull_in_place of several tensors in one call: {name: ServedWeight}, each with its lease."""
+    views = client.pull_in_place_many(job, list(tensors), fmt, min_version, timeout_s, lease_s)
+    return {name: served(v) for name, v in zip(tensors, views)}
 
 
 def pull_many(client, job, tensors, fmt="fp32", min_version=0, timeout_s=60.0):
@@ -100,7 +112,7 @@ def pull_many(client, job, tensors, fmt="fp32", min_version=0, timeout_s=60.0):
 # The tensor helpers need torch; they are imported on first use so that the bindings alone work
 # without it.
 def byte_view(tensor):
-    """The bytes of a contiguous CPU tensor as a uint8 numpy array over the same memory."""
+    """The bytes of a tensor in place: a uint8 numpy array (CPU) or a flat uint8 CUDA tensor."""
     from paramd import _formats
     return _formats.byte_view(tensor)
 

@@ -46,11 +46,16 @@ def check_format(fmt):
 
 
 def byte_view(tensor):
-    """The bytes of a contiguous CPU tensor as a uint8 numpy array over the same memory."""
-    if tensor.device.type != "cpu":
-        raise ValueError("paramd pushes host memory; move the tensor to the CPU first")
-    flat = tensor.detach().contiguous().reshape(-1)
-    return flat.view(torch.uint8).numpy()
+    """The bytes of a tensor, in place: a uint8 numpy array over a CPU tensor's memory, or a flat
+    uint8 CUDA tensor over a GPU tensor's (the bindings read it through its
+    __cuda_array_interface__; only the cuda_ipc transport reads GPU memory). Non-contiguous
+    tensors are copied first."""
+    flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+    if flat.device.type == "cuda":
+        return flat
+    if flat.device.type != "cpu":
+        raise ValueError(f"paramd reads CPU or CUDA tensors, not {flat.device.type} ones")
+    return flat.numpy()
 
 
 def grad_type_of(dtype):
@@ -62,15 +67,18 @@ def served(pulled):
     """Views a pull (paramd._paramd.PulledBytes) as a ServedWeight, without copying the data."""
     if getattr(pulled, "released", False):
         raise ValueError("this in-place view was released; pull again")
-    if getattr(pulled, "on_device", False):
-        raise ValueError("this in-place view is in GPU memory (cuda_ipc); pull a copy instead")
     fmt = pulled.format
     dtype = _DATA_DTYPES[recipe_of(fmt)]
     rows, cols = pulled.rows, pulled.cols
-    with warnings.catch_warnings():
-        # An in-place view (PulledView) is a read-only buffer; torch warns that it views it anyway.
-        warnings.filterwarnings("ignore", message="The given buffer is not writable")
-        raw = torch.frombuffer(pulled, dtype=torch.uint8)
+    if getattr(pulled, "on_device", False):
+        # GPU memory (cuda_ipc): a CUDA tensor over the daemon's bytes, through the view's
+        # __cuda_array_interface__; the tensor keeps the view, and so its lease, alive.
+        raw = torch.as_tensor(pulled)
+    else:
+        with warnings.catch_warnings():
+            # An in-place view (PulledView) is a read-only buffer; torch warns that it views it.
+            warnings.filterwarnings("ignore", message="The given buffer is not writable")
+            raw = torch.frombuffer(pulled, dtype=torch.uint8)
     data = raw[:pulled.data_bytes].view(dtype)
     # Columnwise data is the transpose, except mxfp8's, which keeps [rows, cols].
     if is_columnwise(fmt) and recipe_of(fmt) != "mxfp8":
@@ -84,7 +92,7 @@ def served(pulled):
             scale = scale_raw.view(pulled.scale_shape)
         else:
             # Scales follow data of any byte count: copy them (they are tiny) so the float32
-            # view is aligned.
+            # view is aligned (on the GPU too: the copy is queued on the current stream).
             scale = scale_raw.clone().view(torch.float32).view(pulled.scale_shape)
     return ServedWeight(data, scale, pulled.scale_type, fmt, pulled.version, rows, cols,
                         pulled.skipped)
@@ -99,7 +107,8 @@ def _expand_blocks(scale, block_rows, block_cols, rows, cols):
 def _e8m0_values(codes):
     """E8M0 codes -> 2^(code - 127) as float32; code 255 is NaN."""
     exponent = codes.to(torch.int32) - 127
-    values = torch.ldexp(torch.ones(codes.shape, dtype=torch.float32), exponent)
+    values = torch.ldexp(torch.ones(codes.shape, dtype=torch.float32, device=codes.device),
+                         exponent)
     return torch.where(codes == 255, torch.full_like(values, float("nan")), values)
 
 

@@ -29,6 +29,17 @@ What happens when:
 - The job is served exactly the formats in `serve` (FP32 only when listed), and pays memory for
   those alone. Every one is pulled; the first one is written into the parameters; served() gives
   each as a ServedWeight (FP8 data as torch.float8_e4m3fn with its scales) for FP8 GEMMs.
+- CUDA parameters, with the daemon on this node's GPU (`paramd --backend=cuda:N`; the automatic
+  choice then picks cuda_ipc): gradients are pushed from GPU memory, with no host copy, by copies
+  that wait for the work queued on the current stream at construction (`cuda_stream`) and run
+  on the push thread, so the Python thread never waits on the device. The new version is viewed
+  where the daemon serves it (one in-place pull per job and format, a lease per tensor) and
+  written into each parameter with one device copy before its module's forward; with
+  `weights_in_place=True` a parameter whose dtype is the first format's views those bytes
+  instead (no copy; do not write into it). Each version's views are let go once the next one is
+  loaded and the work queued on them has run, so no lease outlives a step. A bf16 parameter
+  pushes bf16 gradients; fp32 and fp16 ones push fp32. With another transport (a cpu daemon),
+  CUDA gradients and weights go through host copies.
 """
 
 import contextlib
@@ -46,7 +57,7 @@ from paramd import _formats
 class _Tensor:
     """One registered parameter."""
 
-    __slots__ = ("name", "param", "rows", "cols", "grad_type", "job", "pushed_step")
+    __slots__ = ("name", "param", "rows", "cols", "grad_type", "job", "pushed_step", "on_gpu")
 
     def __init__(self, name, param, job):
         self.name = name
@@ -57,14 +68,19 @@ class _Tensor:
         self.grad_type = _formats.grad_type_of(param.dtype)
         self.job = job
         self.pushed_step = -1
+        self.on_gpu = param.device.type == "cuda"
 
-    def grad_bytes(self):
+    def grad_bytes(self, direct):
+        """The gradient's bytes to push: in place where the transport reads the parameter's
+        memory (`direct`), else a host copy of a GPU gradient."""
         grad = self.param.grad
         if grad is None:
             dtype = torch.float32 if self.grad_type == "fp32" else torch.bfloat16
-            grad = torch.zeros(self.rows * self.cols, dtype=dtype)
+            grad = torch.zeros(self.rows * self.cols, dtype=dtype, device=self.param.device)
         elif self.grad_type == "fp32" and grad.dtype != torch.float32:
             grad = grad.float()
+        if grad.device.type == "cuda" and not direct:
+            grad = grad.cpu()
         return _formats.byte_view(grad)
 
 
@@ -116,7 +132,8 @@ class _Worker:
 
 
 class _PendingPull:
-    """The pulled formats of one tensor for one version, filled by the pull thread."""
+    """The pulled formats of one tensor for one version, filled by the pull thread (`weight`:
+    the first format as float32 on the host path; None when `served` is written directly)."""
 
     __slots__ = ("done", "weight", "served", "error")
 
@@ -134,7 +151,7 @@ class AdamW(torch.optim.Optimizer):
                  address="127.0.0.1:50051", job="paramd", state_policy="fp32", serve="fp32",
                  module=None, rank=None, world_size=None, transport="auto", seed=0,
                  max_grad_norm=0.0, bucket_bytes=1 << 20, stream_pushes=True,
-                 write_weights=True, timeout_s=300.0):
+                 write_weights=True, weights_in_place=False, timeout_s=300.0):
         groups = self._named_groups(params)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
         super().__init__([{**g, "params": [p for _, p in g["params"]]} for g in groups],
@@ -149,6 +166,7 @@ class AdamW(torch.optim.Optimizer):
         self.state_policy = paramd.state_policy(state_policy)
         self.stream_pushes = stream_pushes
         self.write_weights = write_weights
+        self.weights_in_place = weights_in_place
         self._bucket_bytes = bucket_bytes
         self._timeout_s = timeout_s
         self._seed = seed
@@ -160,14 +178,26 @@ class AdamW(torch.optim.Optimizer):
         self._pulls = _Worker("paramd-pull")
         self._pending = {}  # id(param) -> _PendingPull of the version being loaded
         self._served = {}  # tensor name -> {format: ServedWeight} of the loaded version
+        self._retired = []  # (CUDA event, served formats) of GPU views let go once the event ran
         self._hooks = []
         # Overlap accounting (what bench/python reports): seconds the trainer waited.
         self.timings = {"push_wait_s": 0.0, "commit_s": 0.0, "pull_wait_s": 0.0}
 
+        devices = {p.device for g in groups for _, p in g["params"]}
+        if len(devices) != 1:
+            raise ValueError(f"paramd.torch.AdamW needs every parameter on one device; got "
+                             f"{sorted(str(d) for d in devices)}")
+        self.device = devices.pop()
+        cuda_stream = 0
+        if self.device.type == "cuda":
+            # The client's cuda_ipc end maps the daemon's memory on the current device and its
+            # pushes wait for the stream backward writes gradients on.
+            torch.cuda.set_device(self.device)
+            cuda_stream = torch.cuda.current_stream(self.device).cuda_stream
         self._jobs = []
         for index, (group, torch_group) in enumerate(zip(groups, self.param_groups)):
             name = job if index == 0 else f"{job}.g{index}"
-            client = paramd.connect(address, transport=transport)
+            client = paramd.connect(address, transport=transport, cuda_stream=cuda_stream)
             j = _Job(name, client, torch_group)
             for tensor_name, param in group["params"]:
                 j.tensors.append(_Tensor(tensor_name, param, j))
@@ -229,12 +259,19 @@ class AdamW(torch.optim.Optimizer):
                 max_grad_norm=self._max_grad_norm)
             self.transport = reply["transport"]
             if self.rank == 0 and reply["version"] < 0:
+                # Initial weights travel inline, from host memory.
                 paramd.upload_initial_weights(
-                    j.client, j.name, {t.name: t.param.detach() for t in j.tensors})
+                    j.client, j.name, {t.name: t.param.detach().cpu() for t in j.tensors})
             next_steps.add(reply["next_step"])
         if len(next_steps) != 1:
             raise RuntimeError(f"the jobs of this optimizer are at different steps {next_steps}")
         step = next_steps.pop()
+        # GPU memory moves directly only over cuda_ipc; other transports take host copies.
+        self._direct = self.device.type == "cuda" and self.transport == "cuda_ipc"
+        if self.weights_in_place and not self._direct:
+            raise ValueError(f"weights_in_place needs CUDA parameters and the cuda_ipc transport "
+                             f"(this optimizer has {self.device} parameters over "
+                             f"{self.transport})")
         self._start_pulls(step)
         self.sync_weights()
         return step
@@ -255,7 +292,7 @@ class AdamW(torch.optim.Optimizer):
         if not self.stream_pushes:
             return
         t = self._by_param[id(param)]
-        data = t.grad_bytes()
+        data = t.grad_bytes(self._direct)
         with self._lock:
             t.pushed_step = self._step
             bucket = self._bucket.setdefault(t.job.name, [])
@@ -283,14 +320,15 @@ class AdamW(torch.optim.Optimizer):
                 loss = closure()
         # Weights of modules the last forward did not run are loaded now, so every parameter
         # holds the version this step's gradients belong to.
-        self.sync_weights()
+        self._load_all()
         started = time.perf_counter()
         with self._lock:
             for j in self._jobs:
                 for t in j.tensors:
                     if t.pushed_step != self._step:
                         t.pushed_step = self._step
-                        self._bucket.setdefault(j.name, []).append((t.name, t.grad_bytes()))
+                        self._bucket.setdefault(j.name, []).append(
+                            (t.name, t.grad_bytes(self._direct)))
                 self._flush(j)
         self._pushes.wait()
         pushed = time.perf_counter()
@@ -318,6 +356,9 @@ class AdamW(torch.optim.Optimizer):
     # ----- weights -----
 
     def _start_pulls(self, version):
+        if self._direct:
+            self._start_device_pulls(version)
+            return
         module_format = self.serve[0]
         for t in self._forward_order:
             pending = _PendingPull()
@@ -338,6 +379,55 @@ class AdamW(torch.optim.Optimizer):
 
             self._pulls.submit(pull)
 
+    def _start_device_pulls(self, version):
+        """cuda_ipc: one in-place pull per job and format views every tensor of the version in
+        the daemon's GPU memory (the cuda:N backend publishes a step's tensors together)."""
+        for j in self._jobs:
+            order = [t for t in self._forward_order if t.job is j]
+            pendings = [_PendingPull() for _ in order]
+            for t, pending in zip(order, pendings):
+                self._pending[id(t.param)] = pending
+
+            def pull(j=j, order=order, pendings=pendings):
+                try:
+                    names = [t.name for t in order]
+                    for fmt in self.serve:
+                        views = j.client.pull_in_place_many(j.name, names, fmt, version,
+                                                            self._timeout_s)
+                        for pending, view in zip(pendings, views):
+                            pending.served[fmt] = paramd.served(view)
+                except BaseException as error:  # raised where the weights are needed
+                    for pending in pendings:
+                        pending.error = error
+                finally:
+                    for pending in pendings:
+                        pending.done.set()
+
+            self._pulls.submit(pull)
+
+    def _write_device_weight(self, param, served):
+        """Writes the first format's served bytes into a CUDA parameter: one device copy (or a
+        dequantization for the scaled formats), or, in place, the parameter views them."""
+        weight = served[self.serve[0]]
+        fmt = weight.format
+        plain = _formats.recipe_of(fmt) in ("fp32", "bf16", "fp16") and not (
+            _formats.is_columnwise(fmt))
+        if plain and self.weights_in_place and weight.data.dtype == param.dtype:
+            param.data = weight.data.view(param.shape)
+        elif plain:
+            param.copy_(weight.data.view(param.shape))
+        else:
+            param.copy_(_formats.dequantize(weight).view(param.shape))
+
+    def _retire(self, served):
+        """Lets a version's GPU views go once the work queued on them so far has run (their
+        leases end then), without waiting here."""
+        if served and self._direct:
+            event = torch.cuda.Event()
+            event.record()
+            self._retired.append((event, served))
+        self._retired = [(e, s) for e, s in self._retired if not e.query()]
+
     def _load(self, param):
         pending = self._pending.pop(id(param), None)
         if pending is None:
@@ -348,25 +438,38 @@ class AdamW(torch.optim.Optimizer):
             self.timings["pull_wait_s"] += time.perf_counter() - started
         if pending.error is not None:
             raise pending.error
-        if pending.weight is not None:
-            with torch.no_grad():
+        name = self._by_param[id(param)].name
+        with torch.no_grad():
+            if self._direct and self.write_weights:
+                self._write_device_weight(param, pending.served)
+            elif pending.weight is not None:
                 param.copy_(pending.weight)
-        self._served[self._by_param[id(param)].name] = pending.served
+        self._retire(self._served.get(name))
+        self._served[name] = pending.served
 
     def _before_forward(self, module, args):
         for p in module.parameters(recurse=False):
             self._load(p)
 
-    def sync_weights(self):
-        """Waits for every tensor of the version being loaded and writes it (e.g. before
-        evaluating or saving the model outside a forward)."""
+    def _load_all(self):
         for t in self._forward_order:
             self._load(t.param)
         self._pulls.wait()
 
+    def sync_weights(self):
+        """Waits for every tensor of the version being loaded and writes it (e.g. before
+        evaluating or saving the model outside a forward)."""
+        self._load_all()
+        # A point where the caller waits anyway: the earlier versions' GPU views go now.
+        for event, _ in self._retired:
+            event.synchronize()
+        self._retired = []
+
     def served(self, param_or_name, fmt=None):
         """The ServedWeight of a parameter in `fmt` (default: the first serve format), of the
-        version its module last loaded: FP8 data as float8_e4m3fn and its scales."""
+        version its module last loaded: FP8 data as float8_e4m3fn and its scales. Over cuda_ipc
+        they are CUDA tensors viewing the daemon's bytes, valid until the next version is loaded
+        (queue the work that reads them before the next step())."""
         name = param_or_name if isinstance(param_or_name, str) else (
             self._by_param[id(param_or_name)].name)
         return self._served[name][fmt or self.serve[0]]
@@ -434,7 +537,8 @@ class AdamW(torch.optim.Optimizer):
                         fields.append({
                             "tensor": t.name, "field": field,
                             "type": self._TYPE_NAMES[tensor.dtype],
-                            "shape": list(tensor.shape), "bytes": _formats.byte_view(tensor)})
+                            "shape": list(tensor.shape),
+                            "bytes": _formats.byte_view(tensor.cpu())})
                 g = j.group
                 j.client.import_state({
                     **exported, "job": j.name, "fields": fields,

@@ -36,6 +36,16 @@ absl::StatusOr<int> DeviceWithUuid(const std::string& uuid) {
   return -1;
 }
 
+// Whether `p` is GPU memory (device or managed); host memory, registered or not, is not.
+bool OnDevice(const void* p) {
+  cudaPointerAttributes attributes;
+  if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+}
+
 bool InThisProcess(uint64_t base) {
   cudaPointerAttributes attributes;
   if (cudaPointerGetAttributes(&attributes, reinterpret_cast<void*>(base)) != cudaSuccess) {
@@ -226,6 +236,28 @@ class CudaIpcTransport final : public PlacedTransport {
     PARAMD_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(out->data(), from, bytes, cudaMemcpyDefault, stream_));
     return absl::OkStatus();
+  }
+
+  // Items in GPU memory are copied down for the inline path; host items are sent as they are.
+  absl::Status ToHost(std::span<const PushItem> items, std::vector<PushItem>* host,
+                      std::vector<std::vector<std::byte>>* storage) override {
+    host->assign(items.begin(), items.end());
+    storage->reserve(items.size());
+    const DeviceScope scope(device_);
+    if (!scope.status().ok()) return scope.status();
+    bool waited = false;
+    for (PushItem& item : *host) {
+      if (item.data.empty() || !OnDevice(item.data.data())) continue;
+      if (!waited) {  // the bytes may still be being written on the trainer's stream
+        if (absl::Status s = BeforePush(); !s.ok()) return s;
+        waited = true;
+      }
+      std::vector<std::byte>& copy = storage->emplace_back(item.data.size());
+      PARAMD_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(copy.data(), item.data.data(), copy.size(), cudaMemcpyDefault, stream_));
+      item.data = copy;
+    }
+    return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(stream_)");
   }
 
   absl::Status FinishCopies() override {

@@ -1,0 +1,277 @@
+"""PyTorch on the GPU (label gpu): paramd.torch.AdamW with CUDA parameters against a daemon on
+cuda:0, over cuda_ipc. Gradients are pushed from GPU memory, weights are viewed where the daemon
+serves them and written with one device copy (or viewed in place), served FP8 weights feed
+torch._scaled_mm, and the results are those of the cpu backend bit for bit. Without a GPU the test
+exits 77 (skipped) with the reason, after checking that asking for cuda_ipc fails clearly."""
+
+import os
+import sys
+import time
+import unittest
+
+import support
+
+support.require_torch()
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import paramd  # noqa: E402
+import paramd.torch  # noqa: E402
+
+DEVICE = "cuda:0"
+
+
+def make_model(seed=0, dtype=torch.float32):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(48, 96), nn.Tanh(), nn.Linear(96, 96), nn.Tanh(),
+                          nn.Linear(96, 16))
+    return model.to(device=DEVICE, dtype=dtype)
+
+
+def batch(step, dtype=torch.float32):
+    g = torch.Generator().manual_seed(100 + step)
+    x = torch.randn(64, 48, generator=g)
+    y = torch.randint(0, 16, (64,), generator=g)
+    return x.to(DEVICE, dtype), y.to(DEVICE)
+
+
+def train(model, opt, steps, first_step=0, dtype=torch.float32):
+    losses = []
+    for step in range(first_step, first_step + steps):
+        x, y = batch(step, dtype)
+        loss = F.cross_entropy(model(x).float(), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    if hasattr(opt, "sync_weights"):
+        opt.sync_weights()
+    return losses
+
+
+def weights(model):
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def leases_reach(client, job, count, timeout_s=10.0):
+    give_up = time.monotonic() + timeout_s
+    while client.status(job)["jobs"][0]["leases"] != count and time.monotonic() < give_up:
+        time.sleep(0.01)
+    return client.status(job)["jobs"][0]["leases"]
+
+
+class CudaTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.daemon = support.daemon(backend="cuda:0")
+        cls.cpu_daemon = support.daemon(step_threads=2)
+        cls.jobs = 0
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.daemon.__exit__(None, None, None)
+        cls.cpu_daemon.__exit__(None, None, None)
+
+    def adamw(self, model, address=None, **kwargs):
+        CudaTest.jobs += 1
+        options = dict(lr=1e-2, weight_decay=0.01, address=address or self.daemon.address,
+                       job=f"gpu{self.jobs}", module=model)
+        options.update(kwargs)
+        return paramd.torch.AdamW(model.named_parameters(), **options)
+
+    def test_cuda_gradients_and_views_equal_host_ones(self):
+        """The same gradients pushed from GPU memory over cuda_ipc and from host memory over
+        shm to a cpu daemon give the same served bytes; views are CUDA tensors, copies agree."""
+        fmts = ["fp32", "bf16", "fp8_tensor", "mxfp8"]
+        w = torch.randn(130, 96, generator=torch.Generator().manual_seed(1)) * 0.02
+        results = []
+        for address, on_gpu in ((self.daemon.address, True), (self.cpu_daemon.address, False)):
+            client = paramd.connect(address)
+            client.register(job="views", rank=0, world_size=1,
+                            tensors=[("w", 130, 96, "fp32"), ("b", 1, 96, "bf16")],
+                            hyperparams=paramd.hyperparams(lr=1e-2), serve=fmts)
+            self.assertEqual(client.transport, "cuda_ipc" if on_gpu else "shm")
+            paramd.upload_initial_weights(client, "views", {
+                "w": w.to(DEVICE) if on_gpu else w, "b": torch.zeros(96)})
+            for step in range(3):
+                g = torch.Generator().manual_seed(7 + step)
+                grads = {"w": torch.randn(130, 96, generator=g),
+                         "b": torch.randn(96, generator=g).bfloat16()}
+                if on_gpu:
+                    grads = {k: v.to(DEVICE) for k, v in grads.items()}
+                paramd.push_gradients(client, "views", 0, step, grads)
+                client.commit("views", 0, step, lr=1e-2, grad_scale=1.0)
+            got = {}
+            for fmt in fmts:
+                copy = paramd.pull(client, "views", "w", fmt, 3)
+                self.assertEqual(copy.data.device.type, "cpu")
+                if on_gpu:
+                    view = paramd.pull_in_place(client, "views", "w", fmt, 3)
+                    self.assertTrue(view.data.is_cuda, fmt)
+                    self.assertTrue(torch.equal(view.data.cpu().view(torch.uint8),
+                                                copy.data.view(torch.uint8)), fmt)
+                    if view.scale is not None:
+                        self.assertTrue(view.scale.is_cuda)
+                        self.assertTrue(torch.equal(view.scale.cpu(), copy.scale), fmt)
+                    if fmt == "fp8_tensor":
+                        self.assertEqual(view.data.dtype, torch.float8_e4m3fn)
+                got[fmt] = copy.data.view(torch.uint8).clone()
+            client.close()
+            results.append(got)
+        for fmt in fmts:
+            self.assertTrue(torch.equal(results[0][fmt], results[1][fmt]), fmt)
+
+    def test_a_view_stays_unchanged_under_its_lease_while_steps_run(self):
+        client = paramd.connect(self.daemon.address)
+        client.register(job="lease", rank=0, world_size=1, tensors=[("w", 256, 64, "bf16")],
+                        hyperparams=paramd.hyperparams(lr=1e-2), serve=["bf16"])
+        paramd.upload_initial_weights(client, "lease", {"w": torch.randn(256, 64) * 0.02})
+        view = paramd.pull_in_place(client, "lease", "w", "bf16", 0)
+        before = view.data.clone()
+        self.assertEqual(leases_reach(client, "lease", 1), 1)
+        for step in range(4):
+            grad = torch.randn(256, 64, device=DEVICE, dtype=torch.bfloat16)
+            paramd.push_gradients(client, "lease", 0, step, {"w": grad})
+            client.commit("lease", 0, step, lr=1e-2, grad_scale=1.0)
+        newest = paramd.pull(client, "lease", "w", "bf16", 4)
+        self.assertFalse(torch.equal(newest.data, before.cpu()))  # the steps changed the weights
+        torch.cuda.synchronize()
+        self.assertTrue(torch.equal(view.data, before))  # the leased version did not change
+        del view
+        self.assertEqual(leases_reach(client, "lease", 0), 0)  # the tensor held the lease
+        client.close()
+
+    def test_gpu_memory_over_another_transport_is_refused(self):
+        client = paramd.connect(self.daemon.address, transport="inline")
+        client.register(job="inline-gpu", rank=0, world_size=1, tensors=[("w", 4, 4, "fp32")],
+                        hyperparams=paramd.hyperparams(lr=1e-2), serve=["fp32"])
+        paramd.upload_initial_weights(client, "inline-gpu", {"w": torch.zeros(4, 4)})
+        with self.assertRaises(paramd.StatusError) as caught:
+            paramd.push_gradients(client, "inline-gpu", 0, 0,
+                                  {"w": torch.ones(4, 4, device=DEVICE)})
+        self.assertEqual(caught.exception.code, "FAILED_PRECONDITION")
+        self.assertIn("only the cuda_ipc transport", str(caught.exception))
+        client.close()
+
+    def test_fp32_policy_follows_torch_adamw_on_the_gpu(self):
+        reference = make_model()
+        torch_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2, weight_decay=0.01)
+        expected = train(reference, torch_opt, 6)
+        model = make_model()
+        opt = self.adamw(model, serve="fp32")
+        self.assertEqual(opt.transport, "cuda_ipc")
+        got = train(model, opt, 6)
+        for a, b in zip(got, expected):
+            self.assertLess(abs(a - b) / abs(b), 1e-3)
+        for p, q in zip(model.parameters(), reference.parameters()):
+            self.assertTrue(p.is_cuda)
+            self.assertLess(float((p - q).norm() / q.norm()), 1e-4)
+        opt.close()
+
+    def test_the_cuda_and_cpu_backends_train_bit_identically(self):
+        """fp8 states with bf16 weights: CUDA parameters through cuda:0 over cuda_ipc, and
+        through a cpu daemon with host copies, end bit for bit the same."""
+        finals = []
+        for address in (self.daemon.address, self.cpu_daemon.address):
+            model = make_model(seed=3)
+            opt = self.adamw(model, address=address, state_policy="fp8", serve="bf16",
+                             max_grad_norm=1.0)
+            self.assertEqual(opt.transport, "cuda_ipc" if address == self.daemon.address
+                             else "shm")
+            train(model, opt, 5)
+            finals.append(weights(model))
+            opt.close()
+        for a, b in zip(*finals):
+            self.assertTrue(torch.equal(a, b))
+
+    def test_bf16_parameters_push_bf16_and_may_view_their_weights_in_place(self):
+        runs = []
+        for in_place in (False, True):
+            model = make_model(seed=4, dtype=torch.bfloat16)
+            opt = self.adamw(model, state_policy="fp8", serve="bf16", weights_in_place=in_place)
+            self.assertTrue(all(t.grad_type == "bf16" for j in opt._jobs for t in j.tensors))
+            losses = train(model, opt, 5, dtype=torch.bfloat16)
+            if in_place:
+                for p in model.parameters():
+                    served = opt.served(p)
+                    self.assertEqual(p.data_ptr(), served.data.data_ptr())  # no copy
+                # Every version's leases but the loaded one's are let go.
+                client = opt._jobs[0].client
+                tensors = len(list(model.parameters()))
+                self.assertEqual(leases_reach(client, opt._jobs[0].name, tensors), tensors)
+            runs.append((losses, weights(model)))
+            opt.close()
+        self.assertEqual(runs[0][0], runs[1][0])
+        for a, b in zip(runs[0][1], runs[1][1]):
+            self.assertTrue(torch.equal(a, b))
+
+    def test_served_fp8_tensor_weights_feed_scaled_mm(self):
+        model = make_model(seed=5)
+        opt = self.adamw(model, state_policy="fp8", serve=["bf16", "fp8_tensor"])
+        train(model, opt, 2)
+        linear = model[2]
+        served = opt.served(linear.weight, "fp8_tensor")
+        self.assertTrue(served.data.is_cuda and served.scale.is_cuda)
+        self.assertEqual(served.data.dtype, torch.float8_e4m3fn)
+        x = torch.randn(64, 96, device=DEVICE)
+        amax = x.abs().amax()
+        x_scale_inv = (amax / 448.0).reshape(1, 1)
+        xq = (x / x_scale_inv).to(torch.float8_e4m3fn)
+        y = torch._scaled_mm(xq, served.data.t(), scale_a=x_scale_inv,
+                             scale_b=served.scale.reshape(1, 1), out_dtype=torch.float32)
+        expected = x @ paramd.dequantize(served).t()
+        self.assertLess(float((y - expected).norm() / expected.norm()), 0.08)
+        opt.close()
+
+    def test_state_dict_round_trip_on_the_cuda_backend_resumes_bit_identically(self):
+        model = make_model(seed=6)
+        opt = self.adamw(model, state_policy="fp8", serve="bf16")
+        train(model, opt, 3)
+        saved = opt.state_dict()
+        train(model, opt, 3, first_step=3)
+        straight = weights(model)
+        opt.close()
+        # A new job with other initial weights, loaded from the saved state, trains on the same.
+        resumed = make_model(seed=7)
+        opt = self.adamw(resumed, state_policy="fp8", serve="bf16")
+        opt.load_state_dict(saved)
+        again = opt.state_dict()
+        for index, fields in saved["state"].items():
+            for field, tensor in fields.items():
+                self.assertTrue(torch.equal(tensor.view(torch.uint8) if tensor.numel() else tensor,
+                                            again["state"][index][field].view(torch.uint8)
+                                            if tensor.numel() else again["state"][index][field]),
+                                field)
+        train(resumed, opt, 3, first_step=3)
+        for a, b in zip(weights(resumed), straight):
+            self.assertTrue(torch.equal(a, b))
+        opt.close()
+
+
+def main():
+    if not torch.cuda.is_available():
+        # The CUDA paths fail with a clear message where there is no GPU.
+        with support.daemon(step_threads=1) as daemon:
+            try:
+                paramd.connect(daemon.address, transport="cuda_ipc").register(
+                    job="nogpu", rank=0, world_size=1, tensors=[("w", 4, 4, "fp32")],
+                    hyperparams=paramd.hyperparams())
+            except paramd.StatusError as error:
+                if error.code != "FAILED_PRECONDITION":
+                    print(f"FAILED: cuda_ipc without a GPU gave {error.code}: {error}")
+                    return 1
+                print(f"cuda_ipc without a GPU: {error}")
+            else:
+                print("FAILED: cuda_ipc was accepted without a GPU")
+                return 1
+        print("SKIPPED: no CUDA GPU visible to torch "
+              f"(torch {torch.__version__}, CUDA build {torch.version.cuda})")
+        return support.SKIP
+    result = unittest.main(argv=[sys.argv[0], "-v"], exit=False).result
+    return 0 if result.wasSuccessful() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
