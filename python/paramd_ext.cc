@@ -139,6 +139,16 @@ HeldBytes HoldDevice(const py::dict& cai) {
 }
 
 HeldBytes Hold(const py::object& object) {
+  if (py::isinstance<py::tuple>(object)) {
+    // (address, size) of GPU memory the caller keeps alive (paramd.torch's gradients: cheaper
+    // to hand over than an array interface, once per parameter and step).
+    const auto [address, size] = py::cast<std::pair<uintptr_t, int64_t>>(object);
+    if (size < 0) throw py::value_error("a negative byte count");
+    HeldBytes held;
+    held.bytes = {reinterpret_cast<const std::byte*>(address), static_cast<size_t>(size)};
+    held.on_device = true;
+    return held;
+  }
   if (py::hasattr(object, "__cuda_array_interface__")) {
     return HoldDevice(py::cast<py::dict>(object.attr("__cuda_array_interface__")));
   }
@@ -277,7 +287,17 @@ void BindPullHeader(py::class_<T>& cls, Header header) {
                                                            header(p).scale_shape().end());
                              })
       .def_property_readonly("format",
-                             [header](const T& p) { return FormatName(header(p).format()); });
+                             [header](const T& p) { return FormatName(header(p).format()); })
+      // Every field paramd.served reads, in one call (it runs for a whole model each step):
+      // (format, rows, cols, data_bytes, scale_bytes, scale_type, scale_shape, version, skipped).
+      .def_property_readonly("fields", [header](const T& p) {
+        const v1::PullHeader& h = header(p);
+        return py::make_tuple(FormatName(h.format()), h.rows(), h.cols(), h.data_bytes(),
+                              h.scale_bytes(),
+                              EnumName(v1::ScaleType_Name(h.scale_type()), "SCALE_TYPE_"),
+                              std::vector<int64_t>(h.scale_shape().begin(), h.scale_shape().end()),
+                              h.version(), h.skipped());
+      });
 }
 
 v1::StatePolicy ParsePolicy(const py::dict& policy) {

@@ -95,7 +95,8 @@ for p in "${parts[@]}"; do
         lm) part lm "${LM_TIMEOUT:-300}" "${py[@]}" "$root/tests/python/lm_training_test.py" \
               --device cuda ;;
         llm) part llm "${LLM_TIMEOUT:-540}" "${py[@]}" "$root/bench/python/lm_gpu_bench.py" \
-               --json "$logs/llm.json" ${LLM_ROWS:+--rows "$LLM_ROWS"} ;;
+               --json "$logs/llm.json" --daemon_log "$logs/llm_daemon.log" \
+               ${LLM_ROWS:+--rows "$LLM_ROWS"} ${LLM_DAEMON_ARGS:+"--daemon_args=$LLM_DAEMON_ARGS"} ;;
       esac
       ;;
     *) echo "gpu_bundle: unknown part $p (kernels, sanitize, backend, limits, ipc, whole, daemon, shm, python, lm, llm)"; exit 2 ;;

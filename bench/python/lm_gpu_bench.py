@@ -10,6 +10,7 @@ heads, MLP 5632, vocabulary 32000; random initial weights) on batches of 4 x 102
 the same forward (bf16 autocast) in every row. Rows, each in a process of its own (and a daemon
 of its own), --warmup steps then --steps timed steps, with the device synchronized at both ends:
   none              forward + backward only: the ceiling
+  none_bf16         the same with the parameters in bf16 (the ceiling of the paramd_bf16 rows)
   torch_fused       torch.optim.AdamW(fused=True) over the fp32 parameters
   paramd            paramd fp8 policy (fp32 master, fp8 exp_avg, fp16 exp_avg_sq), bf16
                     served, fp32 parameters in the trainer (its forward is torch's)
@@ -31,7 +32,7 @@ import sys
 import threading
 import time
 
-ROWS = ["none", "torch_fused", "paramd", "paramd_bf16", "paramd_fp8_gemm"]
+ROWS = ["none", "none_bf16", "torch_fused", "paramd", "paramd_bf16", "paramd_fp8_gemm"]
 BATCH, SEQ = 4, 1024
 
 
@@ -66,11 +67,12 @@ def use_fp8_gemms(model, opt):
             module.forward = forward
 
 
-def one_row(row, address, steps, warmup):
+def one_row(row, address, steps, warmup, profile=False):
     """Trains `row` in this process; returns its figures."""
     import torch
     torch.cuda.set_device(0)
-    dtype = torch.bfloat16 if row in ("paramd_bf16", "paramd_fp8_gemm") else torch.float32
+    dtype = torch.bfloat16 if row in ("none_bf16", "paramd_bf16", "paramd_fp8_gemm") else (
+        torch.float32)
     model = build_model(dtype)
     params = sum(p.numel() for p in model.parameters())
     opt = None
@@ -88,19 +90,33 @@ def one_row(row, address, steps, warmup):
     tokens = [torch.randint(0, 32000, (BATCH, SEQ), device="cuda", generator=g)
               for _ in range(4)]
     losses = []
+    # The host's time in each phase (not the device's: nothing synchronizes inside a step), to
+    # tell a device-bound step from one whose launches wait on the host.
+    phases = {"forward": 0.0, "backward": 0.0, "step": 0.0}
 
     def step(i):
+        t0 = time.perf_counter()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(input_ids=tokens[i % 4], labels=tokens[i % 4]).loss
+        t1 = time.perf_counter()
         loss.backward()
+        t2 = time.perf_counter()
         if opt is not None:
             opt.step()
         model.zero_grad(set_to_none=True)
+        t3 = time.perf_counter()
+        phases["forward"] += t1 - t0
+        phases["backward"] += t2 - t1
+        phases["step"] += t3 - t2
         return loss
 
     for i in range(warmup):
         losses.append(step(i).item())
     torch.cuda.synchronize()
+    if hasattr(opt, "timings"):
+        opt.timings = {k: 0.0 for k in opt.timings}
+    for key in phases:
+        phases[key] = 0.0
     started = time.perf_counter()
     for i in range(warmup, warmup + steps):
         last = step(i)
@@ -109,14 +125,32 @@ def one_row(row, address, steps, warmup):
     torch.cuda.synchronize()
     seconds = time.perf_counter() - started
     losses.append(last.item())
+    if profile:
+        # Where the trainer's time goes: its GPU kernels and copies against the wall clock.
+        from torch.profiler import ProfilerActivity, profile as torch_profile
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            began = time.perf_counter()
+            for i in range(3):
+                step(i)
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - began
+        print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=12),
+              file=sys.stderr)
+        busy = sum(e.self_device_time_total for e in prof.key_averages()) / 1e3
+        print(f"PROFILE {row}: wall {wall * 1e3 / 3:.1f} ms/step, trainer GPU busy "
+              f"{busy / 3:.1f} ms/step", file=sys.stderr)
     out = {"row": row, "params": params, "step_ms": 1e3 * seconds / steps,
            "tokens_per_s": BATCH * SEQ * steps / seconds,
            "torch_peak_gib": torch.cuda.max_memory_allocated() / 2**30,
            "first_loss": losses[0], "last_loss": losses[-1]}
+    for key, value in phases.items():
+        out[f"host_{key}_ms"] = 1e3 * value / steps
     if opt is not None and hasattr(opt, "transport"):
         out["transport"] = opt.transport
-        out["pull_wait_ms"] = 1e3 * opt.timings["pull_wait_s"] / (warmup + steps)
-        out["push_wait_ms"] = 1e3 * opt.timings["push_wait_s"] / (warmup + steps)
+        # Per timed step: what step() waited for pushes, its commits, and what the forward
+        # pre-hooks waited for the next version.
+        for key, value in opt.timings.items():
+            out[key.replace("_s", "_ms")] = 1e3 * value / steps
         opt.close()
     return out
 
@@ -155,25 +189,43 @@ def main():
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--json", help="write the figures here")
+    parser.add_argument("--daemon_log", help="append each paramd row's daemon log to this file")
+    parser.add_argument("--daemon_args", default="",
+                        help="extra daemon flags, space-separated (e.g. --log_level=debug)")
+    parser.add_argument("--profile", action="store_true",
+                        help="profile 3 more steps of each row (torch.profiler) to stderr")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--address", help=argparse.SUPPRESS)
+    parser.add_argument("--switch_interval_ms", type=float,
+                        help="the interpreter's thread switch interval (sys.setswitchinterval)")
     args = parser.parse_args()
+    if args.switch_interval_ms:
+        sys.setswitchinterval(args.switch_interval_ms / 1e3)
     if args.one:
-        print("RESULT " + json.dumps(one_row(args.one, args.address, args.steps, args.warmup)))
+        print("RESULT " + json.dumps(one_row(args.one, args.address, args.steps, args.warmup,
+                                             args.profile)))
         return 0
 
     from paramd.daemon import Daemon
     results = []
     for row in args.rows.split(","):
         memory = PeakMemory()
-        daemon = Daemon(args.daemon, backend="cuda:0") if row.startswith("paramd") else None
+        daemon = Daemon(args.daemon, backend="cuda:0", extra_args=args.daemon_args.split()) if (
+            row.startswith("paramd")) else None
         command = [sys.executable, os.path.abspath(__file__), "--one", row,
                    "--steps", str(args.steps), "--warmup", str(args.warmup)]
         if daemon is not None:
             command += ["--address", daemon.address]
+        if args.profile:
+            command.append("--profile")
+        if args.switch_interval_ms:
+            command.append(f"--switch_interval_ms={args.switch_interval_ms}")
         done = subprocess.run(command, capture_output=True, text=True)
         if daemon is not None:
             daemon.stop()
+            if args.daemon_log:
+                with open(args.daemon_log, "a") as f:
+                    f.write(f"===== {row}\n{daemon.log()}")
         peak = memory.stop()
         lines = [l for l in done.stdout.splitlines() if l.startswith("RESULT ")]
         if done.returncode != 0 or not lines:
@@ -184,6 +236,8 @@ def main():
             results.append({"row": row, "failed": True})
             continue
         result = json.loads(lines[-1][len("RESULT "):])
+        if args.profile:
+            print(done.stderr[-6000:])
         result["peak_gib"] = peak
         results.append(result)
         print(json.dumps(result), flush=True)

@@ -67,9 +67,9 @@ def served(pulled):
     """Views a pull (paramd._paramd.PulledBytes) as a ServedWeight, without copying the data."""
     if getattr(pulled, "released", False):
         raise ValueError("this in-place view was released; pull again")
-    fmt = pulled.format
+    fmt, rows, cols, data_bytes, scale_bytes, scale_type, scale_shape, version, skipped = (
+        pulled.fields)
     dtype = _DATA_DTYPES[recipe_of(fmt)]
-    rows, cols = pulled.rows, pulled.cols
     if getattr(pulled, "on_device", False):
         # GPU memory (cuda_ipc): a CUDA tensor over the daemon's bytes, through the view's
         # __cuda_array_interface__; the tensor keeps the view, and so its lease, alive.
@@ -79,23 +79,22 @@ def served(pulled):
             # An in-place view (PulledView) is a read-only buffer; torch warns that it views it.
             warnings.filterwarnings("ignore", message="The given buffer is not writable")
             raw = torch.frombuffer(pulled, dtype=torch.uint8)
-    data = raw[:pulled.data_bytes].view(dtype)
+    data = raw[:data_bytes].view(dtype)
     # Columnwise data is the transpose, except mxfp8's, which keeps [rows, cols].
     if is_columnwise(fmt) and recipe_of(fmt) != "mxfp8":
         data = data.view(cols, rows)
     else:
         data = data.view(rows, cols)
     scale = None
-    if pulled.scale_bytes:
-        scale_raw = raw[pulled.data_bytes:]
-        if pulled.scale_type == "e8m0":
-            scale = scale_raw.view(pulled.scale_shape)
+    if scale_bytes:
+        scale_raw = raw[data_bytes:]
+        if scale_type == "e8m0":
+            scale = scale_raw.view(scale_shape)
         else:
             # Scales follow data of any byte count: copy them (they are tiny) so the float32
             # view is aligned (on the GPU too: the copy is queued on the current stream).
-            scale = scale_raw.clone().view(torch.float32).view(pulled.scale_shape)
-    return ServedWeight(data, scale, pulled.scale_type, fmt, pulled.version, rows, cols,
-                        pulled.skipped)
+            scale = scale_raw.clone().view(torch.float32).view(scale_shape)
+    return ServedWeight(data, scale, scale_type, fmt, version, rows, cols, skipped)
 
 
 def _expand_blocks(scale, block_rows, block_cols, rows, cols):

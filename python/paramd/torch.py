@@ -71,17 +71,27 @@ class _Tensor:
         self.on_gpu = param.device.type == "cuda"
 
     def grad_bytes(self, direct):
-        """The gradient's bytes to push: in place where the transport reads the parameter's
-        memory (`direct`), else a host copy of a GPU gradient."""
+        """(bytes to push, their size, what must stay alive until pushed). Where the transport
+        reads the parameter's memory (`direct`: CUDA over cuda_ipc) the bytes are the GPU
+        gradient's (address, size), read in place; else a host view (of a host copy of a GPU
+        gradient)."""
         grad = self.param.grad
         if grad is None:
             dtype = torch.float32 if self.grad_type == "fp32" else torch.bfloat16
             grad = torch.zeros(self.rows * self.cols, dtype=dtype, device=self.param.device)
         elif self.grad_type == "fp32" and grad.dtype != torch.float32:
             grad = grad.float()
-        if grad.device.type == "cuda" and not direct:
+        if direct:
+            # Few Python calls here: this runs in backward, once per parameter.
+            grad = grad.detach()
+            if not grad.is_contiguous():
+                grad = grad.contiguous()
+            nbytes = grad.numel() * grad.element_size()
+            return (grad.data_ptr(), nbytes), nbytes, grad
+        if grad.device.type == "cuda":
             grad = grad.cpu()
-        return _formats.byte_view(grad)
+        data = _formats.byte_view(grad)
+        return data, data.nbytes, None
 
 
 class _Job:
@@ -135,9 +145,10 @@ class _PendingPull:
     """The pulled formats of one tensor for one version, filled by the pull thread (`weight`:
     the first format as float32 on the host path; None when `served` is written directly)."""
 
-    __slots__ = ("done", "weight", "served", "error")
+    __slots__ = ("version", "done", "weight", "served", "error")
 
-    def __init__(self):
+    def __init__(self, version):
+        self.version = version
         self.done = threading.Event()
         self.weight = None
         self.served = {}
@@ -150,7 +161,7 @@ class AdamW(torch.optim.Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *,
                  address="127.0.0.1:50051", job="paramd", state_policy="fp32", serve="fp32",
                  module=None, rank=None, world_size=None, transport="auto", seed=0,
-                 max_grad_norm=0.0, bucket_bytes=1 << 20, stream_pushes=True,
+                 max_grad_norm=0.0, bucket_bytes=None, stream_pushes=True,
                  write_weights=True, weights_in_place=False, timeout_s=300.0):
         groups = self._named_groups(params)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
@@ -167,7 +178,7 @@ class AdamW(torch.optim.Optimizer):
         self.stream_pushes = stream_pushes
         self.write_weights = write_weights
         self.weights_in_place = weights_in_place
-        self._bucket_bytes = bucket_bytes
+        self._bucket_bytes = bucket_bytes  # None: chosen by the transport at registration
         self._timeout_s = timeout_s
         self._seed = seed
         self._max_grad_norm = max_grad_norm
@@ -178,7 +189,9 @@ class AdamW(torch.optim.Optimizer):
         self._pulls = _Worker("paramd-pull")
         self._pending = {}  # id(param) -> _PendingPull of the version being loaded
         self._served = {}  # tensor name -> {format: ServedWeight} of the loaded version
-        self._retired = []  # (CUDA event, served formats) of GPU views let go once the event ran
+        # GPU views of earlier versions: those replaced while the current version loads, and
+        # (CUDA event, views) of older ones, let go once the event has run.
+        self._retiring, self._retired, self._loading = [], [], None
         self._hooks = []
         # Overlap accounting (what bench/python reports): seconds the trainer waited.
         self.timings = {"push_wait_s": 0.0, "commit_s": 0.0, "pull_wait_s": 0.0}
@@ -268,6 +281,11 @@ class AdamW(torch.optim.Optimizer):
         step = next_steps.pop()
         # GPU memory moves directly only over cuda_ipc; other transports take host copies.
         self._direct = self.device.type == "cuda" and self.transport == "cuda_ipc"
+        if self._bucket_bytes is None:
+            # A push of GPU memory waits for the stream and costs a round trip whatever its size,
+            # while its copies run at device speed: few large buckets. Host pushes stream in
+            # small ones, which keep the copies in cache.
+            self._bucket_bytes = (256 << 20) if self._direct else (1 << 20)
         if self.weights_in_place and not self._direct:
             raise ValueError(f"weights_in_place needs CUDA parameters and the cuda_ipc transport "
                              f"(this optimizer has {self.device} parameters over "
@@ -292,23 +310,25 @@ class AdamW(torch.optim.Optimizer):
         if not self.stream_pushes:
             return
         t = self._by_param[id(param)]
-        data = t.grad_bytes(self._direct)
+        data, nbytes, keep = t.grad_bytes(self._direct)
         with self._lock:
             t.pushed_step = self._step
-            bucket = self._bucket.setdefault(t.job.name, [])
-            bucket.append((t.name, data))
-            size = self._bucket_size.get(t.job.name, 0) + data.nbytes
+            self._bucket.setdefault(t.job.name, []).append((t.name, data, keep))
+            size = self._bucket_size.get(t.job.name, 0) + nbytes
             self._bucket_size[t.job.name] = size
             if size >= self._bucket_bytes:
                 self._flush(t.job)
 
     def _flush(self, job):
-        """Hands the job's bucket to the push thread (called with the lock held)."""
-        items = self._bucket.pop(job.name, None)
+        """Hands the job's bucket to the push thread (called with the lock held). The bucket
+        keeps its gradients alive until the push has read them."""
+        bucket = self._bucket.pop(job.name, None)
         self._bucket_size.pop(job.name, None)
-        if items:
+        if bucket:
             step, rank = self._step, self.rank
-            self._pushes.submit(lambda: job.client.push_gradients(job.name, rank, step, items))
+            items = [(name, data) for name, data, _ in bucket]
+            self._pushes.submit(
+                lambda: (job.client.push_gradients(job.name, rank, step, items), bucket))
 
     # ----- the step -----
 
@@ -327,8 +347,8 @@ class AdamW(torch.optim.Optimizer):
                 for t in j.tensors:
                     if t.pushed_step != self._step:
                         t.pushed_step = self._step
-                        self._bucket.setdefault(j.name, []).append(
-                            (t.name, t.grad_bytes(self._direct)))
+                        data, _, keep = t.grad_bytes(self._direct)
+                        self._bucket.setdefault(j.name, []).append((t.name, data, keep))
                 self._flush(j)
         self._pushes.wait()
         pushed = time.perf_counter()
@@ -361,7 +381,7 @@ class AdamW(torch.optim.Optimizer):
             return
         module_format = self.serve[0]
         for t in self._forward_order:
-            pending = _PendingPull()
+            pending = _PendingPull(version)
             self._pending[id(t.param)] = pending
 
             def pull(t=t, pending=pending):
@@ -384,21 +404,26 @@ class AdamW(torch.optim.Optimizer):
         the daemon's GPU memory (the cuda:N backend publishes a step's tensors together)."""
         for j in self._jobs:
             order = [t for t in self._forward_order if t.job is j]
-            pendings = [_PendingPull() for _ in order]
+            pendings = [_PendingPull(version) for _ in order]
             for t, pending in zip(order, pendings):
                 self._pending[id(t.param)] = pending
 
             def pull(j=j, order=order, pendings=pendings):
                 try:
                     names = [t.name for t in order]
-                    for fmt in self.serve:
-                        views = j.client.pull_in_place_many(j.name, names, fmt, version,
-                                                            self._timeout_s)
-                        for pending, view in zip(pendings, views):
-                            pending.served[fmt] = paramd.served(view)
+                    views = [j.client.pull_in_place_many(j.name, names, fmt, version,
+                                                         self._timeout_s)
+                             for fmt in self.serve]
+                    # Each tensor is ready as soon as its views are: the first layers' forward
+                    # starts while later ones are still being viewed.
+                    for i, pending in enumerate(pendings):
+                        for fmt, fmt_views in zip(self.serve, views):
+                            pending.served[fmt] = paramd.served(fmt_views[i])
+                        pending.done.set()
                 except BaseException as error:  # raised where the weights are needed
                     for pending in pendings:
-                        pending.error = error
+                        if not pending.done.is_set():
+                            pending.error = error
                 finally:
                     for pending in pendings:
                         pending.done.set()
@@ -419,14 +444,22 @@ class AdamW(torch.optim.Optimizer):
         else:
             param.copy_(_formats.dequantize(weight).view(param.shape))
 
-    def _retire(self, served):
-        """Lets a version's GPU views go once the work queued on them so far has run (their
-        leases end then), without waiting here."""
-        if served and self._direct:
-            event = torch.cuda.Event()
-            event.record()
-            self._retired.append((event, served))
-        self._retired = [(e, s) for e, s in self._retired if not e.query()]
+    def _retire(self, version):
+        """Called as each tensor of `version` loads. Over cuda_ipc, the views of the version
+        before the previous one are let go once the work queued so far has run (an event
+        recorded when the first tensor of `version` loads: every read of them was queued
+        before), so no lease outlives the next step's load and nothing here waits."""
+        if not self._direct:
+            return
+        if version != self._loading:
+            self._loading = version
+            if self._retiring:
+                event = torch.cuda.Event()
+                event.record()
+                self._retired.append((event, self._retiring))
+                self._retiring = []
+        while self._retired and self._retired[0][0].query():
+            self._retired.pop(0)
 
     def _load(self, param):
         pending = self._pending.pop(id(param), None)
@@ -439,12 +472,14 @@ class AdamW(torch.optim.Optimizer):
         if pending.error is not None:
             raise pending.error
         name = self._by_param[id(param)].name
+        self._retire(pending.version)
         with torch.no_grad():
             if self._direct and self.write_weights:
                 self._write_device_weight(param, pending.served)
             elif pending.weight is not None:
                 param.copy_(pending.weight)
-        self._retire(self._served.get(name))
+        if self._direct and name in self._served:
+            self._retiring.append(self._served[name])
         self._served[name] = pending.served
 
     def _before_forward(self, module, args):
@@ -461,9 +496,9 @@ class AdamW(torch.optim.Optimizer):
         evaluating or saving the model outside a forward)."""
         self._load_all()
         # A point where the caller waits anyway: the earlier versions' GPU views go now.
-        for event, _ in self._retired:
-            event.synchronize()
-        self._retired = []
+        if self._direct:
+            torch.cuda.synchronize(self.device)
+        self._retiring, self._retired = [], []
 
     def served(self, param_or_name, fmt=None):
         """The ServedWeight of a parameter in `fmt` (default: the first serve format), of the
