@@ -30,6 +30,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
+  // A daemon that restarts is found again within a second or so, not after gRPC's default
+  // reconnect backoff (up to 120 s), which would outlast any reconnect_timeout.
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   std::shared_ptr<grpc::Channel> channel =
       grpc::CreateCustomChannel(options.address, grpc::InsecureChannelCredentials(), args);
   if (!channel->WaitForConnected(std::chrono::system_clock::now() + options.connect_timeout)) {
@@ -53,7 +58,10 @@ Deadline Client::NextDeadline() const {
 absl::Status Client::Retry(const std::function<absl::Status()>& attempt) const {
   std::chrono::milliseconds backoff{50};
   absl::Status status;
-  for (int i = 0; i < std::max(1, options_.max_attempts); ++i) {
+  const auto reconnect_until = std::chrono::steady_clock::now() + options_.reconnect_timeout;
+  for (int i = 0;
+       i < std::max(1, options_.max_attempts) || std::chrono::steady_clock::now() < reconnect_until;
+       ++i) {
     if (i > 0) {
       std::this_thread::sleep_for(backoff);
       backoff = std::min(backoff * 2, std::chrono::milliseconds{2000});
@@ -248,6 +256,37 @@ absl::StatusOr<v1::DeleteJobResponse> Client::DeleteJob(const std::string& job) 
   absl::Status status = Retry([&] {
     return Unary(NextDeadline(), [&](grpc::ClientContext* context) {
       return control_->DeleteJob(context, request, &response);
+    });
+  });
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::StatusOr<v1::CheckpointResponse> Client::Checkpoint(const std::string& job) {
+  v1::CheckpointRequest request;
+  request.set_job(job);
+  v1::CheckpointResponse response;
+  // As long as the state takes to write: the state streams' deadline, not a unary call's.
+  const Deadline deadline = std::chrono::system_clock::now() + options_.state_timeout;
+  absl::Status status = Retry([&] {
+    return Unary(deadline, [&](grpc::ClientContext* context) {
+      return control_->Checkpoint(context, request, &response);
+    });
+  });
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::StatusOr<v1::RestoreResponse> Client::Restore(const std::string& job,
+                                                    const std::string& path) {
+  v1::RestoreRequest request;
+  request.set_job(job);
+  request.set_path(path);
+  v1::RestoreResponse response;
+  const Deadline deadline = std::chrono::system_clock::now() + options_.state_timeout;
+  absl::Status status = Retry([&] {
+    return Unary(deadline, [&](grpc::ClientContext* context) {
+      return control_->Restore(context, request, &response);
     });
   });
   if (!status.ok()) return status;

@@ -29,6 +29,10 @@ struct ClientOptions {
   std::chrono::milliseconds connect_timeout{10000};
   // Attempts of a call while the daemon answers UNAVAILABLE (1 = no retry).
   int max_attempts = 5;
+  // How long a call keeps retrying, with backoff, while the daemon answers UNAVAILABLE (gone, or
+  // restarting at the same address), even past max_attempts: a trainer waits this long for a
+  // daemon that comes back (from its checkpoints). 0 = max_attempts alone decides.
+  std::chrono::milliseconds reconnect_timeout{0};
   // Largest message the client accepts (pull chunks).
   int max_message_bytes = 64 << 20;
   // Deadline of a whole ExportState or ImportState stream (a job's state can be large).
@@ -88,6 +92,13 @@ class Client {
   absl::StatusOr<v1::DrainResponse> Drain();
   // Removes a job from the daemon and frees its memory (Control.DeleteJob).
   absl::StatusOr<v1::DeleteJobResponse> DeleteJob(const std::string& job);
+
+  // Writes a checkpoint of the job under the daemon's checkpoint_dir (Control.Checkpoint); waits
+  // up to state_timeout.
+  absl::StatusOr<v1::CheckpointResponse> Checkpoint(const std::string& job);
+  // Restores the job from its checkpoint in `path`, or its newest one when `path` is empty
+  // (Control.Restore); waits up to state_timeout.
+  absl::StatusOr<v1::RestoreResponse> Restore(const std::string& job, const std::string& path = "");
 
   // The job's whole state in its stored dtypes (client/job_state.h), streamed in chunks of at
   // most the daemon's max_chunk_bytes: the state after every step all ranks committed before the

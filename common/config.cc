@@ -112,6 +112,7 @@ v1::DaemonConfig WithDefaults(v1::DaemonConfig c) {
   if (c.max_waiting_pulls() == 0) c.set_max_waiting_pulls(4096);
   if (c.max_leases() == 0) c.set_max_leases(65536);
   if (c.max_streams_per_connection() == 0) c.set_max_streams_per_connection(1024);
+  if (c.keep_checkpoints() == 0) c.set_keep_checkpoints(3);
   return c;
 }
 
@@ -144,6 +145,7 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
            CheckRange("max_waiting_pulls", c.max_waiting_pulls(), 1, 1 << 20),
            CheckRange("max_leases", c.max_leases(), 1, 1 << 24),
            CheckRange("max_streams_per_connection", c.max_streams_per_connection(), 1, 65536),
+           CheckRange("keep_checkpoints", c.keep_checkpoints(), 1, 1000),
        }) {
     if (!s.ok()) return s;
   }

@@ -421,7 +421,8 @@ std::set<PyClient*>& OpenClients() {
 class PyClient {
  public:
   PyClient(const std::string& address, const std::string& transport, double rpc_timeout_s,
-           double connect_timeout_s, int max_attempts, uintptr_t cuda_stream) {
+           double connect_timeout_s, int max_attempts, uintptr_t cuda_stream,
+           double reconnect_timeout_s) {
     ClientOptions options;
     options.cuda_stream = cuda_stream;
     options.address = address;
@@ -429,6 +430,7 @@ class PyClient {
     options.rpc_timeout = Millis(rpc_timeout_s);
     options.connect_timeout = Millis(connect_timeout_s);
     options.max_attempts = max_attempts;
+    options.reconnect_timeout = Millis(reconnect_timeout_s);
     absl::StatusOr<std::unique_ptr<Client>> client;
     {
       py::gil_scoped_release release;
@@ -740,10 +742,11 @@ PYBIND11_MODULE(_paramd, m) {
       pulled_view, [](const PyPulledView& p) -> const auto& { return p.header(); });
 
   py::class_<PyClient>(m, "Client", "One trainer rank's connection to a paramd daemon")
-      .def(py::init<const std::string&, const std::string&, double, double, int, uintptr_t>(),
+      .def(py::init<const std::string&, const std::string&, double, double, int, uintptr_t,
+                    double>(),
            py::arg("address"), py::arg("transport") = "auto", py::arg("rpc_timeout_s") = 30.0,
            py::arg("connect_timeout_s") = 10.0, py::arg("max_attempts") = 5,
-           py::arg("cuda_stream") = 0,
+           py::arg("cuda_stream") = 0, py::arg("reconnect_timeout_s") = 0.0,
            "cuda_stream: the cudaStream_t (an int, torch.cuda.Stream.cuda_stream) that gradients "
            "in GPU memory are written on; cuda_ipc's copies of a push wait for it (0: the legacy "
            "default stream, PyTorch's default)")

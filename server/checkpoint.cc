@@ -224,31 +224,35 @@ absl::StatusOr<std::vector<std::string>> ListCheckpoints(const std::string& root
   return names;
 }
 
-absl::StatusOr<v1::CheckpointManifest> ReadCheckpoint(
-    const std::string& dir, int64_t max_chunk_bytes,
-    const std::function<absl::Status(const v1::StateChunk&)>& chunk) {
+absl::StatusOr<v1::CheckpointManifest> ReadCheckpointManifest(const std::string& dir) {
   const std::string manifest_path = absl::StrCat(dir, "/", kCheckpointManifest);
   v1::CheckpointManifest manifest;
-  {
-    const int fd = open(manifest_path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return Lost(manifest_path, "cannot be opened");
-    struct stat st;
-    if (fstat(fd, &st) != 0 || st.st_size > kMaxManifestBytes) {
-      close(fd);
-      return Lost(manifest_path, "is too large");
-    }
-    std::string bytes(static_cast<size_t>(st.st_size), '\0');
-    absl::StatusOr<size_t> got = ReadUpTo(fd, bytes.data(), bytes.size(), manifest_path);
+  const int fd = open(manifest_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Lost(manifest_path, "cannot be opened");
+  struct stat st;
+  if (fstat(fd, &st) != 0 || st.st_size > kMaxManifestBytes) {
     close(fd);
-    if (!got.ok()) return got.status();
-    if (*got != bytes.size() || !manifest.ParseFromString(bytes)) {
-      return Lost(manifest_path, "does not parse");
-    }
+    return Lost(manifest_path, "is too large");
+  }
+  std::string bytes(static_cast<size_t>(st.st_size), '\0');
+  absl::StatusOr<size_t> got = ReadUpTo(fd, bytes.data(), bytes.size(), manifest_path);
+  close(fd);
+  if (!got.ok()) return got.status();
+  if (*got != bytes.size() || !manifest.ParseFromString(bytes)) {
+    return Lost(manifest_path, "does not parse");
   }
   if (manifest.format() != kCheckpointFormat) {
     return Lost(manifest_path, absl::StrCat("has format ", manifest.format(),
                                             ", this daemon reads ", kCheckpointFormat));
   }
+  return manifest;
+}
+
+absl::StatusOr<v1::CheckpointManifest> ReadCheckpoint(
+    const std::string& dir, int64_t max_chunk_bytes,
+    const std::function<absl::Status(const v1::StateChunk&)>& chunk) {
+  const std::string manifest_path = absl::StrCat(dir, "/", kCheckpointManifest);
+  PARAMD_ASSIGN_OR_RETURN(v1::CheckpointManifest manifest, ReadCheckpointManifest(dir));
   const int64_t max_record = max_chunk_bytes + kChunkOverhead;
   std::string record;
   for (const v1::CheckpointFile& file : manifest.files()) {

@@ -66,6 +66,10 @@ class CheckpointWriter {
 absl::StatusOr<std::vector<std::string>> ListCheckpoints(const std::string& root,
                                                          const std::string& job);
 
+// The manifest of the checkpoint in `dir` alone (its files are not read): DATA_LOSS naming it
+// when it is missing, does not parse or has an unknown format.
+absl::StatusOr<v1::CheckpointManifest> ReadCheckpointManifest(const std::string& dir);
+
 // Reads the checkpoint in `dir`: the manifest, then every file's chunks in order, each handed to
 // `chunk`, with every file's size and CRC-32C checked as it is read. A missing, truncated,
 // altered or unknown file is DATA_LOSS naming it; a chunk over `max_chunk_bytes` of data is

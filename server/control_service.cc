@@ -227,6 +227,32 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* ControlService::ImportState(
   return new ImportReactor(daemon_, response);
 }
 
+// A checkpoint or restore takes as long as its bytes take to move: it runs on the callback
+// thread (the state's size bounds it, and other RPCs have threads of their own).
+grpc::ServerUnaryReactor* ControlService::Checkpoint(grpc::CallbackServerContext* context,
+                                                     const grpc::ByteBuffer* request,
+                                                     grpc::ByteBuffer* response) {
+  return ServeUnary<v1::CheckpointRequest, v1::CheckpointResponse>(
+      context, daemon_, "Checkpoint", request, response,
+      [this](const v1::CheckpointRequest& r, v1::CheckpointResponse* out) -> absl::Status {
+        PARAMD_RETURN_IF_ERROR(daemon_->CheckServing());
+        PARAMD_ASSIGN_OR_RETURN(*out, checkpoints_.Write(r.job()));
+        return absl::OkStatus();
+      });
+}
+
+grpc::ServerUnaryReactor* ControlService::Restore(grpc::CallbackServerContext* context,
+                                                  const grpc::ByteBuffer* request,
+                                                  grpc::ByteBuffer* response) {
+  return ServeUnary<v1::RestoreRequest, v1::RestoreResponse>(
+      context, daemon_, "Restore", request, response,
+      [this](const v1::RestoreRequest& r, v1::RestoreResponse* out) -> absl::Status {
+        PARAMD_RETURN_IF_ERROR(daemon_->CheckServing());
+        PARAMD_ASSIGN_OR_RETURN(*out, checkpoints_.Restore(r.job(), r.path()));
+        return absl::OkStatus();
+      });
+}
+
 absl::Status ControlService::DoRegister(const v1::RegisterRequest& request,
                                         v1::RegisterResponse* response) {
   PARAMD_RETURN_IF_ERROR(daemon_->CheckServing());

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "paramd/v1/control.grpc.pb.h"
+#include "server/checkpoints.h"
 #include "server/daemon.h"
 
 namespace paramd {
@@ -15,11 +16,14 @@ using RawControlService =
         v1::Control::WithRawCallbackMethod_SetHyperparams<v1::Control::WithRawCallbackMethod_Status<
             v1::Control::WithRawCallbackMethod_Drain<v1::Control::WithRawCallbackMethod_DeleteJob<
                 v1::Control::WithRawCallbackMethod_ExportState<
-                    v1::Control::WithRawCallbackMethod_ImportState<v1::Control::Service>>>>>>>>;
+                    v1::Control::WithRawCallbackMethod_ImportState<
+                        v1::Control::WithRawCallbackMethod_Checkpoint<
+                            v1::Control::WithRawCallbackMethod_Restore<
+                                v1::Control::Service>>>>>>>>>>;
 
 class ControlService final : public RawControlService {
  public:
-  explicit ControlService(Daemon* daemon) : daemon_(daemon) {}
+  explicit ControlService(Daemon* daemon) : daemon_(daemon), checkpoints_(daemon) {}
   // The address trainers reach this daemon at (for GetLayout).
   void set_address(std::string address) { address_ = std::move(address); }
 
@@ -45,6 +49,12 @@ class ControlService final : public RawControlService {
                                                           const grpc::ByteBuffer* request) override;
   grpc::ServerReadReactor<grpc::ByteBuffer>* ImportState(grpc::CallbackServerContext* context,
                                                          grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* context,
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* Restore(grpc::CallbackServerContext* context,
+                                    const grpc::ByteBuffer* request,
+                                    grpc::ByteBuffer* response) override;
 
  private:
   absl::Status DoRegister(const v1::RegisterRequest& request, v1::RegisterResponse* response);
@@ -55,6 +65,7 @@ class ControlService final : public RawControlService {
   absl::Status DoDeleteJob(const v1::DeleteJobRequest& request, v1::DeleteJobResponse* response);
 
   Daemon* const daemon_;
+  Checkpoints checkpoints_;
   std::string address_;
 };
 

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/logging.h"
+#include "server/checkpoints.h"
 #include "server/control_service.h"
 #include "server/data_service.h"
 
@@ -26,6 +27,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const v1::DaemonConfig& ra
   absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Create(config);
   if (!daemon.ok()) return daemon.status();
   server->daemon_ = *std::move(daemon);
+  // The jobs of checkpoint_dir come back before the port opens: a trainer that reconnects finds
+  // its job at the version it holds.
+  absl::StatusOr<int> restored = Checkpoints(server->daemon_.get()).RestoreAll();
+  if (!restored.ok()) return restored.status();
+  if (*restored > 0) {
+    PARAMD_LOG(INFO) << *restored << " job(s) restored from " << config.checkpoint_dir();
+  }
   server->control_ = std::make_unique<ControlService>(server->daemon_.get());
   server->data_ = std::make_unique<DataService>(server->daemon_.get());
 

@@ -3,9 +3,12 @@
 //   paramctl [--address=HOST:PORT] [--json] tensors JOB
 //   paramctl [--address=HOST:PORT] [--json] set-lr JOB LR
 //   paramctl [--address=HOST:PORT] [--json] delete JOB
+//   paramctl [--address=HOST:PORT] [--json] checkpoint JOB
+//   paramctl [--address=HOST:PORT] [--json] restore JOB [DIR]
 //   paramctl [--address=HOST:PORT] [--json] drain
 #include <google/protobuf/util/json_util.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -35,6 +38,8 @@ constexpr char kUsage[] =
     "  tensors JOB      the job's tensors with shape, version and state bytes\n"
     "  set-lr JOB LR    the learning rate used by commits that carry none\n"
     "  delete JOB       remove the job (active or failed) and free its memory\n"
+    "  checkpoint JOB   write a checkpoint of the job under the daemon's checkpoint_dir\n"
+    "  restore JOB [DIR]  restore the job from checkpoint DIR (default: its newest)\n"
     "  drain            refuse new work; running steps complete\n";
 
 std::string Bytes(int64_t bytes) {
@@ -187,6 +192,30 @@ int Delete(Client& client, const std::string& job) {
   return 0;
 }
 
+int Checkpoint(Client& client, const std::string& job) {
+  absl::StatusOr<v1::CheckpointResponse> response = client.Checkpoint(job);
+  if (!response.ok()) return Fail(response.status());
+  if (absl::GetFlag(FLAGS_json)) return PrintJson(*response);
+  std::cout << absl::StrFormat(
+      "job %s: version %d checkpointed to %s (%s in %.2f s, %.0f MB/s)%s\n", job,
+      response->version(), response->path(), Bytes(response->bytes()), response->seconds(),
+      response->bytes() / 1e6 / std::max(response->seconds(), 1e-9),
+      response->removed() > 0 ? absl::StrCat("; ", response->removed(), " older removed")
+                              : std::string());
+  return 0;
+}
+
+int Restore(Client& client, const std::string& job, const std::string& path) {
+  absl::StatusOr<v1::RestoreResponse> response = client.Restore(job, path);
+  if (!response.ok()) return Fail(response.status());
+  if (absl::GetFlag(FLAGS_json)) return PrintJson(*response);
+  std::cout << absl::StrFormat("job %s: version %d restored from %s (%s in %.2f s)%s\n", job,
+                               response->version(), response->path(), Bytes(response->bytes()),
+                               response->seconds(),
+                               response->registered() ? "; registered from its manifest" : "");
+  return 0;
+}
+
 int Drain(Client& client) {
   absl::StatusOr<v1::DrainResponse> response = client.Drain();
   if (!response.ok()) return Fail(response.status());
@@ -202,11 +231,14 @@ int Run(const std::vector<char*>& args) {
   }
   const std::string command = args[1];
   auto arg = [&](size_t i) { return i < args.size() ? std::string(args[i]) : std::string(); };
-  const size_t wanted = command == "status" || command == "drain"     ? 0
-                        : command == "tensors" || command == "delete" ? 1
-                        : command == "set-lr"                         ? 2
-                                                                      : 99;
-  const bool optional_job = command == "status";
+  const size_t wanted = command == "status" || command == "drain" ? 0
+                        : command == "tensors" || command == "delete" || command == "checkpoint" ||
+                                command == "restore"
+                            ? 1
+                        : command == "set-lr" ? 2
+                                              : 99;
+  // status's JOB, restore's DIR
+  const bool optional_job = command == "status" || command == "restore";
   if (wanted == 99 || args.size() - 2 > wanted + (optional_job ? 1 : 0) ||
       args.size() - 2 < wanted) {
     std::cerr << kUsage;
@@ -223,6 +255,8 @@ int Run(const std::vector<char*>& args) {
   if (command == "tensors") return Tensors(**client, arg(2));
   if (command == "set-lr") return SetLr(**client, arg(2), arg(3));
   if (command == "delete") return Delete(**client, arg(2));
+  if (command == "checkpoint") return Checkpoint(**client, arg(2));
+  if (command == "restore") return Restore(**client, arg(2), arg(3));
   return Drain(**client);
 }
 

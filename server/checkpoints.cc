@@ -1,0 +1,203 @@
+#include "server/checkpoints.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/quoted.h"
+#include "common/status_macros.h"
+#include "server/checkpoint.h"
+#include "server/state_transfer.h"
+
+namespace paramd {
+namespace {
+
+// The state's files: large enough that a checkpoint is a few files, small enough to check and
+// copy one by one.
+constexpr int64_t kCheckpointFileBytes = int64_t{256} << 20;
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// `path` with every link and dot resolved, or "" where it does not exist.
+std::string RealPath(const std::string& path) {
+  char resolved[PATH_MAX];
+  return realpath(path.c_str(), resolved) == nullptr ? std::string() : std::string(resolved);
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> Checkpoints::Root() const {
+  const std::string& root = daemon_->config().checkpoint_dir();
+  if (root.empty()) {
+    return absl::FailedPreconditionError(
+        "this daemon has no checkpoint_dir; start it with one in its config "
+        "(checkpoint_dir: \"/var/lib/paramd/checkpoints\") to write and restore checkpoints");
+  }
+  return root;
+}
+
+absl::StatusOr<v1::CheckpointResponse> Checkpoints::Write(const std::string& name) {
+  PARAMD_ASSIGN_OR_RETURN(const std::string root, Root());
+  PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, daemon_->registry().Find(name));
+  PARAMD_RETURN_IF_ERROR(job->CheckUsable());
+  const auto start = std::chrono::steady_clock::now();
+  Daemon* daemon = daemon_;
+  // Steps committed after the call wait until the state is written (the export holds them), then
+  // go back to the step executor.
+  PARAMD_ASSIGN_OR_RETURN(std::unique_ptr<StateExport> exported,
+                          StateExport::BeginAndWait(job, daemon_->config().max_chunk_bytes(),
+                                                    [daemon, job](const StepWork& held) {
+                                                      daemon->StartStep(job, held);
+                                                    }));
+  PARAMD_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> writer,
+                          CheckpointWriter::Start(root, job->spec(), kCheckpointFileBytes));
+  v1::CheckpointResponse response;
+  v1::StateChunk chunk;
+  while (true) {
+    PARAMD_ASSIGN_OR_RETURN(const bool more, exported->Next(&chunk));
+    if (!more) break;
+    if (chunk.has_header()) response.set_version(chunk.header().next_step());
+    response.set_bytes(response.bytes() + static_cast<int64_t>(chunk.ByteSizeLong()));
+    PARAMD_RETURN_IF_ERROR(writer->Add(chunk));
+  }
+  exported.reset();  // the held steps run while the files are made durable
+  PARAMD_ASSIGN_OR_RETURN(const std::string path, writer->Finish());
+  response.set_path(path);
+  response.set_seconds(SecondsSince(start));
+  PARAMD_ASSIGN_OR_RETURN(const std::vector<std::string> kept, ListCheckpoints(root, name));
+  for (size_t i = static_cast<size_t>(daemon_->config().keep_checkpoints()); i < kept.size(); ++i) {
+    std::error_code error;
+    std::filesystem::remove_all(kept[i], error);
+    if (error) {
+      PARAMD_LOG(WARNING) << "job " << name << ": cannot remove the old checkpoint " << kept[i]
+                          << ": " << error.message();
+    } else {
+      response.set_removed(response.removed() + 1);
+    }
+  }
+  PARAMD_LOG(INFO) << "job " << name << ": checkpoint of version " << response.version()
+                   << " written to " << path << " (" << response.bytes() << " bytes in "
+                   << response.seconds() << " s)";
+  return response;
+}
+
+absl::StatusOr<v1::RestoreResponse> Checkpoints::Restore(const std::string& name,
+                                                         const std::string& path) {
+  PARAMD_ASSIGN_OR_RETURN(const std::string root, Root());
+  if (path.empty()) {
+    PARAMD_ASSIGN_OR_RETURN(const std::vector<std::string> found, ListCheckpoints(root, name));
+    if (found.empty()) {
+      return absl::NotFoundError(
+          absl::StrCat("no checkpoint of job ", Quoted(name), " under ", root, "/", name));
+    }
+    return RestoreFrom(name, found.front());
+  }
+  // Only the job's own checkpoints under checkpoint_dir: a client names no other file.
+  const std::string job_dir = RealPath(absl::StrCat(root, "/", name));
+  const std::string dir = RealPath(path);
+  if (job_dir.empty() || dir.empty() || dir.rfind(job_dir + "/", 0) != 0 ||
+      dir.find('/', job_dir.size() + 1) != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint ", Quoted(path), " is not a checkpoint directory of job ",
+                     Quoted(name), " under this daemon's checkpoint_dir (", root, "/", name,
+                     "/step-N; paramctl checkpoints lists them)"));
+  }
+  return RestoreFrom(name, dir);
+}
+
+absl::StatusOr<v1::RestoreResponse> Checkpoints::RestoreFrom(const std::string& name,
+                                                             const std::string& dir) {
+  const auto start = std::chrono::steady_clock::now();
+  PARAMD_ASSIGN_OR_RETURN(v1::CheckpointManifest manifest, ReadCheckpointManifest(dir));
+  if (manifest.registration().job() != name) {
+    return absl::DataLossError(absl::StrCat(dir, "/", kCheckpointManifest, " is of job ",
+                                            Quoted(manifest.registration().job()), ", not ",
+                                            Quoted(name)));
+  }
+  v1::RestoreResponse response;
+  response.set_path(dir);
+  // A failed job comes back as the checkpoint's: its state may be half-updated, so it is
+  // replaced whole.
+  absl::StatusOr<std::shared_ptr<Job>> job = daemon_->registry().Find(name);
+  if (job.ok() && !(*job)->CheckUsable().ok()) {
+    PARAMD_RETURN_IF_ERROR(daemon_->DeleteJob(name).status());
+    job = absl::NotFoundError("deleted");
+  }
+  if (!job.ok()) {
+    if (!absl::IsNotFound(job.status())) return job.status();
+    v1::RegisterRequest registration = manifest.registration();
+    registration.set_rank(0);
+    PARAMD_RETURN_IF_ERROR(daemon_->Register(registration).status());
+    PARAMD_ASSIGN_OR_RETURN(job, daemon_->registry().Find(name));
+    response.set_registered(true);
+  }
+  // A restore that registered the job and then fails removes it again: nothing changes.
+  const auto undo = [&](const absl::Status& status) -> absl::Status {
+    if (response.registered()) (void)daemon_->DeleteJob(name);
+    return status;
+  };
+  StateImport import((*job)->spec(), daemon_->config().max_chunk_bytes());
+  const absl::Status read =
+      ReadCheckpoint(dir, daemon_->config().max_chunk_bytes(), [&](const v1::StateChunk& chunk) {
+        response.set_bytes(response.bytes() + static_cast<int64_t>(chunk.ByteSizeLong()));
+        return import.Add(chunk);
+      }).status();
+  if (!read.ok()) return undo(read);
+  absl::StatusOr<StagedState> staged = import.Finish();
+  if (!staged.ok()) return undo(staged.status());
+  absl::StatusOr<v1::ImportStateResponse> imported = (*job)->Import(*std::move(staged));
+  if (!imported.ok()) return undo(imported.status());
+  response.set_version(imported->next_step());
+  response.set_seconds(SecondsSince(start));
+  PARAMD_LOG(INFO) << "job " << name << ": restored version " << response.version() << " from "
+                   << dir << (response.registered() ? " (registered from its manifest)" : "")
+                   << " in " << response.seconds() << " s";
+  return response;
+}
+
+absl::StatusOr<int> Checkpoints::RestoreAll() {
+  const std::string& root = daemon_->config().checkpoint_dir();
+  if (root.empty()) return 0;
+  std::error_code error;
+  std::filesystem::create_directories(root, error);
+  if (error) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint_dir ", root, " cannot be created: ", error.message()));
+  }
+  std::vector<std::string> jobs;
+  for (const auto& entry : std::filesystem::directory_iterator(root, error)) {
+    if (entry.is_directory()) jobs.push_back(entry.path().filename().string());
+  }
+  if (error) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint_dir ", root, " cannot be read: ", error.message()));
+  }
+  std::sort(jobs.begin(), jobs.end());
+  int restored = 0;
+  for (const std::string& name : jobs) {
+    PARAMD_ASSIGN_OR_RETURN(const std::vector<std::string> found, ListCheckpoints(root, name));
+    for (const std::string& dir : found) {
+      absl::StatusOr<v1::RestoreResponse> r = RestoreFrom(name, dir);
+      if (r.ok()) {
+        ++restored;
+        break;
+      }
+      PARAMD_LOG(WARNING) << "job " << name << ": checkpoint " << dir
+                          << " not restored: " << r.status()
+                          << (&dir == &found.back() ? "" : "; trying the one before");
+    }
+  }
+  return restored;
+}
+
+}  // namespace paramd

@@ -1,0 +1,40 @@
+// The daemon's checkpoints (Control.Checkpoint and Control.Restore, and the restore at start):
+// a job's state exported into server/checkpoint.h's layout under DaemonConfig.checkpoint_dir, and
+// read back into the job, registering it from the manifest where it does not exist. Plain C++:
+// the Control service and main.cc call it.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "paramd/v1/control.pb.h"
+#include "server/daemon.h"
+
+namespace paramd {
+
+class Checkpoints {
+ public:
+  // Uses the daemon's checkpoint_dir and keep_checkpoints.
+  explicit Checkpoints(Daemon* daemon) : daemon_(daemon) {}
+
+  // Writes a checkpoint of `job` (the state after every step all ranks committed before the
+  // call; later steps wait while it is written), then removes the job's checkpoints beyond
+  // keep_checkpoints, oldest first.
+  absl::StatusOr<v1::CheckpointResponse> Write(const std::string& job);
+  // Restores `job` from the checkpoint in `path` (under checkpoint_dir/JOB), or from its newest
+  // complete one when `path` is empty. Nothing changes unless the whole checkpoint reads back.
+  absl::StatusOr<v1::RestoreResponse> Restore(const std::string& job, const std::string& path);
+  // At start: every job under checkpoint_dir from its newest checkpoint that reads back whole (an
+  // older one where the newest is damaged; each refusal is logged, naming the file). Returns the
+  // jobs restored. OK with nothing to do (no checkpoint_dir, or an empty one).
+  absl::StatusOr<int> RestoreAll();
+
+ private:
+  // checkpoint_dir, or FAILED_PRECONDITION saying how to set it.
+  absl::StatusOr<std::string> Root() const;
+  absl::StatusOr<v1::RestoreResponse> RestoreFrom(const std::string& job, const std::string& dir);
+
+  Daemon* const daemon_;
+};
+
+}  // namespace paramd

@@ -1,0 +1,329 @@
+// Control.Checkpoint / Control.Restore over real RPCs, and the restore at start: a real
+// paramd::Server on 127.0.0.1 port 0 with a checkpoint_dir in a temporary folder, and
+// paramd::Client. A restored job serves the checkpoint's bytes in every format and trains on
+// bit-identically; a daemon started again with the same checkpoint_dir comes back with the job;
+// damaged checkpoints are refused naming the file (and the older one is used at start); refusals
+// carry their documented codes and change nothing.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstddef>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/client.h"
+#include "server/server.h"
+#include "tests/unit/server/reference_job.h"
+
+namespace paramd {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::ForRank;
+using testing::MakeSpec;
+using testing::RandomGradients;
+using testing::RandomWeights;
+using testing::StepGradients;
+using testing::ToBytes;
+
+constexpr char kJob[] = "durable";
+
+v1::ServeFormat Format(v1::Recipe recipe) {
+  v1::ServeFormat f;
+  f.set_recipe(recipe);
+  if (recipe == v1::RECIPE_FP8_DELAYED) f.set_amax_history(4);
+  return f;
+}
+
+const std::vector<v1::ServeFormat>& Formats() {
+  static const std::vector<v1::ServeFormat> formats = {
+      Format(v1::RECIPE_FP32), Format(v1::RECIPE_BF16), Format(v1::RECIPE_FP8_TENSOR),
+      Format(v1::RECIPE_FP8_DELAYED)};
+  return formats;
+}
+
+// fp8 moments rounded stochastically (the generator's counters must come back too), clipping.
+v1::RegisterRequest Spec() {
+  v1::RegisterRequest spec = MakeSpec(
+      kJob, 1, {{"w", 131, 257, v1::ELEMENT_TYPE_FP32}, {"b", 1, 1000, v1::ELEMENT_TYPE_BF16}});
+  v1::StatePolicy* p = spec.mutable_state_policy();
+  p->set_exp_avg(v1::MOMENT_TYPE_FP8);
+  p->set_exp_avg_sq(v1::MOMENT_TYPE_FP8);
+  p->set_exp_avg_rounding(v1::ROUNDING_STOCHASTIC);
+  p->set_exp_avg_sq_rounding(v1::ROUNDING_STOCHASTIC);
+  spec.set_max_grad_norm(0.5);
+  spec.clear_serve();
+  for (const v1::ServeFormat& f : Formats()) *spec.add_serve() = f;
+  return spec;
+}
+
+std::span<const std::byte> AsBytes(const std::string& s) {
+  return std::as_bytes(std::span<const char>(s.data(), s.size()));
+}
+
+class CheckpointRpcTest : public ::testing::Test {
+ protected:
+  CheckpointRpcTest() : spec_(Spec()) {
+    char pattern[] = "/tmp/paramd-checkpoints-XXXXXX";
+    root_ = mkdtemp(pattern);
+  }
+  ~CheckpointRpcTest() override {
+    client_.reset();
+    server_.reset();
+    std::filesystem::remove_all(root_);
+  }
+
+  v1::DaemonConfig Config(bool with_dir = true) const {
+    v1::DaemonConfig config;
+    config.set_listen("127.0.0.1:0");
+    config.set_metrics_listen("");
+    config.set_step_threads(2);
+    config.set_max_chunk_bytes(1 << 16);
+    config.set_log_level("error");
+    if (with_dir) config.set_checkpoint_dir(root_);
+    config.set_keep_checkpoints(2);
+    return config;
+  }
+
+  // (Re)starts the daemon and connects; the old one stops first (its memory goes with it).
+  void Start(const v1::DaemonConfig& config) {
+    client_.reset();
+    server_.reset();
+    absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(config);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    ClientOptions options;
+    options.address = server_->address();
+    options.transport = "inline";
+    options.max_attempts = 1;
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = *std::move(client);
+  }
+
+  void StartJob() {
+    absl::StatusOr<v1::RegisterResponse> registered = client_->Register(ForRank(spec_, 0));
+    ASSERT_TRUE(registered.ok()) << registered.status();
+    std::vector<std::string> weights;
+    for (const std::vector<float>& w : RandomWeights(spec_, 5)) weights.push_back(ToBytes(w));
+    ASSERT_TRUE(client_->UploadInitialWeights(kJob, Items(weights)).ok());
+  }
+
+  std::vector<PushItem> Items(const std::vector<std::string>& per_tensor) const {
+    std::vector<PushItem> items;
+    for (int i = 0; i < spec_.tensors_size(); ++i) {
+      items.push_back({spec_.tensors(i).name(), AsBytes(per_tensor[static_cast<size_t>(i)])});
+    }
+    return items;
+  }
+
+  void RunStep(int64_t step) {
+    const StepGradients grads = RandomGradients(spec_, 70 + step);
+    std::vector<std::string> mine;
+    for (int i = 0; i < spec_.tensors_size(); ++i) mine.push_back(grads[i][0]);
+    const absl::Status pushed = client_->PushGradients(kJob, 0, step, Items(mine));
+    ASSERT_TRUE(pushed.ok()) << pushed;
+    absl::StatusOr<v1::CommitResponse> committed = client_->Commit(kJob, 0, step, 2e-3, 1.0);
+    ASSERT_TRUE(committed.ok()) << committed.status();
+  }
+
+  // Every format of every tensor at `version`.
+  std::vector<std::vector<std::byte>> PullAll(int64_t version) {
+    std::vector<std::vector<std::byte>> out;
+    for (const v1::TensorSpec& t : spec_.tensors()) {
+      for (const v1::ServeFormat& f : Formats()) {
+        Pulled pulled;
+        const absl::Status status = client_->Pull({kJob, t.name(), f, version}, 20s, &pulled);
+        EXPECT_TRUE(status.ok()) << status;
+        EXPECT_EQ(pulled.header.version(), version);
+        out.push_back(pulled.data);
+      }
+    }
+    return out;
+  }
+
+  int64_t NextStep() {
+    absl::StatusOr<v1::StatusResponse> status = client_->Status(kJob);
+    EXPECT_TRUE(status.ok()) << status.status();
+    return status.ok() ? status->jobs(0).next_step() : -1;
+  }
+
+  const v1::RegisterRequest spec_;
+  std::string root_;
+  std::unique_ptr<Server> server_;
+  std::unique_ptr<Client> client_;
+};
+
+TEST_F(CheckpointRpcTest, ARestoredJobServesTheCheckpointAndTrainsOnBitIdentically) {
+  Start(Config());
+  StartJob();
+  for (int64_t step = 0; step < 3; ++step) RunStep(step);
+  absl::StatusOr<v1::CheckpointResponse> written = client_->Checkpoint(kJob);
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_EQ(written->version(), 3);
+  EXPECT_EQ(written->path(), root_ + "/" + kJob + "/step-000000000003");
+  EXPECT_TRUE(std::filesystem::exists(written->path() + "/manifest.pb"));
+  EXPECT_GT(written->bytes(), 131 * 257 * 6);  // fp32 master and two fp8 moments at least
+  const auto at_checkpoint = PullAll(3);
+  for (int64_t step = 3; step < 5; ++step) RunStep(step);
+  const auto trained_on = PullAll(5);
+
+  // Into the idle job: it goes back to version 3 and trains on to the same bytes.
+  absl::StatusOr<v1::RestoreResponse> restored = client_->Restore(kJob, written->path());
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(restored->version(), 3);
+  EXPECT_FALSE(restored->registered());
+  EXPECT_EQ(NextStep(), 3);
+  EXPECT_EQ(PullAll(3), at_checkpoint);
+  for (int64_t step = 3; step < 5; ++step) RunStep(step);
+  EXPECT_EQ(PullAll(5), trained_on);
+
+  // Into no job: registered from the manifest, from the newest checkpoint.
+  ASSERT_TRUE(client_->DeleteJob(kJob).ok());
+  restored = client_->Restore(kJob);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_TRUE(restored->registered());
+  EXPECT_EQ(restored->path(), written->path());
+  EXPECT_EQ(PullAll(3), at_checkpoint);
+  // The trainer registers again as it was and is told where to resume.
+  absl::StatusOr<v1::RegisterResponse> again = client_->Register(ForRank(spec_, 0));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->next_step(), 3);
+  EXPECT_EQ(again->version(), 3);
+  for (int64_t step = 3; step < 5; ++step) RunStep(step);
+  EXPECT_EQ(PullAll(5), trained_on);
+}
+
+TEST_F(CheckpointRpcTest, ADaemonStartedAgainWithItsCheckpointDirComesBackWithTheJob) {
+  Start(Config());
+  StartJob();
+  for (int64_t step = 0; step < 2; ++step) RunStep(step);
+  ASSERT_TRUE(client_->Checkpoint(kJob).ok());
+  const auto at_checkpoint = PullAll(2);
+  RunStep(2);  // lost with the daemon: it was not checkpointed
+  Start(Config());
+  EXPECT_EQ(NextStep(), 2);
+  // The trainer registers again as it was, is told where to resume, and pulls that version.
+  absl::StatusOr<v1::RegisterResponse> again = client_->Register(ForRank(spec_, 0));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->next_step(), 2);
+  EXPECT_EQ(again->version(), 2);
+  EXPECT_EQ(PullAll(2), at_checkpoint);
+}
+
+TEST_F(CheckpointRpcTest, AClientWaitsForADaemonThatComesBackUpToItsReconnectTimeout) {
+  Start(Config());
+  StartJob();
+  RunStep(0);
+  ASSERT_TRUE(client_->Checkpoint(kJob).ok());
+  const std::string address = server_->address();
+  ClientOptions options;
+  options.address = address;
+  options.transport = "inline";
+  options.max_attempts = 1;
+  options.reconnect_timeout = 60s;
+  absl::StatusOr<std::unique_ptr<Client>> patient = Client::Connect(options);
+  ASSERT_TRUE(patient.ok()) << patient.status();
+  options.reconnect_timeout = 0ms;
+  absl::StatusOr<std::unique_ptr<Client>> impatient = Client::Connect(options);
+  ASSERT_TRUE(impatient.ok()) << impatient.status();
+  client_.reset();
+  server_.reset();  // the daemon is gone
+  EXPECT_EQ((*impatient)->Status(kJob).status().code(), absl::StatusCode::kUnavailable);
+  // It comes back at the same address half a second later, with the job from its checkpoint.
+  v1::DaemonConfig config = Config();
+  config.set_listen(address);
+  absl::StatusOr<std::unique_ptr<Server>> restarted = absl::UnavailableError("not yet");
+  std::thread restart([&] {
+    std::this_thread::sleep_for(500ms);  // the time the daemon is down, not a synchronization
+    restarted = Server::Start(config);
+  });
+  absl::StatusOr<v1::StatusResponse> status = (*patient)->Status(kJob);
+  restart.join();
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->jobs(0).next_step(), 1);
+}
+
+TEST_F(CheckpointRpcTest, DamagedCheckpointsAreRefusedNamingTheFileAndTheOlderOneIsUsed) {
+  Start(Config());
+  StartJob();
+  RunStep(0);
+  absl::StatusOr<v1::CheckpointResponse> older = client_->Checkpoint(kJob);
+  ASSERT_TRUE(older.ok()) << older.status();
+  const auto at_older = PullAll(1);
+  RunStep(1);
+  absl::StatusOr<v1::CheckpointResponse> newer = client_->Checkpoint(kJob);
+  ASSERT_TRUE(newer.ok()) << newer.status();
+  const auto at_newer = PullAll(2);
+  const std::string file = newer->path() + "/state-00000.bin";
+  ASSERT_TRUE(std::filesystem::exists(file));
+  {  // one bit flipped in the middle of the state
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(std::filesystem::file_size(file) / 2));
+    char c = 0;
+    f.read(&c, 1);
+    c ^= 0x10;
+    f.seekp(static_cast<std::streamoff>(std::filesystem::file_size(file) / 2));
+    f.write(&c, 1);
+  }
+  absl::StatusOr<v1::RestoreResponse> refused = client_->Restore(kJob, newer->path());
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kDataLoss) << refused.status();
+  EXPECT_NE(refused.status().message().find(file), std::string::npos) << refused.status();
+  EXPECT_EQ(NextStep(), 2);  // nothing changed
+  EXPECT_EQ(PullAll(2), at_newer);
+  // A truncated file is refused the same way.
+  std::filesystem::resize_file(file, std::filesystem::file_size(file) - 7);
+  refused = client_->Restore(kJob, newer->path());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kDataLoss) << refused.status();
+  // The older one still restores, and a daemon started again takes it (the newest is damaged).
+  Start(Config());
+  EXPECT_EQ(NextStep(), 1);
+  ASSERT_TRUE(client_->Register(ForRank(spec_, 0)).ok());
+  EXPECT_EQ(PullAll(1), at_older);
+}
+
+TEST_F(CheckpointRpcTest, RefusalsCarryTheirCodesAndChangeNothing) {
+  Start(Config(/*with_dir=*/false));
+  StartJob();
+  EXPECT_EQ(client_->Checkpoint(kJob).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(client_->Restore(kJob).status().code(), absl::StatusCode::kFailedPrecondition);
+
+  Start(Config());
+  StartJob();
+  EXPECT_EQ(client_->Checkpoint("nope").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client_->Restore(kJob).status().code(), absl::StatusCode::kNotFound);  // none yet
+  RunStep(0);
+  absl::StatusOr<v1::CheckpointResponse> written = client_->Checkpoint(kJob);
+  ASSERT_TRUE(written.ok()) << written.status();
+  // Only the job's own checkpoints under checkpoint_dir.
+  for (const std::string& path :
+       {std::string("/etc"), root_, written->path() + "/..", written->path() + "/manifest.pb"}) {
+    EXPECT_EQ(client_->Restore(kJob, path).status().code(), absl::StatusCode::kInvalidArgument)
+        << path;
+  }
+  // A job collecting pushes is not replaced under its trainers.
+  const StepGradients grads = RandomGradients(spec_, 99);
+  ASSERT_TRUE(client_->PushGradients(kJob, 0, 1, Items({grads[0][0], grads[1][0]})).ok());
+  EXPECT_EQ(client_->Restore(kJob, written->path()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(client_->Commit(kJob, 0, 1, 2e-3, 1.0).ok());
+  EXPECT_EQ(PullAll(2).size(), 8u);
+  // keep_checkpoints = 2: the third removes the oldest.
+  ASSERT_TRUE(client_->Checkpoint(kJob).ok());
+  RunStep(2);
+  absl::StatusOr<v1::CheckpointResponse> third = client_->Checkpoint(kJob);
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ(third->removed(), 1);
+  EXPECT_FALSE(std::filesystem::exists(written->path()));
+}
+
+}  // namespace
+}  // namespace paramd
