@@ -146,6 +146,7 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
            CheckRange("max_leases", c.max_leases(), 1, 1 << 24),
            CheckRange("max_streams_per_connection", c.max_streams_per_connection(), 1, 65536),
            CheckRange("keep_checkpoints", c.keep_checkpoints(), 1, 1000),
+           CheckRange("checkpoint_every_steps", c.checkpoint_every_steps(), 0, 1000000000),
        }) {
     if (!s.ok()) return s;
   }
@@ -158,6 +159,11 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
                                                      " is outside [1 MiB, 2^56] (0 = from the "
                                                      "machine at start)"));
     }
+  }
+  if (c.checkpoint_every_steps() > 0 && c.checkpoint_dir().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config field checkpoint_every_steps = ", c.checkpoint_every_steps(),
+                     " needs a checkpoint_dir to write them to"));
   }
   LogLevel level;
   if (!ParseLogLevel(c.log_level(), &level)) {

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstdlib>
@@ -198,6 +199,49 @@ absl::StatusOr<int> Checkpoints::RestoreAll() {
     }
   }
   return restored;
+}
+
+CheckpointSchedule::CheckpointSchedule(Daemon* daemon)
+    : checkpoints_(daemon),
+      every_(daemon->config().checkpoint_every_steps()),
+      thread_([this] { Run(); }) {}
+
+CheckpointSchedule::~CheckpointSchedule() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+void CheckpointSchedule::StepRan(const std::string& job, int64_t next_step) {
+  if (every_ <= 0 || next_step % every_ != 0) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (std::find(queue_.begin(), queue_.end(), job) != queue_.end()) return;
+    queue_.push_back(job);
+  }
+  wake_.notify_all();
+}
+
+void CheckpointSchedule::Run() {
+  while (true) {
+    std::string job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      wake_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      if (stop_) return;
+      job = queue_.front();
+      queue_.pop_front();
+    }
+    // A job deleted or failed since is no error of the schedule's.
+    absl::StatusOr<v1::CheckpointResponse> written = checkpoints_.Write(job);
+    if (!written.ok()) {
+      PARAMD_LOG(WARNING) << "job " << job
+                          << ": scheduled checkpoint not written: " << written.status();
+    }
+  }
 }
 
 }  // namespace paramd

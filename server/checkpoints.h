@@ -4,7 +4,11 @@
 // the Control service and main.cc call it.
 #pragma once
 
+#include <condition_variable>
+#include <deque>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include "absl/status/statusor.h"
 #include "paramd/v1/control.pb.h"
@@ -35,6 +39,32 @@ class Checkpoints {
   absl::StatusOr<v1::RestoreResponse> RestoreFrom(const std::string& job, const std::string& dir);
 
   Daemon* const daemon_;
+};
+
+// Checkpoints written by themselves every checkpoint_every_steps steps of a job, on a thread of
+// their own (one checkpoint at a time; a job already queued is not queued twice).
+class CheckpointSchedule {
+ public:
+  explicit CheckpointSchedule(Daemon* daemon);
+  // The checkpoint being written completes; queued ones are dropped.
+  ~CheckpointSchedule();
+  CheckpointSchedule(const CheckpointSchedule&) = delete;
+  CheckpointSchedule& operator=(const CheckpointSchedule&) = delete;
+
+  // A job ran a step and collects `next_step`: queues a checkpoint when it is a multiple of
+  // checkpoint_every_steps.
+  void StepRan(const std::string& job, int64_t next_step);
+
+ private:
+  void Run();
+
+  Checkpoints checkpoints_;
+  const int64_t every_;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::deque<std::string> queue_;
+  bool stop_ = false;
+  std::thread thread_;
 };
 
 }  // namespace paramd

@@ -189,6 +189,7 @@ void Daemon::StartStep(std::shared_ptr<Job> job, StepWork work) {
       }
       PARAMD_LOG(DEBUG) << "job " << job->name() << ": step " << report.step << " took "
                         << report.seconds * 1e3 << " ms, clip " << report.clip;
+      if (step_listener_) step_listener_(job->name(), report.step + 1);
     }
     if (!reports.empty()) UpdateGauges();
   });

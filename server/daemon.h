@@ -62,6 +62,11 @@ class Daemon final : public TransportHost {
   // NOT_SERVING).
   void Drain();
   void set_drain_listener(std::function<void()> listener) { drain_listener_ = std::move(listener); }
+  // Called on the step's thread after each step a job ran (applied or skipped) with the job's name
+  // and the step it collects next. Set before the daemon serves, cleared once no step runs.
+  void set_step_listener(std::function<void(const std::string&, int64_t)> listener) {
+    step_listener_ = std::move(listener);
+  }
   bool draining() const { return draining_.load(); }
 
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
@@ -111,6 +116,7 @@ class Daemon final : public TransportHost {
   CountedLimit waiting_pulls_;
   std::atomic<bool> draining_{false};
   std::function<void()> drain_listener_;
+  std::function<void(const std::string&, int64_t)> step_listener_;
   StepExecutor executor_;  // last: joins its thread before the jobs and backend go away
 };
 

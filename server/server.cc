@@ -34,6 +34,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const v1::DaemonConfig& ra
   if (*restored > 0) {
     PARAMD_LOG(INFO) << *restored << " job(s) restored from " << config.checkpoint_dir();
   }
+  if (config.checkpoint_every_steps() > 0) {
+    server->schedule_ = std::make_unique<CheckpointSchedule>(server->daemon_.get());
+    CheckpointSchedule* schedule = server->schedule_.get();
+    server->daemon_->set_step_listener([schedule](const std::string& job, int64_t next_step) {
+      schedule->StepRan(job, next_step);
+    });
+  }
   server->control_ = std::make_unique<ControlService>(server->daemon_.get());
   server->data_ = std::make_unique<DataService>(server->daemon_.get());
 
@@ -80,6 +87,9 @@ void Server::Shutdown() {
   stopped_ = true;
   daemon_->Drain();
   daemon_->WaitForSteps();
+  // No step runs now: the schedule hears of none, and finishes the checkpoint it is writing.
+  daemon_->set_step_listener(nullptr);
+  schedule_.reset();
   // No step runs from here on: a pull still waiting would wait for nothing, and gRPC's shutdown
   // would cancel it without a word. It ends UNAVAILABLE, saying the daemon drains.
   daemon_->EndWaitingPulls();

@@ -13,6 +13,7 @@
 
 namespace paramd {
 
+class CheckpointSchedule;
 class ControlService;
 class DataService;
 
@@ -38,6 +39,7 @@ class Server {
   Server() = default;
 
   std::unique_ptr<Daemon> daemon_;
+  std::unique_ptr<CheckpointSchedule> schedule_;  // with checkpoint_every_steps
   std::unique_ptr<ControlService> control_;
   std::unique_ptr<DataService> data_;
   std::unique_ptr<grpc::Server> grpc_;

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <filesystem>
@@ -216,6 +217,37 @@ TEST_F(CheckpointRpcTest, ADaemonStartedAgainWithItsCheckpointDirComesBackWithTh
   EXPECT_EQ(again->next_step(), 2);
   EXPECT_EQ(again->version(), 2);
   EXPECT_EQ(PullAll(2), at_checkpoint);
+}
+
+TEST_F(CheckpointRpcTest, CheckpointsComeByThemselvesEveryNSteps) {
+  v1::DaemonConfig config = Config();
+  config.set_checkpoint_every_steps(2);
+  config.set_keep_checkpoints(10);
+  Start(config);
+  StartJob();
+  for (int64_t step = 0; step < 5; ++step) RunStep(step);
+  EXPECT_EQ(PullAll(5).size(), 8u);
+  // Steps 1 and 3 ended at versions 2 and 4, each queuing a checkpoint for the schedule's thread:
+  // each holds the state after the steps committed when its writing began (so a step committed
+  // in between may be in it), and the job's later steps wait while it is written.
+  const std::string job_dir = root_ + "/" + kJob;
+  std::vector<int64_t> versions;
+  const auto give_up = std::chrono::steady_clock::now() + 20s;
+  while (versions.size() < 2 && std::chrono::steady_clock::now() < give_up) {
+    versions.clear();
+    for (const auto& entry : std::filesystem::directory_iterator(job_dir)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("step-", 0) == 0) versions.push_back(std::stoll(name.substr(5)));
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  std::sort(versions.begin(), versions.end());
+  ASSERT_EQ(versions.size(), 2u);
+  EXPECT_TRUE(versions[0] == 2 || versions[0] == 3) << versions[0];
+  EXPECT_TRUE(versions[1] == 4 || versions[1] == 5) << versions[1];
+  // The daemon started again takes the newest.
+  Start(Config());
+  EXPECT_EQ(NextStep(), versions[1]);
 }
 
 TEST_F(CheckpointRpcTest, AClientWaitsForADaemonThatComesBackUpToItsReconnectTimeout) {

@@ -75,6 +75,9 @@ TEST(ConfigTest, WithDefaultsFillsEveryAbsentField) {
   EXPECT_EQ(c.pull_chunk_bytes(), 1 * kMiB);
   EXPECT_EQ(c.log_level(), "info");
   EXPECT_EQ(c.address_file(), "");
+  EXPECT_EQ(c.checkpoint_dir(), "");
+  EXPECT_EQ(c.keep_checkpoints(), 3);
+  EXPECT_EQ(c.checkpoint_every_steps(), 0);
   EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
 }
 
@@ -126,6 +129,17 @@ INSTANTIATE_TEST_SUITE_P(
         BadField{"MetricsListenWithoutPort",
                  [](v1::DaemonConfig& c) { c.set_metrics_listen("127.0.0.1"); }, "metrics_listen"},
         BadField{"UnknownBackend", [](v1::DaemonConfig& c) { c.set_backend("tpu"); }, "backend"},
+        BadField{"TooManyCheckpointsKept",
+                 [](v1::DaemonConfig& c) { c.set_keep_checkpoints(1001); }, "keep_checkpoints"},
+        BadField{"NegativeCheckpointInterval",
+                 [](v1::DaemonConfig& c) {
+                   c.set_checkpoint_dir("/tmp/ck");
+                   c.set_checkpoint_every_steps(-1);
+                 },
+                 "checkpoint_every_steps"},
+        BadField{"CheckpointIntervalWithoutADirectory",
+                 [](v1::DaemonConfig& c) { c.set_checkpoint_every_steps(10); },
+                 "checkpoint_every_steps"},
         BadField{"CudaBackendWithoutDevice", [](v1::DaemonConfig& c) { c.set_backend("cuda:"); },
                  "backend"},
         BadField{"CudaBackendWithNegativeDevice",
