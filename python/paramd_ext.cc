@@ -677,6 +677,42 @@ class PyClient {
     Check(status);
   }
 
+  // Control.Checkpoint: {path, version, bytes, seconds, removed}.
+  py::dict Checkpoint(const std::string& job) {
+    absl::StatusOr<v1::CheckpointResponse> response;
+    const std::shared_ptr<Client> client = Open();
+    {
+      py::gil_scoped_release release;
+      response = client->Checkpoint(job);
+    }
+    const v1::CheckpointResponse r = Value(std::move(response));
+    py::dict out;
+    out["path"] = r.path();
+    out["version"] = r.version();
+    out["bytes"] = r.bytes();
+    out["seconds"] = r.seconds();
+    out["removed"] = r.removed();
+    return out;
+  }
+
+  // Control.Restore: {path, version, bytes, seconds, registered}.
+  py::dict Restore(const std::string& job, const std::string& path) {
+    absl::StatusOr<v1::RestoreResponse> response;
+    const std::shared_ptr<Client> client = Open();
+    {
+      py::gil_scoped_release release;
+      response = client->Restore(job, path);
+    }
+    const v1::RestoreResponse r = Value(std::move(response));
+    py::dict out;
+    out["path"] = r.path();
+    out["version"] = r.version();
+    out["bytes"] = r.bytes();
+    out["seconds"] = r.seconds();
+    out["registered"] = r.registered();
+    return out;
+  }
+
   std::string transport() const { return client_ ? client_->transport_name() : ""; }
 
   // The client, or a Python error once closed. Called with the GIL held; the reference keeps
@@ -778,6 +814,10 @@ PYBIND11_MODULE(_paramd, m) {
            py::arg("lr") = std::nullopt, py::arg("weight_decay") = std::nullopt)
       .def("export_state", &PyClient::ExportState, py::arg("job"))
       .def("import_state", &PyClient::ImportState, py::arg("state"))
+      .def("checkpoint", &PyClient::Checkpoint, py::arg("job"),
+           "Writes a checkpoint of the job under the daemon's checkpoint_dir")
+      .def("restore", &PyClient::Restore, py::arg("job"), py::arg("path") = "",
+           "Restores the job from checkpoint `path` (default: its newest)")
       .def_property_readonly("transport", &PyClient::transport)
       .def("close", &PyClient::Close, "Closes the channel; later calls raise ValueError");
 

@@ -1,0 +1,126 @@
+"""Checkpoint write and restore throughput against the filesystem's own, in one run.
+
+    PYTHONPATH=build/python python bench/python/checkpoint_bench.py --daemon build/server/paramd \\
+        --dir /var/tmp/paramd-bench --state_gib 2
+
+A daemon (cpu backend) with `checkpoint_dir` under --dir holds one job whose state (fp32 master,
+fp32 exp_avg and exp_avg_sq: 12 bytes per parameter) is --state_gib GiB. Rows, each the best of
+--rounds:
+  paramd checkpoint   Control.Checkpoint: the state streamed into files, fsynced, renamed
+  dd write            `dd if=/dev/zero bs=4M conv=fsync` of the same bytes on the same filesystem
+  paramd restore      Control.Restore into the idle job, page cache dropped first (cold)
+  dd read             `dd of=/dev/null bs=4M` of the dd file, page cache dropped first (cold)
+Dropping the page cache needs root (/proc/sys/vm/drop_caches); without it the reads are warm and
+the table says so. Prints MB/s and paramd's ratio to dd (target >= 0.7, DESIGN.md section 10).
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import paramd
+from paramd.daemon import Daemon
+
+ROWS, COLS = 4096, 4096  # 64 MiB of fp32 master per tensor
+
+
+def drop_caches():
+    """True when the page cache was dropped (root only)."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def dd(args):
+    started = time.perf_counter()
+    subprocess.run(["dd", *args, "status=none"], check=True)
+    return time.perf_counter() - started
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--daemon", help="paramd binary (default: $PARAMD_BINARY or PATH)")
+    parser.add_argument("--dir", default=None, help="a folder on the filesystem to measure")
+    parser.add_argument("--state_gib", type=float, default=2.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    base = args.dir or tempfile.mkdtemp(prefix="paramd-checkpoint-bench-")
+    os.makedirs(base, exist_ok=True)
+    root = os.path.join(base, "checkpoints")
+    tensors = max(1, int(args.state_gib * 2**30 / (ROWS * COLS * 12)))
+    state_bytes = tensors * ROWS * COLS * 12
+    config = os.path.join(base, "paramd.textproto")
+    with open(config, "w") as f:
+        f.write(f'checkpoint_dir: "{root}"\nkeep_checkpoints: 1\nshared_memory: false\n')
+    rows = {}
+    with Daemon(args.daemon, step_threads=2, extra_args=[f"--config={config}"]) as daemon:
+        client = paramd.connect(daemon.address, transport="inline", rpc_timeout_s=600)
+        names = [f"w{i}" for i in range(tensors)]
+        client.register(job="ckpt", rank=0, world_size=1,
+                        tensors=[(n, ROWS, COLS, "fp32") for n in names],
+                        hyperparams=paramd.hyperparams(lr=1e-3), serve=["bf16"])
+        rng = np.random.default_rng(0)
+        weights = (rng.standard_normal(ROWS * COLS, dtype=np.float32) * 0.02)
+        client.upload_initial_weights("ckpt", [(n, weights.view(np.uint8)) for n in names])
+        # One step, so the moments are not zeros.
+        client.push_gradients("ckpt", 0, 0, [(n, weights.view(np.uint8)) for n in names])
+        client.commit("ckpt", 0, 0, lr=1e-3, grad_scale=1.0)
+        client.pull("ckpt", names[-1], "bf16", 1, 600.0)
+        written, read = [], []
+        cold = True
+        for _ in range(args.rounds):
+            started = time.perf_counter()
+            client.checkpoint("ckpt")
+            written.append(time.perf_counter() - started)
+            cold = drop_caches() and cold
+            started = time.perf_counter()
+            client.restore("ckpt")
+            read.append(time.perf_counter() - started)
+        checkpoint_bytes = du(root)
+        dd_file = os.path.join(base, "dd.bin")
+        count = max(1, checkpoint_bytes // (4 << 20))
+        dd_write = min(dd(["if=/dev/zero", f"of={dd_file}", "bs=4M", f"count={count}",
+                           "conv=fsync"]) for _ in range(args.rounds))
+        dd_read = []
+        for _ in range(args.rounds):
+            drop_caches()
+            dd_read.append(dd([f"if={dd_file}", "of=/dev/null", "bs=4M"]))
+        os.remove(dd_file)
+        client.close()
+    dd_bytes = count * (4 << 20)
+    best_write = min(written)
+    rows["paramd checkpoint"] = checkpoint_bytes / best_write
+    rows["dd write (conv=fsync)"] = dd_bytes / dd_write
+    rows["paramd restore" + ("" if cold else " (warm: cache not dropped)")] = (
+        checkpoint_bytes / min(read))
+    rows["dd read" + ("" if cold else " (warm)")] = dd_bytes / min(dd_read)
+    print(f"state {state_bytes / 2**30:.2f} GiB in {tensors} tensors; checkpoint "
+          f"{checkpoint_bytes / 2**30:.2f} GiB on disk; {args.rounds} rounds, best of each")
+    print("| row | MB/s | paramd / dd |")
+    print("| --- | --- | --- |")
+    values = list(rows.items())
+    print(f"| {values[0][0]} | {values[0][1] / 1e6:.0f} | {values[0][1] / values[1][1]:.2f} |")
+    print(f"| {values[1][0]} | {values[1][1] / 1e6:.0f} | |")
+    print(f"| {values[2][0]} | {values[2][1] / 1e6:.0f} | {values[2][1] / values[3][1]:.2f} |")
+    print(f"| {values[3][0]} | {values[3][1] / 1e6:.0f} | |")
+    return 0
+
+
+def du(path):
+    total = 0
+    for folder, _, files in os.walk(path):
+        total += sum(os.path.getsize(os.path.join(folder, f)) for f in files)
+    return total
+
+
+if __name__ == "__main__":
+    sys.exit(main())
