@@ -162,7 +162,8 @@ class AdamW(torch.optim.Optimizer):
                  address="127.0.0.1:50051", job="paramd", state_policy="fp32", serve="fp32",
                  module=None, rank=None, world_size=None, transport="auto", seed=0,
                  max_grad_norm=0.0, bucket_bytes=None, stream_pushes=True,
-                 write_weights=True, weights_in_place=False, timeout_s=300.0):
+                 write_weights=True, weights_in_place=False, timeout_s=300.0,
+                 reconnect_timeout_s=0.0):
         groups = self._named_groups(params)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
         super().__init__([{**g, "params": [p for _, p in g["params"]]} for g in groups],
@@ -210,7 +211,8 @@ class AdamW(torch.optim.Optimizer):
         self._jobs = []
         for index, (group, torch_group) in enumerate(zip(groups, self.param_groups)):
             name = job if index == 0 else f"{job}.g{index}"
-            client = paramd.connect(address, transport=transport, cuda_stream=cuda_stream)
+            client = paramd.connect(address, transport=transport, cuda_stream=cuda_stream,
+                                    reconnect_timeout_s=reconnect_timeout_s)
             j = _Job(name, client, torch_group)
             for tensor_name, param in group["params"]:
                 j.tensors.append(_Tensor(tensor_name, param, j))
