@@ -11,6 +11,7 @@
 #include "common/error_reason.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "paramd/v1/data.grpc.pb.h"
 
 namespace paramd {
@@ -74,6 +75,49 @@ absl::Status Client::Retry(const std::function<absl::Status()>& attempt) const {
   return status;
 }
 
+absl::Status Client::Restarted() const {
+  return absl::AbortedError(absl::StrCat(
+      "the daemon at ", options_.address,
+      " restarted since this client registered; it serves what it restored from its checkpoints: "
+      "register again to learn the step to resume from"));
+}
+
+absl::StatusOr<bool> Client::DaemonRestarted() const {
+  if (restarted_.load()) return true;
+  v1::StatusRequest request;
+  v1::StatusResponse response;
+  PARAMD_RETURN_IF_ERROR(Retry([&] {
+    return Unary(NextDeadline(), [&](grpc::ClientContext* context) {
+      return control_->Status(context, request, &response);
+    });
+  }));
+  const uint64_t known = instance_.load();
+  if (known != 0 && response.instance() != known) restarted_.store(true);
+  return restarted_.load();
+}
+
+absl::Status Client::RetryData(const std::function<absl::Status()>& attempt) const {
+  if (restarted_.load()) return Restarted();
+  bool lost = false;
+  return Retry([&]() -> absl::Status {
+    if (lost) {
+      // The connection broke: the daemon may be another start now, which knows nothing of this
+      // call's step or version. From then on every such call is ABORTED, until Register.
+      v1::StatusRequest request;
+      v1::StatusResponse response;
+      PARAMD_RETURN_IF_ERROR(Unary(NextDeadline(), [&](grpc::ClientContext* context) {
+        return control_->Status(context, request, &response);
+      }));
+      const uint64_t known = instance_.load();
+      if (known != 0 && response.instance() != known) restarted_.store(true);
+      if (restarted_.load()) return Restarted();
+    }
+    const absl::Status status = attempt();
+    if (status.code() == absl::StatusCode::kUnavailable) lost = true;
+    return status;
+  });
+}
+
 absl::Status Client::NeedTransport() const {
   if (transport_ == nullptr) {
     return absl::FailedPreconditionError("call Register before pushing or pulling");
@@ -89,6 +133,8 @@ absl::StatusOr<v1::RegisterResponse> Client::Register(const v1::RegisterRequest&
     });
   });
   if (!status.ok()) return status;
+  instance_.store(response.instance());
+  restarted_.store(false);
   if (transport_ == nullptr) {
     TransportContext context{channel_, response.max_chunk_bytes(), request.job(), request.rank(),
                              options_.cuda_stream};
@@ -128,7 +174,7 @@ absl::Status Client::PushGradients(const std::string& job, int32_t rank, int64_t
                                    std::span<const PushItem> items) {
   if (absl::Status s = NeedTransport(); !s.ok()) return s;
   PushTarget target{job, rank, step, v1::PUSH_KIND_GRADIENT};
-  return Retry([&] { return transport_->Push(target, items, NextDeadline()); });
+  return RetryData([&] { return transport_->Push(target, items, NextDeadline()); });
 }
 
 absl::StatusOr<v1::CommitResponse> Client::Commit(const std::string& job, int32_t rank,
@@ -141,7 +187,7 @@ absl::StatusOr<v1::CommitResponse> Client::Commit(const std::string& job, int32_
   if (lr) request.set_lr(*lr);
   if (grad_scale) request.set_grad_scale(*grad_scale);
   v1::CommitResponse response;
-  absl::Status status = Retry([&] {
+  absl::Status status = RetryData([&] {
     return Unary(NextDeadline(), [&](grpc::ClientContext* context) {
       return data_->Commit(context, request, &response);
     });
@@ -154,7 +200,7 @@ absl::Status Client::Pull(const PullTarget& target, std::chrono::milliseconds ti
                           Pulled* out) {
   if (absl::Status s = NeedTransport(); !s.ok()) return s;
   const Deadline deadline = std::chrono::system_clock::now() + timeout;
-  return Retry([&] { return transport_->Pull(target, deadline, out); });
+  return RetryData([&] { return transport_->Pull(target, deadline, out); });
 }
 
 absl::StatusOr<PulledView> Client::PullInPlace(const PullTarget& target,
@@ -164,7 +210,7 @@ absl::StatusOr<PulledView> Client::PullInPlace(const PullTarget& target,
   const Deadline deadline = std::chrono::system_clock::now() + timeout;
   PulledView view;
   absl::Status status =
-      Retry([&] { return transport_->PullInPlace(target, deadline, lease, &view); });
+      RetryData([&] { return transport_->PullInPlace(target, deadline, lease, &view); });
   if (!status.ok()) return status;
   return view;
 }
@@ -178,7 +224,7 @@ absl::Status Client::PullMany(const PullManyTarget& target, std::chrono::millise
                               std::vector<Pulled>* out) {
   if (absl::Status s = NeedTransport(); !s.ok()) return s;
   const Deadline deadline = std::chrono::system_clock::now() + timeout;
-  return Retry([&] { return transport_->PullMany(target, deadline, out); });
+  return RetryData([&] { return transport_->PullMany(target, deadline, out); });
 }
 
 absl::StatusOr<std::vector<PulledView>> Client::PullInPlaceMany(const PullManyTarget& target,
@@ -188,7 +234,7 @@ absl::StatusOr<std::vector<PulledView>> Client::PullInPlaceMany(const PullManyTa
   const Deadline deadline = std::chrono::system_clock::now() + timeout;
   std::vector<PulledView> views;
   absl::Status status =
-      Retry([&] { return transport_->PullInPlaceMany(target, deadline, lease, &views); });
+      RetryData([&] { return transport_->PullInPlaceMany(target, deadline, lease, &views); });
   if (!status.ok()) return status;
   return views;
 }

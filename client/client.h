@@ -4,6 +4,7 @@
 // message.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -112,6 +113,11 @@ class Client {
   // naming the tensor and field on any mismatch. A refused import changes nothing.
   absl::Status ImportState(const JobState& state);
 
+  // Whether the daemon restarted since this client's last Register (another start answers at
+  // the address: it serves what it restored from its checkpoints, and every push, commit and pull
+  // is ABORTED until the next Register). Asks the daemon unless a call already found out.
+  absl::StatusOr<bool> DaemonRestarted() const;
+
   // The transport chosen at Register ("" before).
   std::string transport_name() const { return transport_ ? transport_->name() : ""; }
   const std::string& transport_reason() const { return transport_reason_; }
@@ -121,6 +127,11 @@ class Client {
   Deadline NextDeadline() const;
   // Calls `attempt` until it is not UNAVAILABLE or the attempts run out.
   absl::Status Retry(const std::function<absl::Status()>& attempt) const;
+  // Retry for the calls that carry a step or version (pushes, commits, pulls): once the
+  // connection broke, each further attempt first asks the daemon's start; a daemon that
+  // restarted since Register is ABORTED (it lost this call's context: register again), and so is
+  // every such call after it until Register.
+  absl::Status RetryData(const std::function<absl::Status()>& attempt) const;
   absl::Status NeedTransport() const;
 
   const ClientOptions options_;
@@ -129,6 +140,11 @@ class Client {
   std::unique_ptr<v1::Data::Stub> data_;
   std::unique_ptr<Transport> transport_;
   std::string transport_reason_;
+  // The daemon's start as the last Register saw it (RegisterResponse.instance); 0 before.
+  std::atomic<uint64_t> instance_{0};
+  // Set once a call found another start of the daemon; cleared by Register.
+  mutable std::atomic<bool> restarted_{false};
+  absl::Status Restarted() const;
 };
 
 }  // namespace paramd

@@ -713,6 +713,17 @@ class PyClient {
     return out;
   }
 
+  // Whether the daemon restarted since the last register() (Client::DaemonRestarted).
+  bool DaemonRestarted() {
+    absl::StatusOr<bool> restarted;
+    const std::shared_ptr<Client> client = Open();
+    {
+      py::gil_scoped_release release;
+      restarted = client->DaemonRestarted();
+    }
+    return Value(std::move(restarted));
+  }
+
   std::string transport() const { return client_ ? client_->transport_name() : ""; }
 
   // The client, or a Python error once closed. Called with the GIL held; the reference keeps
@@ -814,6 +825,9 @@ PYBIND11_MODULE(_paramd, m) {
            py::arg("lr") = std::nullopt, py::arg("weight_decay") = std::nullopt)
       .def("export_state", &PyClient::ExportState, py::arg("job"))
       .def("import_state", &PyClient::ImportState, py::arg("state"))
+      .def("daemon_restarted", &PyClient::DaemonRestarted,
+           "Whether the daemon restarted since the last register(): pushes, commits and pulls "
+           "are then ABORTED until register() is called again")
       .def("checkpoint", &PyClient::Checkpoint, py::arg("job"),
            "Writes a checkpoint of the job under the daemon's checkpoint_dir")
       .def("restore", &PyClient::Restore, py::arg("job"), py::arg("path") = "",

@@ -122,6 +122,7 @@ absl::Status Daemon::CheckServing() const {
 absl::StatusOr<v1::RegisterResponse> Daemon::Register(const v1::RegisterRequest& request) {
   absl::StatusOr<v1::RegisterResponse> response = registry_->Register(request);
   if (response.ok()) {
+    response->set_instance(instance_);
     PARAMD_LOG(INFO) << "job " << request.job() << ": rank " << request.rank() << " of "
                      << request.world_size() << " registered (" << request.tensors_size()
                      << " tensors)";
@@ -256,6 +257,7 @@ v1::StatusResponse Daemon::Status(const std::string& job) const {
     response.mutable_backend_failure()->set_code(static_cast<int32_t>(health.code()));
     response.mutable_backend_failure()->set_message(std::string(health.message()));
   }
+  response.set_instance(instance_);
   response.set_uptime_seconds(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count());
   for (const auto& j : registry_->Jobs()) {

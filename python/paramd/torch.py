@@ -29,6 +29,11 @@ What happens when:
 - The job is served exactly the formats in `serve` (FP32 only when listed), and pays memory for
   those alone. Every one is pulled; the first one is written into the parameters; served() gives
   each as a ServedWeight (FP8 data as torch.float8_e4m3fn with its scales) for FP8 GEMMs.
+- A daemon that restarts: with reconnect_timeout_s > 0 the calls wait that long for it. Once it
+  answers again (its checkpoint_dir restored the job), the optimizer registers again, loads the
+  version the daemon holds and goes back to the step it collects: `next_step` moves back, and the
+  iteration under way pushes nothing. A loop whose batch is a function of `opt.next_step` ends
+  bit-identical to a run without the restart. `restarts` counts them.
 - CUDA parameters, with the daemon on this node's GPU (`paramd --backend=cuda:N`; the automatic
   choice then picks cuda_ipc): gradients are pushed from GPU memory, with no host copy, by copies
   that wait for the work queued on the current stream at construction (`cuda_stream`) and run
@@ -136,6 +141,11 @@ class _Worker:
             error, self._error = self._error, None
             raise error
 
+    def drain(self):
+        """Waits for the queued calls and forgets their error (their work was dropped)."""
+        self._queue.join()
+        self._error = None
+
     def close(self):
         self._queue.put(None)
         self._thread.join()
@@ -194,6 +204,8 @@ class AdamW(torch.optim.Optimizer):
         # (CUDA event, views) of older ones, let go once the event has run.
         self._retiring, self._retired, self._loading = [], [], None
         self._hooks = []
+        self.restarts = 0  # daemon restarts followed (resume from its checkpoints)
+        self._resumed = False  # a restart was followed during this iteration: drop its gradients
         # Overlap accounting (what bench/python reports): seconds the trainer waited.
         self.timings = {"push_wait_s": 0.0, "commit_s": 0.0, "pull_wait_s": 0.0}
 
@@ -273,6 +285,10 @@ class AdamW(torch.optim.Optimizer):
                 serve=self.serve, seed=self._seed,
                 max_grad_norm=self._max_grad_norm)
             self.transport = reply["transport"]
+            if self.restarts > 0 and reply["version"] < 0:
+                raise RuntimeError(
+                    f"the daemon restarted without a checkpoint of job {j.name!r}: its state is "
+                    "lost (give the daemon a checkpoint_dir and checkpoint_every_steps)")
             if self.rank == 0 and reply["version"] < 0:
                 # Initial weights travel inline, from host memory.
                 paramd.upload_initial_weights(
@@ -309,7 +325,7 @@ class AdamW(torch.optim.Optimizer):
             self.stream_pushes = previous
 
     def _on_grad(self, param):
-        if not self.stream_pushes:
+        if not self.stream_pushes or self._resumed:
             return
         t = self._by_param[id(param)]
         data, nbytes, keep = t.grad_bytes(self._direct)
@@ -343,21 +359,33 @@ class AdamW(torch.optim.Optimizer):
         # Weights of modules the last forward did not run are loaded now, so every parameter
         # holds the version this step's gradients belong to.
         self._load_all()
+        if self._resumed:
+            # The daemon restarted during this iteration: its gradients belong to a step the
+            # daemon went back from. The loop goes on from next_step.
+            self._resumed = False
+            return loss
         started = time.perf_counter()
-        with self._lock:
+        try:
+            with self._lock:
+                for j in self._jobs:
+                    for t in j.tensors:
+                        if t.pushed_step != self._step:
+                            t.pushed_step = self._step
+                            data, _, keep = t.grad_bytes(self._direct)
+                            self._bucket.setdefault(j.name, []).append((t.name, data, keep))
+                    self._flush(j)
+            self._pushes.wait()
+            pushed = time.perf_counter()
             for j in self._jobs:
-                for t in j.tensors:
-                    if t.pushed_step != self._step:
-                        t.pushed_step = self._step
-                        data, _, keep = t.grad_bytes(self._direct)
-                        self._bucket.setdefault(j.name, []).append((t.name, data, keep))
-                self._flush(j)
-        self._pushes.wait()
-        pushed = time.perf_counter()
-        for j in self._jobs:
-            self._update_hyperparams(j)
-            j.client.commit(j.name, self.rank, self._step, lr=float(j.group["lr"]),
-                            grad_scale=1.0 / self.world_size)
+                self._update_hyperparams(j)
+                j.client.commit(j.name, self.rank, self._step, lr=float(j.group["lr"]),
+                                grad_scale=1.0 / self.world_size)
+        except paramd.StatusError as error:
+            if not self._restarted(error):
+                raise
+            self._resume()
+            self._resumed = False
+            return loss
         self.timings["push_wait_s"] += pushed - started
         self.timings["commit_s"] += time.perf_counter() - pushed
         self._step += 1
@@ -472,6 +500,9 @@ class AdamW(torch.optim.Optimizer):
             pending.done.wait()
             self.timings["pull_wait_s"] += time.perf_counter() - started
         if pending.error is not None:
+            if self._restarted(pending.error):
+                self._resume()
+                return
             raise pending.error
         name = self._by_param[id(param)].name
         self._retire(pending.version)
@@ -487,6 +518,33 @@ class AdamW(torch.optim.Optimizer):
     def _before_forward(self, module, args):
         for p in module.parameters(recurse=False):
             self._load(p)
+
+    def _restarted(self, error):
+        """Whether `error` comes from a daemon that restarted since registration (ABORTED, or a
+        refusal from another start of it, which knows nothing of this step)."""
+        if not isinstance(error, paramd.StatusError):
+            return False
+        if error.code == "ABORTED":
+            return True
+        if error.code not in ("FAILED_PRECONDITION", "NOT_FOUND", "DEADLINE_EXCEEDED"):
+            return False
+        return any(j.client.daemon_restarted() for j in self._jobs)
+
+    def _resume(self):
+        """The daemon restarted (a call was ABORTED): drop the work of the step under way,
+        register again, load the version the daemon restored from its checkpoints and go back to
+        the step it collects (next_step). The iteration under way pushes nothing."""
+        with self._lock:
+            self._bucket.clear()
+            self._bucket_size.clear()
+        self._pushes.drain()
+        self._pulls.drain()
+        self._pending = {}
+        self._served = {}
+        self._retiring, self._retired, self._loading = [], [], None
+        self.restarts += 1
+        self._resumed = True
+        self._step = self._register_and_load()
 
     def _load_all(self):
         for t in self._forward_order:

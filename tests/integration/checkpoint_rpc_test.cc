@@ -133,6 +133,10 @@ class CheckpointRpcTest : public ::testing::Test {
     ASSERT_TRUE(pushed.ok()) << pushed;
     absl::StatusOr<v1::CommitResponse> committed = client_->Commit(kJob, 0, step, 2e-3, 1.0);
     ASSERT_TRUE(committed.ok()) << committed.status();
+    // As a trainer does: the next step's gradients come from this step's weights.
+    Pulled pulled;
+    const absl::Status status = client_->Pull({kJob, "w", Formats()[0], step + 1}, 20s, &pulled);
+    ASSERT_TRUE(status.ok()) << status;
   }
 
   // Every format of every tensor at `version`.
