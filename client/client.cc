@@ -82,17 +82,19 @@ absl::Status Client::Restarted() const {
       "register again to learn the step to resume from"));
 }
 
-absl::StatusOr<bool> Client::DaemonRestarted() const {
-  if (restarted_.load()) return true;
+absl::Status Client::CheckStart() const {
   v1::StatusRequest request;
   v1::StatusResponse response;
-  PARAMD_RETURN_IF_ERROR(Retry([&] {
-    return Unary(NextDeadline(), [&](grpc::ClientContext* context) {
-      return control_->Status(context, request, &response);
-    });
+  PARAMD_RETURN_IF_ERROR(Unary(NextDeadline(), [&](grpc::ClientContext* context) {
+    return control_->Status(context, request, &response);
   }));
   const uint64_t known = instance_.load();
   if (known != 0 && response.instance() != known) restarted_.store(true);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Client::DaemonRestarted() const {
+  if (!restarted_.load()) PARAMD_RETURN_IF_ERROR(Retry([&] { return CheckStart(); }));
   return restarted_.load();
 }
 
@@ -103,13 +105,7 @@ absl::Status Client::RetryData(const std::function<absl::Status()>& attempt) con
     if (lost) {
       // The connection broke: the daemon may be another start now, which knows nothing of this
       // call's step or version. From then on every such call is ABORTED, until Register.
-      v1::StatusRequest request;
-      v1::StatusResponse response;
-      PARAMD_RETURN_IF_ERROR(Unary(NextDeadline(), [&](grpc::ClientContext* context) {
-        return control_->Status(context, request, &response);
-      }));
-      const uint64_t known = instance_.load();
-      if (known != 0 && response.instance() != known) restarted_.store(true);
+      PARAMD_RETURN_IF_ERROR(CheckStart());
       if (restarted_.load()) return Restarted();
     }
     const absl::Status status = attempt();

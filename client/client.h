@@ -145,6 +145,8 @@ class Client {
   // Set once a call found another start of the daemon; cleared by Register.
   mutable std::atomic<bool> restarted_{false};
   absl::Status Restarted() const;
+  // One Status call: notes in restarted_ whether the daemon is another start than Register saw.
+  absl::Status CheckStart() const;
 };
 
 }  // namespace paramd

@@ -1,8 +1,5 @@
 #include "server/checkpoints.h"
 
-#include <dirent.h>
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <chrono>
 #include <climits>

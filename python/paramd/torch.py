@@ -62,7 +62,7 @@ from paramd import _formats
 class _Tensor:
     """One registered parameter."""
 
-    __slots__ = ("name", "param", "rows", "cols", "grad_type", "job", "pushed_step", "on_gpu")
+    __slots__ = ("name", "param", "rows", "cols", "grad_type", "job", "pushed_step")
 
     def __init__(self, name, param, job):
         self.name = name
@@ -73,7 +73,6 @@ class _Tensor:
         self.grad_type = _formats.grad_type_of(param.dtype)
         self.job = job
         self.pushed_step = -1
-        self.on_gpu = param.device.type == "cuda"
 
     def grad_bytes(self, direct):
         """(bytes to push, their size, what must stay alive until pushed). Where the transport
@@ -384,7 +383,6 @@ class AdamW(torch.optim.Optimizer):
             if not self._restarted(error):
                 raise
             self._resume()
-            self._resumed = False
             return loss
         self.timings["push_wait_s"] += pushed - started
         self.timings["commit_s"] += time.perf_counter() - pushed
@@ -502,6 +500,7 @@ class AdamW(torch.optim.Optimizer):
         if pending.error is not None:
             if self._restarted(pending.error):
                 self._resume()
+                self._resumed = True  # this iteration's forward ran on other weights
                 return
             raise pending.error
         name = self._by_param[id(param)].name
@@ -533,7 +532,7 @@ class AdamW(torch.optim.Optimizer):
     def _resume(self):
         """The daemon restarted (a call was ABORTED): drop the work of the step under way,
         register again, load the version the daemon restored from its checkpoints and go back to
-        the step it collects (next_step). The iteration under way pushes nothing."""
+        the step it collects (next_step)."""
         with self._lock:
             self._bucket.clear()
             self._bucket_size.clear()
@@ -543,7 +542,6 @@ class AdamW(torch.optim.Optimizer):
         self._served = {}
         self._retiring, self._retired, self._loading = [], [], None
         self.restarts += 1
-        self._resumed = True
         self._step = self._register_and_load()
 
     def _load_all(self):
