@@ -47,6 +47,10 @@ struct DeviceExports {
   std::string uuid;                  // the GPU's 16-byte UUID
   std::vector<std::string> handles;  // cudaIpcMemHandle_t bytes, by Place::region
   std::vector<uint64_t> bases;       // the allocations' addresses in this process
+  // An interprocess event recorded after each step's work on the device: a version is published
+  // once its step is queued, and whoever reads its bytes on the GPU waits for this event first.
+  std::string step_event;         // cudaIpcEventHandle_t bytes; empty: none
+  uint64_t step_event_local = 0;  // the cudaEvent_t in this process
 };
 
 class DeviceAllocator {

@@ -17,6 +17,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -239,14 +240,18 @@ class PyPulledView {
       throw py::attribute_error(released() ? "this in-place view was released"
                                            : "this in-place view is in host memory");
     }
+    return DeviceBytes(view_.data);
+  }
+
+  // The CUDA Array Interface of published bytes in GPU memory. Not marked read-only: torch refuses
+  // such arrays; the bytes are the daemon's, never written. No stream: the step that wrote them
+  // completed before the daemon published the version, so a reader need not wait on any.
+  static py::dict DeviceBytes(std::span<const std::byte> bytes) {
     py::dict cai;
-    cai["shape"] = py::make_tuple(static_cast<py::ssize_t>(view_.data.size()));
+    cai["shape"] = py::make_tuple(static_cast<py::ssize_t>(bytes.size()));
     cai["typestr"] = "|u1";
-    // Not marked read-only: torch refuses such arrays. The bytes are the daemon's: never write.
-    cai["data"] = py::make_tuple(reinterpret_cast<uintptr_t>(view_.data.data()), false);
+    cai["data"] = py::make_tuple(reinterpret_cast<uintptr_t>(bytes.data()), false);
     cai["strides"] = py::none();
-    // Published bytes: the step that wrote them completed before the daemon published the
-    // version, so a reader need not wait on any stream.
     cai["stream"] = py::none();
     cai["version"] = 3;
     return cai;
@@ -265,6 +270,136 @@ class PyPulledView {
   std::shared_ptr<Client> client_;
   PulledView view_;
 };
+
+// The leases of one pull_in_place_batch, ended together: at release(), or once the batch and every
+// block viewing it are gone.
+class BatchLeases {
+ public:
+  BatchLeases(std::shared_ptr<Client> client, std::vector<PulledView> views)
+      : client_(std::move(client)), views_(std::move(views)) {}
+  ~BatchLeases() { Release(); }
+  BatchLeases(const BatchLeases&) = delete;
+  BatchLeases& operator=(const BatchLeases&) = delete;
+
+  const std::vector<PulledView>& views() const { return views_; }
+  bool released() const { return client_ == nullptr; }
+
+  // Ends every lease now, in one message sent without waiting.
+  void Release() {
+    if (client_ == nullptr) return;
+    const std::shared_ptr<Client> client = std::move(client_);
+    client_ = nullptr;
+    (void)client->Release(views_);  // no error to raise from a destructor; leases then expire
+  }
+
+ private:
+  std::shared_ptr<Client> client_;
+  std::vector<PulledView> views_;
+};
+
+// One contiguous range of a batch's bytes (the part of one of the daemon's regions that its views
+// cover), lent to Python like a PulledView: a CUDA array of bytes in GPU memory, else a read-only
+// buffer. It keeps the batch's leases alive.
+class PyPulledBlock {
+ public:
+  PyPulledBlock(std::shared_ptr<BatchLeases> leases, std::span<const std::byte> bytes,
+                bool on_device)
+      : leases_(std::move(leases)), bytes_(bytes), on_device_(on_device) {}
+
+  bool on_device() const { return on_device_; }
+  size_t size() const { return bytes_.size(); }
+
+  py::buffer_info Buffer() const {
+    const bool host = !leases_->released() && !on_device_;
+    return py::buffer_info(host ? const_cast<std::byte*>(bytes_.data()) : nullptr, 1,
+                           py::format_descriptor<uint8_t>::format(), 1,
+                           {static_cast<py::ssize_t>(host ? bytes_.size() : 0)}, {1},
+                           /*readonly=*/true);
+  }
+
+  py::dict CudaArrayInterface() const {
+    if (leases_->released() || !on_device_) {
+      throw py::attribute_error(leases_->released() ? "this batch of in-place views was released"
+                                                    : "this batch is in host memory");
+    }
+    return PyPulledView::DeviceBytes(bytes_);
+  }
+
+ private:
+  const std::shared_ptr<BatchLeases> leases_;
+  const std::span<const std::byte> bytes_;
+  const bool on_device_;
+};
+
+py::tuple HeaderFields(const v1::PullHeader& h);
+
+// A pull of many tensors in place (Client::PullInPlaceMany) lent to Python as few objects: one
+// block per region of the daemon's memory the views lie in, and per tensor (block, offset in it,
+// header fields). A model's tensors then become torch tensors by slicing one or two block tensors
+// instead of one array interface each. The leases end together (see BatchLeases).
+class PyPulledBatch {
+ public:
+  PyPulledBatch(std::shared_ptr<Client> client, std::vector<PulledView> views)
+      : leases_(std::make_shared<BatchLeases>(std::move(client), std::move(views))) {
+    // Views of one region (segment) are one allocation: the range from the lowest to the end of
+    // the highest lies in it.
+    struct Range {
+      int64_t segment;
+      const std::byte* begin;
+      const std::byte* end;
+    };
+    std::vector<Range> ranges;
+    std::vector<int> block_of;
+    for (const PulledView& view : leases_->views()) {
+      const int64_t segment = view.header.place().segment();
+      auto it = std::find_if(ranges.begin(), ranges.end(),
+                             [&](const Range& r) { return r.segment == segment; });
+      const std::byte* begin = view.data.data();
+      const std::byte* end = begin + view.data.size();
+      if (it == ranges.end()) {
+        ranges.push_back({segment, begin, end});
+        it = ranges.end() - 1;
+      } else {
+        it->begin = std::min(it->begin, begin);
+        it->end = std::max(it->end, end);
+      }
+      block_of.push_back(static_cast<int>(it - ranges.begin()));
+    }
+    on_device_ = !leases_->views().empty() && leases_->views().front().header.place_on_device();
+    for (const Range& r : ranges) {
+      blocks_.append(py::cast(std::make_unique<PyPulledBlock>(
+          leases_, std::span<const std::byte>(r.begin, static_cast<size_t>(r.end - r.begin)),
+          on_device_)));
+    }
+    for (size_t i = 0; i < block_of.size(); ++i) {
+      const PulledView& view = leases_->views()[i];
+      spans_.append(py::make_tuple(block_of[i], view.data.data() - ranges[block_of[i]].begin,
+                                   HeaderFields(view.header)));
+    }
+  }
+
+  const py::list& blocks() const { return blocks_; }
+  const py::list& spans() const { return spans_; }
+  bool on_device() const { return on_device_; }
+  bool released() const { return leases_->released(); }
+  void Release() { leases_->Release(); }
+  size_t size() const { return leases_->views().size(); }
+
+ private:
+  std::shared_ptr<BatchLeases> leases_;
+  bool on_device_ = false;
+  py::list blocks_;
+  py::list spans_;
+};
+
+// Every field paramd.served reads, in one tuple (it runs for a whole model each step): (format,
+// rows, cols, data_bytes, scale_bytes, scale_type, scale_shape, version, skipped).
+py::tuple HeaderFields(const v1::PullHeader& h) {
+  return py::make_tuple(FormatName(h.format()), h.rows(), h.cols(), h.data_bytes(), h.scale_bytes(),
+                        EnumName(v1::ScaleType_Name(h.scale_type()), "SCALE_TYPE_"),
+                        std::vector<int64_t>(h.scale_shape().begin(), h.scale_shape().end()),
+                        h.version(), h.skipped());
+}
 
 // A pull's header fields as read-only properties of `cls`; `header(const T&)` finds the header.
 template <typename T, typename Header>
@@ -288,16 +423,7 @@ void BindPullHeader(py::class_<T>& cls, Header header) {
                              })
       .def_property_readonly("format",
                              [header](const T& p) { return FormatName(header(p).format()); })
-      // Every field paramd.served reads, in one call (it runs for a whole model each step):
-      // (format, rows, cols, data_bytes, scale_bytes, scale_type, scale_shape, version, skipped).
-      .def_property_readonly("fields", [header](const T& p) {
-        const v1::PullHeader& h = header(p);
-        return py::make_tuple(FormatName(h.format()), h.rows(), h.cols(), h.data_bytes(),
-                              h.scale_bytes(),
-                              EnumName(v1::ScaleType_Name(h.scale_type()), "SCALE_TYPE_"),
-                              std::vector<int64_t>(h.scale_shape().begin(), h.scale_shape().end()),
-                              h.version(), h.skipped());
-      });
+      .def_property_readonly("fields", [header](const T& p) { return HeaderFields(header(p)); });
 }
 
 v1::StatePolicy ParsePolicy(const py::dict& policy) {
@@ -585,6 +711,21 @@ class PyClient {
     return out;
   }
 
+  // The same as one PulledBatch: its tensors view few blocks, and their leases end together.
+  std::unique_ptr<PyPulledBatch> PullInPlaceBatch(const std::string& job,
+                                                  const std::vector<std::string>& tensors,
+                                                  const std::string& format, int64_t min_version,
+                                                  double timeout_s, double lease_s) {
+    PullManyTarget target{job, tensors, ParseFormat(format), min_version};
+    absl::StatusOr<std::vector<PulledView>> views;
+    const std::shared_ptr<Client> client = Open();
+    {
+      py::gil_scoped_release release;
+      views = client->PullInPlaceMany(target, Millis(timeout_s), Millis(lease_s));
+    }
+    return std::make_unique<PyPulledBatch>(client, Value(std::move(views)));
+  }
+
   // Several tensors in one call (Client::PullMany), in the order named.
   std::vector<std::unique_ptr<PulledBytes>> PullMany(const std::string& job,
                                                      const std::vector<std::string>& tensors,
@@ -788,6 +929,26 @@ PYBIND11_MODULE(_paramd, m) {
   paramd::BindPullHeader(
       pulled_view, [](const PyPulledView& p) -> const auto& { return p.header(); });
 
+  py::class_<paramd::PyPulledBlock>(
+      m, "PulledBlock", py::buffer_protocol(),
+      "A contiguous range of a PulledBatch's bytes (one region of the daemon's memory)")
+      .def_buffer(&paramd::PyPulledBlock::Buffer)
+      .def_property_readonly("on_device", &paramd::PyPulledBlock::on_device)
+      .def_property_readonly("__cuda_array_interface__", &paramd::PyPulledBlock::CudaArrayInterface)
+      .def("__len__", &paramd::PyPulledBlock::size);
+  py::class_<paramd::PyPulledBatch>(
+      m, "PulledBatch",
+      "Many tensors pulled in place: blocks (one per region of the daemon's memory) and per "
+      "tensor (block, offset, fields); the leases end together, at release() or once the batch "
+      "and every block are gone")
+      .def_property_readonly("blocks", &paramd::PyPulledBatch::blocks)
+      .def_property_readonly("spans", &paramd::PyPulledBatch::spans)
+      .def_property_readonly("on_device", &paramd::PyPulledBatch::on_device)
+      .def_property_readonly("released", &paramd::PyPulledBatch::released)
+      .def("release", &paramd::PyPulledBatch::Release,
+           "Ends every lease; the bytes may change after it")
+      .def("__len__", &paramd::PyPulledBatch::size);
+
   py::class_<PyClient>(m, "Client", "One trainer rank's connection to a paramd daemon")
       .def(py::init<const std::string&, const std::string&, double, double, int, uintptr_t,
                     double>(),
@@ -817,6 +978,10 @@ PYBIND11_MODULE(_paramd, m) {
            py::arg("format") = "fp32", py::arg("min_version") = 0, py::arg("timeout_s") = 60.0,
            py::arg("lease_s") = 0.0,
            "pull_in_place of several tensors in one call, in the order named: [PulledView]")
+      .def("pull_in_place_batch", &PyClient::PullInPlaceBatch, py::arg("job"), py::arg("tensors"),
+           py::arg("format") = "fp32", py::arg("min_version") = 0, py::arg("timeout_s") = 60.0,
+           py::arg("lease_s") = 0.0,
+           "pull_in_place_many as one PulledBatch (few objects for a whole model)")
       .def("pull_many", &PyClient::PullMany, py::arg("job"), py::arg("tensors"),
            py::arg("format") = "fp32", py::arg("min_version") = 0, py::arg("timeout_s") = 60.0,
            "Several tensors in one call, in the order named (one request over shm and cuda_ipc)")

@@ -20,7 +20,8 @@
 #           bundle's Python package: scripts/bundle.sh with PARAMD_BUNDLE_PYTHON)
 #   lm      tests/python/lm_training_test.py --device cuda: examples/lm, 2 ranks on GPU 0
 #   llm     bench/python/lm_gpu_bench.py: a 1.1e9-parameter Llama's tokens/s and peak memory,
-#           paramd against torch's fused AdamW and no optimizer
+#           paramd against torch's fused AdamW and no optimizer (LLM_ROWS: rows; LLM_DAEMON_ARGS:
+#           daemon flags; LLM_ARGS: more bench flags, e.g. "--profile --trace=$OUT/trace")
 # Usage: scripts/gpu_bundle.sh BUNDLE_DIR [PART...]   (default: all but whole; logs go to $OUT when
 # set, else to a temporary folder)
 set -uo pipefail
@@ -96,7 +97,8 @@ for p in "${parts[@]}"; do
               --device cuda ;;
         llm) part llm "${LLM_TIMEOUT:-540}" "${py[@]}" "$root/bench/python/lm_gpu_bench.py" \
                --json "$logs/llm.json" --daemon_log "$logs/llm_daemon.log" \
-               ${LLM_ROWS:+--rows "$LLM_ROWS"} ${LLM_DAEMON_ARGS:+"--daemon_args=$LLM_DAEMON_ARGS"} ;;
+               ${LLM_ROWS:+--rows "$LLM_ROWS"} ${LLM_DAEMON_ARGS:+"--daemon_args=$LLM_DAEMON_ARGS"} \
+               ${LLM_ARGS:-} ;;
       esac
       ;;
     *) echo "gpu_bundle: unknown part $p (kernels, sanitize, backend, limits, ipc, whole, daemon, shm, python, lm, llm)"; exit 2 ;;

@@ -48,7 +48,8 @@ struct ServedFormat {
 };
 
 // The served bytes of one version of one tensor. Immutable once published: a reader holding the
-// pointer holds a lease on that version; the next step writes other buffers.
+// pointer holds a lease on that version; the next step writes other buffers. Device bytes may be
+// published while their step still runs on the GPU: readers wait for DeviceExports::step_event.
 struct ServedTensor {
   int64_t version = -1;
   bool skipped = false;
@@ -189,7 +190,9 @@ class Backend {
                                                        float grad_scale, bool norms) = 0;
   // Runs one step over the tensors, in order. `tensor_done(i)`, when set, is called once tensor i's
   // state and served bytes are final (tensors[i].out complete), so the job can publish it while
-  // later tensors are still being stepped; every tensor is reported before Step returns OK.
+  // later tensors are still being stepped; every tensor is reported before Step returns OK. A
+  // backend whose served bytes lie in GPU memory may report them once their writes are queued,
+  // with its step event recorded after them (DeviceExports); the state is final when Step returns.
   virtual absl::Status Step(std::span<TensorStep> tensors, const StepScalars& scalars,
                             const std::function<void(size_t)>& tensor_done = nullptr) = 0;
 

@@ -240,6 +240,7 @@ class CudaBackend : public Backend {
     cudaSetDevice(device_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
     if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
+    if (step_done_ != nullptr) cudaEventDestroy(step_done_);
   }
 
   absl::Status Init() {
@@ -257,6 +258,11 @@ class CudaBackend : public Backend {
     PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+    PARAMD_CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&step_done_, cudaEventDisableTiming | cudaEventInterprocess));
+    cudaIpcEventHandle_t handle;
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaIpcGetEventHandle(&handle, step_done_));
+    step_event_.assign(reinterpret_cast<const char*>(&handle), sizeof(handle));
     cudaDeviceProp prop;
     PARAMD_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device_));
     uuid_.assign(prop.uuid.bytes, sizeof(prop.uuid.bytes));
@@ -269,7 +275,12 @@ class CudaBackend : public Backend {
   std::string name() const override { return absl::StrCat("cuda:", device_); }
   BufferAllocator* HostAllocator() override { return PinnedAllocatorOf(device_); }
 
-  std::optional<DeviceExports> Exports() const override { return arena_->Exports(uuid_); }
+  std::optional<DeviceExports> Exports() const override {
+    DeviceExports exports = arena_->Exports(uuid_);
+    exports.step_event = step_event_;
+    exports.step_event_local = reinterpret_cast<uint64_t>(step_done_);
+    return exports;
+  }
   absl::StatusOr<DeviceBytes> AllocateExported(int64_t bytes) override {
     return arena_->Allocate(bytes);
   }
@@ -451,9 +462,10 @@ class CudaBackend : public Backend {
     if (!served.host_stale) return absl::OkStatus();
     const DeviceScope scope(device_);
     PARAMD_RETURN_IF_ERROR(scope.status());
-    // Its own stream: a step running on stream_ does not hold the reader up. A published
-    // version's device bytes are final (its step synchronized before publishing), and its host
-    // bytes are written only here, under host_mu, before any host reader reads them.
+    // Its own stream, which waits for the steps queued so far (a version is published once its
+    // step is queued: step_done_), but not for later ones. Its host bytes are written only here,
+    // under host_mu, before any host reader reads them.
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, step_done_, 0));
     for (const ServedFormat& f : served.formats) {
       if (f.device.empty()) continue;
       auto* host = const_cast<uint8_t*>(f.bytes.data());
@@ -545,8 +557,10 @@ class CudaBackend : public Backend {
     return check;
   }
 
-  // One launch over all tensors (kernels/cuda_step.h): every tensor is reported done at the end,
-  // after the copies down; publishing earlier would need per-group launches and syncs.
+  // One launch over all tensors (kernels/cuda_step.h). Every tensor is reported done as soon as the
+  // step's work is queued, with step_done_ recorded after it: a trainer's pull of the new version
+  // answers then, and its stream waits for the event (cuda_ipc), so its next forward is queued
+  // behind the step on the GPU while the step runs. The state is final when this returns.
   absl::Status StepLocked(std::span<TensorStep> tensors, const StepScalars& scalars,
                           const std::function<void(size_t)>& tensor_done) {
     PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
@@ -616,16 +630,17 @@ class CudaBackend : public Backend {
           cudaMemcpyAsync(HostScalars() + n, static_cast<float*>(step_scalars_.get()) + n,
                           n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     }
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaEventRecord(step_done_, stream_));
     const auto enqueued = std::chrono::steady_clock::now();
+    if (tensor_done) {
+      for (size_t i = 0; i < tensors.size(); ++i) tensor_done(i);
+    }
     PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     PARAMD_LOG(DEBUG) << "cuda:" << device_ << " step of " << tensors.size() << " tensors: enqueue "
                       << Ms(start, enqueued) << " ms, then the device "
                       << Ms(enqueued, std::chrono::steady_clock::now()) << " ms";
     for (size_t i = 0; i < tensors.size(); ++i) {
       static_cast<CudaTensorState*>(tensors[i].state)->history.Append(amax[i]);
-    }
-    if (tensor_done) {
-      for (size_t i = 0; i < tensors.size(); ++i) tensor_done(i);
     }
     return absl::OkStatus();
   }
@@ -778,6 +793,9 @@ class CudaBackend : public Backend {
   std::mutex mu_;             // one step (or state creation) at a time on the stream
   cudaStream_t stream_ = nullptr;
   cudaStream_t copy_stream_ = nullptr;  // host readers' copies down (ReadyHostBytes)
+  // Recorded on stream_ after each step's work (interprocess: cuda_ipc trainers wait for it).
+  cudaEvent_t step_done_ = nullptr;
+  std::string step_event_;  // its cudaIpcEventHandle_t bytes
   std::atomic<int64_t> host_copies_{0};
   kernels::CudaStepPlan plan_;
   DeviceBuffer workspace_;

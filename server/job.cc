@@ -749,6 +749,10 @@ StepReport Job::StepNow(const StepWork& work) {
                     << ")";
   absl::MutexLock lock(&mu_);
   if (outputs.empty()) count_step();
+  // A backend may publish before its step's device work is done (cuda: the step is queued): the
+  // step's seconds run to here.
+  seconds = std::chrono::duration<double>(stepped - start).count();
+  last_step_seconds_ = seconds;
   report.seconds = seconds;
   report.skipped = skipped;
   report.clip = scalars.clip;

@@ -377,6 +377,7 @@ PlacedTransport::~PlacedTransport() { Stop(); }
 
 absl::Status PlacedTransport::BeforePush() { return absl::OkStatus(); }
 absl::Status PlacedTransport::FinishCopies() { return absl::OkStatus(); }
+absl::Status PlacedTransport::BeforeRead(bool) { return absl::OkStatus(); }
 absl::Status PlacedTransport::ToHost(std::span<const PushItem> items, std::vector<PushItem>* host,
                                      std::vector<std::vector<std::byte>>* storage) {
   host->assign(items.begin(), items.end());
@@ -518,6 +519,9 @@ absl::Status PlacedTransport::PullMany(const PullManyTarget& target, Deadline de
         leases.push_back(pulled.header.lease());
         absl::StatusOr<const uint8_t*> bytes = View(pulled.header, deadline);
         if (!bytes.ok()) return bytes.status();
+        if (leases.size() == 1) {
+          if (absl::Status s = BeforeRead(/*in_place=*/false); !s.ok()) return s;
+        }
         if (absl::Status s = CopyOut(*bytes, static_cast<size_t>(pulled.header.place().bytes()),
                                      &(*out)[i].data);
             !s.ok()) {
@@ -553,6 +557,7 @@ absl::Status PlacedTransport::PullInPlaceMany(const PullManyTarget& target, Dead
         view.lease = view.header.lease();
         return absl::OkStatus();
       });
+  if (status.ok() && !leases.empty()) status = BeforeRead(/*in_place=*/true);
   if (!status.ok() && !leases.empty()) ReleaseSoon(*stub_, *async_, leases);  // nothing handed out
   return status;
 }

@@ -145,6 +145,10 @@ class PlacedTransport : public Transport {
   // Copies `bytes` bytes at `from` into `out` (resized); may complete only at FinishCopies.
   virtual absl::Status CopyOut(const uint8_t* from, size_t bytes, std::vector<std::byte>* out) = 0;
   virtual absl::Status FinishCopies();
+  // Runs once a pull's places are known, before their bytes are read: `in_place` when the views
+  // go to the caller, else before this transport copies them out. A daemon may publish a version
+  // whose step is still running on its GPU: cuda_ipc makes the reading stream wait for it.
+  virtual absl::Status BeforeRead(bool in_place);
   // The items the inline path sends (initial weights, and any the daemon did not place) as host
   // bytes: this default takes them as they are; cuda_ipc copies those in GPU memory into
   // `storage` first, since the inline path reads them on the host.

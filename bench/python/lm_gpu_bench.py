@@ -67,7 +67,7 @@ def use_fp8_gemms(model, opt):
             module.forward = forward
 
 
-def one_row(row, address, steps, warmup, profile=False):
+def one_row(row, address, steps, warmup, profile=False, trace=None):
     """Trains `row` in this process; returns its figures."""
     import torch
     torch.cuda.set_device(0)
@@ -139,6 +139,8 @@ def one_row(row, address, steps, warmup, profile=False):
         busy = sum(e.self_device_time_total for e in prof.key_averages()) / 1e3
         print(f"PROFILE {row}: wall {wall * 1e3 / 3:.1f} ms/step, trainer GPU busy "
               f"{busy / 3:.1f} ms/step", file=sys.stderr)
+        if trace:
+            prof.export_chrome_trace(f"{trace}.{row}.json")
     out = {"row": row, "params": params, "step_ms": 1e3 * seconds / steps,
            "tokens_per_s": BATCH * SEQ * steps / seconds,
            "torch_peak_gib": torch.cuda.max_memory_allocated() / 2**30,
@@ -194,6 +196,8 @@ def main():
                         help="extra daemon flags, space-separated (e.g. --log_level=debug)")
     parser.add_argument("--profile", action="store_true",
                         help="profile 3 more steps of each row (torch.profiler) to stderr")
+    parser.add_argument("--trace", help="with --profile: write each row's Chrome trace to "
+                        "TRACE.<row>.json")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--address", help=argparse.SUPPRESS)
     parser.add_argument("--switch_interval_ms", type=float,
@@ -203,7 +207,7 @@ def main():
         sys.setswitchinterval(args.switch_interval_ms / 1e3)
     if args.one:
         print("RESULT " + json.dumps(one_row(args.one, args.address, args.steps, args.warmup,
-                                             args.profile)))
+                                             args.profile, args.trace)))
         return 0
 
     from paramd.daemon import Daemon
@@ -218,6 +222,8 @@ def main():
             command += ["--address", daemon.address]
         if args.profile:
             command.append("--profile")
+        if args.trace:
+            command.append(f"--trace={args.trace}")
         if args.switch_interval_ms:
             command.append(f"--switch_interval_ms={args.switch_interval_ms}")
         done = subprocess.run(command, capture_output=True, text=True)

@@ -15,12 +15,12 @@ Low level (tensors in and out, no PyTorch optimizer semantics):
 The optimizer a training loop swaps in for torch.optim.AdamW is paramd.torch.AdamW.
 """
 
-from paramd._paramd import Client, PulledBytes, PulledView, StatusError
+from paramd._paramd import Client, PulledBatch, PulledBytes, PulledView, StatusError
 
 __all__ = [
-    "Client", "PulledBytes", "PulledView", "StatusError", "byte_view", "connect", "dequantize",
-    "hyperparams", "pull", "pull_in_place", "pull_in_place_many", "pull_many", "push_gradients",
-    "served", "state_policy", "upload_initial_weights",
+    "Client", "PulledBatch", "PulledBytes", "PulledView", "StatusError", "byte_view", "connect",
+    "dequantize", "hyperparams", "pull", "pull_in_place", "pull_in_place_many", "pull_many",
+    "push_gradients", "served", "state_policy", "upload_initial_weights",
 ]
 
 # Named state policies (DESIGN.md section 3); a dict with the keys below picks any other mix.
@@ -100,9 +100,12 @@ def pull_in_place(client, job, tensor, fmt="fp32", min_version=0, timeout_s=60.0
 
 def pull_in_place_many(client, job, tensors, fmt="fp32", min_version=0, timeout_s=60.0,
                        lease_s=0.0):
-    """pull_in_place of several tensors in one call: {name: ServedWeight}, each with its lease."""
-    views = client.pull_in_place_many(job, list(tensors), fmt, min_version, timeout_s, lease_s)
-    return {name: served(v) for name, v in zip(tensors, views)}
+    """pull_in_place of several tensors in one call: {name: ServedWeight}. They are sliced from
+    one tensor per region of the daemon's memory (client.pull_in_place_batch), and their leases
+    end together, once every one of them is gone."""
+    from paramd import _formats
+    batch = client.pull_in_place_batch(job, list(tensors), fmt, min_version, timeout_s, lease_s)
+    return dict(zip(tensors, _formats.served_batch(batch)))
 
 
 def pull_many(client, job, tensors, fmt="fp32", min_version=0, timeout_s=60.0):

@@ -38,6 +38,16 @@ def is_columnwise(fmt):
     return fmt.endswith(":columnwise")
 
 
+def is_plain(fmt):
+    """Whether a format's data are the weights themselves (fp32, bf16, fp16; rowwise)."""
+    return recipe_of(fmt) in ("fp32", "bf16", "fp16") and not is_columnwise(fmt)
+
+
+def data_dtype(fmt):
+    """The torch dtype of a format's data."""
+    return _DATA_DTYPES[recipe_of(fmt)]
+
+
 def check_format(fmt):
     if recipe_of(fmt) not in _DATA_DTYPES:
         raise ValueError(f"unknown serve format {fmt!r}; one of {sorted(_DATA_DTYPES)}, "
@@ -64,21 +74,49 @@ def grad_type_of(dtype):
 
 
 def served(pulled):
-    """Views a pull (paramd._paramd.PulledBytes) as a ServedWeight, without copying the data."""
+    """Views a pull (paramd._paramd.PulledBytes or PulledView) as a ServedWeight, without copying
+    the data."""
     if getattr(pulled, "released", False):
         raise ValueError("this in-place view was released; pull again")
-    fmt, rows, cols, data_bytes, scale_bytes, scale_type, scale_shape, version, skipped = (
-        pulled.fields)
-    dtype = _DATA_DTYPES[recipe_of(fmt)]
     if getattr(pulled, "on_device", False):
         # GPU memory (cuda_ipc): a CUDA tensor over the daemon's bytes, through the view's
         # __cuda_array_interface__; the tensor keeps the view, and so its lease, alive.
         raw = torch.as_tensor(pulled)
     else:
-        with warnings.catch_warnings():
-            # An in-place view (PulledView) is a read-only buffer; torch warns that it views it.
-            warnings.filterwarnings("ignore", message="The given buffer is not writable")
-            raw = torch.frombuffer(pulled, dtype=torch.uint8)
+        raw = _host_bytes(pulled)
+    return served_view(raw, pulled.fields)
+
+
+def _host_bytes(buffer):
+    with warnings.catch_warnings():
+        # An in-place view is a read-only buffer; torch warns that it views it.
+        warnings.filterwarnings("ignore", message="The given buffer is not writable")
+        return torch.frombuffer(buffer, dtype=torch.uint8)
+
+
+def block_tensors(batch):
+    """The blocks of a PulledBatch as uint8 tensors (CUDA ones over GPU memory), each keeping the
+    batch's leases alive."""
+    if batch.released:
+        raise ValueError("this batch of in-place views was released; pull again")
+    if batch.on_device:
+        return [torch.as_tensor(b) for b in batch.blocks]
+    return [_host_bytes(b) for b in batch.blocks]
+
+
+def served_batch(batch, blocks=None):
+    """Every tensor of a PulledBatch as a ServedWeight, each sliced from its block's tensor
+    (`blocks`: block_tensors(batch), when the caller has them)."""
+    blocks = block_tensors(batch) if blocks is None else blocks
+    return [served_view(blocks[b][offset:offset + fields[3] + fields[4]], fields)
+            for b, offset, fields in batch.spans]
+
+
+def served_view(raw, fields):
+    """A ServedWeight over `raw`, the uint8 tensor of one pull's bytes (data, then scales), whose
+    header fields are `fields` (a pull's .fields tuple)."""
+    fmt, rows, cols, data_bytes, scale_bytes, scale_type, scale_shape, version, skipped = fields
+    dtype = _DATA_DTYPES[recipe_of(fmt)]
     data = raw[:data_bytes].view(dtype)
     # Columnwise data is the transpose, except mxfp8's, which keeps [rows, cols].
     if is_columnwise(fmt) and recipe_of(fmt) != "mxfp8":
@@ -91,9 +129,11 @@ def served(pulled):
         if scale_type == "e8m0":
             scale = scale_raw.view(scale_shape)
         else:
-            # Scales follow data of any byte count: copy them (they are tiny) so the float32
-            # view is aligned (on the GPU too: the copy is queued on the current stream).
-            scale = scale_raw.clone().view(torch.float32).view(scale_shape)
+            if scale_raw.data_ptr() % 4:
+                # Scales follow data of any byte count: a misaligned float32 view is refused, so
+                # they are copied (tiny; on the GPU the copy is queued on the current stream).
+                scale_raw = scale_raw.clone()
+            scale = scale_raw.view(torch.float32).view(scale_shape)
     return ServedWeight(data, scale, scale_type, fmt, version, rows, cols, skipped)
 
 

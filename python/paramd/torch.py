@@ -24,8 +24,9 @@ What happens when:
   tensor by tensor in forward order.
 - Forward: with `module` given, a forward pre-hook on every module that owns parameters waits
   only for that module's tensors and writes them (dequantized) before it runs, so the first
-  layers compute while later ones are still stepped and pulled. Without `module`, step() waits
-  for all tensors before it returns.
+  layers compute while later ones are still stepped and pulled (over cuda_ipc the first one loads
+  the job's whole version: see below). Without `module`, step() waits for all tensors before it
+  returns.
 - The job is served exactly the formats in `serve` (FP32 only when listed), and pays memory for
   those alone. Every one is pulled; the first one is written into the parameters; served() gives
   each as a ServedWeight (FP8 data as torch.float8_e4m3fn with its scales) for FP8 GEMMs.
@@ -38,8 +39,10 @@ What happens when:
   choice then picks cuda_ipc): gradients are pushed from GPU memory, with no host copy, by copies
   that wait for the work queued on the current stream at construction (`cuda_stream`) and run
   on the push thread, so the Python thread never waits on the device. The new version is viewed
-  where the daemon serves it (one in-place pull per job and format, a lease per tensor) and
-  written into each parameter with one device copy before its module's forward; with
+  where the daemon serves it (one in-place pull per job and format, sliced from a few block
+  tensors, a lease per tensor) as soon as the daemon has queued its step: the current stream
+  waits for that step on the GPU, not the host. The first module's forward writes the whole
+  version into the parameters, with device copies queued by one call; with
   `weights_in_place=True` a parameter whose dtype is the first format's views those bytes
   instead (no copy; do not write into it). Each version's views are let go once the next one is
   loaded and the work queued on them has run, so no lease outlives a step. A bf16 parameter
@@ -62,15 +65,18 @@ from paramd import _formats
 class _Tensor:
     """One registered parameter."""
 
-    __slots__ = ("name", "param", "rows", "cols", "grad_type", "job", "pushed_step")
+    __slots__ = ("name", "param", "shape", "rows", "cols", "grad_type", "grad_dtype", "grad_nbytes",
+                 "job", "pushed_step")
 
     def __init__(self, name, param, job):
         self.name = name
         self.param = param
-        shape = tuple(param.shape)
-        self.rows = shape[0] if len(shape) >= 2 else 1
+        self.shape = tuple(param.shape)
+        self.rows = self.shape[0] if len(self.shape) >= 2 else 1
         self.cols = max(1, param.numel() // self.rows)
         self.grad_type = _formats.grad_type_of(param.dtype)
+        self.grad_dtype = torch.float32 if self.grad_type == "fp32" else torch.bfloat16
+        self.grad_nbytes = self.rows * self.cols * self.grad_dtype.itemsize
         self.job = job
         self.pushed_step = -1
 
@@ -81,17 +87,15 @@ class _Tensor:
         gradient)."""
         grad = self.param.grad
         if grad is None:
-            dtype = torch.float32 if self.grad_type == "fp32" else torch.bfloat16
-            grad = torch.zeros(self.rows * self.cols, dtype=dtype, device=self.param.device)
-        elif self.grad_type == "fp32" and grad.dtype != torch.float32:
-            grad = grad.float()
+            grad = torch.zeros(self.rows * self.cols, dtype=self.grad_dtype,
+                               device=self.param.device)
+        elif grad.dtype != self.grad_dtype:
+            grad = grad.to(self.grad_dtype)
         if direct:
             # Few Python calls here: this runs in backward, once per parameter.
-            grad = grad.detach()
             if not grad.is_contiguous():
                 grad = grad.contiguous()
-            nbytes = grad.numel() * grad.element_size()
-            return (grad.data_ptr(), nbytes), nbytes, grad
+            return (grad.data_ptr(), self.grad_nbytes), self.grad_nbytes, grad
         if grad.device.type == "cuda":
             grad = grad.cpu()
         data = _formats.byte_view(grad)
@@ -164,6 +168,41 @@ class _PendingPull:
         self.error = None
 
 
+class _DeviceVersion:
+    """One job's version viewed where the daemon serves it in GPU memory (cuda_ipc): per format a
+    PulledBatch and its block tensors, filled by the pull thread. Every parameter of the job
+    loads from it at once (the GPU backend publishes a step's tensors together); ServedWeights
+    are sliced from the blocks when asked for. Holding it holds the version's leases."""
+
+    __slots__ = ("version", "tensors", "index", "done", "error", "batches", "blocks", "weights",
+                 "loaded")
+
+    def __init__(self, version, tensors, index):
+        self.version = version
+        self.tensors = tensors  # the job's, in forward order: the order pulled
+        self.index = index  # tensor name -> position in `tensors`
+        self.done = threading.Event()
+        self.error = None
+        self.batches = {}  # format -> paramd.PulledBatch
+        self.blocks = {}  # format -> [uint8 CUDA tensor per block]
+        self.weights = {}  # (name, format) -> ServedWeight, made on demand
+        self.loaded = False
+
+    def served(self, name, fmt):
+        weight = self.weights.get((name, fmt))
+        if weight is None:
+            block, offset, fields = self.batches[fmt].spans[self.index[name]]
+            raw = self.blocks[fmt][block][offset:offset + fields[3] + fields[4]]
+            weight = self.weights[(name, fmt)] = _formats.served_view(raw, fields)
+        return weight
+
+    def data(self, fmt, dtype):
+        """Each tensor's data in `fmt`, flat, in `dtype` (a plain format's), in order."""
+        blocks = self.blocks[fmt]
+        return [blocks[block][offset:offset + fields[3]].view(dtype)
+                for block, offset, fields in self.batches[fmt].spans]
+
+
 class AdamW(torch.optim.Optimizer):
     """AdamW with decoupled weight decay, stepped by a paramd daemon (see the module doc)."""
 
@@ -199,9 +238,10 @@ class AdamW(torch.optim.Optimizer):
         self._pulls = _Worker("paramd-pull")
         self._pending = {}  # id(param) -> _PendingPull of the version being loaded
         self._served = {}  # tensor name -> {format: ServedWeight} of the loaded version
-        # GPU views of earlier versions: those replaced while the current version loads, and
-        # (CUDA event, views) of older ones, let go once the event has run.
-        self._retiring, self._retired, self._loading = [], [], None
+        self._versions = {}  # cuda_ipc: job name -> _DeviceVersion loaded
+        # (CUDA event, _DeviceVersion) of versions replaced by newer ones, let go once the event
+        # has run (cuda_ipc).
+        self._retired = []
         self._hooks = []
         self.restarts = 0  # daemon restarts followed (resume from its checkpoints)
         self._resumed = False  # a restart was followed during this iteration: drop its gradients
@@ -229,6 +269,7 @@ class AdamW(torch.optim.Optimizer):
                 j.tensors.append(_Tensor(tensor_name, param, j))
             self._jobs.append(j)
         self._by_param = {id(t.param): t for j in self._jobs for t in j.tensors}
+        self._by_name = {t.name: t for j in self._jobs for t in j.tensors}
         # Forward order: the module's parameter order when we have it, else registration order.
         if module is not None:
             order = [self._by_param[id(p)] for p in module.parameters() if id(p) in self._by_param]
@@ -375,6 +416,10 @@ class AdamW(torch.optim.Optimizer):
                     self._flush(j)
             self._pushes.wait()
             pushed = time.perf_counter()
+            # The pushes read gradients backward wrote after the current version's forward:
+            # the earlier versions' views are done with, and their leases go before the commit,
+            # which asks the daemon for room for the next version.
+            self._drop_retired()
             for j in self._jobs:
                 self._update_hyperparams(j)
                 j.client.commit(j.name, self.rank, self._step, lr=float(j.group["lr"]),
@@ -429,69 +474,96 @@ class AdamW(torch.optim.Optimizer):
 
     def _start_device_pulls(self, version):
         """cuda_ipc: one in-place pull per job and format views every tensor of the version in
-        the daemon's GPU memory (the cuda:N backend publishes a step's tensors together)."""
+        the daemon's GPU memory, as a few block tensors (the cuda:N backend publishes a step's
+        tensors together). The pull thread only waits and maps: the views are sliced, and the
+        weights written, on the trainer's thread, so the two never contend for the GIL."""
         for j in self._jobs:
             order = [t for t in self._forward_order if t.job is j]
-            pendings = [_PendingPull(version) for _ in order]
-            for t, pending in zip(order, pendings):
+            pending = _DeviceVersion(version, order, {t.name: i for i, t in enumerate(order)})
+            for t in order:
                 self._pending[id(t.param)] = pending
 
-            def pull(j=j, order=order, pendings=pendings):
+            def pull(j=j, pending=pending):
                 try:
-                    names = [t.name for t in order]
-                    views = [j.client.pull_in_place_many(j.name, names, fmt, version,
-                                                         self._timeout_s)
-                             for fmt in self.serve]
-                    # Each tensor is ready as soon as its views are: the first layers' forward
-                    # starts while later ones are still being viewed.
-                    for i, pending in enumerate(pendings):
-                        for fmt, fmt_views in zip(self.serve, views):
-                            pending.served[fmt] = paramd.served(fmt_views[i])
-                        pending.done.set()
+                    names = [t.name for t in pending.tensors]
+                    for fmt in self.serve:
+                        batch = j.client.pull_in_place_batch(j.name, names, fmt, version,
+                                                             self._timeout_s)
+                        pending.batches[fmt] = batch
+                        pending.blocks[fmt] = _formats.block_tensors(batch)
                 except BaseException as error:  # raised where the weights are needed
-                    for pending in pendings:
-                        if not pending.done.is_set():
-                            pending.error = error
+                    pending.error = error
                 finally:
-                    for pending in pendings:
-                        pending.done.set()
+                    pending.done.set()
 
             self._pulls.submit(pull)
 
-    def _write_device_weight(self, param, served):
-        """Writes the first format's served bytes into a CUDA parameter: one device copy (or a
-        dequantization for the scaled formats), or, in place, the parameter views them."""
-        weight = served[self.serve[0]]
-        fmt = weight.format
-        plain = _formats.recipe_of(fmt) in ("fp32", "bf16", "fp16") and not (
-            _formats.is_columnwise(fmt))
-        if plain and self.weights_in_place and weight.data.dtype == param.dtype:
-            param.data = weight.data.view(param.shape)
-        elif plain:
-            param.copy_(weight.data.view(param.shape))
-        else:
-            param.copy_(_formats.dequantize(weight).view(param.shape))
-
-    def _retire(self, version):
-        """Called as each tensor of `version` loads. Over cuda_ipc, the views of the version
-        before the previous one are let go once the work queued so far has run (an event
-        recorded when the first tensor of `version` loads: every read of them was queued
-        before), so no lease outlives the next step's load and nothing here waits."""
-        if not self._direct:
+    def _load_device(self, pending):
+        """Loads one job's version into all its parameters (the first of them a forward needs
+        brings the rest): one device copy each, queued by one call, or in-place views."""
+        if pending.loaded:
             return
-        if version != self._loading:
-            self._loading = version
-            if self._retiring:
-                event = torch.cuda.Event()
-                event.record()
-                self._retired.append((event, self._retiring))
-                self._retiring = []
+        pending.loaded = True
+        for t in pending.tensors:
+            self._pending.pop(id(t.param), None)
+        if not pending.done.is_set():
+            started = time.perf_counter()
+            pending.done.wait()
+            self.timings["pull_wait_s"] += time.perf_counter() - started
+        if pending.error is not None:
+            if self._restarted(pending.error):
+                self._resume()
+                self._resumed = True  # this iteration's forward ran on other weights
+                return
+            raise pending.error
+        if self.write_weights:
+            self._write_device_weights(pending)
+        job = pending.tensors[0].job.name
+        if job in self._versions:
+            self._retire(self._versions[job])
+        self._versions[job] = pending
+
+    @torch.no_grad()
+    def _write_device_weights(self, pending):
+        """Writes the first format's served bytes into the job's CUDA parameters: device copies
+        queued by one call (a dequantization each for the scaled formats), or, with
+        weights_in_place, parameters of the served dtype view them (no copy)."""
+        fmt = self.serve[0]
+        if not _formats.is_plain(fmt):
+            for t in pending.tensors:
+                t.param.copy_(_formats.dequantize(pending.served(t.name, fmt)).view(t.shape))
+            return
+        dtype = _formats.data_dtype(fmt)
+        targets, sources = [], []
+        for t, data in zip(pending.tensors, pending.data(fmt, dtype)):
+            if self.weights_in_place and t.param.dtype == dtype:
+                t.param.data = data.view(t.shape)
+            else:
+                targets.append(t.param)
+                sources.append(data.view(t.shape))
+        if targets:
+            torch._foreach_copy_(targets, sources)
+
+    def _retire(self, old):
+        """Lets go of a job's version that a newer one replaced (cuda_ipc) once the work queued
+        so far has run: every read of it (the last forward and backward, the copies from it; a
+        parameter viewing it views the new one now) was queued before this event. No lease
+        outlives the next step's load, and nothing here waits."""
+        event = torch.cuda.Event()
+        event.record()
+        self._retired.append((event, old))
+        self._drop_retired()
+
+    def _drop_retired(self):
         while self._retired and self._retired[0][0].query():
             self._retired.pop(0)
 
     def _load(self, param):
         pending = self._pending.pop(id(param), None)
         if pending is None:
+            return
+        if isinstance(pending, _DeviceVersion):
+            self._load_device(pending)
             return
         if not pending.done.is_set():
             started = time.perf_counter()
@@ -503,16 +575,10 @@ class AdamW(torch.optim.Optimizer):
                 self._resumed = True  # this iteration's forward ran on other weights
                 return
             raise pending.error
-        name = self._by_param[id(param)].name
-        self._retire(pending.version)
-        with torch.no_grad():
-            if self._direct and self.write_weights:
-                self._write_device_weight(param, pending.served)
-            elif pending.weight is not None:
+        if pending.weight is not None:
+            with torch.no_grad():
                 param.copy_(pending.weight)
-        if self._direct and name in self._served:
-            self._retiring.append(self._served[name])
-        self._served[name] = pending.served
+        self._served[self._by_param[id(param)].name] = pending.served
 
     def _before_forward(self, module, args):
         for p in module.parameters(recurse=False):
@@ -540,7 +606,8 @@ class AdamW(torch.optim.Optimizer):
         self._pulls.drain()
         self._pending = {}
         self._served = {}
-        self._retiring, self._retired, self._loading = [], [], None
+        self._versions = {}
+        self._retired = []
         self.restarts += 1
         self._step = self._register_and_load()
 
@@ -556,16 +623,18 @@ class AdamW(torch.optim.Optimizer):
         # A point where the caller waits anyway: the earlier versions' GPU views go now.
         if self._direct:
             torch.cuda.synchronize(self.device)
-        self._retiring, self._retired = [], []
+        self._retired = []
 
     def served(self, param_or_name, fmt=None):
         """The ServedWeight of a parameter in `fmt` (default: the first serve format), of the
         version its module last loaded: FP8 data as float8_e4m3fn and its scales. Over cuda_ipc
         they are CUDA tensors viewing the daemon's bytes, valid until the next version is loaded
         (queue the work that reads them before the next step())."""
-        name = param_or_name if isinstance(param_or_name, str) else (
-            self._by_param[id(param_or_name)].name)
-        return self._served[name][fmt or self.serve[0]]
+        t = (self._by_name[param_or_name] if isinstance(param_or_name, str) else
+             self._by_param[id(param_or_name)])
+        if self._direct:
+            return self._versions[t.job.name].served(t.name, fmt or self.serve[0])
+        return self._served[t.name][fmt or self.serve[0]]
 
     @property
     def next_step(self):

@@ -173,6 +173,51 @@ class BindingsTest(unittest.TestCase):
             self.client.pull_many("many", ["a", "a"], "fp32", 0, 5.0)
         self.assertEqual(caught.exception.code, "INVALID_ARGUMENT")
 
+    def test_pull_in_place_many_slices_few_blocks_whose_leases_end_together(self):
+        client = paramd.connect(self.daemon.address)
+        shapes = {"a": (3, 5), "b": (130, 70), "c": (1, 7), "d": (64, 33)}
+        client.register(job="batch", rank=0, world_size=1,
+                        tensors=[(n, r, c, "fp32") for n, (r, c) in shapes.items()],
+                        hyperparams=paramd.hyperparams(), serve=FORMATS)
+        self.assertEqual(client.transport, "shm")
+        weights = {n: torch.randn(r, c, generator=torch.Generator().manual_seed(i))
+                   for i, (n, (r, c)) in enumerate(shapes.items())}
+        paramd.upload_initial_weights(client, "batch", weights)
+        order = ["d", "a", "c", "b"]
+        for fmt in FORMATS:
+            with self.subTest(fmt=fmt):
+                batch = client.pull_in_place_batch("batch", order, fmt, 0)
+                self.assertEqual(len(batch), len(order))
+                self.assertFalse(batch.on_device)
+                # One block per region the views lie in: fewer than the tensors here.
+                self.assertLess(len(batch.blocks), len(order))
+                self.assertEqual(client.status("batch")["jobs"][0]["leases"], len(order))
+                got = paramd.pull_in_place_many(client, "batch", order, fmt, 0)
+                self.assertEqual(list(got), order)
+                for name in order:
+                    alone = paramd.pull(client, "batch", name, fmt, 0)
+                    self.assertTrue(torch.equal(got[name].data.view(torch.uint8),
+                                                alone.data.view(torch.uint8)), name)
+                    if alone.scale is None:
+                        self.assertIsNone(got[name].scale)
+                    else:
+                        self.assertTrue(torch.equal(got[name].scale, alone.scale), name)
+                    self.assertTrue(torch.equal(paramd.dequantize(got[name]),
+                                                paramd.dequantize(alone)), name)
+                batch.release()
+                self.assertTrue(batch.released)
+                with self.assertRaises(ValueError):
+                    paramd._formats.block_tensors(batch)
+                del got
+                gc.collect()
+                give_up = time.monotonic() + 10.0
+                while (client.status("batch")["jobs"][0]["leases"] and
+                       time.monotonic() < give_up):
+                    gc.collect()
+                    time.sleep(0.01)
+                self.assertEqual(client.status("batch")["jobs"][0]["leases"], 0)
+        client.close()
+
     def test_errors_carry_the_daemons_code(self):
         with self.assertRaises(paramd.StatusError) as caught:
             self.client.pull("bind", "no_such_tensor", "fp32", 0, 5.0)

@@ -36,6 +36,8 @@ class CudaIpcDaemonEnd final : public DaemonEnd {
           regions->set_device(exports.device);
           regions->set_device_uuid(exports.uuid);
           regions->set_pid(static_cast<int64_t>(getpid()));
+          regions->set_step_event(exports.step_event);
+          regions->set_step_event_local(exports.step_event_local);
         },
         response);
   }

@@ -85,6 +85,7 @@ class CudaIpcTransport final : public PlacedTransport {
     const DeviceScope scope(device_);
     for (cudaEvent_t event : events_) cudaEventDestroy(event);
     if (callers_work_ != nullptr) cudaEventDestroy(callers_work_);
+    if (step_event_opened_) cudaEventDestroy(step_event_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
@@ -100,6 +101,7 @@ class CudaIpcTransport final : public PlacedTransport {
     const DeviceScope scope(device_);
     if (!scope.status().ok()) return scope.status();
     const v1::CudaIpcRegions& regions = response.cuda_ipc();
+    if (absl::Status s = NoteStepEvent(regions); !s.ok()) return s;
     const std::string& handle = regions.ipc_handles(index);
     const uint64_t base = regions.ipc_bases(index);
     if (regions.pid() == static_cast<int64_t>(getpid()) && InThisProcess(base)) {
@@ -138,7 +140,50 @@ class CudaIpcTransport final : public PlacedTransport {
     PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     PARAMD_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&callers_work_, cudaEventDisableTiming));
+    return absl::OkStatus();  // the step event is opened with the first region (Map)
+  }
+
+  // Opens the daemon's step event that `regions` names (again after a restart: another handle),
+  // when a region is mapped: a view can only lie in one. The caller has made the trainer's device
+  // current.
+  absl::Status NoteStepEvent(const v1::CudaIpcRegions& regions) {
+    std::lock_guard<std::mutex> lock(event_mu_);
+    if (regions.step_event() == step_event_handle_) return absl::OkStatus();
+    if (step_event_opened_) cudaEventDestroy(step_event_);
+    step_event_ = nullptr;
+    step_event_opened_ = false;
+    step_event_handle_ = regions.step_event();
+    if (step_event_handle_.empty()) return absl::OkStatus();  // its versions are final when named
+    if (regions.pid() == static_cast<int64_t>(getpid()) && regions.ipc_bases_size() > 0 &&
+        InThisProcess(regions.ipc_bases(0))) {
+      // The daemon runs in this process (tests): its own handle cannot be opened here.
+      step_event_ = reinterpret_cast<cudaEvent_t>(regions.step_event_local());
+      return absl::OkStatus();
+    }
+    cudaIpcEventHandle_t h;
+    if (step_event_handle_.size() != sizeof(h)) {
+      return absl::DataLossError(
+          absl::StrCat("IPC event handle of ", step_event_handle_.size(), " bytes"));
+    }
+    std::memcpy(&h, step_event_handle_.data(), sizeof(h));
+    cudaEvent_t opened = nullptr;
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaIpcOpenEventHandle(&opened, h));
+    step_event_ = opened;
+    step_event_opened_ = true;
     return absl::OkStatus();
+  }
+
+  // A pulled version's step may still run on the daemon's GPU: the views' reader (the caller's
+  // stream) or this transport's copies wait for the steps the daemon had queued, on the device.
+  absl::Status BeforeRead(bool in_place) override {
+    std::lock_guard<std::mutex> lock(event_mu_);
+    if (step_event_ == nullptr) return absl::OkStatus();
+    const DeviceScope scope(device_);
+    if (!scope.status().ok()) return scope.status();
+    cudaStream_t reader =
+        in_place ? reinterpret_cast<cudaStream_t>(context().cuda_stream) : stream_;
+    return CudaStatus(cudaStreamWaitEvent(reader, step_event_, 0),
+                      "cudaStreamWaitEvent(the daemon's step)");
   }
 
   // The gradients may still be being written on the trainer's stream (backward): everything this
@@ -270,6 +315,10 @@ class CudaIpcTransport final : public PlacedTransport {
   cudaEvent_t callers_work_ = nullptr;  // recorded on the trainer's stream, waited for by stream_
   std::mutex push_mu_;                  // one push's copies and marks at a time: the events
   std::vector<cudaEvent_t> events_;     // one per piece of a push, reused
+  std::mutex event_mu_;                 // the daemon's step event:
+  std::string step_event_handle_;       // as the daemon named it (empty: none)
+  cudaEvent_t step_event_ = nullptr;    // opened here, or the daemon's own in this process
+  bool step_event_opened_ = false;      // by cudaIpcOpenEventHandle (destroyed with this)
 };
 
 }  // namespace
