@@ -7,8 +7,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
 #include <ctime>
+#include <deque>
+#include <mutex>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -25,6 +29,9 @@ constexpr int kStepDigits = 12;
 constexpr int64_t kMaxManifestBytes = int64_t{64} << 20;
 // A chunk's message beyond its data: names, header, field description.
 constexpr int64_t kChunkOverhead = 64 << 10;
+// Serialized chunks queued for the writer thread at most: the exporting caller runs this far
+// ahead of the disk.
+constexpr size_t kQueuedRecords = 3;
 
 absl::Status Errno(const std::string& what, const std::string& path) {
   return absl::InternalError(absl::StrCat(what, " \"", path, "\": ", std::strerror(errno)));
@@ -135,6 +142,7 @@ CheckpointWriter::CheckpointWriter(std::string job_dir, std::string partial,
       file_bytes_(file_bytes) {}
 
 CheckpointWriter::~CheckpointWriter() {
+  (void)StopWriting(/*discard=*/true);  // an unfinished checkpoint's error no longer matters
   if (fd_ >= 0) close(fd_);
   if (!finished_) RemoveDir(partial_);
 }
@@ -156,35 +164,100 @@ absl::Status CheckpointWriter::CloseFile() {
   return rc == 0 ? absl::OkStatus() : Errno("cannot fsync", path);
 }
 
-absl::Status CheckpointWriter::Add(const v1::StateChunk& chunk) {
+absl::Status CheckpointWriter::Add(v1::StateChunk* chunk) {
   if (finished_) return absl::FailedPreconditionError("the checkpoint is already finished");
-  if (manifest_.files_size() == 0) {
-    if (!chunk.has_header()) {
+  if (!started_) {
+    if (!chunk->has_header()) {
       return absl::InvalidArgumentError("a state stream starts with its header");
     }
-    *manifest_.mutable_header() = chunk.header();
+    *manifest_.mutable_header() = chunk->header();  // before the thread touches the manifest
+    started_ = true;
   }
+  Record record;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return queue_.size() < kQueuedRecords || !write_status_.ok(); });
+    if (!write_status_.ok()) return write_status_;
+    if (!spare_.empty()) {
+      record = std::move(spare_.back());
+      spare_.pop_back();
+    }
+  }
+  // The data changes hands with a written chunk's buffer, which the exporter fills next.
+  record.data.clear();
+  record.data.swap(*chunk->mutable_data());
+  record.head.clear();
+  chunk->AppendToString(&record.head);  // without data: names, header, offset
+  if (!record.data.empty()) {
+    // Field 4 (`data`), length-delimited: its tag, then the length as a varint.
+    record.head.push_back(static_cast<char>((4 << 3) | 2));
+    for (uint64_t n = record.data.size();; n >>= 7) {
+      record.head.push_back(static_cast<char>(n < 0x80 ? n : (n & 0x7f) | 0x80));
+      if (n < 0x80) break;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(record));
+  }
+  cv_.notify_all();
+  if (!thread_.joinable()) thread_ = std::thread([this] { WriteQueued(); });
+  return absl::OkStatus();
+}
+
+void CheckpointWriter::WriteQueued() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return !queue_.empty() || stopping_; });
+    if (queue_.empty()) return;
+    Record record = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    const absl::Status written = WriteRecord(record);
+    lock.lock();
+    spare_.push_back(std::move(record));
+    if (!written.ok() && write_status_.ok()) write_status_ = written;
+    if (!write_status_.ok()) queue_.clear();  // nothing after a failed write is kept
+    cv_.notify_all();
+  }
+}
+
+absl::Status CheckpointWriter::WriteRecord(const Record& record) {
   if (fd_ < 0 || file_->bytes() >= file_bytes_) {
     PARAMD_RETURN_IF_ERROR(CloseFile());
     PARAMD_RETURN_IF_ERROR(OpenFile());
   }
-  record_.clear();
-  chunk.AppendToString(&record_);
-  const uint32_t size = static_cast<uint32_t>(record_.size());
+  const size_t bytes = record.head.size() + record.data.size();
+  const uint32_t size = static_cast<uint32_t>(bytes);
   const unsigned char prefix[4] = {
       static_cast<unsigned char>(size), static_cast<unsigned char>(size >> 8),
       static_cast<unsigned char>(size >> 16), static_cast<unsigned char>(size >> 24)};
   const std::string path = partial_ + "/" + file_->name();
   PARAMD_RETURN_IF_ERROR(WriteAll(fd_, prefix, sizeof(prefix), path));
-  PARAMD_RETURN_IF_ERROR(WriteAll(fd_, record_.data(), record_.size(), path));
+  PARAMD_RETURN_IF_ERROR(WriteAll(fd_, record.head.data(), record.head.size(), path));
+  PARAMD_RETURN_IF_ERROR(WriteAll(fd_, record.data.data(), record.data.size(), path));
   uint32_t crc = Crc32c(file_->crc32c(), prefix, sizeof(prefix));
-  file_->set_crc32c(Crc32c(crc, record_.data(), record_.size()));
-  file_->set_bytes(file_->bytes() + static_cast<int64_t>(sizeof(prefix) + record_.size()));
+  crc = Crc32c(crc, record.head.data(), record.head.size());
+  file_->set_crc32c(Crc32c(crc, record.data.data(), record.data.size()));
+  file_->set_bytes(file_->bytes() + static_cast<int64_t>(sizeof(prefix) + bytes));
   return absl::OkStatus();
+}
+
+absl::Status CheckpointWriter::StopWriting(bool discard) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    if (discard) queue_.clear();
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  return write_status_;
 }
 
 absl::StatusOr<std::string> CheckpointWriter::Finish() {
   if (finished_) return absl::FailedPreconditionError("the checkpoint is already finished");
+  PARAMD_RETURN_IF_ERROR(StopWriting(/*discard=*/false));
   if (manifest_.files_size() == 0) {
     return absl::FailedPreconditionError("a checkpoint of no state chunk");
   }
@@ -248,18 +321,96 @@ absl::StatusOr<v1::CheckpointManifest> ReadCheckpointManifest(const std::string&
   return manifest;
 }
 
-absl::StatusOr<v1::CheckpointManifest> ReadCheckpoint(
-    const std::string& dir, int64_t max_chunk_bytes,
-    const std::function<absl::Status(const v1::StateChunk&)>& chunk) {
-  const std::string manifest_path = absl::StrCat(dir, "/", kCheckpointManifest);
-  PARAMD_ASSIGN_OR_RETURN(v1::CheckpointManifest manifest, ReadCheckpointManifest(dir));
-  const int64_t max_record = max_chunk_bytes + kChunkOverhead;
-  std::string record;
-  for (const v1::CheckpointFile& file : manifest.files()) {
-    if (file.name().empty() || file.name().find('/') != std::string::npos) {
-      return Lost(manifest_path, absl::StrCat("names a file ", Quoted(file.name())));
+namespace {
+
+// Reads a checkpoint's files on a thread of its own (the reads and each file's CRC) while the
+// caller parses and imports the records before, at most kQueuedRecords ahead.
+class RecordReader {
+ public:
+  // A record, or the end of file `file` with its verdict (its structure, then its CRC).
+  struct Item {
+    std::string record;
+    int64_t at = 0;  // the record's offset in its file
+    int file = 0;
+    bool end = false;
+    absl::Status status;
+  };
+
+  RecordReader(std::string dir, const v1::CheckpointManifest& manifest, int64_t max_record)
+      : dir_(std::move(dir)), manifest_(manifest), max_record_(max_record) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~RecordReader() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
     }
-    const std::string path = absl::StrCat(dir, "/", file.name());
+    cv_.notify_all();
+    thread_.join();
+  }
+  RecordReader(const RecordReader&) = delete;
+  RecordReader& operator=(const RecordReader&) = delete;
+
+  std::string Path(int file) const { return absl::StrCat(dir_, "/", manifest_.files(file).name()); }
+
+  // The next item; false once every file has ended.
+  bool Next(Item* item) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !queue_.empty() || done_; });
+    if (queue_.empty()) return false;
+    *item = std::move(queue_.front());
+    queue_.pop_front();
+    cv_.notify_all();
+    return true;
+  }
+
+  // Gives a consumed record's buffer back for the next read.
+  void Recycle(std::string record) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (spare_.size() < kQueuedRecords + 1) spare_.push_back(std::move(record));
+  }
+
+ private:
+  // Queues `item`; false when the reader is told to stop.
+  bool Push(Item item) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return queue_.size() < kQueuedRecords || stopping_; });
+    if (stopping_) return false;
+    queue_.push_back(std::move(item));
+    cv_.notify_all();
+    return true;
+  }
+
+  std::string Spare() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (spare_.empty()) return std::string();
+    std::string record = std::move(spare_.back());
+    spare_.pop_back();
+    return record;
+  }
+
+  void Run() {
+    for (int i = 0; i < manifest_.files_size(); ++i) {
+      Item end;
+      end.end = true;
+      end.file = i;
+      end.status = ReadFile(i);
+      const bool failed = !end.status.ok();
+      if (!Push(std::move(end)) || failed) break;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+    cv_.notify_all();
+  }
+
+  // Queues file `i`'s records; its structure's and CRC's verdict.
+  absl::Status ReadFile(int i) {
+    const v1::CheckpointFile& file = manifest_.files(i);
+    if (file.name().empty() || file.name().find('/') != std::string::npos) {
+      return Lost(absl::StrCat(dir_, "/", kCheckpointManifest),
+                  absl::StrCat("names a file ", Quoted(file.name())));
+    }
+    const std::string path = Path(i);
     const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return Lost(path, "is missing");
     struct stat st;
@@ -270,8 +421,7 @@ absl::StatusOr<v1::CheckpointManifest> ReadCheckpoint(
     }
     uint32_t crc = 0;
     int64_t offset = 0;
-    absl::Status status;    // of the file's structure: ends the read at once
-    absl::Status consumer;  // of `chunk`: the rest is still hashed, so damage is named as such
+    absl::Status status;
     while (status.ok() && offset < file.bytes()) {
       unsigned char prefix[4];
       absl::StatusOr<size_t> got = ReadUpTo(fd, prefix, sizeof(prefix), path);
@@ -282,36 +432,74 @@ absl::StatusOr<v1::CheckpointManifest> ReadCheckpoint(
       }
       const uint32_t size =
           prefix[0] | prefix[1] << 8 | prefix[2] << 16 | static_cast<uint32_t>(prefix[3]) << 24;
-      if (static_cast<int64_t>(size) > max_record ||
+      if (static_cast<int64_t>(size) > max_record_ ||
           offset + 4 + static_cast<int64_t>(size) > file.bytes()) {
         status = Lost(path, absl::StrCat("has a record of ", size, " bytes at byte ", offset));
         break;
       }
-      record.resize(size);
-      got = ReadUpTo(fd, record.data(), size, path);
+      Item item;
+      item.record = Spare();
+      item.record.resize(size);
+      got = ReadUpTo(fd, item.record.data(), size, path);
       if (!got.ok() || *got != size) {
         status = got.ok() ? Lost(path, absl::StrCat("ends inside a record at byte ", offset))
                           : got.status();
         break;
       }
-      crc = Crc32c(Crc32c(crc, prefix, sizeof(prefix)), record.data(), record.size());
-      const int64_t at = offset;
+      crc = Crc32c(Crc32c(crc, prefix, sizeof(prefix)), item.record.data(), item.record.size());
+      item.at = offset;
+      item.file = i;
       offset += 4 + static_cast<int64_t>(size);
-      if (!consumer.ok()) continue;
-      v1::StateChunk message;
-      if (!message.ParseFromString(record)) {
-        consumer = Lost(path, absl::StrCat("has a record at byte ", at, " that does not parse"));
-        continue;
-      }
-      consumer = chunk(message);
+      if (!Push(std::move(item))) break;  // the caller stopped reading
     }
     close(fd);
-    PARAMD_RETURN_IF_ERROR(status);
+    if (!status.ok()) return status;
     if (crc != file.crc32c()) {
       return Lost(path, absl::StrFormat("has CRC-32C %08x, the manifest says %08x (altered)", crc,
                                         file.crc32c()));
     }
-    PARAMD_RETURN_IF_ERROR(consumer);
+    return absl::OkStatus();
+  }
+
+  const std::string dir_;
+  const v1::CheckpointManifest& manifest_;
+  const int64_t max_record_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> queue_;
+  std::vector<std::string> spare_;
+  bool stopping_ = false;
+  bool done_ = false;
+  std::thread thread_;  // last: started once the rest is ready
+};
+
+}  // namespace
+
+absl::StatusOr<v1::CheckpointManifest> ReadCheckpoint(
+    const std::string& dir, int64_t max_chunk_bytes,
+    const std::function<absl::Status(const v1::StateChunk&)>& chunk) {
+  PARAMD_ASSIGN_OR_RETURN(v1::CheckpointManifest manifest, ReadCheckpointManifest(dir));
+  RecordReader reader(dir, manifest, max_chunk_bytes + kChunkOverhead);
+  // A file's damage (its structure, its CRC) is named before what the consumer said of its
+  // records: the reader still hashes the rest of a file whose record the consumer refused.
+  absl::Status consumer;
+  RecordReader::Item item;
+  v1::StateChunk message;
+  while (reader.Next(&item)) {
+    if (item.end) {
+      PARAMD_RETURN_IF_ERROR(item.status);
+      PARAMD_RETURN_IF_ERROR(consumer);
+      continue;
+    }
+    if (consumer.ok()) {
+      if (!message.ParseFromString(item.record)) {
+        consumer = Lost(reader.Path(item.file),
+                        absl::StrCat("has a record at byte ", item.at, " that does not parse"));
+      } else {
+        consumer = chunk(message);
+      }
+    }
+    reader.Recycle(std::move(item.record));
   }
   return manifest;
 }

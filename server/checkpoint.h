@@ -13,9 +13,13 @@
 // Plain C++ and POSIX files: the Control service and the daemon's schedule drive it.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -27,7 +31,9 @@ namespace paramd {
 inline constexpr int kCheckpointFormat = 1;
 inline constexpr char kCheckpointManifest[] = "manifest.pb";
 
-// Writes one checkpoint, chunk by chunk: memory is one chunk at a time.
+// Writes one checkpoint, chunk by chunk. A thread of its own writes each chunk (its CRC, the file
+// write, the fsync of each full file) while the caller exports the next: memory is a few chunks
+// (kQueuedRecords).
 class CheckpointWriter {
  public:
   // Starts a checkpoint of `registration`'s job under `root` (created if missing), its state in
@@ -39,8 +45,10 @@ class CheckpointWriter {
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
-  // Appends the stream's next chunk; the first carries the state's header.
-  absl::Status Add(const v1::StateChunk& chunk);
+  // Appends the stream's next chunk; the first carries the state's header. Returns once the chunk
+  // is queued, its data taken (not copied: the chunk gets an empty buffer to fill next); an error
+  // of an earlier chunk's write is returned here or by Finish.
+  absl::Status Add(v1::StateChunk* chunk);
   // Makes the checkpoint durable and complete; returns its directory. An existing checkpoint of
   // the same version is replaced.
   absl::StatusOr<std::string> Finish();
@@ -50,6 +58,18 @@ class CheckpointWriter {
                    int64_t file_bytes);
   absl::Status OpenFile();
   absl::Status CloseFile();
+  // The writer thread: writes the queued records in order until stopped.
+  void WriteQueued();
+  // One chunk as written: its message without `data`, serialized, then `data` (the last field,
+  // so the two are the message's own serialization).
+  struct Record {
+    std::string head;
+    std::string data;
+  };
+  absl::Status WriteRecord(const Record& record);
+  // Ends the writer thread once it has written what is queued (or at once, `discard`ing it); the
+  // first error of its writes.
+  absl::Status StopWriting(bool discard);
 
   const std::string job_dir_;
   const std::string partial_;
@@ -57,8 +77,16 @@ class CheckpointWriter {
   const int64_t file_bytes_;
   int fd_ = -1;
   v1::CheckpointFile* file_ = nullptr;  // the file being written
-  std::string record_;                  // one chunk, serialized, reused
+  bool started_ = false;                // the header was seen (Add)
   bool finished_ = false;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Record> queue_;   // chunks the thread has yet to write
+  std::vector<Record> spare_;  // buffers of written chunks, reused
+  absl::Status write_status_;  // the thread's first error
+  bool stopping_ = false;
+  std::thread thread_;  // started with the first chunk
 };
 
 // The complete checkpoints of `job` under `root`, newest version first (directories only: each

@@ -66,7 +66,7 @@ absl::StatusOr<v1::CheckpointResponse> Checkpoints::Write(const std::string& nam
     if (!more) break;
     if (chunk.has_header()) response.set_version(chunk.header().next_step());
     response.set_bytes(response.bytes() + static_cast<int64_t>(chunk.ByteSizeLong()));
-    PARAMD_RETURN_IF_ERROR(writer->Add(chunk));
+    PARAMD_RETURN_IF_ERROR(writer->Add(&chunk));
   }
   exported.reset();  // the held steps run while the files are made durable
   PARAMD_ASSIGN_OR_RETURN(const std::string path, writer->Finish());

@@ -10,15 +10,21 @@ fp32 exp_avg and exp_avg_sq: 12 bytes per parameter) is --state_gib GiB. Rows, e
   dd write            `dd if=/dev/zero bs=4M conv=fsync` of the same bytes on the same filesystem
   paramd restore      Control.Restore into the idle job, page cache dropped first (cold)
   dd read             `dd of=/dev/null bs=4M` of the dd file, page cache dropped first (cold)
+Then the step-time slowdown during a checkpoint: the job's steps (push, commit, pull over inline)
+timed alone, and while another connection's Control.Checkpoint runs (the steps committed during
+it wait for the state to be copied out: DESIGN.md section 8).
 Dropping the page cache needs root (/proc/sys/vm/drop_caches); without it the reads are warm and
 the table says so. Prints MB/s and paramd's ratio to dd (target >= 0.7, DESIGN.md section 10).
 """
 
 import argparse
 import os
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -56,6 +62,8 @@ def main():
     base = args.dir or tempfile.mkdtemp(prefix="paramd-checkpoint-bench-")
     os.makedirs(base, exist_ok=True)
     root = os.path.join(base, "checkpoints")
+    # A daemon restores the checkpoints it finds at start: an earlier run's would hold the job.
+    shutil.rmtree(root, ignore_errors=True)
     tensors = max(1, int(args.state_gib * 2**30 / (ROWS * COLS * 12)))
     state_bytes = tensors * ROWS * COLS * 12
     config = os.path.join(base, "paramd.textproto")
@@ -72,9 +80,19 @@ def main():
         weights = (rng.standard_normal(ROWS * COLS, dtype=np.float32) * 0.02)
         client.upload_initial_weights("ckpt", [(n, weights.view(np.uint8)) for n in names])
         # One step, so the moments are not zeros.
-        client.push_gradients("ckpt", 0, 0, [(n, weights.view(np.uint8)) for n in names])
-        client.commit("ckpt", 0, 0, lr=1e-3, grad_scale=1.0)
-        client.pull("ckpt", names[-1], "bf16", 1, 600.0)
+        grads = [(n, weights.view(np.uint8)) for n in names]
+        next_step = [0]
+
+        def step():
+            """One step of the job as a trainer sees it; its seconds."""
+            started = time.perf_counter()
+            client.push_gradients("ckpt", 0, next_step[0], grads)
+            client.commit("ckpt", 0, next_step[0], lr=1e-3, grad_scale=1.0)
+            next_step[0] += 1
+            client.pull("ckpt", names[-1], "bf16", next_step[0], 600.0)
+            return time.perf_counter() - started
+
+        step()  # so the moments are not zeros
         written, read = [], []
         cold = True
         for _ in range(args.rounds):
@@ -86,6 +104,21 @@ def main():
             client.restore("ckpt")
             read.append(time.perf_counter() - started)
         checkpoint_bytes = du(root)
+        alone = [step() for _ in range(args.rounds + 1)]
+        other = paramd.connect(daemon.address, transport="inline", rpc_timeout_s=600)
+        during, checkpoint_s = [], []
+
+        def checkpoint():
+            started = time.perf_counter()
+            other.checkpoint("ckpt")
+            checkpoint_s.append(time.perf_counter() - started)
+
+        writer = threading.Thread(target=checkpoint)
+        writer.start()
+        while writer.is_alive():
+            during.append(step())
+        writer.join()
+        other.close()
         dd_file = os.path.join(base, "dd.bin")
         count = max(1, checkpoint_bytes // (4 << 20))
         dd_write = min(dd(["if=/dev/zero", f"of={dd_file}", "bs=4M", f"count={count}",
@@ -112,6 +145,11 @@ def main():
     print(f"| {values[1][0]} | {values[1][1] / 1e6:.0f} | |")
     print(f"| {values[2][0]} | {values[2][1] / 1e6:.0f} | {values[2][1] / values[3][1]:.2f} |")
     print(f"| {values[3][0]} | {values[3][1] / 1e6:.0f} | |")
+    slow = statistics.mean(during) / statistics.median(alone)
+    print(f"step {statistics.median(alone) * 1e3:.0f} ms alone (median of {len(alone)}); during a "
+          f"{checkpoint_s[0]:.2f} s checkpoint {len(during)} steps, mean "
+          f"{statistics.mean(during) * 1e3:.0f} ms, max {max(during) * 1e3:.0f} ms: "
+          f"slowdown {slow:.2f}x")
     return 0
 
 

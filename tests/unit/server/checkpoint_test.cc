@@ -4,9 +4,11 @@
 #include "server/checkpoint.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -63,7 +65,7 @@ class CheckpointTest : public ::testing::Test {
       absl::StatusOr<bool> more = (*exporting)->Next(&chunk);
       if (!more.ok()) return more.status();
       if (!*more) break;
-      if (absl::Status s = (*writer)->Add(chunk); !s.ok()) return s;
+      if (absl::Status s = (*writer)->Add(&chunk); !s.ok()) return s;
     }
     return (*writer)->Finish();
   }
@@ -165,6 +167,33 @@ TEST_F(CheckpointTest, OnlyCompleteCheckpointsAreListedNewestFirst) {
   ASSERT_TRUE(next.ok());
   struct stat st;
   EXPECT_NE(stat((root_ + "/policy/.partial-crashed").c_str(), &st), 0);
+}
+
+TEST_F(CheckpointTest, AFailedWriteOnTheWriterThreadIsReturnedAndLeavesNoCheckpoint) {
+  const v1::RegisterRequest spec = Spec();
+  RegistryJobHarness a(spec);
+  ASSERT_TRUE(a.Start(PolicyWeights(spec)).ok());
+  // Files of this process may grow to 8 KiB only: a later chunk's write fails (EFBIG).
+  struct rlimit saved;
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &saved), 0);
+  struct rlimit small = saved;
+  small.rlim_cur = 8 << 10;
+  std::signal(SIGXFSZ, SIG_IGN);
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  absl::StatusOr<std::string> failed = Write(a, 1 << 20);
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &saved), 0);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_NE(failed.status().message().find("cannot write"), std::string::npos) << failed.status();
+  absl::StatusOr<std::vector<std::string>> listed = ListCheckpoints(root_, "policy");
+  ASSERT_TRUE(listed.ok());
+  EXPECT_TRUE(listed->empty());
+  // The next checkpoint is written whole.
+  absl::StatusOr<std::string> written = Write(a, 1 << 20);
+  ASSERT_TRUE(written.ok()) << written.status();
+  RegistryJobHarness b(spec);
+  ASSERT_TRUE(b.Start(RandomWeights(spec, 9)).ok());
+  ASSERT_TRUE(Restore(*written, b).ok());
+  ExpectSameServed(a, b, spec);
 }
 
 TEST_F(CheckpointTest, TruncatedAlteredOrMissingFilesAreRefusedNamingThemAndTheOlderOneStillWorks) {
