@@ -506,16 +506,8 @@ class AdamW(torch.optim.Optimizer):
         pending.loaded = True
         for t in pending.tensors:
             self._pending.pop(id(t.param), None)
-        if not pending.done.is_set():
-            started = time.perf_counter()
-            pending.done.wait()
-            self.timings["pull_wait_s"] += time.perf_counter() - started
-        if pending.error is not None:
-            if self._restarted(pending.error):
-                self._resume()
-                self._resumed = True  # this iteration's forward ran on other weights
-                return
-            raise pending.error
+        if not self._await(pending):
+            return
         if self.write_weights:
             self._write_device_weights(pending)
         job = pending.tensors[0].job.name
@@ -558,13 +550,9 @@ class AdamW(torch.optim.Optimizer):
         while self._retired and self._retired[0][0].query():
             self._retired.pop(0)
 
-    def _load(self, param):
-        pending = self._pending.pop(id(param), None)
-        if pending is None:
-            return
-        if isinstance(pending, _DeviceVersion):
-            self._load_device(pending)
-            return
+    def _await(self, pending):
+        """Waits for a pull the weights need; False when it found the daemon restarted (the
+        optimizer then resumed from it, and this iteration's forward ran on other weights)."""
         if not pending.done.is_set():
             started = time.perf_counter()
             pending.done.wait()
@@ -572,9 +560,20 @@ class AdamW(torch.optim.Optimizer):
         if pending.error is not None:
             if self._restarted(pending.error):
                 self._resume()
-                self._resumed = True  # this iteration's forward ran on other weights
-                return
+                self._resumed = True
+                return False
             raise pending.error
+        return True
+
+    def _load(self, param):
+        pending = self._pending.pop(id(param), None)
+        if pending is None:
+            return
+        if isinstance(pending, _DeviceVersion):
+            self._load_device(pending)
+            return
+        if not self._await(pending):
+            return
         if pending.weight is not None:
             with torch.no_grad():
                 param.copy_(pending.weight)
