@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -76,6 +77,14 @@ class CheckpointWriter {
   v1::CheckpointManifest manifest_;
   const int64_t file_bytes_;
   int fd_ = -1;
+  // Files are written with O_DIRECT where the filesystem takes it (no copy into the page cache):
+  // the writer thread stages records into this aligned buffer and writes whole blocks of it; a
+  // file's last partial block goes through the page cache at its close.
+  bool direct_ = false;
+  std::unique_ptr<uint8_t, void (*)(void*)> staging_{nullptr, nullptr};
+  size_t staged_ = 0;
+  absl::Status Stage(const void* bytes, size_t size, const std::string& path);
+  absl::Status WriteStaged(size_t size, const std::string& path);
   v1::CheckpointFile* file_ = nullptr;  // the file being written
   bool started_ = false;                // the header was seen (Add)
   bool finished_ = false;

@@ -11,6 +11,7 @@
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -194,6 +195,48 @@ TEST_F(CheckpointTest, AFailedWriteOnTheWriterThreadIsReturnedAndLeavesNoCheckpo
   ASSERT_TRUE(b.Start(RandomWeights(spec, 9)).ok());
   ASSERT_TRUE(Restore(*written, b).ok());
   ExpectSameServed(a, b, spec);
+}
+
+TEST_F(CheckpointTest, AFilesystemWithoutODirectIsWrittenThroughThePageCache) {
+  // tmpfs refuses O_DIRECT: the writer falls back to buffered writes, same bytes.
+  char dir[] = "/dev/shm/paramd-checkpoint-test-XXXXXX";
+  if (mkdtemp(dir) == nullptr) GTEST_SKIP() << "no /dev/shm here";
+  const std::string disk_root = root_;
+  root_ = dir;
+  const v1::RegisterRequest spec = Spec();
+  RegistryJobHarness a(spec);
+  ASSERT_TRUE(a.Start(PolicyWeights(spec)).ok());
+  ASSERT_TRUE(a.RunStep(0, RandomGradients(spec, 60)).ok());
+  absl::StatusOr<std::string> on_tmpfs = Write(a, 16 << 10);
+  std::string on_disk_root = disk_root;
+  std::swap(root_, on_disk_root);
+  absl::StatusOr<std::string> on_disk = Write(a, 16 << 10);
+  ASSERT_TRUE(on_tmpfs.ok()) << on_tmpfs.status();
+  ASSERT_TRUE(on_disk.ok()) << on_disk.status();
+  RegistryJobHarness b(spec);
+  ASSERT_TRUE(b.Start(RandomWeights(spec, 9)).ok());
+  ASSERT_TRUE(Restore(*on_tmpfs, b).ok());
+  ExpectSameServed(a, b, spec);
+  // The files are the same bytes, whichever way they were written (the manifests differ only in
+  // their time).
+  absl::StatusOr<v1::CheckpointManifest> x = ReadCheckpointManifest(*on_tmpfs);
+  absl::StatusOr<v1::CheckpointManifest> y = ReadCheckpointManifest(*on_disk);
+  ASSERT_TRUE(x.ok() && y.ok());
+  ASSERT_GT(x->files_size(), 1);
+  ASSERT_EQ(x->files_size(), y->files_size());
+  for (int f = 0; f < x->files_size(); ++f) {
+    EXPECT_EQ(x->files(f).bytes(), y->files(f).bytes());
+    EXPECT_EQ(x->files(f).crc32c(), y->files(f).crc32c());
+    std::ifstream a_file(*on_tmpfs + "/" + x->files(f).name(), std::ios::binary);
+    std::ifstream b_file(*on_disk + "/" + y->files(f).name(), std::ios::binary);
+    const std::string a_bytes((std::istreambuf_iterator<char>(a_file)),
+                              std::istreambuf_iterator<char>());
+    const std::string b_bytes((std::istreambuf_iterator<char>(b_file)),
+                              std::istreambuf_iterator<char>());
+    EXPECT_EQ(static_cast<int64_t>(a_bytes.size()), x->files(f).bytes());
+    EXPECT_EQ(a_bytes, b_bytes) << x->files(f).name();
+  }
+  std::system((std::string("rm -rf ") + dir).c_str());
 }
 
 TEST_F(CheckpointTest, TruncatedAlteredOrMissingFilesAreRefusedNamingThemAndTheOlderOneStillWorks) {
