@@ -244,8 +244,8 @@ class PyPulledView {
   }
 
   // The CUDA Array Interface of published bytes in GPU memory. Not marked read-only: torch refuses
-  // such arrays; the bytes are the daemon's, never written. No stream: the step that wrote them
-  // completed before the daemon published the version, so a reader need not wait on any.
+  // such arrays; the bytes are the daemon's, never written. No stream: the pull already made the
+  // client's cuda_stream wait for the daemon's step (work on another stream waits for that one).
   static py::dict DeviceBytes(std::span<const std::byte> bytes) {
     py::dict cai;
     cai["shape"] = py::make_tuple(static_cast<py::ssize_t>(bytes.size()));
@@ -270,6 +270,15 @@ class PyPulledView {
   std::shared_ptr<Client> client_;
   PulledView view_;
 };
+
+// Every field paramd.served reads, in one tuple (it runs for a whole model each step): (format,
+// rows, cols, data_bytes, scale_bytes, scale_type, scale_shape, version, skipped).
+py::tuple HeaderFields(const v1::PullHeader& h) {
+  return py::make_tuple(FormatName(h.format()), h.rows(), h.cols(), h.data_bytes(), h.scale_bytes(),
+                        EnumName(v1::ScaleType_Name(h.scale_type()), "SCALE_TYPE_"),
+                        std::vector<int64_t>(h.scale_shape().begin(), h.scale_shape().end()),
+                        h.version(), h.skipped());
+}
 
 // The leases of one pull_in_place_batch, ended together: at release(), or once the batch and every
 // block viewing it are gone.
@@ -331,8 +340,6 @@ class PyPulledBlock {
   const bool on_device_;
 };
 
-py::tuple HeaderFields(const v1::PullHeader& h);
-
 // A pull of many tensors in place (Client::PullInPlaceMany) lent to Python as few objects: one
 // block per region of the daemon's memory the views lie in, and per tensor (block, offset in it,
 // header fields). A model's tensors then become torch tensors by slicing one or two block tensors
@@ -391,15 +398,6 @@ class PyPulledBatch {
   py::list blocks_;
   py::list spans_;
 };
-
-// Every field paramd.served reads, in one tuple (it runs for a whole model each step): (format,
-// rows, cols, data_bytes, scale_bytes, scale_type, scale_shape, version, skipped).
-py::tuple HeaderFields(const v1::PullHeader& h) {
-  return py::make_tuple(FormatName(h.format()), h.rows(), h.cols(), h.data_bytes(), h.scale_bytes(),
-                        EnumName(v1::ScaleType_Name(h.scale_type()), "SCALE_TYPE_"),
-                        std::vector<int64_t>(h.scale_shape().begin(), h.scale_shape().end()),
-                        h.version(), h.skipped());
-}
 
 // A pull's header fields as read-only properties of `cls`; `header(const T&)` finds the header.
 template <typename T, typename Header>
