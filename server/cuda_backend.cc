@@ -241,6 +241,9 @@ class CudaBackend : public Backend {
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
     if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
     if (step_done_ != nullptr) cudaEventDestroy(step_done_);
+    for (cudaEvent_t e : kernel_timing_) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
   }
 
   absl::Status Init() {
@@ -262,6 +265,7 @@ class CudaBackend : public Backend {
         cudaEventCreateWithFlags(&step_done_, cudaEventDisableTiming | cudaEventInterprocess));
     cudaIpcEventHandle_t handle;
     PARAMD_CUDA_RETURN_IF_ERROR(cudaIpcGetEventHandle(&handle, step_done_));
+    for (cudaEvent_t& e : kernel_timing_) PARAMD_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
     step_event_.assign(reinterpret_cast<const char*>(&handle), sizeof(handle));
     cudaDeviceProp prop;
     PARAMD_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device_));
@@ -590,7 +594,11 @@ class CudaBackend : public Backend {
     k.clip = scalars.clip;
     k.seed = scalars.seed;
     k.k = static_cast<uint32_t>(scalars.k);
+    // The kernel's own time, for --log_level=debug (what the step's device time is made of).
+    const bool timed = GetLogLevel() == LogLevel::kDebug;
+    if (timed) PARAMD_CUDA_RETURN_IF_ERROR(cudaEventRecord(kernel_timing_[0], stream_));
     if (absl::Status s = FromKernel(kernels::FusedStepCuda(plan_, k, stream_)); !s.ok()) return s;
+    if (timed) PARAMD_CUDA_RETURN_IF_ERROR(cudaEventRecord(kernel_timing_[1], stream_));
     // Served bytes into the version's exported GPU bytes where the step did not write them there;
     // they stay on the GPU (a host reader copies them down once, ReadyHostBytes). Only formats
     // without exported bytes go down into their host buffers now. The masters' amaxes come down
@@ -635,10 +643,18 @@ class CudaBackend : public Backend {
     if (tensor_done) {
       for (size_t i = 0; i < tensors.size(); ++i) tensor_done(i);
     }
+    const auto published = std::chrono::steady_clock::now();
     PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-    PARAMD_LOG(DEBUG) << "cuda:" << device_ << " step of " << tensors.size() << " tensors: enqueue "
-                      << Ms(start, enqueued) << " ms, then the device "
-                      << Ms(enqueued, std::chrono::steady_clock::now()) << " ms";
+    if (timed) {
+      float kernel_ms = 0;
+      PARAMD_CUDA_RETURN_IF_ERROR(
+          cudaEventElapsedTime(&kernel_ms, kernel_timing_[0], kernel_timing_[1]));
+      PARAMD_LOG(DEBUG) << "cuda:" << device_ << " step of " << tensors.size()
+                        << " tensors: enqueue " << Ms(start, enqueued) << " ms, publish "
+                        << Ms(enqueued, published) << " ms, then the device "
+                        << Ms(published, std::chrono::steady_clock::now()) << " ms (the kernel "
+                        << kernel_ms << " ms)";
+    }
     for (size_t i = 0; i < tensors.size(); ++i) {
       static_cast<CudaTensorState*>(tensors[i].state)->history.Append(amax[i]);
     }
@@ -795,7 +811,8 @@ class CudaBackend : public Backend {
   cudaStream_t copy_stream_ = nullptr;  // host readers' copies down (ReadyHostBytes)
   // Recorded on stream_ after each step's work (interprocess: cuda_ipc trainers wait for it).
   cudaEvent_t step_done_ = nullptr;
-  std::string step_event_;  // its cudaIpcEventHandle_t bytes
+  cudaEvent_t kernel_timing_[2] = {nullptr, nullptr};  // around the fused kernel (debug log)
+  std::string step_event_;                             // its cudaIpcEventHandle_t bytes
   std::atomic<int64_t> host_copies_{0};
   kernels::CudaStepPlan plan_;
   DeviceBuffer workspace_;

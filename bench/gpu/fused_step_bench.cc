@@ -13,7 +13,7 @@
 // joins it with bench/gpu/peer_torch_adam.py's numbers).
 //
 //   paramd_gpu_step_bench [--sets one,llm,small] [--policies issue,fp32] [--reps 20] [--sweep]
-//                         [--json FILE]      (policies: issue, fp32, serve, delayed)
+//                         [--json FILE]      (policies: issue, issue32, fp32, serve, delayed)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -109,7 +109,8 @@ double CopyCeilingGBs(cudaStream_t stream, int reps) {
   return 2.0 * static_cast<double>(bytes) / (t.median_ms * 1e-3) / 1e9;
 }
 
-enum class Policy { kIssue, kFp32, kServe, kServeDelayed };
+// kIssueFp32Grad: the issue's states and outputs with an fp32 gradient (fp32 parameters).
+enum class Policy { kIssue, kIssueFp32Grad, kFp32, kServe, kServeDelayed };
 
 // All device buffers of one shape set under one policy, and its plan.
 class Job {
@@ -117,7 +118,8 @@ class Job {
   Job(const std::vector<Shape>& shapes, Policy policy, cudaStream_t stream) : stream_(stream) {
     std::mt19937_64 rng(42);
     std::normal_distribution<float> normal(0.0f, 1.0f);
-    const bool issue = policy != Policy::kFp32;  // the same states and gradient
+    const bool issue = policy != Policy::kFp32;  // the same states
+    const bool bf16_grad = issue && policy != Policy::kIssueFp32Grad;
     const StatePolicy sp =
         issue ? MakeStatePolicy(MasterType::kFp32, MomentType::kFp8, MomentType::kFp16)
               : StatePolicy{};
@@ -129,15 +131,19 @@ class Job {
       t.cols = shapes[j].cols;
       t.policy = sp;
       t.tensor_index = static_cast<uint32_t>(j);
-      t.slot_type = issue ? SlotType::kBf16 : SlotType::kFp32;
+      t.slot_type = bf16_grad ? SlotType::kBf16 : SlotType::kFp32;
       const int64_t chunks = NumChunks(n);
       void* master = Alloc(n * 4);
-      void* grad = Alloc(n * (issue ? 2 : 4));
+      void* grad = Alloc(n * (bf16_grad ? 2 : 4));
       void* m = Alloc(n * (issue ? 1 : 4));
       void* v = Alloc(n * (issue ? 2 : 4));
       Fill<float>(master, n, [&] { return normal(rng) * 0.02f; });
       if (issue) {
-        Fill<uint16_t>(grad, n, [&] { return Bf16FromFloat(normal(rng) * 1e-3f); });
+        if (bf16_grad) {
+          Fill<uint16_t>(grad, n, [&] { return Bf16FromFloat(normal(rng) * 1e-3f); });
+        } else {
+          Fill<float>(grad, n, [&] { return normal(rng) * 1e-3f; });
+        }
         Fill<uint8_t>(m, n, [&] { return static_cast<uint8_t>(rng() % 0x7F) | (rng() & 0x80); });
         Fill<uint16_t>(v, n, [&] { return static_cast<uint16_t>(rng() % 0x7BFF); });
         float* ms = static_cast<float*>(Alloc(chunks * 4));
@@ -266,7 +272,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(
           stderr,
-          "usage: %s [--sets one,llm,small] [--policies issue,fp32,serve,delayed] [--reps N] "
+          "usage: %s [--sets one,llm,small] [--policies issue,issue32,fp32,serve,delayed] [--reps N] "
           "[--sweep] [--json F]\n",
           argv[0]);
       return 2;
@@ -359,6 +365,15 @@ int main(int argc, char** argv) {
         generic.generic = true;
         record(set, "generic", job, generic, job.Time(generic, reps));
       }
+    }
+    if (wanted("issue32")) {  // fp32 gradients: the kernel compiled for them, at each rows/warp
+      Job job(ShapeSet(set), Policy::kIssueFp32Grad, stream);
+      for (int rows : {2, 4}) {
+        record(set, "issue32", job, CudaStepTuning{0, 0, rows}, job.Time({0, 0, rows}, reps));
+      }
+      CudaStepTuning generic;
+      generic.generic = true;
+      record(set, "issue32g", job, generic, job.Time(generic, reps));
     }
     if (wanted("serve")) {
       Job job(ShapeSet(set), Policy::kServe, stream);

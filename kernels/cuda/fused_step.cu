@@ -79,8 +79,8 @@ struct PolicyOf {
   bool m_stochastic, v_stochastic;
   int num_slots;
   __device__ __forceinline__ explicit PolicyOf(const StepDesc& d) {
-    if constexpr (kKind == kIssuePolicy) {
-      slot_type = static_cast<uint8_t>(SlotType::kBf16);
+    if constexpr (kKind == kIssuePolicy || kKind == kIssueFp32GradPolicy) {
+      slot_type = static_cast<uint8_t>(kKind == kIssuePolicy ? SlotType::kBf16 : SlotType::kFp32);
       master_type = static_cast<uint8_t>(MasterType::kFp32);
       m_type = static_cast<uint8_t>(MomentType::kFp8);
       v_type = static_cast<uint8_t>(MomentType::kFp16);
@@ -1051,6 +1051,11 @@ TileKernelFn TileKernelFor(int kind, int rows) {
            : rows == 1 ? TileKernel<kIssuePolicy, 1>
                        : TileKernel<kIssuePolicy, 2>;
   }
+  if (kind == kIssueFp32GradPolicy) {
+    return rows == 4   ? TileKernel<kIssueFp32GradPolicy, 4>
+           : rows == 1 ? TileKernel<kIssueFp32GradPolicy, 1>
+                       : TileKernel<kIssueFp32GradPolicy, 2>;
+  }
   if (kind == kFp32Policy) {
     return rows == 4   ? TileKernel<kFp32Policy, 4>
            : rows == 1 ? TileKernel<kFp32Policy, 1>
@@ -1070,7 +1075,8 @@ KStatus LaunchTiles(const CudaStepPlan& plan, const StepScalarsDev& s, const Cud
   P.num_tiles = plan.num_tiles();
   P.s = s;
   const int kind = tuning.generic ? int{kAnyPolicy} : shape.policy_kind;
-  // Rows per warp: the benchmark's best on an H200 (issue policy 4, fp32 policy 2).
+  // Rows per warp: the benchmark's best on an H200 (issue policy 4 with either gradient, fp32
+  // policy 2).
   const int rows =
       kind == kAnyPolicy ? 1
       : (tuning.rows_per_warp == 1 || tuning.rows_per_warp == 2 || tuning.rows_per_warp == 4)

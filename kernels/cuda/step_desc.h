@@ -22,6 +22,9 @@ enum PolicyKind : int {
   kAnyPolicy = 0,
   kIssuePolicy = 1,  // fp32 master, one bf16 slot, fp8 exp_avg, fp16 exp_avg_sq, both nearest
   kFp32Policy = 2,   // fp32 master, one fp32 slot, fp32 moments
+  // kIssuePolicy's states with one fp32 slot: a trainer whose parameters are fp32 (bf16 autocast
+  // over fp32 weights) pushes fp32 gradients.
+  kIssueFp32GradPolicy = 3,
 };
 
 // In-pass outputs of a tile-path or flat-path tensor (StepDesc::outputs).

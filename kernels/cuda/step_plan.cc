@@ -269,9 +269,8 @@ KStatus CudaStepPlan::Create(std::span<const CudaStepTensor> tensors, CudaStepPl
                            pol.exp_avg_sq_rounding == Rounding::kNearest;
       int kind = kAnyPolicy;
       if (d.num_slots == 1 && pol.master == MasterType::kFp32 && nearest) {
-        if (t.slot_type == SlotType::kBf16 && pol.exp_avg == MomentType::kFp8 &&
-            pol.exp_avg_sq == MomentType::kFp16) {
-          kind = kIssuePolicy;
+        if (pol.exp_avg == MomentType::kFp8 && pol.exp_avg_sq == MomentType::kFp16) {
+          kind = t.slot_type == SlotType::kBf16 ? kIssuePolicy : kIssueFp32GradPolicy;
         } else if (t.slot_type == SlotType::kFp32 && pol.exp_avg == MomentType::kFp32 &&
                    pol.exp_avg_sq == MomentType::kFp32) {
           kind = kFp32Policy;

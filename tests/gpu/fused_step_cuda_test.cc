@@ -482,6 +482,25 @@ TEST_F(FusedStepCudaLaunchTest, ThreeHundredTensorsInOneLaunchMatchTheCpu) {
   RunCase(stream_, again, 79, 2, CudaStepTuning{0, 0, 0, true}, "300 tensors (generic kernel)");
 }
 
+// The benchmark's states with one fp32 slot per tensor (a trainer with fp32 parameters) run their
+// own compiled kernel, at every rows-per-warp: the same bits as the CPU and the generic kernel.
+TEST_F(FusedStepCudaLaunchTest, Fp32GradientsWithFp8MomentsKernelMatchesTheCpu) {
+  const std::vector<Shape> shapes = {{300, 256}, {129, 128}, {64, 384},  {9, 640},
+                                     {40, 128},  {8, 128},   {161, 512}, {3, 77}};
+  const SlotType fp32 = SlotType::kFp32;
+  const StatePolicy policy =
+      MakeStatePolicy(MasterType::kFp32, MomentType::kFp8, MomentType::kFp16);
+  for (const CudaStepTuning tuning :
+       {CudaStepTuning{}, CudaStepTuning{2, 4, 1}, CudaStepTuning{2, 4, 2}, CudaStepTuning{2, 4, 4},
+        CudaStepTuning{2, 4, 0, true}}) {
+    auto tensors = MakeTensors(policy, 1, 82, true, shapes, &fp32);
+    RunCase(stream_, tensors, 83, 2, tuning,
+            "fp8 moments, fp32 slots, rows/warp " + std::to_string(tuning.rows_per_warp) +
+                (tuning.generic ? ", generic" : ""));
+    if (HasFailure()) return;
+  }
+}
+
 // The fp32 policy with one fp32 slot per tensor runs its own compiled kernel: the same bits.
 TEST_F(FusedStepCudaLaunchTest, Fp32PolicyKernelMatchesTheCpu) {
   const SlotType fp32 = SlotType::kFp32;
