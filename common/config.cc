@@ -113,6 +113,7 @@ v1::DaemonConfig WithDefaults(v1::DaemonConfig c) {
   if (c.max_leases() == 0) c.set_max_leases(65536);
   if (c.max_streams_per_connection() == 0) c.set_max_streams_per_connection(1024);
   if (c.keep_checkpoints() == 0) c.set_keep_checkpoints(3);
+  if (c.checkpoint_buffer_bytes() == 0) c.set_checkpoint_buffer_bytes(kDefaultCheckpointBuffer);
   return c;
 }
 
@@ -147,6 +148,8 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
            CheckRange("max_streams_per_connection", c.max_streams_per_connection(), 1, 65536),
            CheckRange("keep_checkpoints", c.keep_checkpoints(), 1, 1000),
            CheckRange("checkpoint_every_steps", c.checkpoint_every_steps(), 0, 1000000000),
+           CheckRange("checkpoint_buffer_bytes", c.checkpoint_buffer_bytes(), kMiB,
+                      int64_t{1} << 50),
        }) {
     if (!s.ok()) return s;
   }

@@ -3,12 +3,16 @@
 // present but invalid -> an error naming the field.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "paramd/v1/config.pb.h"
 
 namespace paramd {
+
+// checkpoint_buffer_bytes's default: what a checkpoint holds without a reservation.
+inline constexpr int64_t kDefaultCheckpointBuffer = int64_t{16} << 20;
 
 // Parses a config file's text. Unknown fields and syntax errors are INVALID_ARGUMENT.
 absl::StatusOr<v1::DaemonConfig> ParseConfigText(const std::string& text);

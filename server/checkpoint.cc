@@ -30,9 +30,10 @@ constexpr int kStepDigits = 12;
 constexpr int64_t kMaxManifestBytes = int64_t{64} << 20;
 // A chunk's message beyond its data: names, header, field description.
 constexpr int64_t kChunkOverhead = 64 << 10;
-// Serialized chunks queued for the writer thread at most: the exporting caller runs this far
-// ahead of the disk.
-constexpr size_t kQueuedRecords = 3;
+// Written chunks' buffers kept for the exporting caller to fill next.
+constexpr size_t kSpareRecords = 2;
+// Chunks a restore's reading thread runs ahead of the import at most.
+constexpr size_t kReadAheadRecords = 3;
 // O_DIRECT writes: their alignment, and the staging buffer they are written from.
 constexpr size_t kDirectAlign = 4096;
 constexpr size_t kStagingBytes = size_t{8} << 20;
@@ -118,7 +119,8 @@ absl::Status Lost(const std::string& path, const std::string& what) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Start(
-    const std::string& root, const v1::RegisterRequest& registration, int64_t file_bytes) {
+    const std::string& root, const v1::RegisterRequest& registration, int64_t file_bytes,
+    int64_t buffer_bytes) {
   if (registration.job().empty() || registration.job().find('/') != std::string::npos) {
     return absl::InvalidArgumentError(
         absl::StrCat("job name ", Quoted(registration.job()), " cannot name a directory"));
@@ -134,16 +136,19 @@ absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Start(
   manifest.set_format(kCheckpointFormat);
   *manifest.mutable_registration() = registration;
   manifest.set_written_unix_s(static_cast<int64_t>(std::time(nullptr)));
-  return std::unique_ptr<CheckpointWriter>(new CheckpointWriter(
-      job_dir, std::move(partial), std::move(manifest), std::max<int64_t>(file_bytes, 1)));
+  return std::unique_ptr<CheckpointWriter>(
+      new CheckpointWriter(job_dir, std::move(partial), std::move(manifest),
+                           std::max<int64_t>(file_bytes, 1), std::max<int64_t>(buffer_bytes, 0)));
 }
 
 CheckpointWriter::CheckpointWriter(std::string job_dir, std::string partial,
-                                   v1::CheckpointManifest manifest, int64_t file_bytes)
+                                   v1::CheckpointManifest manifest, int64_t file_bytes,
+                                   int64_t buffer_bytes)
     : job_dir_(std::move(job_dir)),
       partial_(std::move(partial)),
       manifest_(std::move(manifest)),
-      file_bytes_(file_bytes) {}
+      file_bytes_(file_bytes),
+      buffer_bytes_(buffer_bytes) {}
 
 CheckpointWriter::~CheckpointWriter() {
   (void)StopWriting(/*discard=*/true);  // an unfinished checkpoint's error no longer matters
@@ -236,7 +241,11 @@ absl::Status CheckpointWriter::Add(v1::StateChunk* chunk) {
   Record record;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return queue_.size() < kQueuedRecords || !write_status_.ok(); });
+    // One chunk is always taken, so a chunk bigger than the buffer still goes.
+    const int64_t bytes = static_cast<int64_t>(chunk->data().size());
+    cv_.wait(lock, [&] {
+      return queue_.empty() || queued_bytes_ + bytes <= buffer_bytes_ || !write_status_.ok();
+    });
     if (!write_status_.ok()) return write_status_;
     if (!spare_.empty()) {
       record = std::move(spare_.back());
@@ -258,6 +267,7 @@ absl::Status CheckpointWriter::Add(v1::StateChunk* chunk) {
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
+    queued_bytes_ += static_cast<int64_t>(record.data.size());
     queue_.push_back(std::move(record));
   }
   cv_.notify_all();
@@ -273,11 +283,17 @@ void CheckpointWriter::WriteQueued() {
     Record record = std::move(queue_.front());
     queue_.pop_front();
     lock.unlock();
+    if (before_write_for_test_) before_write_for_test_();
     const absl::Status written = WriteRecord(record);
     lock.lock();
-    spare_.push_back(std::move(record));
+    // Counted until written: the buffer's bytes are the queued chunks and the one being written.
+    queued_bytes_ -= static_cast<int64_t>(record.data.size());
+    if (spare_.size() < kSpareRecords) spare_.push_back(std::move(record));
     if (!written.ok() && write_status_.ok()) write_status_ = written;
-    if (!write_status_.ok()) queue_.clear();  // nothing after a failed write is kept
+    if (!write_status_.ok()) {  // nothing after a failed write is kept
+      queue_.clear();
+      queued_bytes_ = 0;
+    }
     cv_.notify_all();
   }
 }
@@ -307,7 +323,10 @@ absl::Status CheckpointWriter::StopWriting(bool discard) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
-    if (discard) queue_.clear();
+    if (discard) {
+      for (const Record& r : queue_) queued_bytes_ -= static_cast<int64_t>(r.data.size());
+      queue_.clear();
+    }
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
@@ -384,7 +403,7 @@ absl::StatusOr<v1::CheckpointManifest> ReadCheckpointManifest(const std::string&
 namespace {
 
 // Reads a checkpoint's files on a thread of its own (the reads and each file's CRC) while the
-// caller parses and imports the records before, at most kQueuedRecords ahead.
+// caller parses and imports the records before, at most kReadAheadRecords ahead.
 class RecordReader {
  public:
   // A record, or the end of file `file` with its verdict (its structure, then its CRC).
@@ -427,14 +446,14 @@ class RecordReader {
   // Gives a consumed record's buffer back for the next read.
   void Recycle(std::string record) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (spare_.size() < kQueuedRecords + 1) spare_.push_back(std::move(record));
+    if (spare_.size() < kReadAheadRecords + 1) spare_.push_back(std::move(record));
   }
 
  private:
   // Queues `item`; false when the reader is told to stop.
   bool Push(Item item) {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return queue_.size() < kQueuedRecords || stopping_; });
+    cv_.wait(lock, [&] { return queue_.size() < kReadAheadRecords || stopping_; });
     if (stopping_) return false;
     queue_.push_back(std::move(item));
     cv_.notify_all();

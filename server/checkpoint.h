@@ -33,30 +33,38 @@ inline constexpr int kCheckpointFormat = 1;
 inline constexpr char kCheckpointManifest[] = "manifest.pb";
 
 // Writes one checkpoint, chunk by chunk. A thread of its own writes each chunk (its CRC, the file
-// write, the fsync of each full file) while the caller exports the next: memory is a few chunks
-// (kQueuedRecords).
+// write, the fsync of each full file) while the caller exports the next: the chunks queued and the
+// one being written hold at most `buffer_bytes` (or one chunk, where bigger), so the caller runs
+// that far ahead of the disk.
 class CheckpointWriter {
  public:
   // Starts a checkpoint of `registration`'s job under `root` (created if missing), its state in
-  // files of about `file_bytes` each. Removes .partial-* directories that earlier writers of the
-  // job left.
+  // files of about `file_bytes` each, the caller at most `buffer_bytes` of chunks ahead of the
+  // disk. Removes .partial-* directories that earlier writers of the job left.
   static absl::StatusOr<std::unique_ptr<CheckpointWriter>> Start(
-      const std::string& root, const v1::RegisterRequest& registration, int64_t file_bytes);
+      const std::string& root, const v1::RegisterRequest& registration, int64_t file_bytes,
+      int64_t buffer_bytes);
   ~CheckpointWriter();  // a checkpoint not finished is removed
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
   // Appends the stream's next chunk; the first carries the state's header. Returns once the chunk
-  // is queued, its data taken (not copied: the chunk gets an empty buffer to fill next); an error
-  // of an earlier chunk's write is returned here or by Finish.
+  // is queued (waiting while the buffer is full), its data taken (not copied: the chunk gets an
+  // empty buffer to fill next); an error of an earlier chunk's write is returned here or by
+  // Finish.
   absl::Status Add(v1::StateChunk* chunk);
   // Makes the checkpoint durable and complete; returns its directory. An existing checkpoint of
   // the same version is replaced.
   absl::StatusOr<std::string> Finish();
 
+  // Tests: called on the writer thread before each chunk is written (to hold the disk back).
+  void set_before_write_for_test(std::function<void()> hook) {
+    before_write_for_test_ = std::move(hook);
+  }
+
  private:
   CheckpointWriter(std::string job_dir, std::string partial, v1::CheckpointManifest manifest,
-                   int64_t file_bytes);
+                   int64_t file_bytes, int64_t buffer_bytes);
   absl::Status OpenFile();
   absl::Status CloseFile();
   // The writer thread: writes the queued records in order until stopped.
@@ -76,6 +84,8 @@ class CheckpointWriter {
   const std::string partial_;
   v1::CheckpointManifest manifest_;
   const int64_t file_bytes_;
+  const int64_t buffer_bytes_;
+  std::function<void()> before_write_for_test_;
   int fd_ = -1;
   // Files are written with O_DIRECT where the filesystem takes it (no copy into the page cache):
   // the writer thread stages records into this aligned buffer and writes whole blocks of it; a
@@ -92,6 +102,7 @@ class CheckpointWriter {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Record> queue_;   // chunks the thread has yet to write
+  int64_t queued_bytes_ = 0;   // their data, and the data of the one being written
   std::vector<Record> spare_;  // buffers of written chunks, reused
   absl::Status write_status_;  // the thread's first error
   bool stopping_ = false;

@@ -9,10 +9,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/config.h"
 #include "common/logging.h"
 #include "common/quoted.h"
 #include "common/status_macros.h"
 #include "server/checkpoint.h"
+#include "server/checkpoint_progress.h"
 #include "server/state_transfer.h"
 
 namespace paramd {
@@ -44,21 +46,45 @@ absl::StatusOr<std::string> Checkpoints::Root() const {
   return root;
 }
 
+int64_t Checkpoints::WriteBuffer(const std::string& job, int64_t state_bytes,
+                                 MemoryBudget::Reservation* held) {
+  // No bigger than the state (the chunks' data is the state's bytes).
+  const int64_t wanted = std::max(
+      std::min(daemon_->config().checkpoint_buffer_bytes(), state_bytes), kDefaultCheckpointBuffer);
+  if (wanted == kDefaultCheckpointBuffer) return wanted;
+  absl::StatusOr<MemoryBudget::Reservation> reserved = daemon_->mutable_memory_budget().Reserve(
+      absl::StrCat("checkpoint of ", job), MemoryBytes{wanted - kDefaultCheckpointBuffer, 0});
+  if (!reserved.ok()) {
+    PARAMD_LOG(WARNING) << "job " << job << ": the checkpoint is written with a buffer of "
+                        << kDefaultCheckpointBuffer << " bytes, not checkpoint_buffer_bytes ("
+                        << wanted << "), so its later steps wait while it is written: "
+                        << reserved.status().message();
+    return kDefaultCheckpointBuffer;
+  }
+  *held = *std::move(reserved);
+  return wanted;
+}
+
 absl::StatusOr<v1::CheckpointResponse> Checkpoints::Write(const std::string& name) {
   PARAMD_ASSIGN_OR_RETURN(const std::string root, Root());
   PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, daemon_->registry().Find(name));
   PARAMD_RETURN_IF_ERROR(job->CheckUsable());
+  const int64_t state_bytes = job->Status().state_bytes();
+  CheckpointProgress::Tracked progress =
+      daemon_->checkpoint_progress().Begin(name, v1::CHECKPOINT_OPERATION_WRITE, state_bytes);
   const auto start = std::chrono::steady_clock::now();
   Daemon* daemon = daemon_;
-  // Steps committed after the call wait until the state is written (the export holds them), then
-  // go back to the step executor.
+  // Steps committed after the call wait until the state is in the writer's buffer (the export
+  // holds them), then go back to the step executor while the disk catches up.
   PARAMD_ASSIGN_OR_RETURN(std::unique_ptr<StateExport> exported,
                           StateExport::BeginAndWait(job, daemon_->config().max_chunk_bytes(),
                                                     [daemon, job](const StepWork& held) {
                                                       daemon->StartStep(job, held);
                                                     }));
+  MemoryBudget::Reservation held;
+  const int64_t buffer = WriteBuffer(name, state_bytes, &held);
   PARAMD_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> writer,
-                          CheckpointWriter::Start(root, job->spec(), kCheckpointFileBytes));
+                          CheckpointWriter::Start(root, job->spec(), kCheckpointFileBytes, buffer));
   v1::CheckpointResponse response;
   v1::StateChunk chunk;
   while (true) {
@@ -66,6 +92,7 @@ absl::StatusOr<v1::CheckpointResponse> Checkpoints::Write(const std::string& nam
     if (!more) break;
     if (chunk.has_header()) response.set_version(chunk.header().next_step());
     response.set_bytes(response.bytes() + static_cast<int64_t>(chunk.ByteSizeLong()));
+    progress.Update(response.bytes());
     PARAMD_RETURN_IF_ERROR(writer->Add(&chunk));
   }
   exported.reset();  // the held steps run while the files are made durable
@@ -145,21 +172,26 @@ absl::StatusOr<v1::RestoreResponse> Checkpoints::RestoreFrom(const std::string& 
     return status;
   };
   StateImport import((*job)->spec(), daemon_->config().max_chunk_bytes());
+  CheckpointProgress::Tracked progress = daemon_->checkpoint_progress().Begin(
+      name, v1::CHECKPOINT_OPERATION_RESTORE, (*job)->Status().state_bytes());
   const absl::Status read =
       ReadCheckpoint(dir, daemon_->config().max_chunk_bytes(), [&](const v1::StateChunk& chunk) {
         response.set_bytes(response.bytes() + static_cast<int64_t>(chunk.ByteSizeLong()));
+        progress.Update(response.bytes());
         return import.Add(chunk);
       }).status();
   if (!read.ok()) return undo(read);
   absl::StatusOr<StagedState> staged = import.Finish();
   if (!staged.ok()) return undo(staged.status());
+  const double read_seconds = SecondsSince(start);
   absl::StatusOr<v1::ImportStateResponse> imported = (*job)->Import(*std::move(staged));
   if (!imported.ok()) return undo(imported.status());
   response.set_version(imported->next_step());
   response.set_seconds(SecondsSince(start));
   PARAMD_LOG(INFO) << "job " << name << ": restored version " << response.version() << " from "
                    << dir << (response.registered() ? " (registered from its manifest)" : "")
-                   << " in " << response.seconds() << " s";
+                   << " in " << response.seconds() << " s (read " << read_seconds
+                   << " s, then into the backend " << response.seconds() - read_seconds << " s)";
   return response;
 }
 

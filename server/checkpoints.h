@@ -22,7 +22,8 @@ class Checkpoints {
   explicit Checkpoints(Daemon* daemon) : daemon_(daemon) {}
 
   // Writes a checkpoint of `job` (the state after every step all ranks committed before the
-  // call; later steps wait while it is written), then removes the job's checkpoints beyond
+  // call; later steps wait while it is copied into a buffer of checkpoint_buffer_bytes, which
+  // the disk then drains), then removes the job's checkpoints beyond
   // keep_checkpoints, oldest first.
   absl::StatusOr<v1::CheckpointResponse> Write(const std::string& job);
   // Restores `job` from the checkpoint in `path` (under checkpoint_dir/JOB), or from its newest
@@ -37,6 +38,10 @@ class Checkpoints {
   // checkpoint_dir, or FAILED_PRECONDITION saying how to set it.
   absl::StatusOr<std::string> Root() const;
   absl::StatusOr<v1::RestoreResponse> RestoreFrom(const std::string& job, const std::string& dir);
+  // The bytes a checkpoint of `job` may run ahead of the disk (checkpoint_buffer_bytes, at most
+  // the state's size), the part above the default reserved in `held`; the default where the
+  // budget has no room.
+  int64_t WriteBuffer(const std::string& job, int64_t state_bytes, MemoryBudget::Reservation* held);
 
   Daemon* const daemon_;
 };

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <random>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/error_reason.h"
@@ -265,6 +267,9 @@ v1::StatusResponse Daemon::Status(const std::string& job) const {
       v1::JobStatus* status = response.add_jobs();
       *status = j->Status();
       status->set_leases(leases_->Held(j->name()));
+      if (std::optional<v1::CheckpointProgress> progress = checkpoint_progress_.Of(j->name())) {
+        *status->mutable_checkpoint_progress() = *std::move(progress);
+      }
     }
   }
   return response;

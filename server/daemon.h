@@ -14,6 +14,7 @@
 #include "paramd/v1/config.pb.h"
 #include "paramd/v1/control.pb.h"
 #include "server/backend.h"
+#include "server/checkpoint_progress.h"
 #include "server/counted_limit.h"
 #include "server/lease_table.h"
 #include "server/memory_budget.h"
@@ -37,6 +38,8 @@ class Daemon final : public TransportHost {
   JobRegistry& registry() { return *registry_; }
   Metrics& metrics() { return *metrics_; }
   LeaseTable& leases() { return *leases_; }
+  // The checkpoints being written or restored, which Status reports per job.
+  CheckpointProgress& checkpoint_progress() { return checkpoint_progress_; }
   // The daemon ends of every transport, in the table's order.
   const DaemonEnds& transports() const { return transports_; }
   // A random value drawn at start: places handed out by another start of the daemon (at the same
@@ -74,6 +77,8 @@ class Daemon final : public TransportHost {
   absl::StatusOr<MemoryBytes> DeleteJob(const std::string& job);
   // The budget every job's footprint is reserved from.
   const MemoryBudget& memory_budget() const { return *budget_; }
+  // The same, for what is held a while besides the jobs (a checkpoint's buffer).
+  MemoryBudget& mutable_memory_budget() { return *budget_; }
 
   // A stream's place among max_open_streams, held while it is open; RESOURCE_EXHAUSTED naming
   // the limit when none is left.
@@ -117,6 +122,7 @@ class Daemon final : public TransportHost {
   std::atomic<bool> draining_{false};
   std::function<void()> drain_listener_;
   std::function<void(const std::string&, int64_t)> step_listener_;
+  CheckpointProgress checkpoint_progress_;
   StepExecutor executor_;  // last: joins its thread before the jobs and backend go away
 };
 

@@ -6,12 +6,19 @@
 //   paramctl [--address=HOST:PORT] [--json] checkpoint JOB
 //   paramctl [--address=HOST:PORT] [--json] restore JOB [DIR]
 //   paramctl [--address=HOST:PORT] [--json] drain
+// checkpoint and restore draw a progress bar on stderr while they run, where it is a terminal.
 #include <google/protobuf/util/json_util.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <iostream>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -23,6 +30,7 @@
 #include "absl/strings/str_join.h"
 #include "client/client.h"
 #include "common/flags_help.h"
+#include "tools/progress_bar.h"
 
 ABSL_FLAG(std::string, address, "127.0.0.1:50051", "Daemon address host:port");
 ABSL_FLAG(bool, json, false, "Print the daemon's answer as JSON");
@@ -40,6 +48,7 @@ constexpr char kUsage[] =
     "  delete JOB       remove the job (active or failed) and free its memory\n"
     "  checkpoint JOB   write a checkpoint of the job under the daemon's checkpoint_dir\n"
     "  restore JOB [DIR]  restore the job from checkpoint DIR (default: its newest)\n"
+    "                   (both draw a progress bar on stderr where it is a terminal)\n"
     "  drain            refuse new work; running steps complete\n";
 
 std::string Bytes(int64_t bytes) {
@@ -192,8 +201,71 @@ int Delete(Client& client, const std::string& job) {
   return 0;
 }
 
+// While a checkpoint or restore of `job` runs: a thread of its own asks the daemon for the job's
+// Status about 5 times a second and draws its checkpoint_progress as one line on stderr, cleared
+// at the end (the answer then prints as without it). Only where stderr is a terminal and the
+// answer is not JSON.
+class ProgressDisplay {
+ public:
+  ProgressDisplay(Client& client, std::string job) : client_(client), job_(std::move(job)) {
+    if (absl::GetFlag(FLAGS_json) || isatty(STDERR_FILENO) == 0) return;
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~ProgressDisplay() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopped_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+    if (drawn_ > 0) std::cerr << '\r' << std::string(drawn_, ' ') << '\r' << std::flush;
+  }
+  ProgressDisplay(const ProgressDisplay&) = delete;
+  ProgressDisplay& operator=(const ProgressDisplay&) = delete;
+
+ private:
+  void Run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!wake_.wait_for(lock, std::chrono::milliseconds(200), [this] { return stopped_; })) {
+      lock.unlock();
+      Draw();
+      lock.lock();
+    }
+  }
+
+  void Draw() {
+    absl::StatusOr<v1::StatusResponse> status = client_.Status(job_);
+    // A restore registers a missing job first: until then there is nothing to draw.
+    if (!status.ok() || status->jobs().empty() || !status->jobs(0).has_checkpoint_progress()) {
+      return;
+    }
+    const v1::CheckpointProgress& p = status->jobs(0).checkpoint_progress();
+    const std::string line = ProgressLine(
+        absl::StrCat(p.operation() == v1::CHECKPOINT_OPERATION_RESTORE ? "restore " : "checkpoint ",
+                     job_),
+        p.bytes_done(), p.bytes_total(), p.seconds());
+    // Spaces over the rest of a longer line drawn before.
+    std::cerr << '\r' << line << std::string(drawn_ - std::min(drawn_, line.size()), ' ')
+              << std::flush;
+    drawn_ = std::max(drawn_, line.size());
+  }
+
+  Client& client_;
+  const std::string job_;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  bool stopped_ = false;
+  size_t drawn_ = 0;  // the longest line drawn; only the thread touches it until it is joined
+  std::thread thread_;
+};
+
 int Checkpoint(Client& client, const std::string& job) {
-  absl::StatusOr<v1::CheckpointResponse> response = client.Checkpoint(job);
+  absl::StatusOr<v1::CheckpointResponse> response;
+  {
+    ProgressDisplay progress(client, job);
+    response = client.Checkpoint(job);
+  }
   if (!response.ok()) return Fail(response.status());
   if (absl::GetFlag(FLAGS_json)) return PrintJson(*response);
   std::cout << absl::StrFormat(
@@ -206,7 +278,11 @@ int Checkpoint(Client& client, const std::string& job) {
 }
 
 int Restore(Client& client, const std::string& job, const std::string& path) {
-  absl::StatusOr<v1::RestoreResponse> response = client.Restore(job, path);
+  absl::StatusOr<v1::RestoreResponse> response;
+  {
+    ProgressDisplay progress(client, job);
+    response = client.Restore(job, path);
+  }
   if (!response.ok()) return Fail(response.status());
   if (absl::GetFlag(FLAGS_json)) return PrintJson(*response);
   std::cout << absl::StrFormat("job %s: version %d restored from %s (%s in %.2f s)%s\n", job,

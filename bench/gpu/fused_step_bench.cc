@@ -270,11 +270,11 @@ int main(int argc, char** argv) {
     } else if (a == "--json" && i + 1 < argc) {
       json = argv[++i];
     } else {
-      std::fprintf(
-          stderr,
-          "usage: %s [--sets one,llm,small] [--policies issue,issue32,fp32,serve,delayed] [--reps N] "
-          "[--sweep] [--json F]\n",
-          argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--sets one,llm,small] [--policies issue,issue32,fp32,serve,delayed] "
+                   "[--reps N] "
+                   "[--sweep] [--json F]\n",
+                   argv[0]);
       return 2;
     }
   }

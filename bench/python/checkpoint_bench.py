@@ -12,7 +12,10 @@ fp32 exp_avg and exp_avg_sq: 12 bytes per parameter) is --state_gib GiB. Rows, e
   dd read             `dd of=/dev/null bs=4M` of the dd file, page cache dropped first (cold)
 Then the step-time slowdown during a checkpoint: the job's steps (push, commit, pull over inline)
 timed alone, and while another connection's Control.Checkpoint runs (the steps committed during
-it wait for the state to be copied out: DESIGN.md section 8).
+it wait for the state to be copied into the writer's buffer: DESIGN.md section 8), with the
+default checkpoint_buffer_bytes (16 MiB: the steps wait for about the write) and, in a second
+daemon that restores the job from the checkpoints at start, with a buffer the size of the state
+(the steps wait for a copy of it, then go on while the disk catches up).
 Dropping the page cache needs root (/proc/sys/vm/drop_caches); without it the reads are warm and
 the table says so. Prints MB/s and paramd's ratio to dd (target >= 0.7, DESIGN.md section 10).
 """
@@ -70,28 +73,17 @@ def main():
     with open(config, "w") as f:
         f.write(f'checkpoint_dir: "{root}"\nkeep_checkpoints: 1\nshared_memory: false\n')
     rows = {}
+    names = [f"w{i}" for i in range(tensors)]
+    rng = np.random.default_rng(0)
+    weights = (rng.standard_normal(ROWS * COLS, dtype=np.float32) * 0.02)
+    grads = [(n, weights.view(np.uint8)) for n in names]
     with Daemon(args.daemon, step_threads=2, extra_args=[f"--config={config}"]) as daemon:
         client = paramd.connect(daemon.address, transport="inline", rpc_timeout_s=600)
-        names = [f"w{i}" for i in range(tensors)]
         client.register(job="ckpt", rank=0, world_size=1,
                         tensors=[(n, ROWS, COLS, "fp32") for n in names],
                         hyperparams=paramd.hyperparams(lr=1e-3), serve=["bf16"])
-        rng = np.random.default_rng(0)
-        weights = (rng.standard_normal(ROWS * COLS, dtype=np.float32) * 0.02)
         client.upload_initial_weights("ckpt", [(n, weights.view(np.uint8)) for n in names])
-        # One step, so the moments are not zeros.
-        grads = [(n, weights.view(np.uint8)) for n in names]
-        next_step = [0]
-
-        def step():
-            """One step of the job as a trainer sees it; its seconds."""
-            started = time.perf_counter()
-            client.push_gradients("ckpt", 0, next_step[0], grads)
-            client.commit("ckpt", 0, next_step[0], lr=1e-3, grad_scale=1.0)
-            next_step[0] += 1
-            client.pull("ckpt", names[-1], "bf16", next_step[0], 600.0)
-            return time.perf_counter() - started
-
+        step = Steps(client, names, grads, 0)
         step()  # so the moments are not zeros
         written, read = [], []
         cold = True
@@ -104,21 +96,7 @@ def main():
             client.restore("ckpt")
             read.append(time.perf_counter() - started)
         checkpoint_bytes = du(root)
-        alone = [step() for _ in range(args.rounds + 1)]
-        other = paramd.connect(daemon.address, transport="inline", rpc_timeout_s=600)
-        during, checkpoint_s = [], []
-
-        def checkpoint():
-            started = time.perf_counter()
-            other.checkpoint("ckpt")
-            checkpoint_s.append(time.perf_counter() - started)
-
-        writer = threading.Thread(target=checkpoint)
-        writer.start()
-        while writer.is_alive():
-            during.append(step())
-        writer.join()
-        other.close()
+        slowdowns = {"default buffer (16 MiB)": slowdown(daemon.address, step, args.rounds)}
         dd_file = os.path.join(base, "dd.bin")
         count = max(1, checkpoint_bytes // (4 << 20))
         dd_write = min(dd(["if=/dev/zero", f"of={dd_file}", "bs=4M", f"count={count}",
@@ -128,6 +106,20 @@ def main():
             drop_caches()
             dd_read.append(dd([f"if={dd_file}", "of=/dev/null", "bs=4M"]))
         os.remove(dd_file)
+        client.close()
+        # Where a restore's time goes (the daemon's log line: reading, then into the backend).
+        restored = [line.split("] ", 1)[-1] for line in daemon.log().splitlines()
+                    if "restored version" in line]
+    # A buffer the size of the state, in a daemon that takes the job back from its checkpoint.
+    with open(config, "a") as f:
+        f.write(f"checkpoint_buffer_bytes: {state_bytes + (64 << 20)}\n")
+    with Daemon(args.daemon, step_threads=2, extra_args=[f"--config={config}"]) as daemon:
+        client = paramd.connect(daemon.address, transport="inline", rpc_timeout_s=600)
+        registered = client.register(job="ckpt", rank=0, world_size=1,
+                                     tensors=[(n, ROWS, COLS, "fp32") for n in names],
+                                     hyperparams=paramd.hyperparams(lr=1e-3), serve=["bf16"])
+        step = Steps(client, names, grads, registered["next_step"])
+        slowdowns["buffer of the state's size"] = slowdown(daemon.address, step, args.rounds)
         client.close()
     dd_bytes = count * (4 << 20)
     best_write = min(written)
@@ -145,12 +137,54 @@ def main():
     print(f"| {values[1][0]} | {values[1][1] / 1e6:.0f} | |")
     print(f"| {values[2][0]} | {values[2][1] / 1e6:.0f} | {values[2][1] / values[3][1]:.2f} |")
     print(f"| {values[3][0]} | {values[3][1] / 1e6:.0f} | |")
-    slow = statistics.mean(during) / statistics.median(alone)
-    print(f"step {statistics.median(alone) * 1e3:.0f} ms alone (median of {len(alone)}); during a "
-          f"{checkpoint_s[0]:.2f} s checkpoint {len(during)} steps, mean "
-          f"{statistics.mean(during) * 1e3:.0f} ms, max {max(during) * 1e3:.0f} ms: "
-          f"slowdown {slow:.2f}x")
+    if restored:
+        print(f"the daemon: {restored[-1]}")
+    print()
+    print("| checkpoint_buffer_bytes | step alone | checkpoint | steps during it | mean step "
+          "during | max step during | slowdown |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for name, (alone, seconds, during) in slowdowns.items():
+        print(f"| {name} | {statistics.median(alone) * 1e3:.0f} ms | {seconds:.2f} s | "
+              f"{len(during)} | {statistics.mean(during) * 1e3:.0f} ms | "
+              f"{max(during) * 1e3:.0f} ms | "
+              f"{statistics.mean(during) / statistics.median(alone):.2f}x |")
     return 0
+
+
+class Steps:
+    """The job's steps as a trainer runs them; each call runs one and returns its seconds."""
+
+    def __init__(self, client, names, grads, next_step):
+        self.client, self.names, self.grads, self.next_step = client, names, grads, next_step
+
+    def __call__(self):
+        started = time.perf_counter()
+        self.client.push_gradients("ckpt", 0, self.next_step, self.grads)
+        self.client.commit("ckpt", 0, self.next_step, lr=1e-3, grad_scale=1.0)
+        self.next_step += 1
+        self.client.pull("ckpt", self.names[-1], "bf16", self.next_step, 600.0)
+        return time.perf_counter() - started
+
+
+def slowdown(address, step, rounds):
+    """Steps timed alone, then while another connection's checkpoint runs: (the steps alone,
+    the checkpoint's seconds, the steps during it)."""
+    alone = [step() for _ in range(rounds + 1)]
+    other = paramd.connect(address, transport="inline", rpc_timeout_s=600)
+    during, seconds = [], []
+
+    def checkpoint():
+        started = time.perf_counter()
+        other.checkpoint("ckpt")
+        seconds.append(time.perf_counter() - started)
+
+    writer = threading.Thread(target=checkpoint)
+    writer.start()
+    while writer.is_alive():
+        during.append(step())
+    writer.join()
+    other.close()
+    return alone, seconds[0], during
 
 
 def du(path):

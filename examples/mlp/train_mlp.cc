@@ -5,23 +5,31 @@
 // BF16) are bit-identical.
 //
 // A trainer that joins a job already under way (a restarted rank) resumes at the step the daemon
-// collects, from the weights it serves. With --in_place, pulls read the daemon's shared memory
-// under a lease (the shm transport) instead of copying through the transport; --crash_at_step
-// kills the process (SIGKILL) after pushing that step's gradients while it holds such a lease,
-// for the failure tests.
+// collects, from the weights it serves. A daemon that restarts under a running trainer (killed,
+// and started again at the same address from its checkpoint_dir) is followed: the calls wait up
+// to --reconnect_timeout_s for it, then the trainer registers again, loads the version the daemon
+// restored and goes back to the step it collects. Every batch and learning rate is a function of
+// the step, so the run ends bit-identical to one without the restart. With --in_place, pulls read
+// the daemon's shared memory under a lease (the shm transport) instead of copying through the
+// transport; --crash_at_step kills the process (SIGKILL) after pushing that step's gradients while
+// it holds such a lease, for the failure tests.
 #include <signal.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "common/error_reason.h"
 #include "common/flags_help.h"
+#include "common/status_macros.h"
 #include "examples/mlp/mlp_model.h"
 #include "examples/mlp/reference_replay.h"
 #include "reference/adamw_reference.h"
@@ -40,6 +48,9 @@ ABSL_FLAG(bool, in_place, false, "Read pulled weights in place under a lease (sh
 ABSL_FLAG(int64_t, crash_at_step, -1,
           "Kill this process after pushing this step's gradients, holding a lease (tests)");
 ABSL_FLAG(int64_t, lease_ms, 0, "Lease of in-place reads, ms (0: the daemon's default)");
+ABSL_FLAG(double, reconnect_timeout_s, 0,
+          "How long each call waits for a daemon that went away, s (0: a few attempts); one that "
+          "comes back from its checkpoints is followed to the step it restored");
 
 namespace paramd::mlp {
 namespace {
@@ -122,6 +133,131 @@ int64_t Compare(const Params& daemon, const std::vector<Pulled>& bf16, const Par
   return mismatches;
 }
 
+// Says which call of the step failed, keeping the status's code and reason.
+absl::Status During(const char* what, const absl::Status& status) {
+  if (status.ok()) return status;
+  return Reworded(status, absl::StrCat(what, ": ", status.message()));
+}
+
+// One rank of the job against the daemon: joins it, runs steps, and follows the daemon back to
+// its checkpoint when it restarts.
+class Trainer {
+ public:
+  Trainer(Client& client, const TrainSettings& settings, std::string job, int rank)
+      : client_(client), s_(settings), job_(std::move(job)), rank_(rank) {}
+
+  // Registers (rank 0 uploads the initial weights of a new job) and loads the version the daemon
+  // serves. Returns the step the job collects next. After a restart the job must be there,
+  // restored from the daemon's checkpoints.
+  absl::StatusOr<int64_t> Join(bool after_restart) {
+    absl::StatusOr<v1::RegisterResponse> registered =
+        client_.Register(Registration(s_, job_, rank_));
+    if (!registered.ok()) return During("register", registered.status());
+    if (after_restart && registered->version() < 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the daemon restarted without a checkpoint of job \"", job_,
+          "\": its state is lost (give the daemon a checkpoint_dir and checkpoint_every_steps)"));
+    }
+    params_ = InitialParams(s_.seed);
+    if (rank_ == 0 && registered->version() < 0) {
+      std::vector<PushItem> items;
+      for (int t = 0; t < kNumTensors; ++t)
+        items.push_back({kShapes[t].name, Bytes(*params_.tensor(t))});
+      PARAMD_RETURN_IF_ERROR(
+          During("upload initial weights", client_.UploadInitialWeights(job_, items)));
+    }
+    const int64_t next_step = registered->next_step();
+    PARAMD_RETURN_IF_ERROR(During("pull the starting weights",
+                                  PullAll(client_, job_, next_step, v1::RECIPE_FP32, &pulled_)));
+    Unpack(pulled_, &params_);
+    return next_step;
+  }
+
+  // Pushes the gradient of `step`, commits it and loads version step + 1. Returns the loss.
+  absl::StatusOr<float> Step(int64_t step) {
+    const float loss = LossAndGradient(params_, MakeBatch(s_.seed, step, rank_), &grad_);
+    std::vector<PushItem> items;
+    for (int t = 0; t < kNumTensors; ++t)
+      items.push_back({kShapes[t].name, Bytes(*grad_.tensor(t))});
+    PARAMD_RETURN_IF_ERROR(During("push", client_.PushGradients(job_, rank_, step, items)));
+    if (step == absl::GetFlag(FLAGS_crash_at_step)) return CrashHoldingLease(step);
+    absl::StatusOr<v1::CommitResponse> committed =
+        client_.Commit(job_, rank_, step, LearningRate(s_.lr, step, s_.steps), 1.0 / s_.world_size);
+    if (!committed.ok()) return During("commit", committed.status());
+    PARAMD_RETURN_IF_ERROR(
+        During("pull", PullAll(client_, job_, step + 1, v1::RECIPE_FP32, &pulled_)));
+    Unpack(pulled_, &params_);
+    return loss;
+  }
+
+  // Whether `status` comes from a daemon that restarted since this rank registered: ABORTED, or
+  // a refusal by the new start, which knows nothing of this step (a step it does not collect, a
+  // job it does not have, a version it does not reach in time).
+  bool DaemonRestarted(const absl::Status& status) const {
+    switch (status.code()) {
+      case absl::StatusCode::kAborted:
+        return true;
+      case absl::StatusCode::kFailedPrecondition:
+      case absl::StatusCode::kNotFound:
+      case absl::StatusCode::kDeadlineExceeded: {
+        absl::StatusOr<bool> restarted = client_.DaemonRestarted();
+        return restarted.ok() && *restarted;
+      }
+      default:
+        return false;
+    }
+  }
+
+  // The daemon restarted while this rank was at `step`: joins it again (as often as it restarts
+  // meanwhile) and returns the step it collects, the one its checkpoint holds.
+  absl::StatusOr<int64_t> FollowRestart(int64_t step) {
+    for (;;) {
+      ++restarts_;
+      absl::StatusOr<int64_t> resumed = Join(/*after_restart=*/true);
+      if (resumed.ok()) {
+        std::printf(
+            "rank %d: the daemon restarted (%d followed); back to step %lld from step %lld\n",
+            rank_, restarts_, static_cast<long long>(*resumed), static_cast<long long>(step));
+        std::fflush(stdout);
+        return resumed;
+      }
+      if (!DaemonRestarted(resumed.status())) return resumed.status();
+    }
+  }
+
+  // The BF16 weights of `version`, which rank 0 checks.
+  absl::Status PullBf16(int64_t version, std::vector<Pulled>* bf16) {
+    return During("pull bf16", PullAll(client_, job_, version, v1::RECIPE_BF16, bf16));
+  }
+
+  const Params& params() const { return params_; }
+
+ private:
+  // Dies holding mapped segments and a lease on the current weights, before committing; returns
+  // only when it cannot take the lease.
+  absl::Status CrashHoldingLease(int64_t step) {
+    PullTarget target{job_, kShapes[0].name, {}, step};
+    target.format.set_recipe(v1::RECIPE_FP32);
+    absl::StatusOr<PulledView> held = client_.PullInPlace(
+        target, std::chrono::seconds(60), std::chrono::milliseconds(absl::GetFlag(FLAGS_lease_ms)));
+    if (!held.ok()) return During("lease before the crash", held.status());
+    std::printf("rank %d: killing itself at step %lld holding lease %llu\n", rank_,
+                static_cast<long long>(step), static_cast<unsigned long long>(held->lease));
+    std::fflush(stdout);
+    raise(SIGKILL);
+    return absl::InternalError("alive after SIGKILL");
+  }
+
+  Client& client_;
+  const TrainSettings s_;
+  const std::string job_;
+  const int rank_;
+  Params params_;
+  Params grad_;
+  std::vector<Pulled> pulled_;
+  int restarts_ = 0;
+};
+
 int Main() {
   TrainSettings s;
   s.seed = absl::GetFlag(FLAGS_seed);
@@ -129,84 +265,61 @@ int Main() {
   s.steps = absl::GetFlag(FLAGS_steps);
   s.lr = absl::GetFlag(FLAGS_lr);
   s.weight_decay = absl::GetFlag(FLAGS_weight_decay);
-  const std::string job = absl::GetFlag(FLAGS_job);
   const int rank = absl::GetFlag(FLAGS_rank);
+  const bool check = rank == 0 && absl::GetFlag(FLAGS_check);
 
   ClientOptions options;
   options.address = absl::GetFlag(FLAGS_address);
   options.transport = absl::GetFlag(FLAGS_transport);
+  options.reconnect_timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(absl::GetFlag(FLAGS_reconnect_timeout_s) * 1000));
   absl::StatusOr<std::unique_ptr<Client>> connected = Client::Connect(options);
   if (!connected.ok()) return Fail("connect", connected.status());
-  Client& client = **connected;
-  absl::StatusOr<v1::RegisterResponse> registered = client.Register(Registration(s, job, rank));
-  if (!registered.ok()) return Fail("register", registered.status());
+  Trainer trainer(**connected, s, absl::GetFlag(FLAGS_job), rank);
 
   // A rank restarted while the job runs resumes where the daemon is.
-  const int64_t first_step = registered->next_step();
-  Params params = InitialParams(s.seed);
-  if (rank == 0 && registered->version() < 0) {
-    std::vector<PushItem> items;
-    for (int t = 0; t < kNumTensors; ++t)
-      items.push_back({kShapes[t].name, Bytes(*params.tensor(t))});
-    if (absl::Status st = client.UploadInitialWeights(job, items); !st.ok()) {
-      return Fail("upload initial weights", st);
-    }
-  }
-  std::vector<Pulled> pulled;
-  if (absl::Status st = PullAll(client, job, first_step, v1::RECIPE_FP32, &pulled); !st.ok()) {
-    return Fail("pull the starting weights", st);
-  }
-  Unpack(pulled, &params);
-  if (first_step > 0) {
-    std::printf("rank %d resumes at step %lld\n", rank, static_cast<long long>(first_step));
+  absl::StatusOr<int64_t> first_step = trainer.Join(/*after_restart=*/false);
+  if (!first_step.ok()) return Fail("join", first_step.status());
+  if (*first_step > 0) {
+    std::printf("rank %d resumes at step %lld\n", rank, static_cast<long long>(*first_step));
   }
 
-  Params grad;
-  for (int64_t step = first_step; step < s.steps; ++step) {
-    const auto start = std::chrono::steady_clock::now();
-    const float loss = LossAndGradient(params, MakeBatch(s.seed, step, rank), &grad);
-    std::vector<PushItem> items;
-    for (int t = 0; t < kNumTensors; ++t)
-      items.push_back({kShapes[t].name, Bytes(*grad.tensor(t))});
-    if (absl::Status st = client.PushGradients(job, rank, step, items); !st.ok()) {
-      return Fail("push", st);
-    }
-    if (step == absl::GetFlag(FLAGS_crash_at_step)) {
-      // Dies holding mapped segments and a lease on the current weights, before committing.
-      PullTarget target{job, kShapes[0].name, {}, step};
-      target.format.set_recipe(v1::RECIPE_FP32);
-      absl::StatusOr<PulledView> held =
-          client.PullInPlace(target, std::chrono::seconds(60),
-                             std::chrono::milliseconds(absl::GetFlag(FLAGS_lease_ms)));
-      if (!held.ok()) return Fail("lease before the crash", held.status());
-      std::printf("rank %d: killing itself at step %lld holding lease %llu\n", rank,
-                  static_cast<long long>(step), static_cast<unsigned long long>(held->lease));
-      std::fflush(stdout);
-      raise(SIGKILL);
-    }
-    absl::StatusOr<v1::CommitResponse> committed =
-        client.Commit(job, rank, step, LearningRate(s.lr, step, s.steps), 1.0 / s.world_size);
-    if (!committed.ok()) return Fail("commit", committed.status());
-    if (absl::Status st = PullAll(client, job, step + 1, v1::RECIPE_FP32, &pulled); !st.ok()) {
-      return Fail("pull", st);
-    }
-    Unpack(pulled, &params);
-    const double ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    if (rank == 0)
-      std::printf("step %4lld  loss %.6f  step_ms %.3f\n", static_cast<long long>(step), loss, ms);
-  }
-  if (rank != 0 || !absl::GetFlag(FLAGS_check)) return 0;
-
+  int64_t step = *first_step;
   std::vector<Pulled> bf16;
-  if (absl::Status st = PullAll(client, job, s.steps, v1::RECIPE_BF16, &bf16); !st.ok()) {
-    return Fail("pull bf16", st);
+  for (;;) {
+    absl::Status status;
+    while (step < s.steps) {
+      const auto start = std::chrono::steady_clock::now();
+      absl::StatusOr<float> loss = trainer.Step(step);
+      if (!loss.ok()) {
+        status = loss.status();
+        break;
+      }
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count();
+      if (rank == 0) {
+        std::printf("step %4lld  loss %.6f  step_ms %.3f\n", static_cast<long long>(step), *loss,
+                    ms);
+      }
+      ++step;
+    }
+    if (status.ok() && check) status = trainer.PullBf16(s.steps, &bf16);
+    if (status.ok()) break;
+    if (!trainer.DaemonRestarted(status)) {
+      return Fail(absl::StrCat("step ", step).c_str(), status);
+    }
+    absl::StatusOr<int64_t> resumed = trainer.FollowRestart(step);
+    if (!resumed.ok()) return Fail("follow the restarted daemon", resumed.status());
+    step = *resumed;
   }
+  if (!check) return 0;
+
   const Params reference = ReplayReference(s);
-  const int64_t mismatches = Compare(params, bf16, reference);
+  const int64_t mismatches = Compare(trainer.params(), bf16, reference);
   int64_t values = 0;
   for (int t = 0; t < kNumTensors; ++t)
-    values += 2 * static_cast<int64_t>(params.tensor(t)->size());
+    values += 2 * static_cast<int64_t>(reference.tensor(t)->size());
   if (mismatches != 0) {
     std::printf(
         "check FAILED: %lld of %lld served values (fp32 and bf16) differ from the local "

@@ -160,6 +160,13 @@ class CheckpointRpcTest : public ::testing::Test {
     return status.ok() ? status->jobs(0).next_step() : -1;
   }
 
+  // Whether Status reports a checkpoint of the job being written or restored.
+  bool CheckpointUnderWay() {
+    absl::StatusOr<v1::StatusResponse> status = client_->Status(kJob);
+    EXPECT_TRUE(status.ok()) << status.status();
+    return !status.ok() || status->jobs(0).has_checkpoint_progress();
+  }
+
   const v1::RegisterRequest spec_;
   std::string root_;
   std::unique_ptr<Server> server_;
@@ -176,6 +183,7 @@ TEST_F(CheckpointRpcTest, ARestoredJobServesTheCheckpointAndTrainsOnBitIdentical
   EXPECT_EQ(written->path(), root_ + "/" + kJob + "/step-000000000003");
   EXPECT_TRUE(std::filesystem::exists(written->path() + "/manifest.pb"));
   EXPECT_GT(written->bytes(), 131 * 257 * 6);  // fp32 master and two fp8 moments at least
+  EXPECT_FALSE(CheckpointUnderWay());          // only while it is written
   const auto at_checkpoint = PullAll(3);
   for (int64_t step = 3; step < 5; ++step) RunStep(step);
   const auto trained_on = PullAll(5);
@@ -186,6 +194,7 @@ TEST_F(CheckpointRpcTest, ARestoredJobServesTheCheckpointAndTrainsOnBitIdentical
   EXPECT_EQ(restored->version(), 3);
   EXPECT_FALSE(restored->registered());
   EXPECT_EQ(NextStep(), 3);
+  EXPECT_FALSE(CheckpointUnderWay());
   EXPECT_EQ(PullAll(3), at_checkpoint);
   for (int64_t step = 3; step < 5; ++step) RunStep(step);
   EXPECT_EQ(PullAll(5), trained_on);

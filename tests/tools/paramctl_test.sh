@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# paramctl against a real daemon: status, tensors, set-lr, delete and drain, human-readable and --json,
-# and the error path (unknown job -> NOT_FOUND, exit status 1). Usage: paramctl_test.sh BUILD_DIR
+# paramctl against a real daemon: status, tensors, set-lr, delete, checkpoint, restore and drain,
+# human-readable and --json, and the error path (unknown job -> NOT_FOUND, exit status 1).
+# Usage: paramctl_test.sh BUILD_DIR
 set -euo pipefail
 build=$1
 work=$(mktemp -d)
@@ -9,8 +10,9 @@ cleanup() { [ -n "$daemon" ] && kill "$daemon" 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 
-"$build/server/paramd" --listen=127.0.0.1:0 --metrics_listen= --address_file="$work/addr" \
-  --log_level=warning &
+echo "checkpoint_dir: \"$work/checkpoints\"" >"$work/paramd.textproto"
+"$build/server/paramd" --config="$work/paramd.textproto" --listen=127.0.0.1:0 --metrics_listen= \
+  --address_file="$work/addr" --log_level=warning &
 daemon=$!
 for _ in $(seq 100); do [ -s "$work/addr" ] && break; sleep 0.1; done
 addr=$(cat "$work/addr")
@@ -64,6 +66,22 @@ after=$(ctl --json status | python3 -c 'import json,sys; s=json.load(sys.stdin);
 [ "${after#* }" = "1" ] || fail "delete removes the job ($after)"
 [ "${after% *}" -lt "$reserved" ] || fail "delete gives the budget back ($reserved -> ${after% *})"
 { ctl delete gone 2>&1 || true; } | grep -q "NOT_FOUND" || fail "delete of an unknown job is NOT_FOUND"
+
+# checkpoint and restore: one line each; the progress bar is drawn only on a terminal's stderr.
+ctl checkpoint ctl >"$work/out" 2>"$work/err" || fail "checkpoint"
+cat "$work/out"
+grep -qE "^job ctl: version 5 checkpointed to $work/checkpoints/ctl/step-000000000005 \(" \
+  "$work/out" || fail "checkpoint names the version and its directory"
+[ ! -s "$work/err" ] || fail "checkpoint wrote to a stderr that is no terminal: $(cat "$work/err")"
+ctl restore ctl >"$work/out" 2>"$work/err" || fail "restore"
+cat "$work/out"
+grep -qE "^job ctl: version 5 restored from $work/checkpoints/ctl/step-000000000005 \(" \
+  "$work/out" || fail "restore names the version and its directory"
+[ ! -s "$work/err" ] || fail "restore wrote to a stderr that is no terminal: $(cat "$work/err")"
+ctl --json status ctl | python3 -c '
+import json, sys
+assert "checkpoint_progress" not in json.load(sys.stdin)["jobs"][0]
+' || fail "status shows no checkpoint under way once it is done"
 
 ctl drain | grep -q "draining" || fail "drain"
 ctl status | grep -q "DRAINING" || fail "status shows draining"

@@ -1,6 +1,8 @@
 // server/checkpoint.h: a job's state written to a checkpoint directory and read back continues
-// bit for bit; only complete checkpoints are listed; a truncated, altered or missing file is
-// refused naming it, and the checkpoint before it stays usable.
+// bit for bit; the writing runs ahead of the disk by its buffer and no further, so steps go on
+// while a buffered checkpoint of their version is written; only complete checkpoints are listed; a
+// truncated, altered or missing file is refused naming it, and the checkpoint before it stays
+// usable.
 #include "server/checkpoint.h"
 
 #include <gtest/gtest.h>
@@ -8,9 +10,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <functional>
+#include <future>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -35,6 +41,8 @@ using testing::RandomWeights;
 using testing::RegistryJobHarness;
 
 constexpr int64_t kChunkBytes = 4096;
+// The writer's buffer where a test does not say: a few chunks.
+constexpr int64_t kBufferBytes = 3 * kChunkBytes;
 
 class CheckpointTest : public ::testing::Test {
  protected:
@@ -59,7 +67,7 @@ class CheckpointTest : public ::testing::Test {
         StateExport::BeginAndWait(h.shared(), kChunkBytes, [](const StepWork&) {});
     if (!exporting.ok()) return exporting.status();
     absl::StatusOr<std::unique_ptr<CheckpointWriter>> writer =
-        CheckpointWriter::Start(root_, h.job().spec(), file_bytes);
+        CheckpointWriter::Start(root_, h.job().spec(), file_bytes, kBufferBytes);
     if (!writer.ok()) return writer.status();
     for (;;) {
       v1::StateChunk chunk;
@@ -143,6 +151,120 @@ TEST_F(CheckpointTest, AWrittenCheckpointRestoresAndTrainingContinuesBitForBit) 
   EXPECT_TRUE(chunks.front().has_header());
 }
 
+// Holds a writer thread before each chunk it writes until Release (or a deadline, so a test whose
+// writer waits forever fails instead of hanging).
+class HeldDisk {
+ public:
+  std::function<void()> Hook() {
+    return [this] {
+      writes_.fetch_add(1);
+      (void)released_.wait_for(std::chrono::seconds(20));
+    };
+  }
+  void Release() { release_.set_value(); }
+  int writes() const { return writes_.load(); }
+
+ private:
+  std::promise<void> release_;
+  std::shared_future<void> released_ = release_.get_future().share();
+  std::atomic<int> writes_{0};
+};
+
+// With a buffer the size of the state, the whole state is copied out while the disk is held, the
+// job's next steps run at once, and the checkpoint written afterwards holds exactly the version
+// the export began at (compared with a job that stopped there).
+TEST_F(CheckpointTest, StepsGoOnWhileABufferedCheckpointOfTheirVersionIsWritten) {
+  const v1::RegisterRequest spec = Spec();
+  RegistryJobHarness a(spec), stopped(spec);
+  ASSERT_TRUE(a.Start(PolicyWeights(spec)).ok());
+  ASSERT_TRUE(stopped.Start(PolicyWeights(spec)).ok());
+  for (int64_t step = 0; step < 2; ++step) {
+    const auto grads = RandomGradients(spec, 60 + static_cast<uint64_t>(step));
+    ASSERT_TRUE(a.RunStep(step, grads).ok());
+    ASSERT_TRUE(stopped.RunStep(step, grads).ok());
+  }
+  absl::StatusOr<std::unique_ptr<StateExport>> exporting =
+      StateExport::BeginAndWait(a.shared(), kChunkBytes, [](const StepWork&) {});
+  ASSERT_TRUE(exporting.ok()) << exporting.status();
+  absl::StatusOr<std::unique_ptr<CheckpointWriter>> writer =
+      CheckpointWriter::Start(root_, spec, 16 << 10, int64_t{64} << 20);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  HeldDisk disk;
+  (*writer)->set_before_write_for_test(disk.Hook());
+  int chunks = 0;
+  for (;;) {
+    v1::StateChunk chunk;
+    absl::StatusOr<bool> more = (*exporting)->Next(&chunk);
+    ASSERT_TRUE(more.ok()) << more.status();
+    if (!*more) break;
+    ASSERT_TRUE((*writer)->Add(&chunk).ok());
+    ++chunks;
+  }
+  exporting->reset();
+  EXPECT_GT(chunks, 3);
+  EXPECT_LE(disk.writes(), 1) << "the disk was held: at most the first chunk is being written";
+  // The export is over while the disk is still held: the job steps on.
+  for (int64_t step = 2; step < 4; ++step) {
+    ASSERT_TRUE(a.RunStep(step, RandomGradients(spec, 60 + static_cast<uint64_t>(step))).ok());
+  }
+  EXPECT_EQ(a.job().Status().next_step(), 4);
+  EXPECT_LE(disk.writes(), 1);
+  disk.Release();
+  absl::StatusOr<std::string> dir = (*writer)->Finish();
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  EXPECT_EQ(*dir, root_ + "/policy/step-000000000002");
+  RegistryJobHarness b(spec);
+  ASSERT_TRUE(b.Start(RandomWeights(spec, 9)).ok());
+  ASSERT_TRUE(Restore(*dir, b).ok());
+  ExpectSameServed(stopped, b, spec);
+  const auto grads = RandomGradients(spec, 62);
+  ASSERT_TRUE(stopped.RunStep(2, grads).ok());
+  ASSERT_TRUE(b.RunStep(2, grads).ok());
+  ExpectSameServed(stopped, b, spec);
+}
+
+// A buffer of one chunk: while the disk is held, the next chunk waits for room.
+TEST_F(CheckpointTest, TheWriterRunsAheadOfTheDiskByItsBufferOnly) {
+  const v1::RegisterRequest spec = Spec();
+  RegistryJobHarness a(spec);
+  ASSERT_TRUE(a.Start(PolicyWeights(spec)).ok());
+  absl::StatusOr<std::unique_ptr<StateExport>> exporting =
+      StateExport::BeginAndWait(a.shared(), kChunkBytes, [](const StepWork&) {});
+  ASSERT_TRUE(exporting.ok()) << exporting.status();
+  absl::StatusOr<std::unique_ptr<CheckpointWriter>> writer =
+      CheckpointWriter::Start(root_, spec, 1 << 20, kChunkBytes);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  HeldDisk disk;
+  (*writer)->set_before_write_for_test(disk.Hook());
+  std::vector<v1::StateChunk> chunks;
+  for (;;) {
+    v1::StateChunk chunk;
+    absl::StatusOr<bool> more = (*exporting)->Next(&chunk);
+    ASSERT_TRUE(more.ok()) << more.status();
+    if (!*more) break;
+    chunks.push_back(std::move(chunk));
+  }
+  exporting->reset();
+  ASSERT_GT(chunks.size(), 3u);
+  // The header chunk, then a full data chunk: the buffer holds one of them.
+  ASSERT_TRUE((*writer)->Add(&chunks[0]).ok());
+  std::future<absl::Status> added = std::async(std::launch::async, [&] {
+    absl::Status s = absl::OkStatus();
+    for (size_t i = 1; i < chunks.size() && s.ok(); ++i) s = (*writer)->Add(&chunks[i]);
+    return s;
+  });
+  EXPECT_EQ(added.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout)
+      << "every chunk was taken while the disk was held";
+  disk.Release();
+  ASSERT_TRUE(added.get().ok());
+  absl::StatusOr<std::string> dir = (*writer)->Finish();
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  RegistryJobHarness b(spec);
+  ASSERT_TRUE(b.Start(RandomWeights(spec, 9)).ok());
+  ASSERT_TRUE(Restore(*dir, b).ok());
+  ExpectSameServed(a, b, spec);
+}
+
 TEST_F(CheckpointTest, OnlyCompleteCheckpointsAreListedNewestFirst) {
   const v1::RegisterRequest spec = Spec();
   RegistryJobHarness a(spec);
@@ -153,7 +275,7 @@ TEST_F(CheckpointTest, OnlyCompleteCheckpointsAreListedNewestFirst) {
   {
     // A writer that never finishes (a crash mid-write) leaves nothing listed...
     absl::StatusOr<std::unique_ptr<CheckpointWriter>> writer =
-        CheckpointWriter::Start(root_, a.job().spec(), 1 << 20);
+        CheckpointWriter::Start(root_, a.job().spec(), 1 << 20, kBufferBytes);
     ASSERT_TRUE(writer.ok());
   }
   // ...and neither does a partial directory a killed process left.
@@ -164,7 +286,7 @@ TEST_F(CheckpointTest, OnlyCompleteCheckpointsAreListedNewestFirst) {
                                                root_ + "/policy/step-000000000000"}));
   // The next writer of the job clears what a crashed one left.
   absl::StatusOr<std::unique_ptr<CheckpointWriter>> next =
-      CheckpointWriter::Start(root_, a.job().spec(), 1 << 20);
+      CheckpointWriter::Start(root_, a.job().spec(), 1 << 20, kBufferBytes);
   ASSERT_TRUE(next.ok());
   struct stat st;
   EXPECT_NE(stat((root_ + "/policy/.partial-crashed").c_str(), &st), 0);
