@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
+#include "common/shard_map.h"
 #include "common/status_macros.h"
 #include "server/rpc_outcome.h"
 #include "server/state_transfer.h"
@@ -264,10 +265,22 @@ absl::Status ControlService::DoGetLayout(const v1::GetLayoutRequest& request,
                                          v1::GetLayoutResponse* response) {
   PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, daemon_->registry().Find(request.job()));
   PARAMD_RETURN_IF_ERROR(job->CheckUsable());
-  for (const v1::TensorSpec& t : job->spec().tensors()) {
-    v1::GetLayoutResponse::Placement* p = response->add_placements();
-    p->set_tensor(t.name());
-    p->set_daemon(address_);
+  // The job's owners are this daemon alone, named by the address it listens at (port 0
+  // resolved), until a job carries its list of daemons.
+  PARAMD_ASSIGN_OR_RETURN(const int device, BackendDevice(daemon_->config().backend()));
+  const auto& tensors = job->spec().tensors();
+  PARAMD_ASSIGN_OR_RETURN(const ShardMap map,
+                          ComputeShardMap(JobTensorShapes(tensors), {Owner{address_, device}}));
+  for (int i = 0; i < tensors.size(); ++i) {
+    for (const ShardPiece& piece : map.tensors[static_cast<size_t>(i)]) {
+      const Owner& owner = map.owners[piece.owner];
+      v1::GetLayoutResponse::Placement* p = response->add_placements();
+      p->set_tensor(tensors[i].name());
+      p->set_daemon(owner.daemon);
+      p->set_device(owner.device);
+      p->set_row_begin(piece.row_begin);
+      p->set_row_end(piece.row_end);
+    }
   }
   return absl::OkStatus();
 }
