@@ -186,6 +186,7 @@ absl::StatusOr<v1::RestoreResponse> Checkpoints::RestoreFrom(const std::string& 
   const double read_seconds = SecondsSince(start);
   absl::StatusOr<v1::ImportStateResponse> imported = (*job)->Import(*std::move(staged));
   if (!imported.ok()) return undo(imported.status());
+  (*job)->MarkRestored();
   response.set_version(imported->next_step());
   response.set_seconds(SecondsSince(start));
   PARAMD_LOG(INFO) << "job " << name << ": restored version " << response.version() << " from "

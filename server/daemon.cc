@@ -11,7 +11,11 @@
 #include "common/logging.h"
 #include "common/quoted.h"
 #include "common/status_macros.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "server/backends.h"
+#include "server/registration.h"
+#include "server/state_fields.h"
+#include "server/state_transfer.h"
 
 namespace paramd {
 
@@ -122,7 +126,12 @@ absl::Status Daemon::CheckServing() const {
 }
 
 absl::StatusOr<v1::RegisterResponse> Daemon::Register(const v1::RegisterRequest& request) {
+  // One at a time: a job being remade is not found by another rank's registration meanwhile.
+  std::lock_guard<std::mutex> lock(register_mu_);
   absl::StatusOr<v1::RegisterResponse> response = registry_->Register(request);
+  if (absl::IsFailedPrecondition(response.status())) {
+    if (auto reshaped = RegisterReshaped(request)) response = *std::move(reshaped);
+  }
   if (response.ok()) {
     response->set_instance(instance_);
     PARAMD_LOG(INFO) << "job " << request.job() << ": rank " << request.rank() << " of "
@@ -131,6 +140,99 @@ absl::StatusOr<v1::RegisterResponse> Daemon::Register(const v1::RegisterRequest&
     UpdateGauges();
   }
   return response;
+}
+
+namespace {
+
+// Feeds `chunks` (a job's exported state) to `import`, leaving out the fields its job does not
+// keep (those of serve formats it no longer has).
+absl::Status ImportKeptFields(const std::vector<v1::StateChunk>& chunks,
+                              const v1::RegisterRequest& spec, StateImport& import) {
+  const std::vector<FormatKey> formats = ServedFormats(spec);
+  std::map<std::string, std::vector<std::string>> kept;  // tensor -> its fields
+  for (int i = 0; i < spec.tensors_size(); ++i) {
+    for (const StateFieldSpec& f : TensorStateFields(TensorInfoOf(spec, i), formats)) {
+      kept[spec.tensors(i).name()].push_back(f.name);
+    }
+  }
+  bool skipping = false;
+  for (const v1::StateChunk& chunk : chunks) {
+    if (chunk.has_field()) {
+      const std::vector<std::string>& fields = kept[chunk.field().tensor()];
+      skipping = std::find(fields.begin(), fields.end(), chunk.field().field()) == fields.end();
+    }
+    if (!skipping) {
+      PARAMD_RETURN_IF_ERROR(import.Add(chunk));
+    } else if (chunk.has_header()) {
+      v1::StateChunk header;
+      *header.mutable_header() = chunk.header();
+      PARAMD_RETURN_IF_ERROR(import.Add(header));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::optional<absl::StatusOr<v1::RegisterResponse>> Daemon::RegisterReshaped(
+    const v1::RegisterRequest& request) {
+  absl::StatusOr<std::shared_ptr<Job>> found = registry_->Find(request.job());
+  if (!found.ok() || !(*found)->reshapable()) return std::nullopt;
+  const std::shared_ptr<Job> old = *std::move(found);
+  const v1::RegisterRequest wanted = NormalizedSpec(request);
+  v1::RegisterRequest reshaped = old->spec();
+  reshaped.set_world_size(wanted.world_size());
+  *reshaped.mutable_serve() = wanted.serve();
+  if (!google::protobuf::util::MessageDifferencer::Equals(reshaped, wanted)) return std::nullopt;
+  const std::string& name = request.job();
+  // The restored state, whole (the job is idle: nothing was pushed since the restore).
+  std::vector<v1::StateChunk> chunks;
+  {
+    absl::StatusOr<std::unique_ptr<StateExport>> exported =
+        StateExport::BeginAndWait(old, config_.max_chunk_bytes(),
+                                  [this, old](const StepWork& held) { StartStep(old, held); });
+    if (!exported.ok()) return exported.status();
+    while (true) {
+      v1::StateChunk chunk;
+      absl::StatusOr<bool> more = (*exported)->Next(&chunk);
+      if (!more.ok()) return more.status();
+      if (!*more) break;
+      chunks.push_back(std::move(chunk));
+    }
+  }
+  const v1::RegisterRequest previous = old->spec();
+  // Puts `spec`'s job back with the state (the new one, or the old one where the new one fails).
+  const auto remake =
+      [&](const v1::RegisterRequest& spec, bool new_serve_formats,
+          const v1::RegisterRequest& registration) -> absl::StatusOr<v1::RegisterResponse> {
+    PARAMD_RETURN_IF_ERROR(registry_->Register(registration).status());
+    PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, registry_->Find(name));
+    StateImport import(job->spec(), config_.max_chunk_bytes());
+    PARAMD_RETURN_IF_ERROR(ImportKeptFields(chunks, spec, import));
+    PARAMD_ASSIGN_OR_RETURN(StagedState staged, import.Finish(new_serve_formats));
+    PARAMD_RETURN_IF_ERROR(job->Import(std::move(staged)).status());
+    return registry_->Register(registration);  // the restored version, as the trainer needs it
+  };
+  (void)DeleteJob(name);
+  absl::StatusOr<v1::RegisterResponse> response = remake(wanted, true, request);
+  if (response.ok()) {
+    PARAMD_LOG(INFO) << "job " << name << ": restored state registered again with world size "
+                     << wanted.world_size() << " (was " << previous.world_size() << ") and "
+                     << wanted.serve_size() << " serve formats (was " << previous.serve_size()
+                     << ")";
+    return response;
+  }
+  // The new shape does not fit (the memory budget, say): the restored job as it was, and why.
+  (void)DeleteJob(name);
+  v1::RegisterRequest again = previous;
+  again.set_rank(0);
+  if (absl::StatusOr<v1::RegisterResponse> back = remake(previous, false, again); !back.ok()) {
+    PARAMD_LOG(ERROR) << "job " << name << ": the restored state could not be put back ("
+                      << back.status().message() << "); restore it from its checkpoint again";
+  } else if (absl::StatusOr<std::shared_ptr<Job>> job = registry_->Find(name); job.ok()) {
+    (*job)->MarkRestored();
+  }
+  return response.status();
 }
 
 absl::StatusOr<MemoryBytes> Daemon::DeleteJob(const std::string& name) {

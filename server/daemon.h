@@ -7,6 +7,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -72,6 +73,9 @@ class Daemon final : public TransportHost {
   }
   bool draining() const { return draining_.load(); }
 
+  // Registers a rank of a job (JobRegistry::Register). The first registration after a job was
+  // restored from a checkpoint may change its world size and serve formats: the job is made again
+  // with them and given the restored state (any other difference stays FAILED_PRECONDITION).
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
   // Removes a job and frees its memory (its leases end now); returns the budget it held.
   absl::StatusOr<MemoryBytes> DeleteJob(const std::string& job);
@@ -100,6 +104,11 @@ class Daemon final : public TransportHost {
   void UpdateGauges();
 
  private:
+  // Register's remake of a restored job under `request`'s world size and serve formats; nullopt
+  // where the job is not such a job or `request` differs in more than those.
+  std::optional<absl::StatusOr<v1::RegisterResponse>> RegisterReshaped(
+      const v1::RegisterRequest& request);
+  std::mutex register_mu_;  // Register, one at a time
   Daemon(const v1::DaemonConfig& config, std::unique_ptr<Backend> backend, uint64_t instance,
          MemoryBytes budget);
   // After a job's step failed: when the backend itself is unusable, every job of it fails too.

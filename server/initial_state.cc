@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <new>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/formats.h"
@@ -73,6 +74,30 @@ absl::Status ServeFromFp32(const TensorInfo& info, const float* fp32, const uint
     if (!st.ok()) return st;
   }
   return absl::OkStatus();
+}
+
+float InitialFp8TensorScale(const TensorInfo& info, const HostTensorState& state) {
+  const int64_t n = info.rows * info.cols;
+  const auto* halves = reinterpret_cast<const uint16_t*>(state.master.data());
+  float amax = 0.0f;
+  switch (info.policy.master) {
+    case kernels::MasterType::kFp32:
+      amax = kernels::AmaxCpu(reinterpret_cast<const float*>(state.master.data()), n);
+      break;
+    case kernels::MasterType::kBf16Remainder:
+    case kernels::MasterType::kFp16: {
+      std::vector<float> values(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        values[static_cast<size_t>(i)] =
+            info.policy.master == kernels::MasterType::kFp16
+                ? kernels::FloatFromFp16(halves[i])
+                : kernels::MergeBf16Remainder(halves[i], state.remainder[static_cast<size_t>(i)]);
+      }
+      amax = kernels::AmaxCpu(values.data(), n);
+      break;
+    }
+  }
+  return kernels::NextFp8TensorScale(amax, 1.0f).scale;
 }
 
 absl::Status ServeImportedMaster(const TensorInfo& info, const HostTensorState& state,

@@ -36,6 +36,10 @@ absl::Status ServeFromFp32(const TensorInfo& info, const float* fp32, const uint
 absl::StatusOr<float*> Fp32Values(const TensorInfo& info, ServedTensor* out, float* fp32_master,
                                   std::vector<float>* working);
 
+// The fp8_tensor scale a job starts with (as MakeInitialState sets it) for a stored master: from
+// the amax of the values it stores.
+float InitialFp8TensorScale(const TensorInfo& info, const HostTensorState& state);
+
 // The served bytes of an imported state: every format of `out` from its master (the values it
 // stores) with its per-tensor scales, the same bytes the version it was exported at served.
 absl::Status ServeImportedMaster(const TensorInfo& info, const HostTensorState& state,

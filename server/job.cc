@@ -80,12 +80,23 @@ absl::StatusOr<v1::RegisterResponse> Job::Register(const v1::RegisterRequest& re
   absl::MutexLock lock(&mu_);
   PARAMD_RETURN_IF_ERROR(failed_);
   registered_.insert(request.rank());
+  reshapable_ = false;  // a rank took the restored job as it is
   v1::RegisterResponse response;
   response.set_next_step(sequence_.next_step());
   // The version every tensor has published: a step taken but still running has not published yet.
   response.set_version(served_.published());
   response.set_max_chunk_bytes(max_chunk_bytes);
   return response;
+}
+
+void Job::MarkRestored() {
+  absl::MutexLock lock(&mu_);
+  reshapable_ = true;
+}
+
+bool Job::reshapable() const {
+  absl::MutexLock lock(&mu_);
+  return reshapable_ && failed_.ok();
 }
 
 absl::StatusOr<int> Job::TensorIndex(const std::string& name) const {

@@ -71,6 +71,10 @@ class Job {
   // Registers one rank. A description that differs from the job's is FAILED_PRECONDITION.
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request,
                                                 int64_t max_chunk_bytes);
+  // The job's state was restored from a checkpoint: until a rank registers, a registration may
+  // change its world size and serve formats (Daemon::Register re-creates the job with them).
+  void MarkRestored();
+  bool reshapable() const;
 
   // Stores one pushed chunk (gradient or initial weights); see data.proto for the rules.
   absl::StatusOr<ChunkBuffer::Stored> Push(const v1::PushChunk& chunk);
@@ -244,7 +248,8 @@ class Job {
   std::map<int32_t, v1::TrainerTransport> trainer_transports_ ABSL_GUARDED_BY(mu_);
   // The starts of the exports waiting in sequence_.
   std::map<StepSequence::ExportId, ExportStart> export_starts_ ABSL_GUARDED_BY(mu_);
-  absl::Status failed_ ABSL_GUARDED_BY(mu_);  // not OK once the job failed or was deleted
+  absl::Status failed_ ABSL_GUARDED_BY(mu_);      // not OK once the job failed or was deleted
+  bool reshapable_ ABSL_GUARDED_BY(mu_) = false;  // MarkRestored, until a rank registers
 };
 
 }  // namespace paramd

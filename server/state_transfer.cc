@@ -12,6 +12,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/element_type.h"
 #include "common/status_macros.h"
+#include "server/initial_state.h"
 #include "server/registration.h"
 
 namespace paramd {
@@ -330,7 +331,7 @@ absl::Status StateImport::Add(const v1::StateChunk& chunk) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<StagedState> StateImport::Finish() {
+absl::StatusOr<StagedState> StateImport::Finish(bool new_serve_formats) {
   if (!have_header_) {
     return absl::InvalidArgumentError("the state stream is empty; it starts with a StateHeader");
   }
@@ -338,6 +339,19 @@ absl::StatusOr<StagedState> StateImport::Finish() {
     for (size_t f = 0; f < expected_[t].size(); ++f) {
       const std::string where =
           FieldText(spec_.tensors(static_cast<int>(t)).name(), expected_[t][f].name);
+      const StateFieldKind kind = expected_[t][f].kind;
+      if (!seen_[t][f] && new_serve_formats &&
+          (kind == StateFieldKind::kFp8TensorScale || kind == StateFieldKind::kFp8DelayedScale ||
+           kind == StateFieldKind::kFp8DelayedHistory)) {
+        HostTensorState& s = staged_.tensors[t];
+        if (kind == StateFieldKind::kFp8TensorScale) {
+          s.scalars.fp8_tensor_scale =
+              InitialFp8TensorScale(TensorInfoOf(spec_, static_cast<int>(t)), s);
+        } else if (kind == StateFieldKind::kFp8DelayedScale) {
+          s.scalars.fp8_delayed_scale = 1.0f;
+        }  // the history stays empty
+        seen_[t][f] = true;
+      }
       if (!seen_[t][f]) {
         return absl::InvalidArgumentError(absl::StrCat(where, " is missing from the state"));
       }

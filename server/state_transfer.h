@@ -78,7 +78,10 @@ class StateImport {
   // field on a mismatch; RESOURCE_EXHAUSTED for a chunk over max_chunk_bytes.
   absl::Status Add(const v1::StateChunk& chunk);
   // Checks that every field arrived whole and that the scales are usable; the staged state.
-  absl::StatusOr<StagedState> Finish();
+  // With `new_serve_formats` (a restored job registered again with other serve formats), the
+  // scales of an fp8_tensor or fp8_delayed format the stream does not hold start as a new job's:
+  // fp8_tensor's from the master's amax, fp8_delayed's at 1 with an empty history.
+  absl::StatusOr<StagedState> Finish(bool new_serve_formats = false);
 
  private:
   absl::Status CheckHeader(const v1::StateHeader& header) const;

@@ -232,6 +232,89 @@ TEST_F(CheckpointRpcTest, ADaemonStartedAgainWithItsCheckpointDirComesBackWithTh
   EXPECT_EQ(PullAll(2), at_checkpoint);
 }
 
+// The first registration after a restore may change the world size and serve formats: the job
+// is made again with them and holds the restored state. The formats it kept serve the same bytes,
+// a new fp8_tensor format starts as a new job's would, and the job trains on with its new ranks.
+// Once a rank has registered, or for any other field, a different description is
+// FAILED_PRECONDITION naming the field.
+TEST_F(CheckpointRpcTest, AfterARestoreTheWorldSizeAndServeFormatsMayChange) {
+  Start(Config());
+  StartJob();
+  for (int64_t step = 0; step < 3; ++step) RunStep(step);
+  ASSERT_TRUE(client_->Checkpoint(kJob).ok());
+  const std::vector<std::vector<std::byte>> at_checkpoint = PullAll(3);
+  Start(Config());
+
+  v1::RegisterRequest other_tensors = ForRank(spec_, 0);
+  other_tensors.mutable_tensors(0)->set_rows(132);
+  absl::StatusOr<v1::RegisterResponse> refused = client_->Register(other_tensors);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_NE(refused.status().message().find("rows"), std::string::npos) << refused.status();
+
+  // Two ranks; bf16 and fp8_tensor kept, fp32 and fp8_delayed dropped, mxfp8 added.
+  v1::RegisterRequest wider = spec_;
+  wider.set_world_size(2);
+  wider.clear_serve();
+  for (v1::Recipe r : {v1::RECIPE_BF16, v1::RECIPE_FP8_TENSOR, v1::RECIPE_MXFP8}) {
+    *wider.add_serve() = Format(r);
+  }
+  for (int rank : {0, 1}) {
+    absl::StatusOr<v1::RegisterResponse> registered = client_->Register(ForRank(wider, rank));
+    ASSERT_TRUE(registered.ok()) << registered.status();
+    EXPECT_EQ(registered->next_step(), 3);
+    EXPECT_EQ(registered->version(), 3);
+  }
+  // The kept formats serve the checkpoint's bytes (PullAll's order: tensor, then Formats()).
+  for (int t = 0; t < spec_.tensors_size(); ++t) {
+    for (int f : {1, 2}) {
+      Pulled pulled;
+      const absl::Status status =
+          client_->Pull({kJob, spec_.tensors(t).name(), Formats()[f], 3}, 20s, &pulled);
+      ASSERT_TRUE(status.ok()) << status;
+      EXPECT_EQ(pulled.data, at_checkpoint[static_cast<size_t>(t) * Formats().size() + f])
+          << spec_.tensors(t).name() << " format " << f;
+    }
+    Pulled dropped;
+    EXPECT_FALSE(
+        client_->Pull({kJob, spec_.tensors(t).name(), Formats()[0], 3}, 1s, &dropped).ok());
+  }
+  // Both ranks push and commit step 3; version 4 is served in the new format.
+  const StepGradients grads = RandomGradients(wider, 90);
+  for (int rank : {0, 1}) {
+    std::vector<std::string> mine;
+    for (int i = 0; i < spec_.tensors_size(); ++i) mine.push_back(grads[i][rank]);
+    ASSERT_TRUE(client_->PushGradients(kJob, rank, 3, Items(mine)).ok());
+  }
+  for (int rank : {0, 1}) ASSERT_TRUE(client_->Commit(kJob, rank, 3, 2e-3, 1.0).ok());
+  Pulled mx;
+  const absl::Status pulled = client_->Pull({kJob, "w", Format(v1::RECIPE_MXFP8), 4}, 20s, &mx);
+  ASSERT_TRUE(pulled.ok()) << pulled;
+  EXPECT_EQ(mx.header.version(), 4);
+
+  // The ranks have taken the job as it now is.
+  v1::RegisterRequest third = wider;
+  third.set_world_size(3);
+  refused = client_->Register(ForRank(third, 0));
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_NE(refused.status().message().find("world_size"), std::string::npos) << refused.status();
+
+  // A format that carries state, added at a restore, starts as a new job's: fp8_delayed (with
+  // its history empty) serves the version the job restored.
+  ASSERT_TRUE(client_->Checkpoint(kJob).ok());
+  Start(Config());
+  v1::RegisterRequest delayed = wider;
+  *delayed.add_serve() = Format(v1::RECIPE_FP8_DELAYED);
+  for (int rank : {0, 1}) {
+    absl::StatusOr<v1::RegisterResponse> registered = client_->Register(ForRank(delayed, rank));
+    ASSERT_TRUE(registered.ok()) << registered.status();
+    EXPECT_EQ(registered->next_step(), 4);
+  }
+  Pulled fp8;
+  const absl::Status got = client_->Pull({kJob, "w", Format(v1::RECIPE_FP8_DELAYED), 4}, 20s, &fp8);
+  ASSERT_TRUE(got.ok()) << got;
+  EXPECT_EQ(fp8.header.version(), 4);
+}
+
 TEST_F(CheckpointRpcTest, CheckpointsComeByThemselvesEveryNSteps) {
   v1::DaemonConfig config = Config();
   config.set_checkpoint_every_steps(2);
