@@ -5,7 +5,8 @@
 #           CPU's, bit for bit
 #   sanitize the kernel tests under compute-sanitizer's memcheck, racecheck and synccheck
 #   backend cuda_backend_conformance_test: the backend conformance suite on cuda:0 (every policy
-#           and format as the reference, skip and clip, export/import, state reads)
+#           and format as the reference, skip and clip, export/import, state reads), then
+#           cuda_checkpoint_test: checkpoints restored across backends (cpu -> cuda:0 and back)
 #   limits  cuda_daemon_test: the GPU memory budget at Register, a step that finds the GPU full
 #           (its job fails alone), a sticky CUDA error (every job fails); SANITIZE=1 runs it and
 #           cuda_ipc_test under compute-sanitizer memcheck instead
@@ -64,7 +65,10 @@ for p in "${parts[@]}"; do
         done
       done
       ;;
-    backend) part backend "${BACKEND_TIMEOUT:-300}" "$bundle/run.sh" cuda_backend_conformance_test ;;
+    backend)
+      part backend "${BACKEND_TIMEOUT:-300}" "$bundle/run.sh" cuda_backend_conformance_test
+      part checkpoint "${BACKEND_TIMEOUT:-300}" "$bundle/run.sh" cuda_checkpoint_test
+      ;;
     limits)
       if [ "${SANITIZE:-0}" = 1 ]; then
         # The sticky-error test breaks the context on purpose: memcheck would report its fault.
