@@ -20,6 +20,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -118,12 +119,27 @@ absl::StatusOr<std::vector<std::string>> ListCheckpoints(const std::string& root
 // when it is missing, does not parse or has an unknown format.
 absl::StatusOr<v1::CheckpointManifest> ReadCheckpointManifest(const std::string& dir);
 
+// How ReadCheckpoint reads a checkpoint's files.
+struct CheckpointReadOptions {
+  // Bytes of each of its few read buffers; raised to hold the largest record where smaller.
+  int64_t buffer_bytes = int64_t{8} << 20;
+  // With O_DIRECT where the filesystem takes it (the bytes do not pass through the page cache);
+  // false: through the page cache.
+  bool direct = true;
+};
+
+// Takes a checkpoint's chunks one by one: the message without its `data`, and the data, a view
+// into the reader's buffer that is valid during the call.
+using CheckpointChunkFn =
+    std::function<absl::Status(const v1::StateChunk& chunk, std::string_view data)>;
+
 // Reads the checkpoint in `dir`: the manifest, then every file's chunks in order, each handed to
 // `chunk`, with every file's size and CRC-32C checked as it is read. A missing, truncated,
 // altered or unknown file is DATA_LOSS naming it; a chunk over `max_chunk_bytes` of data is
 // DATA_LOSS too. `chunk`'s error ends the read. The manifest read is returned.
-absl::StatusOr<v1::CheckpointManifest> ReadCheckpoint(
-    const std::string& dir, int64_t max_chunk_bytes,
-    const std::function<absl::Status(const v1::StateChunk&)>& chunk);
+absl::StatusOr<v1::CheckpointManifest> ReadCheckpoint(const std::string& dir,
+                                                      int64_t max_chunk_bytes,
+                                                      const CheckpointChunkFn& chunk,
+                                                      const CheckpointReadOptions& options = {});
 
 }  // namespace paramd

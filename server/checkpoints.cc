@@ -1,5 +1,7 @@
 #include "server/checkpoints.h"
 
+#include <google/protobuf/wire_format_lite.h>
+
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -26,6 +28,18 @@ constexpr int64_t kCheckpointFileBytes = int64_t{256} << 20;
 
 double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// A chunk's bytes in the stream, as the writer counts them: its message with the data, which
+// ReadCheckpoint hands on apart.
+int64_t StreamBytes(const v1::StateChunk& chunk, std::string_view data) {
+  using google::protobuf::internal::WireFormatLite;
+  size_t bytes = chunk.ByteSizeLong();
+  if (!data.empty()) {
+    bytes += WireFormatLite::TagSize(v1::StateChunk::kDataFieldNumber, WireFormatLite::TYPE_BYTES) +
+             WireFormatLite::LengthDelimitedSize(data.size());
+  }
+  return static_cast<int64_t>(bytes);
 }
 
 // `path` with every link and dot resolved, or "" where it does not exist.
@@ -66,6 +80,13 @@ int64_t Checkpoints::WriteBuffer(const std::string& job, int64_t state_bytes,
 }
 
 absl::StatusOr<v1::CheckpointResponse> Checkpoints::Write(const std::string& name) {
+  absl::StatusOr<v1::CheckpointResponse> written = WriteNow(name);
+  daemon_->metrics().CheckpointDone(name, "write", written.ok(),
+                                    written.ok() ? written->version() : -1);
+  return written;
+}
+
+absl::StatusOr<v1::CheckpointResponse> Checkpoints::WriteNow(const std::string& name) {
   PARAMD_ASSIGN_OR_RETURN(const std::string root, Root());
   PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, daemon_->registry().Find(name));
   PARAMD_RETURN_IF_ERROR(job->CheckUsable());
@@ -142,6 +163,15 @@ absl::StatusOr<v1::RestoreResponse> Checkpoints::Restore(const std::string& name
 
 absl::StatusOr<v1::RestoreResponse> Checkpoints::RestoreFrom(const std::string& name,
                                                              const std::string& dir) {
+  absl::StatusOr<v1::RestoreResponse> restored = RestoreFromNow(name, dir);
+  daemon_->metrics().CheckpointDone(name, "restore", restored.ok(),
+                                    restored.ok() ? restored->version() : -1);
+  daemon_->UpdateGauges();
+  return restored;
+}
+
+absl::StatusOr<v1::RestoreResponse> Checkpoints::RestoreFromNow(const std::string& name,
+                                                                const std::string& dir) {
   const auto start = std::chrono::steady_clock::now();
   PARAMD_ASSIGN_OR_RETURN(v1::CheckpointManifest manifest, ReadCheckpointManifest(dir));
   if (manifest.registration().job() != name) {
@@ -175,11 +205,13 @@ absl::StatusOr<v1::RestoreResponse> Checkpoints::RestoreFrom(const std::string& 
   CheckpointProgress::Tracked progress = daemon_->checkpoint_progress().Begin(
       name, v1::CHECKPOINT_OPERATION_RESTORE, (*job)->Status().state_bytes());
   const absl::Status read =
-      ReadCheckpoint(dir, daemon_->config().max_chunk_bytes(), [&](const v1::StateChunk& chunk) {
-        response.set_bytes(response.bytes() + static_cast<int64_t>(chunk.ByteSizeLong()));
-        progress.Update(response.bytes());
-        return import.Add(chunk);
-      }).status();
+      ReadCheckpoint(dir, daemon_->config().max_chunk_bytes(),
+                     [&](const v1::StateChunk& chunk, std::string_view data) {
+                       response.set_bytes(response.bytes() + StreamBytes(chunk, data));
+                       progress.Update(response.bytes());
+                       return import.Add(chunk, data);
+                     })
+          .status();
   if (!read.ok()) return undo(read);
   absl::StatusOr<StagedState> staged = import.Finish();
   if (!staged.ok()) return undo(staged.status());

@@ -37,7 +37,12 @@ class Checkpoints {
  private:
   // checkpoint_dir, or FAILED_PRECONDITION saying how to set it.
   absl::StatusOr<std::string> Root() const;
+  // Counted in the metrics (paramd_checkpoints_total, ...), as Write is; their work is in the
+  // ...Now functions.
   absl::StatusOr<v1::RestoreResponse> RestoreFrom(const std::string& job, const std::string& dir);
+  absl::StatusOr<v1::RestoreResponse> RestoreFromNow(const std::string& job,
+                                                     const std::string& dir);
+  absl::StatusOr<v1::CheckpointResponse> WriteNow(const std::string& job);
   // The bytes a checkpoint of `job` may run ahead of the disk (checkpoint_buffer_bytes, at most
   // the state's size), the part above the default reserved in `held`; the default where the
   // budget has no room.

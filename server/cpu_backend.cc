@@ -21,15 +21,41 @@ namespace {
 // Elements per parallel block of the gradient check: a multiple of the 128-element chunk.
 constexpr int64_t kGrain = kernels::kDefaultGrain;
 
+// The scales of a moment of type `t` over `n` elements: one per chunk, or none.
+size_t ChunkScales(kernels::MomentType t, int64_t n) {
+  return kernels::HasChunkScales(t) ? static_cast<size_t>(kernels::NumChunks(n)) : 0;
+}
+
 class CpuTensorState : public TensorState {
  public:
+  // A new tensor's state: moments zero, their scales one (the master is the caller's).
   explicit CpuTensorState(const TensorInfo& info) : info(info), n(info.rows * info.cols) {
     const StateBytes bytes = PolicyStateBytes(info);
     exp_avg.assign(static_cast<size_t>(bytes.exp_avg), 0);
     exp_avg_sq.assign(static_cast<size_t>(bytes.exp_avg_sq), 0);
-    const size_t chunks = static_cast<size_t>(kernels::NumChunks(n));
-    if (kernels::HasChunkScales(info.policy.exp_avg)) exp_avg_scale_inv.assign(chunks, 1.0f);
-    if (kernels::HasChunkScales(info.policy.exp_avg_sq)) exp_avg_sq_scale_inv.assign(chunks, 1.0f);
+    exp_avg_scale_inv.assign(ChunkScales(info.policy.exp_avg, n), 1.0f);
+    exp_avg_sq_scale_inv.assign(ChunkScales(info.policy.exp_avg_sq, n), 1.0f);
+  }
+  // An imported state, its arrays moved in (not sized and overwritten: that would touch the
+  // moments' memory twice). A state is checked whole against the policy before it gets here.
+  CpuTensorState(const TensorInfo& info, HostTensorState&& state)
+      : info(info),
+        n(info.rows * info.cols),
+        master(std::move(state.master)),
+        remainder(std::move(state.remainder)),
+        exp_avg(std::move(state.exp_avg)),
+        exp_avg_sq(std::move(state.exp_avg_sq)),
+        exp_avg_scale_inv(std::move(state.exp_avg_scale_inv)),
+        exp_avg_sq_scale_inv(std::move(state.exp_avg_sq_scale_inv)),
+        tensor_scale(state.scalars.fp8_tensor_scale),
+        delayed_scale(state.scalars.fp8_delayed_scale),
+        history(info.delayed_history) {
+    const StateBytes bytes = PolicyStateBytes(info);
+    PARAMD_CHECK(static_cast<int64_t>(exp_avg.size()) == bytes.exp_avg &&
+                 static_cast<int64_t>(exp_avg_sq.size()) == bytes.exp_avg_sq &&
+                 exp_avg_scale_inv.size() == ChunkScales(info.policy.exp_avg, n) &&
+                 exp_avg_sq_scale_inv.size() == ChunkScales(info.policy.exp_avg_sq, n));
+    history.Restore(state.scalars.delayed_history);
   }
 
   StateBytes state_bytes() const override { return PolicyStateBytes(info); }
@@ -225,23 +251,7 @@ absl::StatusOr<std::unique_ptr<TensorState>> CpuBackend::ImportState(const Tenso
                                                                      HostTensorState state,
                                                                      ServedTensor* out) try {
   PARAMD_RETURN_IF_ERROR(ServeImportedMaster(info, state, pool_, out));
-  auto imported = std::make_unique<CpuTensorState>(info);
-  imported->master = std::move(state.master);
-  imported->remainder = std::move(state.remainder);
-  // Moments of the policy's types, as CpuTensorState sized them (a state is checked whole
-  // before it gets here).
-  PARAMD_CHECK(state.exp_avg.size() == imported->exp_avg.size() &&
-               state.exp_avg_sq.size() == imported->exp_avg_sq.size() &&
-               state.exp_avg_scale_inv.size() == imported->exp_avg_scale_inv.size() &&
-               state.exp_avg_sq_scale_inv.size() == imported->exp_avg_sq_scale_inv.size());
-  imported->exp_avg = std::move(state.exp_avg);
-  imported->exp_avg_sq = std::move(state.exp_avg_sq);
-  imported->exp_avg_scale_inv = std::move(state.exp_avg_scale_inv);
-  imported->exp_avg_sq_scale_inv = std::move(state.exp_avg_sq_scale_inv);
-  imported->tensor_scale = state.scalars.fp8_tensor_scale;
-  imported->delayed_scale = state.scalars.fp8_delayed_scale;
-  imported->history = kernels::AmaxHistory(info.delayed_history);
-  imported->history.Restore(state.scalars.delayed_history);
+  auto imported = std::make_unique<CpuTensorState>(info, std::move(state));
   SizeWorking(*imported, *out);
   return imported;
 } catch (const std::bad_alloc&) {

@@ -307,8 +307,10 @@ void Daemon::UpdateGauges() {
     if (t.end->offered()) by_transport[t.name] = 0;
   }
   const auto jobs = registry_->Jobs();
+  std::map<std::string, int64_t> versions;
   for (const auto& job : jobs) {
     const v1::JobStatus s = job->Status();
+    versions[job->name()] = s.next_step();
     state += s.state_bytes();
     served += s.served_bytes();
     slots += s.slot_bytes();
@@ -327,6 +329,7 @@ void Daemon::UpdateGauges() {
       metrics_->SetTransportBytes(t.name, own->reserved, own->used);
     }
   }
+  metrics_->SetJobVersions(versions);
   int failed = 0;
   for (const auto& job : jobs) failed += job->CheckUsable().ok() ? 0 : 1;
   metrics_->SetFailedJobs(failed);

@@ -2,6 +2,8 @@
 
 #include <grpcpp/support/status.h>
 
+#include <chrono>
+
 #include "absl/strings/str_cat.h"
 
 namespace paramd {
@@ -113,7 +115,27 @@ Metrics::Metrics()
                          .Name("paramd_pulls_waiting")
                          .Help("Pulls waiting for a version (at the last step or registration)")
                          .Register(*registry_)
-                         .Add({})) {}
+                         .Add({})),
+      job_version_(prometheus::BuildGauge()
+                       .Name("paramd_job_version")
+                       .Help("The version each job serves, its next step (after a restart: the "
+                             "version its checkpoint restored)")
+                       .Register(*registry_)),
+      checkpoints_(prometheus::BuildCounter()
+                       .Name("paramd_checkpoints_total")
+                       .Help("Checkpoints written and restored, by job, operation (write, "
+                             "restore) and outcome (ok, failed)")
+                       .Register(*registry_)),
+      checkpoint_version_(prometheus::BuildGauge()
+                              .Name("paramd_checkpoint_version")
+                              .Help("The version of a job's last checkpoint written or restored, "
+                                    "by operation")
+                              .Register(*registry_)),
+      checkpoint_time_(prometheus::BuildGauge()
+                           .Name("paramd_checkpoint_timestamp_seconds")
+                           .Help("When a job's last checkpoint was written or restored (Unix "
+                                 "time), by operation")
+                           .Register(*registry_)) {}
 
 Metrics::~Metrics() = default;
 
@@ -200,6 +222,36 @@ void Metrics::SetMemoryBudget(const std::string& where, int64_t limit, int64_t r
 void Metrics::SetStreams(int64_t open, int64_t waiting_pulls) {
   open_streams_.Set(static_cast<double>(open));
   waiting_pulls_.Set(static_cast<double>(waiting_pulls));
+}
+
+void Metrics::SetJobVersions(const std::map<std::string, int64_t>& versions) {
+  std::lock_guard<std::mutex> lock(job_version_mu_);
+  for (auto it = job_versions_.begin(); it != job_versions_.end();) {
+    if (versions.count(it->first) == 0) {
+      job_version_.Remove(it->second);
+      it = job_versions_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (const auto& [job, version] : versions) {
+    prometheus::Gauge*& gauge = job_versions_[job];
+    if (gauge == nullptr) gauge = &job_version_.Add({{"training_job", job}});
+    gauge->Set(static_cast<double>(version));
+  }
+}
+
+void Metrics::CheckpointDone(const std::string& job, const std::string& operation, bool ok,
+                             int64_t version) {
+  checkpoints_
+      .Add({{"training_job", job}, {"operation", operation}, {"outcome", ok ? "ok" : "failed"}})
+      .Increment();
+  if (!ok) return;
+  checkpoint_version_.Add({{"training_job", job}, {"operation", operation}})
+      .Set(static_cast<double>(version));
+  checkpoint_time_.Add({{"training_job", job}, {"operation", operation}})
+      .Set(std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+               .count());
 }
 
 void Metrics::SetStateBytes(const std::string& kind, int64_t bytes) {

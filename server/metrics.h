@@ -44,6 +44,12 @@ class Metrics {
   // The memory budget of `where` ("host", "device"): its limit and the bytes jobs reserved.
   void SetMemoryBudget(const std::string& where, int64_t limit, int64_t reserved);
   void SetStreams(int64_t open, int64_t waiting_pulls);
+  // The version each job serves (its next step); a job gone loses its series.
+  void SetJobVersions(const std::map<std::string, int64_t>& versions);
+  // A checkpoint `operation` ("write" or "restore") of `job` ended; on success, the version it
+  // holds and when.
+  void CheckpointDone(const std::string& job, const std::string& operation, bool ok,
+                      int64_t version);
 
   prometheus::Registry& registry() { return *registry_; }
 
@@ -66,6 +72,12 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& budget_bytes_;
   prometheus::Gauge& open_streams_;
   prometheus::Gauge& waiting_pulls_;
+  prometheus::Family<prometheus::Gauge>& job_version_;
+  prometheus::Family<prometheus::Counter>& checkpoints_;
+  prometheus::Family<prometheus::Gauge>& checkpoint_version_;
+  prometheus::Family<prometheus::Gauge>& checkpoint_time_;
+  std::mutex job_version_mu_;
+  std::map<std::string, prometheus::Gauge*> job_versions_;  // the series set, by job
   std::mutex transport_bytes_mu_;
   std::map<std::string, prometheus::Family<prometheus::Gauge>*> transport_bytes_;
 };

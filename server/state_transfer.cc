@@ -285,10 +285,12 @@ absl::Status StateImport::StartField(const v1::StateField& field) {
   return absl::OkStatus();
 }
 
-absl::Status StateImport::Add(const v1::StateChunk& chunk) {
-  if (static_cast<int64_t>(chunk.data().size()) > max_chunk_bytes_) {
+absl::Status StateImport::Add(const v1::StateChunk& chunk) { return Add(chunk, chunk.data()); }
+
+absl::Status StateImport::Add(const v1::StateChunk& chunk, std::string_view data) {
+  if (static_cast<int64_t>(data.size()) > max_chunk_bytes_) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "state chunk of ", chunk.data().size(), " bytes exceeds this daemon's max_chunk_bytes (",
+        "state chunk of ", data.size(), " bytes exceeds this daemon's max_chunk_bytes (",
         max_chunk_bytes_, "); send fields in chunks of at most that size"));
   }
   if (chunk.has_header()) {
@@ -313,19 +315,19 @@ absl::Status StateImport::Add(const v1::StateChunk& chunk) {
           absl::StrCat(current(), " ended after ", received_, " of its ", size_, " bytes"));
     }
     PARAMD_RETURN_IF_ERROR(StartField(chunk.field()));
-  } else if (!chunk.data().empty() && !in_field_) {
+  } else if (!data.empty() && !in_field_) {
     return absl::InvalidArgumentError(
         "state bytes arrived before any field; the chunk that begins a field names it");
   }
   if (!in_field_) return absl::OkStatus();
-  const int64_t length = static_cast<int64_t>(chunk.data().size());
+  const int64_t length = static_cast<int64_t>(data.size());
   if (chunk.offset() != received_ || length > size_ - received_) {
     return absl::InvalidArgumentError(absl::StrCat(current(), ": chunk at offset ", chunk.offset(),
                                                    " with ", length, " bytes; expected offset ",
                                                    received_, " and at most ", size_ - received_,
                                                    " more bytes (the field has ", size_, ")"));
   }
-  if (length > 0) std::memcpy(dest_ + received_, chunk.data().data(), static_cast<size_t>(length));
+  if (length > 0) std::memcpy(dest_ + received_, data.data(), static_cast<size_t>(length));
   received_ += length;
   staged_.bytes += length;
   return absl::OkStatus();

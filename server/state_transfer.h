@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -77,6 +78,9 @@ class StateImport {
   // Takes the next chunk (the first carries the header). INVALID_ARGUMENT naming the tensor and
   // field on a mismatch; RESOURCE_EXHAUSTED for a chunk over max_chunk_bytes.
   absl::Status Add(const v1::StateChunk& chunk);
+  // The same, with the chunk's data given apart (a view into the caller's buffer, copied into the
+  // staged state): `chunk.data()` is not read.
+  absl::Status Add(const v1::StateChunk& chunk, std::string_view data);
   // Checks that every field arrived whole and that the scales are usable; the staged state.
   // With `new_serve_formats` (a restored job registered again with other serve formats), the
   // scales of an fp8_tensor or fp8_delayed format the stream does not hold start as a new job's:

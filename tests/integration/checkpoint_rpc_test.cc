@@ -5,6 +5,7 @@
 // damaged checkpoints are refused naming the file (and the older one is used at start); refusals
 // carry their documented codes and change nothing.
 #include <gtest/gtest.h>
+#include <prometheus/text_serializer.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -160,6 +161,14 @@ class CheckpointRpcTest : public ::testing::Test {
     return status.ok() ? status->jobs(0).next_step() : -1;
   }
 
+  // The value of one series of the daemon's metrics (labels in name order), or -1 without it.
+  double Metric(const std::string& series) {
+    const std::string text =
+        prometheus::TextSerializer().Serialize(server_->daemon().metrics().registry().Collect());
+    const size_t at = text.find(series + " ");
+    return at == std::string::npos ? -1 : std::stod(text.substr(at + series.size() + 1));
+  }
+
   // Whether Status reports a checkpoint of the job being written or restored.
   bool CheckpointUnderWay() {
     absl::StatusOr<v1::StatusResponse> status = client_->Status(kJob);
@@ -184,6 +193,13 @@ TEST_F(CheckpointRpcTest, ARestoredJobServesTheCheckpointAndTrainsOnBitIdentical
   EXPECT_TRUE(std::filesystem::exists(written->path() + "/manifest.pb"));
   EXPECT_GT(written->bytes(), 131 * 257 * 6);  // fp32 master and two fp8 moments at least
   EXPECT_FALSE(CheckpointUnderWay());          // only while it is written
+  EXPECT_EQ(
+      Metric(R"(paramd_checkpoints_total{operation="write",outcome="ok",training_job="durable"})"),
+      1);
+  EXPECT_EQ(Metric(R"(paramd_checkpoint_version{operation="write",training_job="durable"})"), 3);
+  EXPECT_GT(
+      Metric(R"(paramd_checkpoint_timestamp_seconds{operation="write",training_job="durable"})"),
+      1.6e9);
   const auto at_checkpoint = PullAll(3);
   for (int64_t step = 3; step < 5; ++step) RunStep(step);
   const auto trained_on = PullAll(5);
@@ -194,6 +210,11 @@ TEST_F(CheckpointRpcTest, ARestoredJobServesTheCheckpointAndTrainsOnBitIdentical
   EXPECT_EQ(restored->version(), 3);
   EXPECT_FALSE(restored->registered());
   EXPECT_EQ(NextStep(), 3);
+  EXPECT_EQ(
+      Metric(
+          R"(paramd_checkpoints_total{operation="restore",outcome="ok",training_job="durable"})"),
+      1);
+  EXPECT_EQ(Metric(R"(paramd_job_version{training_job="durable"})"), 3);
   EXPECT_FALSE(CheckpointUnderWay());
   EXPECT_EQ(PullAll(3), at_checkpoint);
   for (int64_t step = 3; step < 5; ++step) RunStep(step);
@@ -411,6 +432,10 @@ TEST_F(CheckpointRpcTest, DamagedCheckpointsAreRefusedNamingTheFileAndTheOlderOn
   std::filesystem::resize_file(file, std::filesystem::file_size(file) - 7);
   refused = client_->Restore(kJob, newer->path());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kDataLoss) << refused.status();
+  EXPECT_EQ(
+      Metric(
+          R"(paramd_checkpoints_total{operation="restore",outcome="failed",training_job="durable"})"),
+      2);
   // The older one still restores, and a daemon started again takes it (the newest is damaged).
   Start(Config());
   EXPECT_EQ(NextStep(), 1);

@@ -147,6 +147,11 @@ fi
 [[ "$answer" == *"training_job=mlp"* && "$answer" == *"job=paramd"* ]] ||
   fail "paramd_steps_total lacks training_job=mlp (the training job) and job=paramd: '$answer'"
 
+# The job serves the version after its last step.
+version=$(promql 'paramd_job_version{training_job="mlp"}')
+echo "paramd_job_version{training_job=\"mlp\"}: $version"
+[[ "$version" =~ (^|[[:space:]])$steps$ ]] || fail "paramd_job_version of mlp is not $steps: '$version'"
+
 # The trainer ran on this node, so it chose the shm transport, and the gauge says so.
 shm=$(promql 'paramd_trainers_by_transport{transport="shm"}')
 echo "paramd_trainers_by_transport{transport=\"shm\"}: $shm"

@@ -82,8 +82,10 @@ class CheckpointTest : public ::testing::Test {
   // Reads the checkpoint in `dir` into `h`'s job.
   absl::Status Restore(const std::string& dir, RegistryJobHarness& h) {
     StateImport import(h.job().spec(), kChunkBytes);
-    absl::StatusOr<v1::CheckpointManifest> manifest = ReadCheckpoint(
-        dir, kChunkBytes, [&](const v1::StateChunk& chunk) { return import.Add(chunk); });
+    absl::StatusOr<v1::CheckpointManifest> manifest =
+        ReadCheckpoint(dir, kChunkBytes, [&](const v1::StateChunk& chunk, std::string_view data) {
+          return import.Add(chunk, data);
+        });
     if (!manifest.ok()) return manifest.status();
     absl::StatusOr<StagedState> staged = import.Finish();
     if (!staged.ok()) return staged.status();
@@ -139,7 +141,7 @@ TEST_F(CheckpointTest, AWrittenCheckpointRestoresAndTrainingContinuesBitForBit) 
   // The manifest names the registration and the version, and the files it lists.
   std::vector<v1::StateChunk> chunks;
   absl::StatusOr<v1::CheckpointManifest> manifest =
-      ReadCheckpoint(*dir, kChunkBytes, [&](const v1::StateChunk& c) {
+      ReadCheckpoint(*dir, kChunkBytes, [&](const v1::StateChunk& c, std::string_view) {
         chunks.push_back(c);
         return absl::OkStatus();
       });
