@@ -20,6 +20,7 @@
 #include "common/crc32c.h"
 #include "common/quoted.h"
 #include "common/status_macros.h"
+#include "server/checkpoint_io.h"
 
 namespace paramd {
 namespace {
@@ -29,29 +30,25 @@ constexpr char kStepPrefix[] = "step-";
 constexpr int kStepDigits = 12;
 // Written chunks' buffers kept for the exporting caller to fill next.
 constexpr size_t kSpareRecords = 2;
-// O_DIRECT writes: their alignment, and the staging buffer they are written from.
-constexpr size_t kDirectAlign = 4096;
+// O_DIRECT writes: the staging buffer they are written from.
 constexpr size_t kStagingBytes = size_t{8} << 20;
-
-absl::Status Errno(const std::string& what, const std::string& path) {
-  return absl::InternalError(absl::StrCat(what, " \"", path, "\": ", std::strerror(errno)));
-}
 
 absl::Status MakeDirs(const std::string& path) {
   for (size_t at = 1; at <= path.size(); ++at) {
     if (at < path.size() && path[at] != '/') continue;
     const std::string prefix = path.substr(0, at);
-    if (mkdir(prefix.c_str(), 0700) != 0 && errno != EEXIST) return Errno("cannot create", prefix);
+    if (mkdir(prefix.c_str(), 0700) != 0 && errno != EEXIST)
+      return FileError("cannot create", prefix);
   }
   return absl::OkStatus();
 }
 
 absl::Status Fsync(const std::string& path, bool directory) {
   const int fd = open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
-  if (fd < 0) return Errno("cannot open", path);
+  if (fd < 0) return FileError("cannot open", path);
   const int rc = fsync(fd);
   close(fd);
-  return rc == 0 ? absl::OkStatus() : Errno("cannot fsync", path);
+  return rc == 0 ? absl::OkStatus() : FileError("cannot fsync", path);
 }
 
 absl::Status WriteAll(int fd, const void* bytes, size_t size, const std::string& path) {
@@ -59,7 +56,7 @@ absl::Status WriteAll(int fd, const void* bytes, size_t size, const std::string&
   while (size > 0) {
     const ssize_t n = write(fd, p, size);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Errno("cannot write", path);
+    if (n < 0) return FileError("cannot write", path);
     p += n;
     size -= static_cast<size_t>(n);
   }
@@ -106,7 +103,7 @@ absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Start(
     if (name.rfind(kPartialPrefix, 0) == 0) RemoveDir(job_dir + "/" + name);
   }
   std::string partial = absl::StrCat(job_dir, "/", kPartialPrefix, "XXXXXX");
-  if (mkdtemp(partial.data()) == nullptr) return Errno("cannot create", partial);
+  if (mkdtemp(partial.data()) == nullptr) return FileError("cannot create", partial);
   v1::CheckpointManifest manifest;
   manifest.set_format(kCheckpointFormat);
   *manifest.mutable_registration() = registration;
@@ -140,7 +137,7 @@ absl::Status CheckpointWriter::OpenFile() {
   if (fd_ < 0 && errno == EINVAL) {  // a filesystem without O_DIRECT (tmpfs): the page cache
     fd_ = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   }
-  if (fd_ < 0) return Errno("cannot create", path);
+  if (fd_ < 0) return FileError("cannot create", path);
   if (direct_ && staging_ == nullptr) {
     staging_ = {static_cast<uint8_t*>(std::aligned_alloc(kDirectAlign, kStagingBytes)), &std::free};
     if (staging_ == nullptr) return absl::ResourceExhaustedError("no memory for a write buffer");
@@ -168,10 +165,7 @@ absl::Status CheckpointWriter::Stage(const void* bytes, size_t size, const std::
 // through the page cache from then on.
 absl::Status CheckpointWriter::WriteStaged(size_t size, const std::string& path) {
   if (size % kDirectAlign != 0 || !direct_) {
-    const int flags = fcntl(fd_, F_GETFL);
-    if (flags < 0 || fcntl(fd_, F_SETFL, flags & ~O_DIRECT) != 0) {
-      return Errno("cannot end direct writes to", path);
-    }
+    PARAMD_RETURN_IF_ERROR(EndDirect(fd_, "cannot end direct writes to", path));
     direct_ = false;
   }
   absl::Status written = WriteAll(fd_, staging_.get(), size, path);
@@ -201,7 +195,7 @@ absl::Status CheckpointWriter::CloseFile() {
   const int rc = fsync(fd_);
   close(fd_);
   fd_ = -1;
-  return rc == 0 ? absl::OkStatus() : Errno("cannot fsync", path);
+  return rc == 0 ? absl::OkStatus() : FileError("cannot fsync", path);
 }
 
 absl::Status CheckpointWriter::Add(v1::StateChunk* chunk) {
@@ -319,9 +313,9 @@ absl::StatusOr<std::string> CheckpointWriter::Finish() {
   const std::string manifest_path = absl::StrCat(partial_, "/", kCheckpointManifest);
   const std::string bytes = manifest_.SerializeAsString();
   const int fd = open(manifest_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) return Errno("cannot create", manifest_path);
+  if (fd < 0) return FileError("cannot create", manifest_path);
   absl::Status written = WriteAll(fd, bytes.data(), bytes.size(), manifest_path);
-  if (written.ok() && fsync(fd) != 0) written = Errno("cannot fsync", manifest_path);
+  if (written.ok() && fsync(fd) != 0) written = FileError("cannot fsync", manifest_path);
   close(fd);
   PARAMD_RETURN_IF_ERROR(written);
   PARAMD_RETURN_IF_ERROR(Fsync(partial_, /*directory=*/true));
@@ -332,7 +326,7 @@ absl::StatusOr<std::string> CheckpointWriter::Finish() {
     // The same version is already on disk, and holds the same state: keep it.
     RemoveDir(partial_);
   } else if (rename(partial_.c_str(), final_dir.c_str()) != 0) {
-    return Errno("cannot rename the checkpoint to", final_dir);
+    return FileError("cannot rename the checkpoint to", final_dir);
   }
   finished_ = true;
   PARAMD_RETURN_IF_ERROR(Fsync(job_dir_, /*directory=*/true));

@@ -23,6 +23,7 @@
 #include "common/quoted.h"
 #include "common/status_macros.h"
 #include "server/checkpoint.h"
+#include "server/checkpoint_io.h"
 
 namespace paramd {
 namespace {
@@ -31,7 +32,7 @@ constexpr int64_t kMaxManifestBytes = int64_t{64} << 20;
 // A chunk's message beyond its data: names, header, field description.
 constexpr int64_t kChunkOverhead = 64 << 10;
 // O_DIRECT reads: whole blocks at block-aligned offsets into block-aligned memory.
-constexpr int64_t kBlock = 4096;
+constexpr int64_t kBlock = static_cast<int64_t>(kDirectAlign);
 // Read buffers: the one being filled, and those whose records the caller is taking or has yet to:
 // at least 3, and as many as make kReadAheadBytes. The caller's import stalls while it allocates
 // a field's staging memory whole (64 MiB for a 4096 x 4096 FP32 field, faulted in at 1-3 GB/s):
@@ -53,10 +54,6 @@ absl::Status Lost(const std::string& path, const std::string& what) {
       absl::StrCat("checkpoint file \"", path, "\" ", what, "; this checkpoint cannot be used"));
 }
 
-absl::Status ReadError(const std::string& what, const std::string& path) {
-  return absl::InternalError(absl::StrCat(what, " \"", path, "\": ", std::strerror(errno)));
-}
-
 // Reads file bytes [offset, offset + size) into `out`; fewer only at the file's end. Where
 // `*direct`, the offset, the size and `out` are block-aligned: a direct read that ends off a block
 // has met the file's end, and one the filesystem refuses goes through the page cache from then on.
@@ -67,14 +64,11 @@ absl::StatusOr<int64_t> ReadAt(int fd, bool* direct, uint8_t* out, int64_t size,
     const ssize_t n = pread(fd, out + got, static_cast<size_t>(size - got), offset + got);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && errno == EINVAL && *direct) {
-      const int flags = fcntl(fd, F_GETFL);
-      if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_DIRECT) != 0) {
-        return ReadError("cannot end direct reads of", path);
-      }
+      PARAMD_RETURN_IF_ERROR(EndDirect(fd, "cannot end direct reads of", path));
       *direct = false;
       continue;
     }
-    if (n < 0) return ReadError("cannot read", path);
+    if (n < 0) return FileError("cannot read", path);
     if (n == 0) break;
     got += n;
     if (*direct && (offset + got) % kBlock != 0) break;
@@ -385,20 +379,6 @@ class RecordReader {
   std::thread hashing_;
 };
 
-// Reads exactly `size` bytes, or fewer at the file's end.
-absl::StatusOr<size_t> ReadUpTo(int fd, void* out, size_t size, const std::string& path) {
-  auto* p = static_cast<char*>(out);
-  size_t got = 0;
-  while (got < size) {
-    const ssize_t n = read(fd, p + got, size - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ReadError("cannot read", path);
-    if (n == 0) break;
-    got += static_cast<size_t>(n);
-  }
-  return got;
-}
-
 }  // namespace
 
 absl::StatusOr<v1::CheckpointManifest> ReadCheckpointManifest(const std::string& dir) {
@@ -412,10 +392,12 @@ absl::StatusOr<v1::CheckpointManifest> ReadCheckpointManifest(const std::string&
     return Lost(manifest_path, "is too large");
   }
   std::string bytes(static_cast<size_t>(st.st_size), '\0');
-  absl::StatusOr<size_t> got = ReadUpTo(fd, bytes.data(), bytes.size(), manifest_path);
+  bool direct = false;
+  absl::StatusOr<int64_t> got =
+      ReadAt(fd, &direct, reinterpret_cast<uint8_t*>(bytes.data()), st.st_size, 0, manifest_path);
   close(fd);
   if (!got.ok()) return got.status();
-  if (*got != bytes.size() || !manifest.ParseFromString(bytes)) {
+  if (*got != st.st_size || !manifest.ParseFromString(bytes)) {
     return Lost(manifest_path, "does not parse");
   }
   if (manifest.format() != kCheckpointFormat) {

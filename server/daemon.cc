@@ -224,9 +224,8 @@ std::optional<absl::StatusOr<v1::RegisterResponse>> Daemon::RegisterReshaped(
   }
   // The new shape does not fit (the memory budget, say): the restored job as it was, and why.
   (void)DeleteJob(name);
-  v1::RegisterRequest again = previous;
-  again.set_rank(0);
-  if (absl::StatusOr<v1::RegisterResponse> back = remake(previous, false, again); !back.ok()) {
+  // (A job's spec is its registration with the rank cleared: rank 0's.)
+  if (absl::StatusOr<v1::RegisterResponse> back = remake(previous, false, previous); !back.ok()) {
     PARAMD_LOG(ERROR) << "job " << name << ": the restored state could not be put back ("
                       << back.status().message() << "); restore it from its checkpoint again";
   } else if (absl::StatusOr<std::shared_ptr<Job>> job = registry_->Find(name); job.ok()) {

@@ -76,26 +76,28 @@ absl::Status ServeFromFp32(const TensorInfo& info, const float* fp32, const uint
   return absl::OkStatus();
 }
 
+namespace {
+
+// Element i of a 16-bit stored master (bf16 + remainder, or fp16) as the FP32 value it holds.
+float HalfMasterValue(const TensorInfo& info, const HostTensorState& state, int64_t i) {
+  const auto* halves = reinterpret_cast<const uint16_t*>(state.master.data());
+  return info.policy.master == kernels::MasterType::kFp16
+             ? kernels::FloatFromFp16(halves[i])
+             : kernels::MergeBf16Remainder(halves[i], state.remainder[static_cast<size_t>(i)]);
+}
+
+}  // namespace
+
 float InitialFp8TensorScale(const TensorInfo& info, const HostTensorState& state) {
   const int64_t n = info.rows * info.cols;
-  const auto* halves = reinterpret_cast<const uint16_t*>(state.master.data());
   float amax = 0.0f;
-  switch (info.policy.master) {
-    case kernels::MasterType::kFp32:
-      amax = kernels::AmaxCpu(reinterpret_cast<const float*>(state.master.data()), n);
-      break;
-    case kernels::MasterType::kBf16Remainder:
-    case kernels::MasterType::kFp16: {
-      std::vector<float> values(static_cast<size_t>(n));
-      for (int64_t i = 0; i < n; ++i) {
-        values[static_cast<size_t>(i)] =
-            info.policy.master == kernels::MasterType::kFp16
-                ? kernels::FloatFromFp16(halves[i])
-                : kernels::MergeBf16Remainder(halves[i], state.remainder[static_cast<size_t>(i)]);
-      }
-      amax = kernels::AmaxCpu(values.data(), n);
-      break;
-    }
+  if (info.policy.master == kernels::MasterType::kFp32) {
+    amax = kernels::AmaxCpu(reinterpret_cast<const float*>(state.master.data()), n);
+  } else {
+    std::vector<float> values(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i)
+      values[static_cast<size_t>(i)] = HalfMasterValue(info, state, i);
+    amax = kernels::AmaxCpu(values.data(), n);
   }
   return kernels::NextFp8TensorScale(amax, 1.0f).scale;
 }
@@ -121,11 +123,7 @@ absl::Status ServeImportedMaster(const TensorInfo& info, const HostTensorState& 
                   static_cast<size_t>(end - begin) * sizeof(float));
       return;
     }
-    for (int64_t i = begin; i < end; ++i) {
-      fp32[i] =
-          split ? kernels::MergeBf16Remainder(halves[i], state.remainder[static_cast<size_t>(i)])
-                : kernels::FloatFromFp16(halves[i]);
-    }
+    for (int64_t i = begin; i < end; ++i) fp32[i] = HalfMasterValue(info, state, i);
   });
   return ServeFromFp32(info, fp32, split ? halves : nullptr, state.scalars.fp8_tensor_scale,
                        state.scalars.fp8_delayed_scale, out);
