@@ -46,6 +46,14 @@ struct ClientOptions {
   // kernels without synchronizing first. 0 = the legacy default stream (PyTorch's default
   // stream), which also orders every blocking stream; name a non-blocking stream here.
   uintptr_t cuda_stream = 0;
+  // cuda_ipc: a gradient in GPU memory on the daemon's own GPU is lent, not copied. The daemon
+  // reads it where it lies when the step runs, so a push costs a mark and no copy; in exchange the
+  // caller keeps those bytes unchanged, and allocated, until the step has run: until a pull of the
+  // step's version (which makes the pulling stream wait for the step on the GPU) has returned, and
+  // only work queued after it on that stream may reuse them. Push still returns once the work
+  // queued on cuda_stream before it (backward) has completed. Gradients elsewhere (host memory,
+  // another GPU, an allocation CUDA cannot share) are copied as without it.
+  bool lend_gradients = false;
 };
 
 class Client {

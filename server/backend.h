@@ -18,6 +18,7 @@
 #include "kernels/fused_step.h"
 #include "kernels/recipes.h"
 #include "paramd/v1/control.pb.h"
+#include "paramd/v1/data.pb.h"
 #include "paramd/v1/types.pb.h"
 
 namespace paramd {
@@ -220,6 +221,13 @@ class Backend {
   // `bytes` of exported GPU memory (contents undefined).
   virtual absl::StatusOr<DeviceBytes> AllocateExported(int64_t bytes) {
     return absl::FailedPreconditionError("backend " + name() + " exports no GPU memory");
+  }
+  // `bytes` of GPU memory a trainer lent for a step's gradient (cuda_ipc: InPlaceMark.lent), mapped
+  // where the step reads them: valid while the result lives (server/lent_memory.h).
+  virtual absl::StatusOr<std::shared_ptr<const void>> MapLent(const v1::LentMemory& lent,
+                                                              int64_t bytes) {
+    return absl::FailedPreconditionError("backend " + name() +
+                                         " reads no trainer's GPU memory; push the gradient's bytes");
   }
   // A skipped step re-serves the previous version: copies the device bytes of `from`'s formats
   // into `to`'s (the host bytes the job copies itself).

@@ -9,6 +9,13 @@ namespace paramd {
 
 void ChunkBuffer::Reset(HostBuffer buffer) {
   bytes_ = std::move(buffer);
+  counting_ = -1;
+  Clear();
+}
+
+void ChunkBuffer::ResetCounting(int64_t size) {
+  bytes_ = HostBuffer();
+  counting_ = size;
   Clear();
 }
 

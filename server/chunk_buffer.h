@@ -18,6 +18,9 @@ class ChunkBuffer {
 
   // Takes `buffer` as the memory (its size is the tensor's) and forgets every chunk.
   void Reset(HostBuffer buffer);
+  // Holds no memory, only counts marks of `size` bytes written elsewhere (a GPU slot, a
+  // trainer's lent GPU memory), and forgets every chunk.
+  void ResetCounting(int64_t size);
   // Forgets every chunk, keeping the memory.
   void Clear();
 
@@ -30,9 +33,11 @@ class ChunkBuffer {
   // other boundaries is FAILED_PRECONDITION. The caller has checked bounds.
   absl::StatusOr<Stored> MarkWritten(int64_t offset, int64_t length);
 
-  bool complete() const { return received_ == bytes_.size(); }
+  bool complete() const { return received_ == size(); }
   int64_t received() const { return received_; }
-  int64_t size() const { return bytes_.size(); }
+  int64_t size() const { return counting_ >= 0 ? counting_ : bytes_.size(); }
+  // Whether it holds the bytes (else it only counts marks: Store needs memory).
+  bool holds_memory() const { return counting_ < 0; }
   const uint8_t* data() const { return bytes_.data(); }
   const Place* place() const { return bytes_.place(); }
 
@@ -44,6 +49,7 @@ class ChunkBuffer {
                                std::string_view data) const;
 
   HostBuffer bytes_;
+  int64_t counting_ = -1;              // the size counted, when it holds no memory
   std::map<int64_t, int64_t> chunks_;  // offset -> length
   int64_t received_ = 0;
 };

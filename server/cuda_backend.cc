@@ -28,6 +28,7 @@
 #include "server/backends.h"
 #include "server/initial_state.h"
 #include "server/kernel_status.h"
+#include "server/lent_memory.h"
 
 namespace paramd {
 namespace {
@@ -287,6 +288,10 @@ class CudaBackend : public Backend {
   }
   absl::StatusOr<DeviceBytes> AllocateExported(int64_t bytes) override {
     return arena_->Allocate(bytes);
+  }
+  absl::StatusOr<std::shared_ptr<const void>> MapLent(const v1::LentMemory& lent,
+                                                      int64_t bytes) override {
+    return lent_.Map(lent, bytes);
   }
 
   absl::Status CopyServedOnDevice(const ServedTensor& from, ServedTensor* to) override {
@@ -827,6 +832,7 @@ class CudaBackend : public Backend {
   absl::Status unusable_;  // not OK once the context failed (Health)
   std::string uuid_;       // the GPU's UUID bytes (trainers mapping its memory match it)
   std::unique_ptr<DeviceArena> arena_;  // exported GPU memory
+  LentMemory lent_{device_};            // trainers' lent gradients, opened here
 };
 
 }  // namespace

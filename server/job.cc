@@ -264,6 +264,12 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushGradient(Tensor& t, const v1::PushC
   // Marks were checked by Push: bytes > 0, a known memory.
   const bool marked = chunk.has_in_place();
   const int64_t marked_bytes = chunk.in_place().bytes();
+  if (marked && chunk.in_place().has_lent()) return MarkLent(t, index, chunk, slot);
+  if (device != nullptr && device->lent_this_step) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("tensor \"", t.spec.name(), "\" of step ", chunk.step(),
+                     " was lent in the trainer's GPU memory; a gradient is pushed one way"));
+  }
   if (marked && chunk.in_place().memory() == v1::PLACE_MEMORY_DEVICE && !committed) {
     // A slot's bytes lie wholly in host memory or wholly in GPU memory: the step reads one.
     if (device == nullptr || device->bytes.size() != t.grad_bytes) {
@@ -315,6 +321,42 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushGradient(Tensor& t, const v1::PushC
   }
   PARAMD_RETURN_IF_ERROR(SizeSlot(slot, index));
   return slot.Store(chunk.offset(), chunk.data());
+}
+
+absl::StatusOr<ChunkBuffer::Stored> Job::MarkLent(Tensor& t, size_t index,
+                                                  const v1::PushChunk& chunk, ChunkBuffer& slot) {
+  const v1::InPlaceMark& mark = chunk.in_place();
+  if (mark.memory() != v1::PLACE_MEMORY_DEVICE || chunk.offset() != 0 ||
+      mark.bytes() != t.grad_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a lent gradient is marked whole, in PLACE_MEMORY_DEVICE: offset 0 and ", t.grad_bytes,
+        " bytes for tensor \"", t.spec.name(), "\"; got offset ", chunk.offset(), ", ",
+        mark.bytes(), " bytes in ", v1::PlaceMemory_Name(mark.memory())));
+  }
+  // Where the bytes lie: the same memory lent again is a retry.
+  const std::string from =
+      mark.lent().pid() == 0 || mark.lent().ipc_handle().empty()
+          ? absl::StrCat("address ", mark.lent().address(), " of process ", mark.lent().pid())
+          : absl::StrCat(mark.lent().ipc_handle(), "+", mark.lent().offset());
+  DeviceSlot& device = slots_.collecting().Device(index, chunk.rank());
+  if (slot.received() > 0) {
+    if (device.lent_this_step && device.lent_from == from) return ChunkBuffer::Stored::kDuplicate;
+    return absl::FailedPreconditionError(
+        absl::StrCat("tensor \"", t.spec.name(), "\" already has ", slot.received(),
+                     " bytes of step ", chunk.step(), " from rank ", chunk.rank(),
+                     device.lent_this_step ? " lent in other GPU memory" : " pushed another way",
+                     "; pushes are idempotent only for identical bytes"));
+  }
+  absl::StatusOr<std::shared_ptr<const void>> lent = backend_->MapLent(mark.lent(), t.grad_bytes);
+  if (!lent.ok()) return lent.status();
+  if (slot.holds_memory() || slot.size() != t.grad_bytes) slot.ResetCounting(t.grad_bytes);
+  absl::StatusOr<ChunkBuffer::Stored> stored = slot.MarkWritten(0, t.grad_bytes);
+  if (!stored.ok()) return stored;
+  device.lent = *std::move(lent);
+  device.lent_from = from;
+  device.lent_this_step = true;
+  device.written = true;
+  return stored;
 }
 
 absl::StatusOr<CommitOutcome> Job::Commit(const v1::CommitRequest& request) {
@@ -383,7 +425,7 @@ absl::StatusOr<HostBuffer> Job::NewBuffer(int64_t bytes) const {
 }
 
 absl::Status Job::SizeSlot(ChunkBuffer& slot, size_t i) const {
-  if (slot.size() == tensors_[i].grad_bytes) return absl::OkStatus();
+  if (slot.holds_memory() && slot.size() == tensors_[i].grad_bytes) return absl::OkStatus();
   PARAMD_ASSIGN_OR_RETURN(HostBuffer buffer, NewBuffer(tensors_[i].grad_bytes));
   slot.Reset(std::move(buffer));
   return absl::OkStatus();
@@ -669,7 +711,7 @@ StepReport Job::StepNow(const StepWork& work) {
       for (const ChunkBuffer& slot : slots[i]) step.slots.push_back(slot.data());
       if (i < slots.device.size()) {
         for (const DeviceSlot& slot : slots.device[i]) {
-          step.device_slots.push_back(slot.written ? slot.bytes.get() : nullptr);
+          step.device_slots.push_back(slot.gradient());
         }
       }
       step.out = outputs[i].get();

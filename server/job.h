@@ -161,6 +161,11 @@ class Job {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<ChunkBuffer::Stored> PushGradient(Tensor& t, const v1::PushChunk& chunk)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A gradient the trainer lent in its own GPU memory (InPlaceMark.lent): mapped by the backend
+  // and read there by the step.
+  absl::StatusOr<ChunkBuffer::Stored> MarkLent(Tensor& t, size_t index, const v1::PushChunk& chunk,
+                                               ChunkBuffer& slot)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<SlotPlaces> SlotPlacesLocked(int32_t rank, int64_t step, Memory memory)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The place of (tensor, rank)'s device slot in `set` (made), allocated now where missing;

@@ -12,7 +12,10 @@ void SlotSet::Clear() {
     for (ChunkBuffer& slot : per_tensor) slot.Clear();
   }
   for (auto& per_tensor : device) {
-    for (DeviceSlot& slot : per_tensor) slot.written = false;
+    for (DeviceSlot& slot : per_tensor) {
+      slot.written = false;
+      slot.lent_this_step = false;
+    }
   }
 }
 
@@ -35,7 +38,9 @@ DeviceSlot& SlotSet::Device(size_t tensor, int32_t rank) {
 int64_t SlotSet::bytes() const {
   int64_t total = 0;
   for (const auto& per_tensor : host) {
-    for (const ChunkBuffer& slot : per_tensor) total += slot.size();
+    for (const ChunkBuffer& slot : per_tensor) {
+      if (slot.holds_memory()) total += slot.size();
+    }
   }
   for (const auto& per_tensor : device) {
     for (const DeviceSlot& slot : per_tensor) total += slot.bytes.size();

@@ -8,7 +8,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "common/device_bytes.h"
@@ -16,12 +18,21 @@
 
 namespace paramd {
 
-// A rank's gradient slot in the backend's exported GPU memory: allocated when the rank asks for
-// device places, `written` once an in-place device push marked it this step (its ChunkBuffer then
-// only counts the bytes).
+// A rank's gradient in GPU memory: a slot in the backend's exported memory, allocated when the rank
+// asks for device places, or the trainer's own memory it lent for the step (`lent`, mapped by the
+// backend; kept, with the IPC handle and offset it came from, until the rank lends again).
+// `written` once an in-place device push marked it this step (its ChunkBuffer then only counts the
+// bytes); the step reads the lent memory where the mark lent it, else the slot.
 struct DeviceSlot {
   DeviceBytes bytes;
+  std::shared_ptr<const void> lent;
+  std::string lent_from;
+  bool lent_this_step = false;
   bool written = false;
+  const void* gradient() const {
+    if (!written) return nullptr;
+    return lent_this_step ? lent.get() : bytes.get();
+  }
 };
 
 // The gradient slots of one step: a host buffer per tensor and rank, and device slots for the

@@ -332,7 +332,8 @@ Marks::Marks(v1::Data::Stub& stub, const PushTarget& target, uint64_t instance, 
   mark->set_instance(instance);
 }
 
-bool Marks::Mark(const std::string& tensor, int64_t offset, int64_t bytes, bool last) {
+bool Marks::Mark(const std::string& tensor, int64_t offset, int64_t bytes, bool last,
+                 const v1::LentMemory* lent) {
   if (writer_ == nullptr) {
     context_.set_deadline(deadline_);
     context_.set_initial_metadata_corked(true);  // sent with the first write: one batch less
@@ -341,6 +342,11 @@ bool Marks::Mark(const std::string& tensor, int64_t offset, int64_t bytes, bool 
   chunk_.set_tensor(tensor);
   chunk_.set_offset(offset);
   chunk_.mutable_in_place()->set_bytes(bytes);
+  if (lent != nullptr) {
+    *chunk_.mutable_in_place()->mutable_lent() = *lent;
+  } else {
+    chunk_.mutable_in_place()->clear_lent();
+  }
   // The marks matter together (the commit follows the push): gRPC may batch them.
   if (!last) return writer_->Write(chunk_, grpc::WriteOptions().set_buffer_hint());
   writer_->WriteLast(chunk_, grpc::WriteOptions());  // also closes the stream: one write less
@@ -376,6 +382,10 @@ PlacedTransport::PlacedTransport(const TransportContext& context, std::string na
 PlacedTransport::~PlacedTransport() { Stop(); }
 
 absl::Status PlacedTransport::BeforePush() { return absl::OkStatus(); }
+absl::StatusOr<std::vector<PlacedTransport::Lent>> PlacedTransport::Lend(
+    std::span<const PushItem>) {
+  return std::vector<Lent>();
+}
 absl::Status PlacedTransport::FinishCopies() { return absl::OkStatus(); }
 absl::Status PlacedTransport::BeforeRead(bool) { return absl::OkStatus(); }
 absl::Status PlacedTransport::ToHost(std::span<const PushItem> items, std::vector<PushItem>* host,
@@ -418,7 +428,34 @@ absl::Status PlacedTransport::Push(const PushTarget& target, std::span<const Pus
     return PushInline(target, items, deadline);  // once per job, from rank 0
   }
   if (absl::Status s = BeforePush(); !s.ok()) return s;
+  if (context_.lend_gradients) return PushLending(target, items, deadline);
   return slots_->PushFollowingRestarts([&] { return PushPlaced(target, items, deadline); });
+}
+
+absl::Status PlacedTransport::PushLending(const PushTarget& target, std::span<const PushItem> items,
+                                          Deadline deadline) {
+  absl::StatusOr<std::vector<Lent>> lent = Lend(items);
+  if (!lent.ok()) return lent.status();
+  if (!lent->empty()) {
+    // Lent memory is the trainer's, whichever daemon start reads it: the marks name none.
+    Marks marks(*stub_, target, /*instance=*/0, Memory::kDevice, deadline);
+    for (size_t i = 0; i < lent->size(); ++i) {
+      const Lent& l = (*lent)[i];
+      if (!marks.Mark(l.item->tensor, 0, static_cast<int64_t>(l.item->data.size()),
+                      i + 1 == lent->size(), &l.memory)) {
+        break;  // the daemon ended the stream (or it was the last): Finish says why
+      }
+    }
+    if (absl::Status s = marks.Finish(); !s.ok()) return s;
+  }
+  if (lent->size() == items.size()) return absl::OkStatus();
+  std::vector<PushItem> rest;
+  for (const PushItem& item : items) {
+    if (std::none_of(lent->begin(), lent->end(), [&](const Lent& l) { return l.item == &item; })) {
+      rest.push_back(item);
+    }
+  }
+  return slots_->PushFollowingRestarts([&] { return PushPlaced(target, rest, deadline); });
 }
 
 absl::Status PlacedTransport::PushPlaced(const PushTarget& target, std::span<const PushItem> items,

@@ -77,9 +77,11 @@ class Marks {
  public:
   Marks(v1::Data::Stub& stub, const PushTarget& target, uint64_t instance, Memory memory,
         Deadline deadline);
-  // Marks [offset, offset + bytes) of `tensor` written; `last` also closes the stream. False when
-  // the daemon ended the stream (Finish says why).
-  bool Mark(const std::string& tensor, int64_t offset, int64_t bytes, bool last);
+  // Marks [offset, offset + bytes) of `tensor` written (`lent`: where the trainer lent it, see
+  // InPlaceMark.lent); `last` also closes the stream. False when the daemon ended the stream
+  // (Finish says why).
+  bool Mark(const std::string& tensor, int64_t offset, int64_t bytes, bool last,
+            const v1::LentMemory* lent = nullptr);
   // Ends the stream without a status of its own (the caller has one).
   void Cancel();
   absl::Status Finish();
@@ -137,6 +139,14 @@ class PlacedTransport : public Transport {
   virtual absl::Status CheckProbe(const v1::AttachResponse& response, Deadline deadline) = 0;
   // Runs before a push reads the caller's buffers.
   virtual absl::Status BeforePush();
+  // The items of a push the daemon may read where they lie (cuda_ipc's lent gradients), each with
+  // where it lies; the others are pushed as usual. Returns once the caller's work writing the lent
+  // items has completed (their marks promise it). None by default.
+  struct Lent {
+    const PushItem* item;
+    v1::LentMemory memory;
+  };
+  virtual absl::StatusOr<std::vector<Lent>> Lend(std::span<const PushItem> items);
   // Whether `slot` holds `data` already (only a retried push asks).
   virtual absl::StatusOr<bool> Same(const uint8_t* slot, std::span<const std::byte> data) = 0;
   // Copies the plan's placed items into their slots (a null slot holds them already) and marks
@@ -164,6 +174,9 @@ class PlacedTransport : public Transport {
 
   absl::Status PushPlaced(const PushTarget& target, std::span<const PushItem> items,
                           Deadline deadline);
+  // Marks the lent items (no slot places: the memory is the trainer's) and pushes the others.
+  absl::Status PushLending(const PushTarget& target, std::span<const PushItem> items,
+                           Deadline deadline);
   absl::StatusOr<PushPlan> PlanPush(const SlotCache& slots, const PushTarget& target,
                                     std::span<const PushItem> items, Deadline deadline);
   // Where a pulled place's bytes lie in this process.

@@ -36,9 +36,15 @@ What happens when:
   iteration under way pushes nothing. A loop whose batch is a function of `opt.next_step` ends
   bit-identical to a run without the restart. `restarts` counts them.
 - CUDA parameters, with the daemon on this node's GPU (`paramd --backend=cuda:N`; the automatic
-  choice then picks cuda_ipc): gradients are pushed from GPU memory, with no host copy, by copies
-  that wait for the work queued on the current stream at construction (`cuda_stream`) and run
-  on the push thread, so the Python thread never waits on the device. The new version is viewed
+  choice then picks cuda_ipc): gradients are lent, not copied. A push waits (on the push thread,
+  so the Python thread never waits on the device) for the work queued on the current stream at
+  construction (`cuda_stream`), then tells the daemon where each gradient lies; the daemon's step
+  reads them there. The optimizer keeps them alive until the step's version is loaded (the next
+  forward), whose pull orders the current stream after the daemon's step, so their memory is
+  reused only by work queued after the step read it. Do not write into gradients between step()
+  and the next forward: zero_grad(set_to_none=False) loads the version first. With
+  `lend_gradients=False` (or memory CUDA cannot share, such as PyTorch's expandable segments) the
+  push copies them into the daemon's GPU slots instead. The new version is viewed
   where the daemon serves it (one in-place pull per job and format, sliced from a few block
   tensors, a lease per tensor) as soon as the daemon has queued its step: the current stream
   waits for that step on the GPU, not the host. The first module's forward writes the whole
@@ -175,7 +181,7 @@ class _DeviceVersion:
     are sliced from the blocks when asked for. Holding it holds the version's leases."""
 
     __slots__ = ("version", "tensors", "index", "done", "error", "batches", "blocks", "weights",
-                 "loaded")
+                 "loaded", "lent")
 
     def __init__(self, version, tensors, index):
         self.version = version
@@ -187,6 +193,7 @@ class _DeviceVersion:
         self.blocks = {}  # format -> [uint8 CUDA tensor per block]
         self.weights = {}  # (name, format) -> ServedWeight, made on demand
         self.loaded = False
+        self.lent = []  # gradients of the step before, lent to the daemon until this loads
 
     def served(self, name, fmt):
         weight = self.weights.get((name, fmt))
@@ -210,8 +217,8 @@ class AdamW(torch.optim.Optimizer):
                  address="127.0.0.1:50051", job="paramd", state_policy="fp32", serve="fp32",
                  module=None, rank=None, world_size=None, transport="auto", seed=0,
                  max_grad_norm=0.0, bucket_bytes=None, stream_pushes=True,
-                 write_weights=True, weights_in_place=False, timeout_s=300.0,
-                 reconnect_timeout_s=0.0):
+                 write_weights=True, weights_in_place=False, lend_gradients=True,
+                 timeout_s=300.0, reconnect_timeout_s=0.0):
         groups = self._named_groups(params)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
         super().__init__([{**g, "params": [p for _, p in g["params"]]} for g in groups],
@@ -234,6 +241,7 @@ class AdamW(torch.optim.Optimizer):
         self._lock = threading.Lock()
         self._bucket = {}  # job name -> [(tensor name, bytes)], filled by the grad hooks
         self._bucket_size = {}
+        self._lent = {}  # job name -> gradients lent for the step collected (cuda_ipc)
         self._pushes = _Worker("paramd-push")
         self._pulls = _Worker("paramd-pull")
         self._pending = {}  # id(param) -> _PendingPull of the version being loaded
@@ -259,11 +267,13 @@ class AdamW(torch.optim.Optimizer):
             # pushes wait for the stream backward writes gradients on.
             torch.cuda.set_device(self.device)
             cuda_stream = torch.cuda.current_stream(self.device).cuda_stream
+        self._lend = lend_gradients and self.device.type == "cuda"
         self._jobs = []
         for index, (group, torch_group) in enumerate(zip(groups, self.param_groups)):
             name = job if index == 0 else f"{job}.g{index}"
             client = paramd.connect(address, transport=transport, cuda_stream=cuda_stream,
-                                    reconnect_timeout_s=reconnect_timeout_s)
+                                    reconnect_timeout_s=reconnect_timeout_s,
+                                    lend_gradients=self._lend)
             j = _Job(name, client, torch_group)
             for tensor_name, param in group["params"]:
                 j.tensors.append(_Tensor(tensor_name, param, j))
@@ -385,6 +395,10 @@ class AdamW(torch.optim.Optimizer):
         if bucket:
             step, rank = self._step, self.rank
             items = [(name, data) for name, data, _ in bucket]
+            if self._lend and self._direct:
+                # The daemon may read them where they lie when the step runs: they stay alive,
+                # unchanged, until the step's version is loaded (_load_device).
+                self._lent.setdefault(job.name, []).extend(keep for _, _, keep in bucket)
             self._pushes.submit(
                 lambda: (job.client.push_gradients(job.name, rank, step, items), bucket))
 
@@ -480,6 +494,7 @@ class AdamW(torch.optim.Optimizer):
         for j in self._jobs:
             order = [t for t in self._forward_order if t.job is j]
             pending = _DeviceVersion(version, order, {t.name: i for i, t in enumerate(order)})
+            pending.lent = self._lent.pop(j.name, [])
             for t in order:
                 self._pending[id(t.param)] = pending
 
@@ -506,7 +521,11 @@ class AdamW(torch.optim.Optimizer):
         pending.loaded = True
         for t in pending.tensors:
             self._pending.pop(id(t.param), None)
-        if not self._await(pending):
+        awaited = self._await(pending)
+        # The pull made the current stream wait for the daemon's step on the GPU, so work queued
+        # from now on runs after the step read the lent gradients: their memory may be reused.
+        pending.lent = []
+        if not awaited:
             return
         if self.write_weights:
             self._write_device_weights(pending)
@@ -601,6 +620,7 @@ class AdamW(torch.optim.Optimizer):
         with self._lock:
             self._bucket.clear()
             self._bucket_size.clear()
+            self._lent.clear()  # the daemon that could read them is gone
         self._pushes.drain()
         self._pulls.drain()
         self._pending = {}
@@ -614,6 +634,14 @@ class AdamW(torch.optim.Optimizer):
         for t in self._forward_order:
             self._load(t.param)
         self._pulls.wait()
+
+    def zero_grad(self, set_to_none=True):
+        """As torch's. Zeroing in place (set_to_none=False) writes gradients the daemon may still
+        be reading (lent, cuda_ipc): it first loads the new version, whose pull orders the current
+        stream after the daemon's step."""
+        if not set_to_none and self._lend and self._direct:
+            self._load_all()
+        super().zero_grad(set_to_none=set_to_none)
 
     def sync_weights(self):
         """Waits for every tensor of the version being loaded and writes it (e.g. before

@@ -1,6 +1,8 @@
 // What `cuda_ipc` does beyond the conformance suite: gradients pushed from GPU memory, in-place
 // reads of served bytes in GPU memory under a lease that later steps respect, and the automatic
 // choice. A daemon on cuda:0 runs in this process (label gpu; skips with the reason without one).
+#include "transport/cuda_ipc/cuda_ipc.h"
+
 #include <cuda_runtime_api.h>
 
 #include <cstring>
@@ -113,6 +115,74 @@ TEST_P(CudaIpcTest, InPlaceViewIsInGpuMemoryAndStaysUnchangedUnderItsLease) {
   EXPECT_NE(newest.data, before);
   EXPECT_EQ(HostCopy(view), before) << "a later step overwrote leased bytes";
   ASSERT_TRUE(transport_->Release(view.lease, Soon()).ok());
+}
+
+// ClientOptions::lend_gradients: the daemon reads gradients in the trainer's own GPU memory (two
+// tensors at offsets inside one allocation, two ranks) with no slot of its own, and the steps match
+// those of gradients copied into its slots, bit for bit.
+TEST_P(CudaIpcTest, LentGradientsAreReadWhereTheyLieAndGiveTheSameSteps) {
+  constexpr size_t kA = 4099, kB = 640;  // not multiples of any block
+  const std::vector<v1::TensorSpec> specs = {Spec("a", 1, kA), Spec("b", 10, kB / 10)};
+  Register("lent", specs, 2);
+  Register("copied", specs, 2);
+  TransportContext context{channel_, kChunkBytes, "lent", 0};
+  context.lend_gradients = true;
+  absl::StatusOr<std::unique_ptr<Transport>> lending = MakeCudaIpcTransport(context);
+  ASSERT_TRUE(lending.ok()) << lending.status();
+  const std::vector<float> pa = Random(kA, 1, 0.02f), pb = Random(kB, 2, 0.02f);
+  const PushItem init[] = {{"a", Bytes(pa)}, {"b", Bytes(pb)}};
+  for (const char* job : {"lent", "copied"}) {
+    ASSERT_TRUE(transport_->Push({job, 0, 0, v1::PUSH_KIND_INITIAL_WEIGHTS}, init, Soon()).ok());
+  }
+  // One allocation per rank holding both gradients, "b" at an offset.
+  constexpr size_t kOffsetB = 8192;
+  std::byte* d_grads[2] = {nullptr, nullptr};
+  for (std::byte*& d : d_grads) {
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d), (kOffsetB + kB) * sizeof(float)),
+              cudaSuccess);
+  }
+  for (int64_t step = 0; step < 3; ++step) {
+    for (int32_t rank = 0; rank < 2; ++rank) {
+      const uint32_t seed = static_cast<uint32_t>(10 * step + rank);
+      const std::vector<float> ga = Random(kA, 100 + seed, 1e-3f),
+                               gb = Random(kB, 200 + seed, 1e-3f);
+      std::byte* d = d_grads[rank];
+      ASSERT_EQ(cudaMemcpy(d, ga.data(), kA * 4, cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(d + kOffsetB * 4, gb.data(), kB * 4, cudaMemcpyHostToDevice),
+                cudaSuccess);
+      const PushItem lent[] = {{"a", std::span<const std::byte>(d, kA * 4)},
+                               {"b", std::span<const std::byte>(d + kOffsetB * 4, kB * 4)}};
+      ASSERT_TRUE((*lending)->Push({"lent", rank, step}, lent, Soon()).ok());
+      // A retry lends the same memory again: acknowledged. Other memory for it is refused.
+      ASSERT_TRUE((*lending)->Push({"lent", rank, step}, lent, Soon()).ok());
+      const PushItem elsewhere[] = {{"a", std::span<const std::byte>(d + 4, kA * 4)}};
+      const absl::Status moved = (*lending)->Push({"lent", rank, step}, elsewhere, Soon());
+      EXPECT_EQ(moved.code(), absl::StatusCode::kFailedPrecondition) << moved;
+      const PushItem copied[] = {{"a", Bytes(ga)}, {"b", Bytes(gb)}};
+      ASSERT_TRUE(transport_->Push({"copied", rank, step}, copied, Soon()).ok());
+    }
+    for (int32_t rank = 0; rank < 2; ++rank) {
+      ASSERT_TRUE(Commit("lent", rank, step, 0.5).ok());
+      ASSERT_TRUE(Commit("copied", rank, step, 0.5).ok());
+    }
+    // The pull waits for the step, which read the lent memory: the next step may overwrite it.
+    for (const char* tensor : {"a", "b"}) {
+      Pulled lent, copied;
+      ASSERT_TRUE(transport_->Pull(Target("lent", tensor, step + 1), Soon(), &lent).ok());
+      ASSERT_TRUE(transport_->Pull(Target("copied", tensor, step + 1), Soon(), &copied).ok());
+      EXPECT_EQ(lent.header.version(), step + 1);
+      EXPECT_EQ(lent.data, copied.data) << "tensor " << tensor << ", step " << step;
+    }
+  }
+  v1::StatusRequest request;
+  request.set_job("lent");
+  grpc::ClientContext status_context;
+  v1::StatusResponse status;
+  ASSERT_TRUE(control_->Status(&status_context, request, &status).ok());
+  ASSERT_EQ(status.jobs_size(), 1);
+  EXPECT_EQ(status.jobs(0).slot_bytes(), 0) << "the daemon kept slots for lent gradients";
+  lending->reset();
+  for (std::byte* d : d_grads) cudaFree(d);
 }
 
 TEST_P(CudaIpcTest, IsTheAutomaticChoiceOnAGpuDaemon) {

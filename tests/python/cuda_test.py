@@ -1,5 +1,5 @@
 """PyTorch on the GPU (label gpu): paramd.torch.AdamW with CUDA parameters against a daemon on
-cuda:0, over cuda_ipc. Gradients are pushed from GPU memory, weights are viewed where the daemon
+cuda:0, over cuda_ipc. Gradients are lent from GPU memory (or copied), weights are viewed where the daemon
 serves them and written with one device copy (or viewed in place), served FP8 weights feed
 torch._scaled_mm, and the results are those of the cpu backend bit for bit. Without a GPU the test
 exits 77 (skipped) with the reason, after checking that asking for cuda_ipc fails clearly."""
@@ -185,6 +185,32 @@ class CudaTest(unittest.TestCase):
             opt.close()
         for a, b in zip(*finals):
             self.assertTrue(torch.equal(a, b))
+
+    def test_lent_gradients_train_as_copied_ones_and_take_no_daemon_slots(self):
+        """Gradients lent to the daemon (the default: read where backward left them, in another
+        process) and copied into its slots give the same weights bit for bit, also when
+        zero_grad zeroes them in place right after step(); the lent job holds no slots."""
+        finals = []
+        for lend, set_to_none in ((False, True), (True, True), (True, False)):
+            model = make_model(seed=5)
+            opt = self.adamw(model, state_policy="fp8", serve="bf16", max_grad_norm=1.0,
+                             lend_gradients=lend)
+            for step in range(5):
+                x, y = batch(step)
+                F.cross_entropy(model(x), y).backward()
+                opt.step()
+                opt.zero_grad(set_to_none=set_to_none)
+            opt.sync_weights()
+            slot_bytes = opt.daemon_status()[0]["slot_bytes"]
+            if lend:
+                self.assertEqual(slot_bytes, 0, "the daemon kept slots for lent gradients")
+            else:
+                self.assertGreater(slot_bytes, 0)
+            finals.append(weights(model))
+            opt.close()
+        for run in finals[1:]:
+            for a, b in zip(finals[0], run):
+                self.assertTrue(torch.equal(a, b))
 
     def test_bf16_parameters_push_bf16_and_may_view_their_weights_in_place(self):
         runs = []

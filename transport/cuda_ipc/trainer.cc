@@ -6,10 +6,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda_allocation.h"
 #include "common/cuda_status.h"
 #include "transport/cuda_ipc/cuda_ipc.h"
 #include "transport/placed.h"
@@ -138,6 +141,7 @@ class CudaIpcTransport final : public PlacedTransport {
     }
     PARAMD_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device_));
     PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    same_gpu_ = *daemon_gpu == device_;
     PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     PARAMD_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&callers_work_, cudaEventDisableTiming));
     return absl::OkStatus();  // the step event is opened with the first region (Map)
@@ -195,6 +199,52 @@ class CudaIpcTransport final : public PlacedTransport {
         cudaEventRecord(callers_work_, reinterpret_cast<cudaStream_t>(context().cuda_stream)));
     PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, callers_work_, 0));
     return absl::OkStatus();
+  }
+
+  // With ClientOptions::lend_gradients, a gradient on the daemon's own GPU in memory CUDA can
+  // share (a cudaMalloc allocation of this process: PyTorch's caching allocator's segments) is
+  // lent by its allocation's IPC handle and offset. Host memory, another GPU's, and allocations
+  // without an IPC handle (cuMemCreate's: PyTorch's expandable segments) are copied.
+  absl::StatusOr<std::vector<Lent>> Lend(std::span<const PushItem> items) override {
+    std::vector<Lent> lent;
+    if (!same_gpu_) return lent;
+    const DeviceScope scope(device_);
+    if (!scope.status().ok()) return scope.status();
+    std::lock_guard<std::mutex> lock(lend_mu_);
+    for (const PushItem& item : items) {
+      if (item.data.empty()) continue;
+      absl::StatusOr<CudaAllocation> allocation = CudaAllocationOf(item.data.data());
+      if (!allocation.ok() || allocation->device != device_) continue;
+      const std::string* handle = HandleOf(*allocation);
+      if (handle == nullptr) continue;
+      Lent& l = lent.emplace_back();
+      l.item = &item;
+      l.memory.set_ipc_handle(*handle);
+      l.memory.set_offset(reinterpret_cast<const uint8_t*>(item.data.data()) - allocation->base);
+      l.memory.set_address(reinterpret_cast<uint64_t>(item.data.data()));
+      l.memory.set_pid(static_cast<int64_t>(getpid()));
+    }
+    if (!lent.empty()) {
+      // The marks promise that backward's writes completed: BeforePush recorded them.
+      PARAMD_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(callers_work_));
+    }
+    return lent;
+  }
+
+  // The IPC handle of an allocation, asked once per allocation (a later one at the same base has
+  // another id); null where CUDA gives none.
+  const std::string* HandleOf(const CudaAllocation& allocation) {
+    auto it = handles_.find(allocation.base);
+    if (it != handles_.end() && it->second.id == allocation.id) return &it->second.handle;
+    cudaIpcMemHandle_t h;
+    if (cudaIpcGetMemHandle(&h, allocation.base) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    Handle& entry = handles_[allocation.base];
+    entry.id = allocation.id;
+    entry.handle.assign(reinterpret_cast<const char*>(&h), sizeof(h));
+    return &entry.handle;
   }
 
   // Read back to the host (host or device memory alike): only a retry gets here.
@@ -310,6 +360,13 @@ class CudaIpcTransport final : public PlacedTransport {
     return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(stream_)");
   }
 
+  struct Handle {
+    uint64_t id = 0;  // the allocation's (CudaAllocation::id)
+    std::string handle;
+  };
+  bool same_gpu_ = false;  // the trainer's GPU is the daemon's: gradients can be lent
+  std::mutex lend_mu_;
+  std::map<const uint8_t*, Handle> handles_;  // of lent allocations, by base
   int device_ = -1;  // the trainer's GPU: its stream, and the context handles are opened in
   cudaStream_t stream_ = nullptr;
   cudaEvent_t callers_work_ = nullptr;  // recorded on the trainer's stream, waited for by stream_

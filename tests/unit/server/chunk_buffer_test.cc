@@ -30,6 +30,23 @@ TEST(ChunkBufferTest, StoresNewChunksAtTheirOffsets) {
   EXPECT_EQ(std::string(reinterpret_cast<const char*>(buffer.data()), 12), "aaaabbbbcccc");
 }
 
+// A buffer that only counts marks of bytes written elsewhere holds no memory, is complete when
+// they cover its size, and takes memory again when reset with a buffer.
+TEST(ChunkBufferTest, ACountingBufferHoldsNoMemoryAndCountsMarks) {
+  ChunkBuffer b;
+  b.ResetCounting(64);
+  EXPECT_FALSE(b.holds_memory());
+  EXPECT_EQ(b.size(), 64);
+  EXPECT_EQ(b.data(), nullptr);
+  ASSERT_EQ(*b.MarkWritten(0, 64), Stored::kNew);
+  EXPECT_TRUE(b.complete());
+  EXPECT_EQ(*b.MarkWritten(0, 64), Stored::kDuplicate);
+  b.Reset(*HeapAllocator()->Allocate(64));
+  EXPECT_TRUE(b.holds_memory());
+  EXPECT_EQ(b.received(), 0);
+  EXPECT_EQ(b.size(), 64);
+}
+
 TEST(ChunkBufferTest, IdenticalChunkIsADuplicateWithoutEffect) {
   ChunkBuffer buffer;
   buffer.Reset(HeapBuffer(8));

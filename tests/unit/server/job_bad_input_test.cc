@@ -164,6 +164,32 @@ TEST_F(JobBadInputTest, InPlaceMarksOfNoBytesUnknownMemoryOrWeightsAreInvalidArg
   ExpectUnchangedAndStillExact();
 }
 
+// A lent gradient (cuda_ipc, InPlaceMark.lent) is marked whole in GPU memory; the cpu backend reads
+// no trainer's GPU memory, so a well-formed one is refused too, and nothing changes.
+TEST_F(JobBadInputTest, LentGradientsOfPartsOrOnACpuBackendAreRefused) {
+  auto lend = [this](int64_t offset, int64_t bytes, v1::PlaceMemory memory) {
+    v1::PushChunk chunk;
+    chunk.set_job(spec_.job());
+    chunk.set_rank(0);
+    chunk.set_step(0);
+    chunk.set_tensor("w");
+    chunk.set_kind(v1::PUSH_KIND_GRADIENT);
+    chunk.set_offset(offset);
+    v1::InPlaceMark* mark = chunk.mutable_in_place();
+    mark->set_bytes(bytes);
+    mark->set_memory(memory);
+    mark->mutable_lent()->set_ipc_handle(std::string(64, 'h'));
+    mark->mutable_lent()->set_pid(1);
+    return h_.job().Push(chunk);
+  };
+  EXPECT_TRUE(HasStatus(lend(8, 792, v1::PLACE_MEMORY_DEVICE), kInvalid, "marked whole"));
+  EXPECT_TRUE(HasStatus(lend(0, 400, v1::PLACE_MEMORY_DEVICE), kInvalid, "marked whole"));
+  EXPECT_TRUE(HasStatus(lend(0, 800, v1::PLACE_MEMORY_HOST), kInvalid, "in PLACE_MEMORY_HOST"));
+  EXPECT_TRUE(HasStatus(lend(0, 800, v1::PLACE_MEMORY_DEVICE),
+                        absl::StatusCode::kFailedPrecondition, "reads no trainer's GPU memory"));
+  ExpectUnchangedAndStillExact();
+}
+
 TEST_F(JobBadInputTest, ConflictingDuplicatePushIsFailedPrecondition) {
   const StepGradients grads = Grads(0);
   const std::string& right = grads[0][1];  // tensor "w", rank 1
