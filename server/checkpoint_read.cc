@@ -34,9 +34,9 @@ constexpr int64_t kChunkOverhead = 64 << 10;
 // O_DIRECT reads: whole blocks at block-aligned offsets into block-aligned memory.
 constexpr int64_t kBlock = static_cast<int64_t>(kDirectAlign);
 // Read buffers: the one being filled, and those whose records the caller is taking or has yet to:
-// at least 3, and as many as make kReadAheadBytes. The caller's import stalls while it allocates
-// a field's staging memory whole (64 MiB for a 4096 x 4096 FP32 field, faulted in at 1-3 GB/s):
-// the disk reads on into the buffers meanwhile.
+// at least 3, and as many as make kReadAheadBytes. The caller's import can stall on a field whose
+// staging memory is still being faulted in (64 MiB for a 4096 x 4096 FP32 field, at 1-3 GB/s;
+// StateImport's staging thread): the disk reads on into the buffers meanwhile.
 constexpr size_t kMinReadBuffers = 3;
 constexpr int64_t kReadAheadBytes = int64_t{64} << 20;
 // Records queued for the caller at most (where they are small, many fit in a buffer).

@@ -201,7 +201,7 @@ absl::StatusOr<v1::RestoreResponse> Checkpoints::RestoreFromNow(const std::strin
     if (response.registered()) (void)daemon_->DeleteJob(name);
     return status;
   };
-  StateImport import((*job)->spec(), daemon_->config().max_chunk_bytes());
+  StateImport import((*job)->spec(), daemon_->config().max_chunk_bytes(), /*stage_ahead=*/true);
   CheckpointProgress::Tracked progress = daemon_->checkpoint_progress().Begin(
       name, v1::CHECKPOINT_OPERATION_RESTORE, (*job)->Status().state_bytes());
   const absl::Status read =

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <new>
 #include <span>
 
 #include "absl/strings/str_cat.h"
@@ -149,14 +150,68 @@ absl::StatusOr<bool> StateExport::Next(v1::StateChunk* chunk) {
 
 // ---- Import ----
 
-StateImport::StateImport(const v1::RegisterRequest& spec, int64_t max_chunk_bytes)
+StateImport::StateImport(const v1::RegisterRequest& spec, int64_t max_chunk_bytes, bool stage_ahead)
     : spec_(spec), max_chunk_bytes_(max_chunk_bytes) {
   const std::vector<FormatKey> formats = ServedFormats(spec);
+  size_t fields = 0;
   for (int i = 0; i < spec.tensors_size(); ++i) {
     expected_.push_back(TensorStateFields(TensorInfoOf(spec, i), formats));
     seen_.emplace_back(expected_.back().size(), false);
+    first_field_.push_back(fields);
+    fields += expected_.back().size();
   }
   staged_.tensors.resize(static_cast<size_t>(spec.tensors_size()));
+  if (stage_ahead) {
+    ahead_ = std::thread([this] { StageAhead(); });
+  } else {
+    staged_ahead_ = fields;
+  }
+}
+
+StateImport::~StateImport() { StopStagingAhead(); }
+
+void StateImport::StageAhead() {
+  for (size_t t = 0; t < expected_.size(); ++t) {
+    for (const StateFieldSpec& f : expected_[t]) {
+      {
+        std::lock_guard<std::mutex> lock(ahead_mu_);
+        if (stop_ahead_) return;
+      }
+      // The scalars are the caller's to size (a history may be shorter than its capacity).
+      if (f.array) {
+        try {
+          Stage(staged_.tensors[t], f, f.elements());
+        } catch (const std::bad_alloc&) {
+          std::lock_guard<std::mutex> lock(ahead_mu_);
+          ahead_status_ = absl::ResourceExhaustedError(
+              absl::StrCat("no host memory to stage ",
+                           FieldText(spec_.tensors(static_cast<int>(t)).name(), f.name), " (",
+                           f.bytes(), " bytes)"));
+          ahead_cv_.notify_all();
+          return;
+        }
+      }
+      std::lock_guard<std::mutex> lock(ahead_mu_);
+      ++staged_ahead_;
+      ahead_cv_.notify_all();
+    }
+  }
+}
+
+absl::Status StateImport::AwaitStagedAhead(int tensor, size_t field) {
+  const size_t index = first_field_[static_cast<size_t>(tensor)] + field;
+  std::unique_lock<std::mutex> lock(ahead_mu_);
+  ahead_cv_.wait(lock, [&] { return staged_ahead_ > index || !ahead_status_.ok(); });
+  return ahead_status_;
+}
+
+void StateImport::StopStagingAhead() {
+  if (!ahead_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(ahead_mu_);
+    stop_ahead_ = true;
+  }
+  ahead_.join();
 }
 
 absl::Status StateImport::CheckHeader(const v1::StateHeader& h) const {
@@ -272,6 +327,7 @@ absl::Status StateImport::StartField(const v1::StateField& field) {
     return invalid(absl::StrCat("shape ", ShapeText(shape), " differs from the stored ",
                                 ShapeText(expected.shape)));
   }
+  PARAMD_RETURN_IF_ERROR(AwaitStagedAhead(tensor, index));
   seen_[static_cast<size_t>(tensor)][index] = true;
   StateFieldSpec actual = expected;
   actual.shape = shape;
@@ -334,6 +390,7 @@ absl::Status StateImport::Add(const v1::StateChunk& chunk, std::string_view data
 }
 
 absl::StatusOr<StagedState> StateImport::Finish(bool new_serve_formats) {
+  StopStagingAhead();
   if (!have_header_) {
     return absl::InvalidArgumentError("the state stream is empty; it starts with a StateHeader");
   }

@@ -3,10 +3,13 @@
 // Plain C++: the Control service moves the chunks.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -72,8 +75,15 @@ class StateExport {
 class StateImport {
  public:
   // `spec` is the job's normalized registration (Job::spec()); `max_chunk_bytes` bounds one
-  // chunk's data.
-  StateImport(const v1::RegisterRequest& spec, int64_t max_chunk_bytes);
+  // chunk's data. With `stage_ahead`, a thread of the import's own allocates and faults in the
+  // memory of every array field the job keeps (the job's state size, no more), in export order,
+  // while the caller receives the stream: for a restore, whose disk delivers the bytes faster than
+  // fresh memory faults in, so the faults run beside the reading instead of after each field's
+  // first chunk.
+  StateImport(const v1::RegisterRequest& spec, int64_t max_chunk_bytes, bool stage_ahead = false);
+  ~StateImport();
+  StateImport(const StateImport&) = delete;
+  StateImport& operator=(const StateImport&) = delete;
 
   // Takes the next chunk (the first carries the header). INVALID_ARGUMENT naming the tensor and
   // field on a mismatch; RESOURCE_EXHAUSTED for a chunk over max_chunk_bytes.
@@ -90,8 +100,16 @@ class StateImport {
  private:
   absl::Status CheckHeader(const v1::StateHeader& header) const;
   absl::Status StartField(const v1::StateField& field);
-  // Sizes the staging storage of a field of `elements` elements; where its bytes go.
+  // Sizes the staging storage of a field of `elements` elements (a field staged ahead already has
+  // its size); where its bytes go.
   uint8_t* Stage(HostTensorState& state, const StateFieldSpec& spec, int64_t elements);
+  // The staging thread: every array field in expected_'s order, until stopped.
+  void StageAhead();
+  // Waits until field `field` of tensor `tensor` is staged ahead (at once without stage_ahead);
+  // RESOURCE_EXHAUSTED where the staging thread found no memory.
+  absl::Status AwaitStagedAhead(int tensor, size_t field);
+  // Stops the staging thread and waits for it.
+  void StopStagingAhead();
 
   const v1::RegisterRequest spec_;
   const int64_t max_chunk_bytes_;
@@ -106,6 +124,15 @@ class StateImport {
   uint8_t* dest_ = nullptr;
   int64_t size_ = 0;
   int64_t received_ = 0;
+  // Staging ahead: the fields the thread has staged, counted in expected_'s order (first_field_[t]
+  // is tensor t's first), and what stopped it.
+  std::vector<size_t> first_field_;
+  std::mutex ahead_mu_;
+  std::condition_variable ahead_cv_;
+  size_t staged_ahead_ = 0;    // guarded by ahead_mu_
+  bool stop_ahead_ = false;    // guarded by ahead_mu_
+  absl::Status ahead_status_;  // guarded by ahead_mu_
+  std::thread ahead_;          // started last, in the constructor's body
 };
 
 }  // namespace paramd

@@ -203,8 +203,9 @@ class Driver {
     return chunks;
   }
 
-  absl::StatusOr<v1::ImportStateResponse> Import(const std::vector<v1::StateChunk>& chunks) {
-    StateImport import(job_->spec(), kMaxChunkBytes);
+  absl::StatusOr<v1::ImportStateResponse> Import(const std::vector<v1::StateChunk>& chunks,
+                                                 bool stage_ahead = false) {
+    StateImport import(job_->spec(), kMaxChunkBytes, stage_ahead);
     for (const v1::StateChunk& chunk : chunks) {
       absl::Status s = import.Add(chunk);
       if (!s.ok()) return s;
@@ -289,6 +290,13 @@ TEST_P(StateTransferTest, ExportImportThenContinuingIsBitIdenticalToUninterrupte
   absl::StatusOr<std::vector<v1::StateChunk>> again = b.Export(999);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(Serialized(*again), Serialized(*exported));
+  // The same, staged ahead (as a restore imports).
+  Driver c(spec_, &backend_);
+  ASSERT_TRUE(c.Import(*exported, /*stage_ahead=*/true).ok());
+  EXPECT_EQ(c.Served(kBefore), at_export);
+  absl::StatusOr<std::vector<v1::StateChunk>> staged_ahead = c.Export(999);
+  ASSERT_TRUE(staged_ahead.ok()) << staged_ahead.status();
+  EXPECT_EQ(Serialized(*staged_ahead), Serialized(*exported));
 
   for (int64_t step = kBefore; step < kBefore + kAfter; ++step) {
     const StepGradients g = Gradients(spec_, step);
@@ -408,15 +416,18 @@ class StateImportRefusalTest : public ::testing::Test {
     ExpectUnchanged();
   }
 
-  // The refusal alone, for a job whose export would wait on a queued step.
+  // The refusal alone, for a job whose export would wait on a queued step; with and without
+  // staging ahead (a refused import staged ahead stops its staging thread).
   void ExpectRefusedStatus(const std::vector<v1::StateChunk>& chunks, absl::StatusCode code,
                            const std::vector<std::string>& words) {
-    absl::StatusOr<v1::ImportStateResponse> imported = target_.Import(chunks);
-    ASSERT_FALSE(imported.ok());
-    EXPECT_EQ(imported.status().code(), code) << imported.status();
-    for (const std::string& w : words) {
-      EXPECT_NE(imported.status().message().find(w), std::string::npos)
-          << "\"" << w << "\" missing from: " << imported.status().message();
+    for (const bool stage_ahead : {false, true}) {
+      absl::StatusOr<v1::ImportStateResponse> imported = target_.Import(chunks, stage_ahead);
+      ASSERT_FALSE(imported.ok()) << "stage_ahead " << stage_ahead;
+      EXPECT_EQ(imported.status().code(), code) << imported.status();
+      for (const std::string& w : words) {
+        EXPECT_NE(imported.status().message().find(w), std::string::npos)
+            << "\"" << w << "\" missing from: " << imported.status().message();
+      }
     }
   }
 
