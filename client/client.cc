@@ -133,7 +133,7 @@ absl::StatusOr<v1::RegisterResponse> Client::Register(const v1::RegisterRequest&
   restarted_.store(false);
   if (transport_ == nullptr) {
     TransportContext context{channel_,       response.max_chunk_bytes(), request.job(),
-                             request.rank(), options_.cuda_stream,        options_.lend_gradients};
+                             request.rank(), options_.cuda_stream,       options_.lend_gradients};
     std::string reason;
     absl::StatusOr<std::unique_ptr<Transport>> transport =
         ChooseTransport(options_.transport, context, &reason);

@@ -40,11 +40,10 @@ inline absl::StatusOr<CudaAllocation> CudaAllocationOf(const void* p) {
   if (get_attributes == nullptr) {
     return absl::UnavailableError("the CUDA driver has no cuPointerGetAttributes");
   }
-  CUpointer_attribute attributes[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-                                      CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-                                      CU_POINTER_ATTRIBUTE_RANGE_SIZE,
-                                      CU_POINTER_ATTRIBUTE_BUFFER_ID,
-                                      CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+  CUpointer_attribute attributes[] = {
+      CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+      CU_POINTER_ATTRIBUTE_RANGE_SIZE, CU_POINTER_ATTRIBUTE_BUFFER_ID,
+      CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
   unsigned int memory_type = 0;
   CUdeviceptr start = 0;
   size_t size = 0;

@@ -949,8 +949,8 @@ PYBIND11_MODULE(_paramd, m) {
       .def("__len__", &paramd::PyPulledBatch::size);
 
   py::class_<PyClient>(m, "Client", "One trainer rank's connection to a paramd daemon")
-      .def(py::init<const std::string&, const std::string&, double, double, int, uintptr_t,
-                    double, bool>(),
+      .def(py::init<const std::string&, const std::string&, double, double, int, uintptr_t, double,
+                    bool>(),
            py::arg("address"), py::arg("transport") = "auto", py::arg("rpc_timeout_s") = 30.0,
            py::arg("connect_timeout_s") = 10.0, py::arg("max_attempts") = 5,
            py::arg("cuda_stream") = 0, py::arg("reconnect_timeout_s") = 0.0,

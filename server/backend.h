@@ -226,8 +226,8 @@ class Backend {
   // where the step reads them: valid while the result lives (server/lent_memory.h).
   virtual absl::StatusOr<std::shared_ptr<const void>> MapLent(const v1::LentMemory& lent,
                                                               int64_t bytes) {
-    return absl::FailedPreconditionError("backend " + name() +
-                                         " reads no trainer's GPU memory; push the gradient's bytes");
+    return absl::FailedPreconditionError(
+        "backend " + name() + " reads no trainer's GPU memory; push the gradient's bytes");
   }
   // A skipped step re-serves the previous version: copies the device bytes of `from`'s formats
   // into `to`'s (the host bytes the job copies itself).
