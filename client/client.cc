@@ -3,6 +3,7 @@
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -121,7 +122,13 @@ absl::Status Client::NeedTransport() const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::RegisterResponse> Client::Register(const v1::RegisterRequest& request) {
+absl::StatusOr<v1::RegisterResponse> Client::Register(const v1::RegisterRequest& given) {
+  v1::RegisterRequest request = given;
+  if (request.daemons().empty()) {
+    request.mutable_daemons()->Assign(options_.daemons.begin(), options_.daemons.end());
+  }
+  // Every rank sends the same list however its addresses were found (a DNS answer's order varies).
+  std::sort(request.mutable_daemons()->begin(), request.mutable_daemons()->end());
   v1::RegisterResponse response;
   absl::Status status = Retry([&] {
     return Unary(NextDeadline(), [&](grpc::ClientContext* context) {

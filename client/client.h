@@ -10,6 +10,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "client/job_state.h"
@@ -22,6 +23,11 @@ namespace paramd {
 struct ClientOptions {
   // Daemon address, "host:port".
   std::string address = "127.0.0.1:50051";
+  // The job's daemons, each as it advertises itself (DaemonConfig.advertise_address), in any
+  // order: Register sends them sorted (RegisterRequest.daemons) where the request lists none.
+  // Empty: a one-daemon job, on `address`. The client still talks to `address` alone: pushes and
+  // pulls do not go to each tensor's owner (GetLayout) yet.
+  std::vector<std::string> daemons;
   // Transport name, or "auto" for the first viable one (DESIGN.md §6).
   std::string transport = "auto";
   // Deadline of each unary call and each push.
@@ -61,7 +67,8 @@ class Client {
   // Opens a channel and waits (up to connect_timeout) until the daemon answers.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
 
-  // Registers a rank and picks the transport (logged, with its reason).
+  // Registers a rank and picks the transport (logged, with its reason). The request's daemon list,
+  // or else ClientOptions::daemons, goes sorted.
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
   // Rank 0 uploads the initial FP32 weights (version 0).
   absl::Status UploadInitialWeights(const std::string& job, std::span<const PushItem> items);

@@ -34,6 +34,10 @@ class ErrorCollector : public google::protobuf::io::ErrorCollector {
   std::string text_;
 };
 
+bool IsWildcardHost(const std::string& host) {
+  return host == "0.0.0.0" || host == "::" || host == "[::]";
+}
+
 absl::Status CheckHostPort(const std::string& field, const std::string& value) {
   const size_t colon = value.rfind(':');
   uint32_t port = 0;
@@ -41,6 +45,25 @@ absl::Status CheckHostPort(const std::string& field, const std::string& value) {
       !absl::SimpleAtoi(value.substr(colon + 1), &port) || port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat(
         "config field ", field, " = \"", value, "\" is not \"host:port\" with a port in 0..65535"));
+  }
+  return absl::OkStatus();
+}
+
+// advertise_address: a port of 0 would name no daemon, and a wildcard host no machine.
+absl::Status CheckAdvertiseAddress(const std::string& value) {
+  const size_t colon = value.rfind(':');
+  uint32_t port = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(value.substr(colon + 1), &port) || port == 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config field advertise_address = \"", value,
+                     "\" is not \"host:port\" with a port in 1..65535"));
+  }
+  if (IsWildcardHost(value.substr(0, colon))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config field advertise_address = \"", value,
+        "\" has a wildcard host, which names no machine; give the name or address other nodes "
+        "reach this daemon at, or leave it empty for this machine's hostname"));
   }
   return absl::OkStatus();
 }
@@ -122,6 +145,9 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
   if (!c.metrics_listen().empty()) {
     if (absl::Status s = CheckHostPort("metrics_listen", c.metrics_listen()); !s.ok()) return s;
   }
+  if (!c.advertise_address().empty()) {
+    if (absl::Status s = CheckAdvertiseAddress(c.advertise_address()); !s.ok()) return s;
+  }
   int device = -1;
   const bool cuda = c.backend().rfind("cuda:", 0) == 0 &&
                     absl::SimpleAtoi(c.backend().substr(5), &device) && device >= 0;
@@ -174,6 +200,13 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
                                                    "\" is not one of debug, info, warning, error"));
   }
   return absl::OkStatus();
+}
+
+std::string AdvertisedAddress(const v1::DaemonConfig& config, int port,
+                              const std::string& hostname) {
+  if (!config.advertise_address().empty()) return config.advertise_address();
+  const std::string host = config.listen().substr(0, config.listen().rfind(':'));
+  return absl::StrCat(IsWildcardHost(host) ? hostname : host, ":", port);
 }
 
 }  // namespace paramd

@@ -26,4 +26,10 @@ v1::DaemonConfig WithDefaults(v1::DaemonConfig config);
 // Checks a config with defaults applied. INVALID_ARGUMENT names the offending field.
 absl::Status ValidateConfig(const v1::DaemonConfig& config);
 
+// The address a daemon of (valid) `config` is known by in daemon lists: advertise_address when
+// set, else the listen host with `port` (the bound one) where that host is no wildcard, else
+// `hostname` with `port`.
+std::string AdvertisedAddress(const v1::DaemonConfig& config, int port,
+                              const std::string& hostname);
+
 }  // namespace paramd

@@ -594,7 +594,8 @@ class PyClient {
       const std::string& job, int rank, int world_size,
       const std::vector<std::tuple<std::string, int64_t, int64_t, std::string>>& tensors,
       const py::dict& hyperparams, const py::dict& state_policy,
-      const std::vector<std::string>& serve, uint64_t seed, double max_grad_norm) {
+      const std::vector<std::string>& serve, uint64_t seed, double max_grad_norm,
+      const std::vector<std::string>& daemons) {
     v1::RegisterRequest request;
     request.set_job(job);
     request.set_rank(rank);
@@ -611,6 +612,7 @@ class PyClient {
     for (const std::string& format : serve) *request.add_serve() = ParseFormat(format);
     request.set_seed(seed);
     request.set_max_grad_norm(max_grad_norm);
+    request.mutable_daemons()->Assign(daemons.begin(), daemons.end());
     absl::StatusOr<v1::RegisterResponse> response;
     const std::shared_ptr<Client> client = Open();
     {
@@ -759,6 +761,7 @@ class PyClient {
     const v1::StatusResponse r = Value(std::move(response));
     py::dict out;
     out["backend"] = r.backend();
+    out["advertise_address"] = r.advertise_address();
     py::list jobs;
     for (const v1::JobStatus& j : r.jobs()) {
       py::dict d;
@@ -775,6 +778,7 @@ class PyClient {
       d["leases"] = j.leases();
       d["hyperparams"] = HyperparamsDict(j.hyperparams());
       d["state_policy"] = PolicyDict(j.state_policy());
+      d["daemons"] = std::vector<std::string>(j.daemons().begin(), j.daemons().end());
       jobs.append(std::move(d));
     }
     out["jobs"] = std::move(jobs);
@@ -963,7 +967,10 @@ PYBIND11_MODULE(_paramd, m) {
       .def("register", &PyClient::Register, py::arg("job"), py::arg("rank"), py::arg("world_size"),
            py::arg("tensors"), py::arg("hyperparams"), py::arg("state_policy") = py::dict(),
            py::arg("serve") = std::vector<std::string>(), py::arg("seed") = 0,
-           py::arg("max_grad_norm") = 0.0, "tensors: [(name, rows, cols, grad_type 'fp32'|'bf16')]")
+           py::arg("max_grad_norm") = 0.0, py::arg("daemons") = std::vector<std::string>(),
+           "tensors: [(name, rows, cols, grad_type 'fp32'|'bf16')]. daemons: the job's daemons as "
+           "they advertise themselves, in any order (sent sorted); [] = a one-daemon job. This "
+           "client still talks to its own daemon alone")
       .def("upload_initial_weights", &PyClient::UploadInitialWeights, py::arg("job"),
            py::arg("items"))
       .def("push_gradients", &PyClient::PushGradients, py::arg("job"), py::arg("rank"),

@@ -17,6 +17,7 @@
 #include "common/status_macros.h"
 #include "server/checkpoint.h"
 #include "server/checkpoint_progress.h"
+#include "server/registration.h"
 #include "server/state_transfer.h"
 
 namespace paramd {
@@ -192,9 +193,19 @@ absl::StatusOr<v1::RestoreResponse> Checkpoints::RestoreFromNow(const std::strin
     if (!absl::IsNotFound(job.status())) return job.status();
     v1::RegisterRequest registration = manifest.registration();
     registration.set_rank(0);
-    PARAMD_RETURN_IF_ERROR(daemon_->Register(registration).status());
+    PARAMD_RETURN_IF_ERROR(daemon_->RegisterFromManifest(registration).status());
     PARAMD_ASSIGN_OR_RETURN(job, daemon_->registry().Find(name));
     response.set_registered(true);
+  } else if (const auto& listed = manifest.registration().daemons();
+             !std::equal(listed.begin(), listed.end(), (*job)->spec().daemons().begin(),
+                         (*job)->spec().daemons().end())) {
+    // The state is the checkpoint's and the job keeps its own description: a restore does not
+    // move a job onto other daemons.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint ", dir, " is of job ", Quoted(name), " over daemons ", DaemonListText(listed),
+        "; the job here is registered with daemons ", DaemonListText((*job)->spec().daemons()),
+        ": the field daemons must be the checkpoint's (delete the job to register it from the "
+        "checkpoint)"));
   }
   // A restore that registered the job and then fails removes it again: nothing changes.
   const auto undo = [&](const absl::Status& status) -> absl::Status {

@@ -3,8 +3,6 @@
 // INVALID_ARGUMENT.
 #pragma once
 
-#include <string>
-
 #include "paramd/v1/control.grpc.pb.h"
 #include "server/checkpoints.h"
 #include "server/daemon.h"
@@ -24,8 +22,6 @@ using RawControlService =
 class ControlService final : public RawControlService {
  public:
   explicit ControlService(Daemon* daemon) : daemon_(daemon), checkpoints_(daemon) {}
-  // The address trainers reach this daemon at (for GetLayout).
-  void set_address(std::string address) { address_ = std::move(address); }
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const grpc::ByteBuffer* request,
@@ -66,7 +62,6 @@ class ControlService final : public RawControlService {
 
   Daemon* const daemon_;
   Checkpoints checkpoints_;
-  std::string address_;
 };
 
 }  // namespace paramd

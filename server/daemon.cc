@@ -125,9 +125,34 @@ absl::Status Daemon::CheckServing() const {
   return absl::OkStatus();
 }
 
+std::string Daemon::advertised_address() const {
+  std::lock_guard<std::mutex> lock(advertised_mu_);
+  return advertised_address_;
+}
+
+void Daemon::set_advertised_address(std::string address) {
+  std::lock_guard<std::mutex> lock(advertised_mu_);
+  advertised_address_ = std::move(address);
+}
+
 absl::StatusOr<v1::RegisterResponse> Daemon::Register(const v1::RegisterRequest& request) {
   // One at a time: a job being remade is not found by another rank's registration meanwhile.
   std::lock_guard<std::mutex> lock(register_mu_);
+  PARAMD_RETURN_IF_ERROR(CheckDaemonList(request, advertised_address()));
+  // The list is compared before the rest of the description, to show both lists whole.
+  if (absl::StatusOr<std::shared_ptr<Job>> job = registry_->Find(request.job()); job.ok()) {
+    PARAMD_RETURN_IF_ERROR(CheckSameDaemons((*job)->spec(), request));
+  }
+  return RegisterLocked(request);
+}
+
+absl::StatusOr<v1::RegisterResponse> Daemon::RegisterFromManifest(
+    const v1::RegisterRequest& request) {
+  std::lock_guard<std::mutex> lock(register_mu_);
+  return RegisterLocked(request);
+}
+
+absl::StatusOr<v1::RegisterResponse> Daemon::RegisterLocked(const v1::RegisterRequest& request) {
   absl::StatusOr<v1::RegisterResponse> response = registry_->Register(request);
   if (absl::IsFailedPrecondition(response.status())) {
     if (auto reshaped = RegisterReshaped(request)) response = *std::move(reshaped);
@@ -364,6 +389,7 @@ v1::StatusResponse Daemon::Status(const std::string& job) const {
     response.mutable_backend_failure()->set_message(std::string(health.message()));
   }
   response.set_instance(instance_);
+  response.set_advertise_address(advertised_address());
   response.set_uptime_seconds(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count());
   for (const auto& j : registry_->Jobs()) {

@@ -73,10 +73,19 @@ class Daemon final : public TransportHost {
   }
   bool draining() const { return draining_.load(); }
 
-  // Registers a rank of a job (JobRegistry::Register). The first registration after a job was
+  // The address this daemon is known by in jobs' daemon lists (DaemonConfig.advertise_address,
+  // its default resolved once the port is bound).
+  std::string advertised_address() const;
+  void set_advertised_address(std::string address);
+
+  // Registers a rank of a job (JobRegistry::Register). Its daemon list must name this daemon and
+  // be the job's (CheckDaemonList, CheckSameDaemons). The first registration after a job was
   // restored from a checkpoint may change its world size and serve formats: the job is made again
   // with them and given the restored state (any other difference stays FAILED_PRECONDITION).
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
+  // Registers a job from a checkpoint's manifest (rank 0), whose daemon list is the job's as it
+  // was: whether it names this daemon is for the trainers' registrations to find.
+  absl::StatusOr<v1::RegisterResponse> RegisterFromManifest(const v1::RegisterRequest& request);
   // Removes a job and frees its memory (its leases end now); returns the budget it held.
   absl::StatusOr<MemoryBytes> DeleteJob(const std::string& job);
   // The budget every job's footprint is reserved from.
@@ -108,6 +117,8 @@ class Daemon final : public TransportHost {
   // where the job is not such a job or `request` differs in more than those.
   std::optional<absl::StatusOr<v1::RegisterResponse>> RegisterReshaped(
       const v1::RegisterRequest& request);
+  // Register's work once its daemon list is checked; register_mu_ held.
+  absl::StatusOr<v1::RegisterResponse> RegisterLocked(const v1::RegisterRequest& request);
   std::mutex register_mu_;  // Register, one at a time
   Daemon(const v1::DaemonConfig& config, std::unique_ptr<Backend> backend, uint64_t instance,
          MemoryBytes budget);
@@ -116,6 +127,8 @@ class Daemon final : public TransportHost {
 
   const v1::DaemonConfig config_;
   const uint64_t instance_;
+  mutable std::mutex advertised_mu_;
+  std::string advertised_address_;  // guarded by advertised_mu_
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   // The transports' ends (their memory) outlive every buffer carved from it: destroyed last.
   // Made once the members they ask for are (the constructor's body).

@@ -15,6 +15,7 @@ v1::JobStatus Job::Status() const {
   *s.mutable_hyperparams() = hyper_;
   *s.mutable_state_policy() = spec_.state_policy();
   *s.mutable_serve() = spec_.serve();
+  *s.mutable_daemons() = spec_.daemons();
   int64_t state_bytes = 0;
   StateBytes by_kind;
   for (size_t i = 0; i < tensors_.size(); ++i) {

@@ -24,6 +24,9 @@ ABSL_FLAG(int, step_threads, 0, "Threads of the cpu backend's step (overrides th
 ABSL_FLAG(std::string, log_level, "", "debug, info, warning or error (overrides the config)");
 ABSL_FLAG(std::string, address_file, "",
           "Write the bound gRPC address here once serving (overrides the config)");
+ABSL_FLAG(std::string, advertise_address, "",
+          "host:port this daemon is known by in jobs' daemon lists; default: the listen address, "
+          "or this machine's hostname where it listens on a wildcard (overrides the config)");
 
 // gRPC allocates a fresh buffer of a few MiB for every pushed chunk. With glibc's defaults such
 // buffers are mapped, faulted in page by page and unmapped again (or trimmed off the heap) per
@@ -77,6 +80,9 @@ int main(int argc, char** argv) {
   if (!absl::GetFlag(FLAGS_log_level).empty()) config.set_log_level(absl::GetFlag(FLAGS_log_level));
   if (!absl::GetFlag(FLAGS_address_file).empty()) {
     config.set_address_file(absl::GetFlag(FLAGS_address_file));
+  }
+  if (!absl::GetFlag(FLAGS_advertise_address).empty()) {
+    config.set_advertise_address(absl::GetFlag(FLAGS_advertise_address));
   }
 
   // Signals are taken synchronously by this thread; every other thread inherits the mask.

@@ -1,8 +1,10 @@
 #include "server/registration.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/quoted.h"
 
@@ -11,6 +13,56 @@ namespace {
 
 constexpr int kMaxWorldSize = 4096;
 constexpr int64_t kMaxElements = int64_t{1} << 36;
+constexpr int kMaxDaemons = 4096;
+
+// A daemon list shown in a message stops after about this many bytes, so that two lists fit a
+// status a client accepts (its metadata limit, 8 KiB by default).
+constexpr size_t kDaemonListTextBytes = 2048;
+
+// "host:port" with a port in 1..65535 and a host of 1 to 255 bytes of a name's or an IP
+// address's characters ([A-Za-z0-9.:_%-], brackets of IPv6), so messages show lists as they are.
+bool IsDaemonAddress(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  uint32_t port = 0;
+  if (colon == std::string::npos || colon < 1 || colon > 255 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 1 || port > 65535) {
+    return false;
+  }
+  for (char c : address.substr(0, colon)) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '-' || c == '_' || c == ':' || c == '%' || c == '[' ||
+                    c == ']';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+// Sorted, so that every client and daemon of the job holds the same list whatever order its
+// addresses were found in (a DNS answer, a node list): the shard map's owners come from it.
+absl::Status ValidateDaemonList(const v1::RegisterRequest& r) {
+  if (r.daemons_size() > kMaxDaemons) {
+    return absl::InvalidArgumentError(absl::StrCat("daemons lists ", r.daemons_size(),
+                                                   " addresses; a job has at most ", kMaxDaemons));
+  }
+  for (int i = 0; i < r.daemons_size(); ++i) {
+    if (!IsDaemonAddress(r.daemons(i))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("daemons[", i, "] = ", Quoted(r.daemons(i)),
+                       " is not \"host:port\" with a port in 1..65535"));
+    }
+    if (i == 0) continue;
+    if (r.daemons(i) == r.daemons(i - 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("daemons lists ", Quoted(r.daemons(i)), " twice; each daemon once"));
+    }
+    if (r.daemons(i) < r.daemons(i - 1)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "daemons is not sorted: ", Quoted(r.daemons(i - 1)), " comes before ",
+          Quoted(r.daemons(i)), "; the list must be sorted ascending (clients sort it)"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 bool ValidName(const std::string& name, size_t max_length, bool allow_path) {
   if (name.empty() || name.size() > max_length) return false;
@@ -207,7 +259,57 @@ absl::Status ValidateRegistration(const v1::RegisterRequest& r) {
   if (r.push_mode() != v1::PUSH_MODE_UNSPECIFIED && r.push_mode() != v1::PUSH_MODE_FULL) {
     return absl::InvalidArgumentError(absl::StrCat("push_mode ", r.push_mode(), " is unknown"));
   }
-  return absl::OkStatus();
+  return ValidateDaemonList(r);
+}
+
+absl::Status CheckDaemonList(const v1::RegisterRequest& request, std::string_view advertised) {
+  if (absl::Status s = ValidateDaemonList(request); !s.ok()) return s;
+  const auto& daemons = request.daemons();
+  if (daemons.empty() || std::binary_search(daemons.begin(), daemons.end(), advertised)) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the daemon list of job ", Quoted(request.job()), ", ", DaemonListText(daemons),
+      ", does not name this daemon, which advertises itself as ", Quoted(advertised),
+      ": list the daemons by their advertise_address, or set this daemon's advertise_address "
+      "(--advertise_address) to the name the list gives it"));
+}
+
+absl::Status CheckSameDaemons(const v1::RegisterRequest& registered,
+                              const v1::RegisterRequest& request) {
+  if (std::equal(registered.daemons().begin(), registered.daemons().end(),
+                 request.daemons().begin(), request.daemons().end())) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "job ", Quoted(request.job()), " is registered with daemons ",
+      DaemonListText(registered.daemons()), "; this request lists daemons ",
+      DaemonListText(request.daemons()),
+      ": every rank must give the same daemon list, and a job restored from a checkpoint keeps "
+      "the checkpoint's"));
+}
+
+std::string DaemonListText(const google::protobuf::RepeatedPtrField<std::string>& daemons) {
+  if (daemons.empty()) return "[] (the daemon called alone)";
+  std::string text = "[";
+  for (int i = 0; i < daemons.size(); ++i) {
+    if (text.size() > kDaemonListTextBytes) {
+      absl::StrAppend(&text, "... ", daemons.size() - i, " more");
+      break;
+    }
+    // A list nothing checked yet (a manifest's) may hold anything: quoted, as names from requests
+    // are.
+    const std::string& address = daemons[i];
+    absl::StrAppend(&text, i == 0 ? "" : ", ",
+                    IsDaemonAddress(address) ? address : Quoted(address));
+  }
+  return absl::StrCat(text, "]");
+}
+
+std::vector<std::string> JobDaemons(const v1::RegisterRequest& spec,
+                                    const std::string& advertised) {
+  if (spec.daemons().empty()) return {advertised};
+  return {spec.daemons().begin(), spec.daemons().end()};
 }
 
 v1::RegisterRequest NormalizedSpec(const v1::RegisterRequest& request) {

@@ -2,6 +2,8 @@
 // policy, rounding and serve formats.
 #pragma once
 
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -12,6 +14,23 @@ namespace paramd {
 
 // INVALID_ARGUMENT with a message naming the field.
 absl::Status ValidateRegistration(const v1::RegisterRequest& request);
+
+// The daemon list of a job (RegisterRequest.daemons) checked against the daemon known as
+// `advertised` (DaemonConfig.advertise_address): INVALID_ARGUMENT where the list is unsorted,
+// repeats an address or holds one that is not "host:port" (as ValidateRegistration);
+// FAILED_PRECONDITION, naming `advertised` and the list, where a list does not name it.
+absl::Status CheckDaemonList(const v1::RegisterRequest& request, std::string_view advertised);
+
+// FAILED_PRECONDITION showing both lists where `request` lists other daemons than the job
+// registered as `registered` (its spec).
+absl::Status CheckSameDaemons(const v1::RegisterRequest& registered,
+                              const v1::RegisterRequest& request);
+
+// A daemon list as messages show it: "[a:1, b:2]", or "[] (the daemon called alone)".
+std::string DaemonListText(const google::protobuf::RepeatedPtrField<std::string>& daemons);
+
+// The daemons of a job: its list, or `advertised` (this daemon) alone where the list is empty.
+std::vector<std::string> JobDaemons(const v1::RegisterRequest& spec, const std::string& advertised);
 
 // The job description every rank must repeat: the request with its rank cleared and every
 // UNSPECIFIED enum replaced by the value it means.

@@ -4,17 +4,36 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "server/checkpoints.h"
 #include "server/control_service.h"
 #include "server/data_service.h"
 
 namespace paramd {
+namespace {
+
+// DaemonConfig.advertise_address, its default resolved for a daemon bound at `port`.
+absl::StatusOr<std::string> Advertised(const v1::DaemonConfig& config, int port) {
+  char hostname[256] = {};  // Linux's names are at most 64 bytes
+  if (config.advertise_address().empty() && gethostname(hostname, sizeof(hostname) - 1) != 0) {
+    return absl::InternalError(absl::StrCat("gethostname: ", std::strerror(errno),
+                                            "; set advertise_address (--advertise_address)"));
+  }
+  return AdvertisedAddress(config, port, hostname);
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const v1::DaemonConfig& raw_config) {
   const v1::DaemonConfig config = WithDefaults(raw_config);
@@ -44,6 +63,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const v1::DaemonConfig& ra
   server->control_ = std::make_unique<ControlService>(server->daemon_.get());
   server->data_ = std::make_unique<DataService>(server->daemon_.get());
 
+  // The name in jobs' daemon lists is known before the port opens, so that no Register finds it
+  // unset; with port 0 only the bind tells the port (and no client knows the address before).
+  const int listen_port = std::atoi(config.listen().substr(config.listen().rfind(':') + 1).c_str());
+  if (listen_port != 0) {
+    PARAMD_ASSIGN_OR_RETURN(const std::string advertised, Advertised(config, listen_port));
+    server->daemon_->set_advertised_address(advertised);
+  }
+
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -60,7 +87,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const v1::DaemonConfig& ra
   }
   const std::string host = config.listen().substr(0, config.listen().rfind(':'));
   server->address_ = absl::StrCat(host, ":", server->port_);
-  server->control_->set_address(server->address_);
+  if (listen_port == 0) {
+    PARAMD_ASSIGN_OR_RETURN(const std::string advertised, Advertised(config, server->port_));
+    server->daemon_->set_advertised_address(advertised);
+  }
   grpc::HealthCheckServiceInterface* health = server->grpc_->GetHealthCheckService();
   health->SetServingStatus(true);
   server->daemon_->set_drain_listener([health] { health->SetServingStatus(false); });
@@ -70,7 +100,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const v1::DaemonConfig& ra
     if (!metrics.ok()) return metrics.status();
     server->metrics_address_ = *metrics;
   }
-  PARAMD_LOG(INFO) << "paramd serving on " << server->address_ << " (backend "
+  PARAMD_LOG(INFO) << "paramd serving on " << server->address_ << " (advertised as "
+                   << server->daemon_->advertised_address() << ", backend "
                    << server->daemon_->backend_name() << ", metrics "
                    << (server->metrics_address_.empty()
                            ? std::string("off")

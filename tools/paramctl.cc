@@ -91,10 +91,10 @@ int Status(Client& client, const std::string& job) {
   absl::StatusOr<v1::StatusResponse> status = client.Status(job);
   if (!status.ok()) return Fail(status.status());
   if (absl::GetFlag(FLAGS_json)) return PrintJson(*status);
-  std::cout << absl::StrFormat("paramd %s  backend %s  transports %s  up %.0f s%s\n",
-                               status->daemon_version(), status->backend(),
-                               absl::StrJoin(status->transports(), ","), status->uptime_seconds(),
-                               status->draining() ? "  DRAINING" : "");
+  std::cout << absl::StrFormat("paramd %s  at %s  backend %s  transports %s  up %.0f s%s\n",
+                               status->daemon_version(), status->advertise_address(),
+                               status->backend(), absl::StrJoin(status->transports(), ","),
+                               status->uptime_seconds(), status->draining() ? "  DRAINING" : "");
   if (status->shm_segments() > 0) {
     std::cout << absl::StrFormat("shared memory: %d segments, %s reserved, %s in use\n",
                                  status->shm_segments(), Bytes(status->shm_reserved_bytes()),
@@ -119,6 +119,10 @@ int Status(Client& client, const std::string& job) {
         "last step %.2f ms\n",
         j.name(), j.registered_ranks_size(), j.world_size(), j.next_step(),
         j.committed_ranks_size(), j.world_size(), j.applied_steps(), j.last_step_seconds() * 1e3);
+    // The daemon list as the job registered it; empty: a one-daemon job.
+    std::cout << absl::StrFormat("  daemons %s\n", j.daemons().empty()
+                                                       ? std::string("this one alone")
+                                                       : absl::StrJoin(j.daemons(), " "));
     if (j.state() == v1::JOB_STATE_FAILED) {
       std::cout << absl::StrFormat(
           "  FAILED (%s): %s\n",

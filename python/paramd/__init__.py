@@ -12,6 +12,10 @@ Low level (tensors in and out, no PyTorch optimizer semantics):
     weight = paramd.pull(client, "lm", "w", "bf16", min_version=1)  # ServedWeight, zero-copy
     w.data.copy_(paramd.dequantize(weight))
 
+A job sharded over several daemons names them all in register(daemons=[...]), each as it
+advertises itself (paramd --advertise_address), in any order; every rank gives the same list. The
+client still talks to the daemon it connected to alone (no fan-out to the owners yet).
+
 The optimizer a training loop swaps in for torch.optim.AdamW is paramd.torch.AdamW.
 """
 

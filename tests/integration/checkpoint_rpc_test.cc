@@ -176,7 +176,7 @@ class CheckpointRpcTest : public ::testing::Test {
     return !status.ok() || status->jobs(0).has_checkpoint_progress();
   }
 
-  const v1::RegisterRequest spec_;
+  v1::RegisterRequest spec_;  // a test may give it a daemon list before StartJob
   std::string root_;
   std::unique_ptr<Server> server_;
   std::unique_ptr<Client> client_;
@@ -334,6 +334,61 @@ TEST_F(CheckpointRpcTest, AfterARestoreTheWorldSizeAndServeFormatsMayChange) {
   const absl::Status got = client_->Pull({kJob, "w", Format(v1::RECIPE_FP8_DELAYED), 4}, 20s, &fp8);
   ASSERT_TRUE(got.ok()) << got;
   EXPECT_EQ(fp8.header.version(), 4);
+}
+
+// The daemon list is part of the job a checkpoint keeps: the daemon started again comes back
+// with it; a rank registering another list is FAILED_PRECONDITION naming the field and showing
+// both lists (a restore lets the world size change, not the list); a Restore into a job
+// registered with another list is INVALID_ARGUMENT and changes nothing.
+TEST_F(CheckpointRpcTest, TheDaemonListComesBackWithTheJobAndMayNotChange) {
+  v1::DaemonConfig config = Config();
+  config.set_advertise_address("node-b.test:7000");
+  spec_.add_daemons("node-a.test:7000");
+  spec_.add_daemons("node-b.test:7000");
+  Start(config);
+  StartJob();
+  RunStep(0);
+  ASSERT_TRUE(client_->Checkpoint(kJob).ok());
+  Start(config);
+  EXPECT_EQ(NextStep(), 1);
+  const auto listed = [&] {
+    absl::StatusOr<v1::StatusResponse> status = client_->Status(kJob);
+    EXPECT_TRUE(status.ok()) << status.status();
+    return status.ok() ? std::vector<std::string>(status->jobs(0).daemons().begin(),
+                                                  status->jobs(0).daemons().end())
+                       : std::vector<std::string>();
+  };
+  EXPECT_EQ(listed(), (std::vector<std::string>{"node-a.test:7000", "node-b.test:7000"}));
+
+  v1::RegisterRequest moved = spec_;
+  moved.set_daemons(0, "node-c.test:7000");  // the client sends it sorted
+  moved.set_world_size(2);
+  absl::StatusOr<v1::RegisterResponse> refused = client_->Register(ForRank(moved, 0));
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_NE(refused.status().message().find(
+                "registered with daemons [node-a.test:7000, node-b.test:7000]; this request lists "
+                "daemons [node-b.test:7000, node-c.test:7000]"),
+            std::string::npos)
+      << refused.status();
+  EXPECT_EQ(NextStep(), 1);
+  absl::StatusOr<v1::RegisterResponse> again = client_->Register(ForRank(spec_, 0));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->next_step(), 1);
+
+  ASSERT_TRUE(client_->DeleteJob(kJob).ok());
+  v1::RegisterRequest alone = spec_;
+  alone.clear_daemons();
+  ASSERT_TRUE(client_->Register(ForRank(alone, 0)).ok());
+  absl::StatusOr<v1::RestoreResponse> restored = client_->Restore(kJob);
+  ASSERT_EQ(restored.status().code(), absl::StatusCode::kInvalidArgument) << restored.status();
+  EXPECT_NE(restored.status().message().find(
+                "over daemons [node-a.test:7000, node-b.test:7000]; the job here is registered "
+                "with daemons [] (the daemon called alone): the field daemons must be the "
+                "checkpoint's"),
+            std::string::npos)
+      << restored.status();
+  EXPECT_EQ(listed(), std::vector<std::string>());
+  EXPECT_EQ(NextStep(), 0);
 }
 
 TEST_F(CheckpointRpcTest, CheckpointsComeByThemselvesEveryNSteps) {

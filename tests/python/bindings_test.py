@@ -218,6 +218,20 @@ class BindingsTest(unittest.TestCase):
                 self.assertEqual(client.status("batch")["jobs"][0]["leases"], 0)
         client.close()
 
+    def test_a_daemon_list_is_sent_sorted_and_must_name_this_daemon(self):
+        me = self.client.status("")["advertise_address"]
+        self.assertEqual(me, self.daemon.address)
+        listed = ["node-z.test:7000", me, "node-a.test:7000"]
+        self.client.register(job="listed", rank=0, world_size=1, tensors=[("w", 4, 8, "fp32")],
+                             hyperparams=paramd.hyperparams(), daemons=listed)
+        self.assertEqual(self.client.status("listed")["jobs"][0]["daemons"], sorted(listed))
+        with self.assertRaises(paramd.StatusError) as caught:
+            self.client.register(job="elsewhere", rank=0, world_size=1,
+                                 tensors=[("w", 4, 8, "fp32")], hyperparams=paramd.hyperparams(),
+                                 daemons=["node-a.test:7000"])
+        self.assertEqual(caught.exception.code, "FAILED_PRECONDITION")
+        self.assertIn(me, str(caught.exception))
+
     def test_errors_carry_the_daemons_code(self):
         with self.assertRaises(paramd.StatusError) as caught:
             self.client.pull("bind", "no_such_tensor", "fp32", 0, 5.0)

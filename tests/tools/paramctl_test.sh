@@ -25,6 +25,8 @@ ctl status | grep -q "no jobs" || fail "status of an empty daemon"
 out=$(ctl status)
 echo "$out"
 grep -q "job ctl: 1/1 ranks registered, next step 5" <<<"$out" || fail "status shows the job"
+grep -q "^paramd .*  at $addr  backend cpu" <<<"$out" || fail "status shows the advertised address"
+grep -q "^  daemons this one alone$" <<<"$out" || fail "status shows the job's daemon list"
 grep -q "state by kind: master 2.3 KiB, exp_avg 2.3 KiB, exp_avg_sq 2.3 KiB" <<<"$out" \
   || fail "status shows state bytes by kind"
 grep -q "skipped steps 0, clipping off" <<<"$out" || fail "status shows skips and clipping"

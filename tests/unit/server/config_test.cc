@@ -75,6 +75,7 @@ TEST(ConfigTest, WithDefaultsFillsEveryAbsentField) {
   EXPECT_EQ(c.pull_chunk_bytes(), 1 * kMiB);
   EXPECT_EQ(c.log_level(), "info");
   EXPECT_EQ(c.address_file(), "");
+  EXPECT_EQ(c.advertise_address(), "");  // resolved at start, from where the daemon listens
   EXPECT_EQ(c.checkpoint_dir(), "");
   EXPECT_EQ(c.keep_checkpoints(), 3);
   EXPECT_EQ(c.checkpoint_every_steps(), 0);
@@ -178,7 +179,22 @@ INSTANTIATE_TEST_SUITE_P(
                  [](v1::DaemonConfig& c) { c.set_pull_chunk_bytes(4 * kMiB + 1); },
                  "pull_chunk_bytes"},
         BadField{"UnknownLogLevel", [](v1::DaemonConfig& c) { c.set_log_level("verbose"); },
-                 "log_level"}),
+                 "log_level"},
+        BadField{"AdvertiseAddressWithoutPort",
+                 [](v1::DaemonConfig& c) { c.set_advertise_address("node-1"); },
+                 "advertise_address"},
+        BadField{"AdvertiseAddressWithPortZero",
+                 [](v1::DaemonConfig& c) { c.set_advertise_address("node-1:0"); },
+                 "advertise_address"},
+        BadField{"AdvertiseAddressWithoutHost",
+                 [](v1::DaemonConfig& c) { c.set_advertise_address(":50051"); },
+                 "advertise_address"},
+        BadField{"AdvertiseAddressOnAWildcard",
+                 [](v1::DaemonConfig& c) { c.set_advertise_address("0.0.0.0:50051"); },
+                 "advertise_address"},
+        BadField{"AdvertiseAddressOnTheIpv6Wildcard",
+                 [](v1::DaemonConfig& c) { c.set_advertise_address("[::]:50051"); },
+                 "advertise_address"}),
     [](const ::testing::TestParamInfo<BadField>& info) { return info.param.name; });
 
 TEST(ConfigTest, AcceptsTheEdgesOfEveryRange) {
@@ -194,6 +210,32 @@ TEST(ConfigTest, AcceptsTheEdgesOfEveryRange) {
   c.set_max_job_bytes(int64_t{1} << 50);
   c.set_log_level("warning");
   EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+}
+
+// The name a daemon goes by in daemon lists: the configured one, else where it listens, with the
+// bound port, and the machine's hostname in place of a wildcard host.
+TEST(ConfigTest, TheAdvertisedAddressDefaultsToTheListenAddressOrTheHostname) {
+  struct Case {
+    std::string listen;
+    std::string advertise;
+    std::string advertised;
+  };
+  for (const Case& c : {
+           Case{"127.0.0.1:0", "", "127.0.0.1:43121"},
+           Case{"10.1.2.3:50051", "", "10.1.2.3:43121"},
+           Case{"localhost:50051", "", "localhost:43121"},
+           Case{"[::1]:0", "", "[::1]:43121"},
+           Case{"0.0.0.0:50051", "", "node-7:43121"},
+           Case{":::50051", "", "node-7:43121"},
+           Case{"[::]:0", "", "node-7:43121"},
+           Case{"0.0.0.0:50051", "node-7.cluster.local:50051", "node-7.cluster.local:50051"},
+       }) {
+    v1::DaemonConfig config;
+    config.set_listen(c.listen);
+    config.set_advertise_address(c.advertise);
+    ASSERT_TRUE(ValidateConfig(WithDefaults(config)).ok()) << c.listen;
+    EXPECT_EQ(AdvertisedAddress(config, 43121, "node-7"), c.advertised) << c.listen;
+  }
 }
 
 TEST(ConfigTest, TheExampleConfigParsesAndValidates) {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "tests/unit/server/reference_job.h"
 
 namespace paramd {
@@ -184,6 +185,33 @@ const std::vector<BadCase>& BadCases() {
       {"NanMaxGradNorm", [](R& r) { r.set_max_grad_norm(kNaN); }, kInvalid, "max_grad_norm"},
       {"UnknownPushMode", [](R& r) { r.set_push_mode(static_cast<v1::PushMode>(7)); }, kInvalid,
        "push_mode 7"},
+      {"UnsortedDaemons",
+       [](R& r) {
+         r.add_daemons("b.test:1");
+         r.add_daemons("a.test:1");
+       },
+       kInvalid, "daemons is not sorted: \"b.test:1\" comes before \"a.test:1\""},
+      {"DaemonListedTwice",
+       [](R& r) {
+         r.add_daemons("a.test:1");
+         r.add_daemons("a.test:1");
+       },
+       kInvalid, "daemons lists \"a.test:1\" twice"},
+      {"DaemonWithoutPort", [](R& r) { r.add_daemons("a.test"); }, kInvalid,
+       "daemons[0] = \"a.test\" is not \"host:port\""},
+      {"DaemonWithPortZero", [](R& r) { r.add_daemons("a.test:0"); }, kInvalid,
+       "daemons[0] = \"a.test:0\""},
+      {"DaemonWithPortPast65535", [](R& r) { r.add_daemons("a.test:65536"); }, kInvalid,
+       "daemons[0] = \"a.test:65536\""},
+      {"DaemonWithoutHost", [](R& r) { r.add_daemons(":7000"); }, kInvalid,
+       "daemons[0] = \":7000\""},
+      {"DaemonWithASpace", [](R& r) { r.add_daemons("a b:7000"); }, kInvalid,
+       "daemons[0] = \"a b:7000\""},
+      {"TooManyDaemons",
+       [](R& r) {
+         for (int i = 0; i < 4097; ++i) r.add_daemons(absl::StrCat("d", 10000 + i, ".test:1"));
+       },
+       kInvalid, "daemons lists 4097 addresses; a job has at most 4096"},
   };
   return *cases;
 }
@@ -338,6 +366,68 @@ TEST(RegistrationTest, ElementBytesOfEachGradType) {
   EXPECT_EQ(ElementBytes(v1::ELEMENT_TYPE_FP32), 4);
   EXPECT_EQ(ElementBytes(v1::ELEMENT_TYPE_BF16), 2);
   EXPECT_EQ(ElementBytes(v1::ELEMENT_TYPE_UNSPECIFIED), 0);
+}
+
+TEST(RegistrationTest, AcceptsASortedDaemonListOfNamesAndAddresses) {
+  v1::RegisterRequest r = Valid();
+  for (const char* d :
+       {"10.0.0.7:50051", "[fd00::1]:50051", "node-0.paramd.default.svc:50051", "node_1:65535"}) {
+    r.add_daemons(d);
+  }
+  EXPECT_TRUE(ValidateRegistration(r).ok()) << ValidateRegistration(r);
+  for (int i = 0; i < 4096; ++i) r.add_daemons(absl::StrCat("z", 10000 + i, ".test:1"));
+  r.mutable_daemons()->DeleteSubrange(4096, r.daemons_size() - 4096);
+  EXPECT_TRUE(ValidateRegistration(r).ok()) << ValidateRegistration(r);
+}
+
+TEST(RegistrationTest, ADaemonListMustNameTheDaemonByItsAdvertisedAddress) {
+  v1::RegisterRequest r = Valid();
+  EXPECT_TRUE(CheckDaemonList(r, "b.test:2").ok()) << "an empty list is this daemon alone";
+  for (const char* d : {"a.test:1", "b.test:2", "c.test:3"}) r.add_daemons(d);
+  EXPECT_TRUE(CheckDaemonList(r, "b.test:2").ok());
+  EXPECT_TRUE(HasStatus(CheckDaemonList(r, "b.test:3"), absl::StatusCode::kFailedPrecondition,
+                        "the daemon list of job \"job-1.a_b\", [a.test:1, b.test:2, c.test:3], "
+                        "does not name this daemon, which advertises itself as \"b.test:3\""));
+  // Bad input before the membership: an unsorted list that names no daemon here.
+  std::swap(*r.mutable_daemons(0), *r.mutable_daemons(2));
+  EXPECT_TRUE(HasStatus(CheckDaemonList(r, "x.test:9"), kInvalid, "not sorted"));
+}
+
+TEST(RegistrationTest, AnotherDaemonListThanTheJobsShowsBoth) {
+  v1::RegisterRequest registered = Valid();
+  registered.add_daemons("a.test:1");
+  registered.add_daemons("b.test:2");
+  v1::RegisterRequest same = registered;
+  same.set_rank(2);
+  EXPECT_TRUE(CheckSameDaemons(registered, same).ok());
+  v1::RegisterRequest other = registered;
+  other.set_daemons(1, "c.test:3");
+  EXPECT_TRUE(HasStatus(CheckSameDaemons(registered, other), absl::StatusCode::kFailedPrecondition,
+                        "job \"job-1.a_b\" is registered with daemons [a.test:1, b.test:2]; this "
+                        "request lists daemons [a.test:1, c.test:3]"));
+  other.clear_daemons();
+  EXPECT_TRUE(HasStatus(CheckSameDaemons(registered, other), absl::StatusCode::kFailedPrecondition,
+                        "this request lists daemons [] (the daemon called alone)"));
+  EXPECT_TRUE(HasStatus(CheckSameDaemons(other, registered), absl::StatusCode::kFailedPrecondition,
+                        "registered with daemons [] (the daemon called alone); this request "
+                        "lists daemons [a.test:1, b.test:2]"));
+}
+
+TEST(RegistrationTest, AVeryLongDaemonListIsShownCutWithACount) {
+  google::protobuf::RepeatedPtrField<std::string> daemons;
+  for (int i = 0; i < 4096; ++i) daemons.Add(absl::StrCat("node-", 10000 + i, ".test:50051"));
+  const std::string text = DaemonListText(daemons);
+  EXPECT_LT(text.size(), 2200u);
+  EXPECT_EQ(text.rfind("[node-10000.test:50051, node-10001.test:50051, ", 0), 0u) << text;
+  EXPECT_NE(text.find(" more]"), std::string::npos) << text;
+}
+
+TEST(RegistrationTest, AJobsDaemonsAreItsListOrThisDaemonAlone) {
+  v1::RegisterRequest r = Valid();
+  EXPECT_EQ(JobDaemons(r, "me.test:1"), std::vector<std::string>{"me.test:1"});
+  r.add_daemons("a.test:1");
+  r.add_daemons("me.test:1");
+  EXPECT_EQ(JobDaemons(r, "me.test:1"), (std::vector<std::string>{"a.test:1", "me.test:1"}));
 }
 
 }  // namespace

@@ -1,0 +1,255 @@
+// A job's daemon list over real RPCs (DESIGN.md §7): real daemons on 127.0.0.1 port 0 with the
+// cpu backend, each advertising a name of its own (advertise_address). A list that is unsorted,
+// repeats an address, does not name the daemon called, or differs from the one the job registered
+// with is refused with its code and both lists shown, and changes nothing; every daemon of a
+// 3-daemon job answers the shard map of those three owners; Status shows the advertised address
+// and the job's list; the client sorts the list it is given; a daemon listening on 127.0.0.1
+// advertises the address it is bound at.
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "client/client.h"
+#include "common/grpc_status.h"
+#include "common/shard_map.h"
+#include "paramd/v1/control.grpc.pb.h"
+#include "server/server.h"
+#include "tests/unit/server/reference_job.h"
+
+namespace paramd {
+namespace {
+
+using testing::ForRank;
+using testing::HasStatus;
+using testing::MakeSpec;
+
+constexpr char kJob[] = "sharded";
+constexpr auto kInvalid = absl::StatusCode::kInvalidArgument;
+constexpr auto kPrecondition = absl::StatusCode::kFailedPrecondition;
+
+// The names three daemons advertise, sorted.
+const std::vector<std::string>& Names() {
+  static const auto* names =
+      new std::vector<std::string>{"node-a.test:7000", "node-b.test:7000", "node-c.test:7001"};
+  return *names;
+}
+
+v1::DaemonConfig Config(const std::string& advertise) {
+  v1::DaemonConfig config;
+  config.set_listen("127.0.0.1:0");
+  config.set_metrics_listen("");
+  config.set_step_threads(1);
+  config.set_log_level("error");
+  config.set_advertise_address(advertise);
+  return config;
+}
+
+// A tensor that three owners split (embed), and smaller ones that stay whole.
+v1::RegisterRequest Spec(const std::vector<std::string>& daemons) {
+  v1::RegisterRequest spec = MakeSpec(kJob, 2,
+                                      {{"embed", 1000, 64, v1::ELEMENT_TYPE_BF16},
+                                       {"w", 300, 17, v1::ELEMENT_TYPE_FP32},
+                                       {"b", 1, 5, v1::ELEMENT_TYPE_FP32},
+                                       {"s", 1, 1, v1::ELEMENT_TYPE_FP32}});
+  for (const std::string& d : daemons) spec.add_daemons(d);
+  return spec;
+}
+
+struct RunningDaemon {
+  std::unique_ptr<Server> server;
+  std::unique_ptr<Client> client;
+};
+
+class DaemonListTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    for (RunningDaemon& d : daemons_) {
+      d.client.reset();
+      if (d.server != nullptr) d.server->Shutdown();
+    }
+  }
+
+  // Starts a daemon of `config` and connects a client to it, given `listed` as its
+  // ClientOptions::daemons.
+  RunningDaemon& Start(const v1::DaemonConfig& config,
+                       const std::vector<std::string>& listed = {}) {
+    RunningDaemon& d = daemons_.emplace_back();
+    absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(config);
+    EXPECT_TRUE(server.ok()) << server.status();
+    if (!server.ok()) return d;
+    d.server = *std::move(server);
+    ClientOptions options;
+    options.address = d.server->address();
+    options.daemons = listed;
+    options.rpc_timeout = std::chrono::seconds(20);
+    options.max_attempts = 1;
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    if (client.ok()) d.client = *std::move(client);
+    return d;
+  }
+
+  // Register as sent, past the client (which sorts the list).
+  static absl::Status RawRegister(const Server& server, const v1::RegisterRequest& request) {
+    const std::unique_ptr<v1::Control::Stub> stub = v1::Control::NewStub(
+        grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    v1::RegisterResponse response;
+    return FromGrpcStatus(stub->Register(&context, request, &response));
+  }
+
+  static v1::JobStatus JobOf(Client& client) {
+    absl::StatusOr<v1::StatusResponse> status = client.Status(kJob);
+    EXPECT_TRUE(status.ok()) << status.status();
+    return status.ok() && status->jobs_size() == 1 ? status->jobs(0) : v1::JobStatus();
+  }
+
+  static std::vector<std::string> DaemonsOf(const v1::JobStatus& job) {
+    return {job.daemons().begin(), job.daemons().end()};
+  }
+
+  std::deque<RunningDaemon> daemons_;  // Start's references stay valid
+};
+
+TEST_F(DaemonListTest, AnUnsortedRepeatingOrMalformedListIsInvalidArgumentAndCreatesNoJob) {
+  RunningDaemon& d = Start(Config(Names()[1]));
+  ASSERT_NE(d.client, nullptr);
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{Names()[1], Names()[0]},
+       "daemons is not sorted: \"node-b.test:7000\" comes before \"node-a.test:7000\""},
+      {{Names()[0], Names()[1], Names()[1]}, "daemons lists \"node-b.test:7000\" twice"},
+      {{"node-a.test", Names()[1]}, "daemons[0] = \"node-a.test\" is not \"host:port\""},
+      {{Names()[1], "node-c.test:0"}, "daemons[1] = \"node-c.test:0\" is not \"host:port\""},
+      {{"node a:7000", Names()[1]}, "daemons[0] = \"node a:7000\" is not \"host:port\""},
+  };
+  for (const auto& [list, text] : cases) {
+    EXPECT_TRUE(HasStatus(RawRegister(*d.server, ForRank(Spec(list), 0)), kInvalid, text));
+  }
+  // An unsorted list that does not name this daemon is bad input first.
+  EXPECT_TRUE(HasStatus(RawRegister(*d.server, ForRank(Spec({Names()[2], Names()[0]}), 0)),
+                        kInvalid, "not sorted"));
+  absl::StatusOr<v1::StatusResponse> status = d.client->Status();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->jobs_size(), 0);
+}
+
+TEST_F(DaemonListTest, AListWithoutThisDaemonIsFailedPreconditionNamingItsAddressAndTheList) {
+  RunningDaemon& d = Start(Config("node-x.test:7000"));
+  ASSERT_NE(d.client, nullptr);
+  const absl::Status refused = RawRegister(*d.server, ForRank(Spec(Names()), 0));
+  EXPECT_TRUE(HasStatus(refused, kPrecondition,
+                        "the daemon list of job \"sharded\", [node-a.test:7000, node-b.test:7000, "
+                        "node-c.test:7001], does not name this daemon, which advertises itself "
+                        "as \"node-x.test:7000\""));
+  EXPECT_TRUE(HasStatus(refused, kPrecondition, "advertise_address"));
+  absl::StatusOr<v1::StatusResponse> status = d.client->Status();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->jobs_size(), 0);
+}
+
+TEST_F(DaemonListTest, ARankWithAnotherListIsFailedPreconditionShowingBothAndChangesNothing) {
+  RunningDaemon& d = Start(Config(Names()[1]));
+  ASSERT_NE(d.client, nullptr);
+  ASSERT_TRUE(d.client->Register(ForRank(Spec(Names()), 0)).ok());
+  const v1::JobStatus before = JobOf(*d.client);
+
+  const std::vector<std::string> other = {Names()[0], Names()[1], "node-d.test:7000"};
+  const absl::StatusOr<v1::RegisterResponse> refused = d.client->Register(ForRank(Spec(other), 1));
+  EXPECT_TRUE(HasStatus(refused, kPrecondition,
+                        "job \"sharded\" is registered with daemons [node-a.test:7000, "
+                        "node-b.test:7000, node-c.test:7001]; this request lists daemons "
+                        "[node-a.test:7000, node-b.test:7000, node-d.test:7000]"));
+  // A one-daemon list, and none at all, are other lists too.
+  EXPECT_TRUE(HasStatus(d.client->Register(ForRank(Spec({Names()[1]}), 1)), kPrecondition,
+                        "this request lists daemons [node-b.test:7000]"));
+  EXPECT_TRUE(HasStatus(d.client->Register(ForRank(Spec({}), 1)), kPrecondition,
+                        "this request lists daemons [] (the daemon called alone)"));
+
+  const v1::JobStatus after = JobOf(*d.client);
+  EXPECT_EQ(after.registered_ranks_size(), 1);
+  EXPECT_EQ(DaemonsOf(after), Names());
+  EXPECT_EQ(after.ShortDebugString(), before.ShortDebugString());
+  // The same list, in another order: the client sorts it.
+  EXPECT_TRUE(d.client->Register(ForRank(Spec({Names()[2], Names()[0], Names()[1]}), 1)).ok());
+  EXPECT_EQ(JobOf(*d.client).registered_ranks_size(), 2);
+}
+
+TEST_F(DaemonListTest, EveryDaemonOfAThreeDaemonJobAnswersTheShardMapOfItsOwners) {
+  for (const std::string& name : Names()) {
+    RunningDaemon& d = Start(Config(name));
+    ASSERT_NE(d.client, nullptr);
+    for (int rank = 0; rank < 2; ++rank) {
+      const absl::StatusOr<v1::RegisterResponse> registered =
+          d.client->Register(ForRank(Spec(Names()), rank));
+      ASSERT_TRUE(registered.ok()) << name << ": " << registered.status();
+    }
+  }
+  const v1::RegisterRequest spec = Spec(Names());
+  std::vector<Owner> owners;
+  for (const std::string& name : Names()) owners.push_back(Owner{name, kCpuDevice});
+  absl::StatusOr<ShardMap> map = ComputeShardMap(JobTensorShapes(spec.tensors()), owners);
+  ASSERT_TRUE(map.ok()) << map.status();
+
+  std::vector<std::string> first;
+  for (RunningDaemon& d : daemons_) {
+    absl::StatusOr<v1::GetLayoutResponse> layout = d.client->GetLayout(kJob);
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    std::vector<std::string> placements;
+    int placement = 0;
+    for (int i = 0; i < spec.tensors_size(); ++i) {
+      for (const ShardPiece& piece : map->tensors[static_cast<size_t>(i)]) {
+        ASSERT_LT(placement, layout->placements_size());
+        const v1::GetLayoutResponse::Placement& p = layout->placements(placement++);
+        EXPECT_EQ(p.tensor(), spec.tensors(i).name());
+        EXPECT_EQ(p.daemon(), map->owners[static_cast<size_t>(piece.owner)].daemon);
+        EXPECT_EQ(p.device(), kCpuDevice);
+        EXPECT_EQ(p.row_begin(), piece.row_begin);
+        EXPECT_EQ(p.row_end(), piece.row_end);
+        placements.push_back(p.ShortDebugString());
+      }
+    }
+    EXPECT_EQ(placement, layout->placements_size());
+    if (first.empty()) first = placements;
+    EXPECT_EQ(placements, first) << "every daemon answers the same layout";
+  }
+  // The map is spread: every daemon owns some rows.
+  for (size_t o = 0; o < owners.size(); ++o) EXPECT_GT(map->owner_bytes[o], 0) << o;
+}
+
+TEST_F(DaemonListTest, StatusShowsTheAdvertisedAddressAndTheJobsListSortedByTheClient) {
+  RunningDaemon& d = Start(Config(Names()[2]), {Names()[2], Names()[0], Names()[1]});
+  ASSERT_NE(d.client, nullptr);
+  ASSERT_TRUE(d.client->Register(ForRank(Spec({}), 0)).ok());
+  absl::StatusOr<v1::StatusResponse> status = d.client->Status();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->advertise_address(), Names()[2]);
+  ASSERT_EQ(status->jobs_size(), 1);
+  EXPECT_EQ(DaemonsOf(status->jobs(0)), Names());
+}
+
+TEST_F(DaemonListTest, ADaemonOnALoopbackAddressAdvertisesTheAddressItIsBoundAt) {
+  RunningDaemon& d = Start(Config(""));
+  ASSERT_NE(d.client, nullptr);
+  absl::StatusOr<v1::StatusResponse> status = d.client->Status();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->advertise_address(), d.server->address());
+  EXPECT_NE(d.server->address(), "127.0.0.1:0");
+  // A list naming it by that address is its own.
+  ASSERT_TRUE(d.client->Register(ForRank(Spec({d.server->address()}), 0)).ok());
+  absl::StatusOr<v1::GetLayoutResponse> layout = d.client->GetLayout(kJob);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  for (const v1::GetLayoutResponse::Placement& p : layout->placements()) {
+    EXPECT_EQ(p.daemon(), d.server->address());
+  }
+}
+
+}  // namespace
+}  // namespace paramd
