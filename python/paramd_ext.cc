@@ -595,7 +595,7 @@ class PyClient {
       const std::vector<std::tuple<std::string, int64_t, int64_t, std::string>>& tensors,
       const py::dict& hyperparams, const py::dict& state_policy,
       const std::vector<std::string>& serve, uint64_t seed, double max_grad_norm,
-      const std::vector<std::string>& daemons) {
+      const std::vector<std::string>& daemons, const std::string& push_mode) {
     v1::RegisterRequest request;
     request.set_job(job);
     request.set_rank(rank);
@@ -613,6 +613,11 @@ class PyClient {
     request.set_seed(seed);
     request.set_max_grad_norm(max_grad_norm);
     request.mutable_daemons()->Assign(daemons.begin(), daemons.end());
+    if (push_mode == "pre_reduced") {
+      request.set_push_mode(v1::PUSH_MODE_PRE_REDUCED);
+    } else if (push_mode != "full") {
+      throw py::value_error("push_mode is \"full\" or \"pre_reduced\", not \"" + push_mode + "\"");
+    }
     absl::StatusOr<v1::RegisterResponse> response;
     const std::shared_ptr<Client> client = Open();
     {
@@ -968,9 +973,12 @@ PYBIND11_MODULE(_paramd, m) {
            py::arg("tensors"), py::arg("hyperparams"), py::arg("state_policy") = py::dict(),
            py::arg("serve") = std::vector<std::string>(), py::arg("seed") = 0,
            py::arg("max_grad_norm") = 0.0, py::arg("daemons") = std::vector<std::string>(),
+           py::arg("push_mode") = "full",
            "tensors: [(name, rows, cols, grad_type 'fp32'|'bf16')]. daemons: the job's daemons as "
            "they advertise themselves, in any order (sent sorted); [] = a one-daemon job. This "
-           "client still talks to its own daemon alone")
+           "client still talks to its own daemon alone. push_mode: 'full' (every rank pushes its "
+           "gradients) or 'pre_reduced' (the ranks reduce among themselves and one rank pushes "
+           "each daemon's part, PUSH_MODE_PRE_REDUCED)")
       .def("upload_initial_weights", &PyClient::UploadInitialWeights, py::arg("job"),
            py::arg("items"))
       .def("push_gradients", &PyClient::PushGradients, py::arg("job"), py::arg("rank"),

@@ -159,6 +159,15 @@ absl::StatusOr<v1::RegisterResponse> Daemon::RegisterLocked(const v1::RegisterRe
   }
   if (response.ok()) {
     response->set_instance(instance_);
+    if (request.push_mode() == v1::PUSH_MODE_PRE_REDUCED) {
+      // This daemon's part is owner i of the job's owners: one per daemon of its sorted list.
+      const auto& daemons = request.daemons();
+      const auto it = std::find(daemons.begin(), daemons.end(), advertised_address());
+      const int index = it == daemons.end() ? 0 : static_cast<int>(it - daemons.begin());
+      if (absl::StatusOr<std::shared_ptr<Job>> job = registry_->Find(request.job()); job.ok()) {
+        (*job)->SetOwnerIndex(index);
+      }
+    }
     PARAMD_LOG(INFO) << "job " << request.job() << ": rank " << request.rank() << " of "
                      << request.world_size() << " registered (" << request.tensors_size()
                      << " tensors)";

@@ -42,6 +42,7 @@ absl::Status CheckInitialWeights(const std::string& tensor, int64_t offset, std:
 Job::Job(const v1::RegisterRequest& spec, Backend* backend, BufferAllocator* buffers)
     : name_(spec.job()),
       world_size_(spec.world_size()),
+      pre_reduced_(spec.push_mode() == v1::PUSH_MODE_PRE_REDUCED),
       spec_(NormalizedSpec(spec)),
       formats_(ServedFormats(spec_)),
       backend_(backend),
@@ -87,6 +88,11 @@ absl::StatusOr<v1::RegisterResponse> Job::Register(const v1::RegisterRequest& re
   response.set_version(served_.published());
   response.set_max_chunk_bytes(max_chunk_bytes);
   return response;
+}
+
+void Job::SetOwnerIndex(int index) {
+  absl::MutexLock lock(&mu_);
+  pusher_ = index % world_size_;
 }
 
 void Job::MarkRestored() {
@@ -245,6 +251,12 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushGradient(Tensor& t, const v1::PushC
         "tensor \"", t.spec.name(),
         "\" has no initial weights yet; rank 0 uploads them (PUSH_KIND_INITIAL_WEIGHTS) first"));
   }
+  if (pre_reduced_ && chunk.rank() != pusher_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", Quoted(name_), " takes pre-reduced gradients (PUSH_MODE_PRE_REDUCED): rank ",
+        pusher_, " pushes this daemon's part, reduced over the ranks; rank ", chunk.rank(),
+        " pushes nothing here and only commits"));
+  }
   const int64_t next_step = sequence_.next_step();
   if (chunk.step() < next_step) {
     return absl::FailedPreconditionError(absl::StrCat("step ", chunk.step(), " of job \"", name_,
@@ -388,7 +400,8 @@ absl::StatusOr<CommitOutcome> Job::Commit(const v1::CommitRequest& request) {
         tensors_.size(), " tensors; rank 0 uploads all of them before the first commit"));
   }
   const SlotSet& collecting = slots_.collecting();
-  for (size_t i = 0; i < tensors_.size(); ++i) {
+  // Pre-reduced: the other ranks push nothing, and their commits only count.
+  for (size_t i = 0; i < tensors_.size() && !(pre_reduced_ && rank != pusher_); ++i) {
     const ChunkBuffer* slot =
         collecting.made() ? &collecting[i][static_cast<size_t>(rank)] : nullptr;
     const int64_t received =
@@ -708,10 +721,13 @@ StepReport Job::StepNow(const StepWork& work) {
       step.state = t.state.get();
       step.slot_type = t.spec.grad_type() == v1::ELEMENT_TYPE_BF16 ? kernels::SlotType::kBf16
                                                                    : kernels::SlotType::kFp32;
-      for (const ChunkBuffer& slot : slots[i]) step.slots.push_back(slot.data());
+      // The ranks' gradients in rank order; pre-reduced, the pushing rank's sum alone.
+      const size_t first = pre_reduced_ ? static_cast<size_t>(pusher_) : 0;
+      const size_t count = pre_reduced_ ? 1 : slots[i].size();
+      for (size_t r = first; r < first + count; ++r) step.slots.push_back(slots[i][r].data());
       if (i < slots.device.size()) {
-        for (const DeviceSlot& slot : slots.device[i]) {
-          step.device_slots.push_back(slot.gradient());
+        for (size_t r = first; r < first + count && r < slots.device[i].size(); ++r) {
+          step.device_slots.push_back(slots.device[i][r].gradient());
         }
       }
       step.out = outputs[i].get();

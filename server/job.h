@@ -55,6 +55,9 @@ class Job {
 
   const std::string& name() const { return name_; }
   int world_size() const { return world_size_; }
+  // PUSH_MODE_PRE_REDUCED: this daemon's part of the job is owner `index` of the job's owners, so
+  // rank index mod world_size pushes it (0 until set).
+  void SetOwnerIndex(int index);
 
   // The job's share of the daemon's memory budget (JobRegistry), given back when the job goes.
   void set_reservation(MemoryBudget::Reservation reservation) {
@@ -226,6 +229,8 @@ class Job {
 
   const std::string name_;
   const int world_size_;
+  const bool pre_reduced_;  // PUSH_MODE_PRE_REDUCED: one rank pushes, pusher_
+  int pusher_ ABSL_GUARDED_BY(mu_) = 0;
   const v1::RegisterRequest spec_;        // the registration every rank must repeat (rank cleared)
   const std::vector<FormatKey> formats_;  // served formats (ServedFormats)
   Backend* const backend_;

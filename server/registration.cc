@@ -256,7 +256,7 @@ absl::Status ValidateRegistration(const v1::RegisterRequest& r) {
     return absl::InvalidArgumentError(absl::StrCat("max_grad_norm = ", r.max_grad_norm(),
                                                    " must be finite and >= 0 (0 = no clipping)"));
   }
-  if (r.push_mode() != v1::PUSH_MODE_UNSPECIFIED && r.push_mode() != v1::PUSH_MODE_FULL) {
+  if (!v1::PushMode_IsValid(r.push_mode())) {
     return absl::InvalidArgumentError(absl::StrCat("push_mode ", r.push_mode(), " is unknown"));
   }
   return ValidateDaemonList(r);

@@ -232,6 +232,33 @@ class BindingsTest(unittest.TestCase):
         self.assertEqual(caught.exception.code, "FAILED_PRECONDITION")
         self.assertIn(me, str(caught.exception))
 
+    def test_pre_reduced_jobs_take_one_ranks_push_per_daemon(self):
+        # This daemon is the second of the job's two daemons, so rank 1 of 2 pushes its part.
+        me = self.client.status("")["advertise_address"]
+        daemons = ["0.test:7000", me]
+        clients = [paramd.connect(self.daemon.address) for _ in range(2)]
+        for rank, client in enumerate(clients):
+            client.register(job="pre", rank=rank, world_size=2, tensors=[("w", ROWS, COLS, "fp32")],
+                            hyperparams=paramd.hyperparams(lr=1e-2, weight_decay=0.0),
+                            daemons=daemons, push_mode="pre_reduced")
+        paramd.upload_initial_weights(clients[0], "pre", {"w": self.weights})
+        grad = torch.randn(ROWS, COLS, generator=torch.Generator().manual_seed(5))
+        with self.assertRaises(paramd.StatusError) as caught:
+            paramd.push_gradients(clients[0], "pre", 0, 0, {"w": grad})
+        self.assertEqual(caught.exception.code, "FAILED_PRECONDITION")
+        self.assertIn("rank 1 pushes", str(caught.exception))
+        paramd.push_gradients(clients[1], "pre", 1, 0, {"w": grad})
+        for rank, client in enumerate(clients):
+            client.commit("pre", rank, 0, lr=1e-2, grad_scale=0.5)
+        new = paramd.pull(clients[0], "pre", "w", "fp32", 1).data
+        self.assertTrue(torch.allclose((self.weights - new) / 1e-2, grad.sign(), atol=1e-3))
+        with self.assertRaises(ValueError):
+            clients[0].register(job="pre", rank=0, world_size=2,
+                                tensors=[("w", ROWS, COLS, "fp32")],
+                                hyperparams=paramd.hyperparams(), push_mode="summed")
+        for client in clients:
+            client.close()
+
     def test_errors_carry_the_daemons_code(self):
         with self.assertRaises(paramd.StatusError) as caught:
             self.client.pull("bind", "no_such_tensor", "fp32", 0, 5.0)

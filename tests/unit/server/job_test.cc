@@ -524,5 +524,48 @@ TEST(JobVersionZeroTest, VersionZeroIsPublishedOnlyWhenEveryByteArrived) {
   EXPECT_EQ(h.job().Status().tensors(0).state_bytes(), 12 * 64);
 }
 
+// PUSH_MODE_PRE_REDUCED: the ranks reduce among themselves and one rank pushes the sum (rank 0:
+// this daemon is the job's only owner); the others only commit. Reduced in the daemon's order (an
+// fp32 sum in rank order), the steps are full mode's bit for bit; a push from another rank, and
+// the pushing rank's commit before its push, are refused.
+TEST(JobPreReducedTest, OneRankPushesTheSumAndTheStepsAreFullModes) {
+  const v1::RegisterRequest full = ThreeRankSpec(v1::ELEMENT_TYPE_FP32, "full");
+  v1::RegisterRequest pre = ThreeRankSpec(v1::ELEMENT_TYPE_FP32, "pre");
+  pre.set_push_mode(v1::PUSH_MODE_PRE_REDUCED);
+  JobHarness a(full), b(pre);
+  const std::vector<std::vector<float>> initial = RandomWeights(full, 7);
+  for (JobHarness* h : {&a, &b}) {
+    ASSERT_TRUE(h->RegisterAll().ok());
+    ASSERT_TRUE(h->UploadWeights(initial).ok());
+  }
+  for (int64_t step = 0; step < 4; ++step) {
+    const testing::StepGradients grads = RandomGradients(full, 50 + static_cast<uint64_t>(step));
+    ASSERT_TRUE(a.RunFullStep(step, grads, std::nullopt, 1.0 / 3).ok());
+    EXPECT_TRUE(
+        HasStatus(b.Commit(0, step), absl::StatusCode::kFailedPrecondition, "push every chunk"));
+    for (int i = 0; i < full.tensors_size(); ++i) {
+      const std::vector<std::string>& per_rank = grads[static_cast<size_t>(i)];
+      std::vector<float> sum = testing::FromBytes<float>(per_rank[0]);
+      for (int r = 1; r < 3; ++r) {
+        const std::vector<float> g = testing::FromBytes<float>(per_rank[static_cast<size_t>(r)]);
+        for (size_t e = 0; e < sum.size(); ++e) sum[e] += g[e];
+      }
+      EXPECT_TRUE(HasStatus(b.PushTensor(1, step, i, per_rank[1], 256),
+                            absl::StatusCode::kFailedPrecondition, "rank 0 pushes"));
+      ASSERT_TRUE(b.PushTensor(0, step, i, testing::ToBytes(sum), 256).ok());
+    }
+    for (int r = 2; r >= 0; --r) {
+      absl::StatusOr<CommitOutcome> outcome = b.Commit(r, step, std::nullopt, 1.0 / 3);
+      ASSERT_TRUE(outcome.ok()) << outcome.status();
+      if (outcome->work) testing::RunTakenStep(b.job(), *outcome->work);
+    }
+    for (int i = 0; i < full.tensors_size(); ++i) {
+      EXPECT_TRUE(BitIdentical(b.Master(i), a.Master(i)))
+          << full.tensors(i).name() << ", step " << step;
+    }
+  }
+  EXPECT_EQ(b.job().Status().applied_steps(), 4);
+}
+
 }  // namespace
 }  // namespace paramd
