@@ -139,8 +139,9 @@ absl::StatusOr<v1::RegisterResponse> Client::Register(const v1::RegisterRequest&
   instance_.store(response.instance());
   restarted_.store(false);
   if (transport_ == nullptr) {
-    TransportContext context{channel_,       response.max_chunk_bytes(), request.job(),
-                             request.rank(), options_.cuda_stream,       options_.lend_gradients};
+    TransportContext context{channel_, response.max_chunk_bytes(), request.job(), request.rank()};
+    context.cuda_stream = options_.cuda_stream;
+    context.lend_gradients = options_.lend_gradients;
     std::string reason;
     absl::StatusOr<std::unique_ptr<Transport>> transport =
         ChooseTransport(options_.transport, context, &reason);

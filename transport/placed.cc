@@ -448,13 +448,16 @@ absl::Status PlacedTransport::PushLending(const PushTarget& target, std::span<co
     }
     if (absl::Status s = marks.Finish(); !s.ok()) return s;
   }
-  if (lent->size() == items.size()) return absl::OkStatus();
-  std::vector<PushItem> rest;
+  std::vector<PushItem> rest;  // the items not lent (Lend keeps the items' order)
+  auto next_lent = lent->begin();
   for (const PushItem& item : items) {
-    if (std::none_of(lent->begin(), lent->end(), [&](const Lent& l) { return l.item == &item; })) {
+    if (next_lent != lent->end() && next_lent->item == &item) {
+      ++next_lent;
+    } else {
       rest.push_back(item);
     }
   }
+  if (rest.empty()) return absl::OkStatus();
   return slots_->PushFollowingRestarts([&] { return PushPlaced(target, rest, deadline); });
 }
 

@@ -139,9 +139,9 @@ class PlacedTransport : public Transport {
   virtual absl::Status CheckProbe(const v1::AttachResponse& response, Deadline deadline) = 0;
   // Runs before a push reads the caller's buffers.
   virtual absl::Status BeforePush();
-  // The items of a push the daemon may read where they lie (cuda_ipc's lent gradients), each with
-  // where it lies; the others are pushed as usual. Returns once the caller's work writing the lent
-  // items has completed (their marks promise it). None by default.
+  // The items of a push the daemon may read where they lie (cuda_ipc's lent gradients), in the
+  // items' order, each with where it lies; the others are pushed as usual. Returns once the
+  // caller's work writing the lent items has completed (their marks promise it). None by default.
   struct Lent {
     const PushItem* item;
     v1::LentMemory memory;
