@@ -84,6 +84,13 @@ struct CudaStepScalars {
   float clip = 1.0f;        // ClipFactor(...) from the block sums; 1 = no clipping
   uint64_t seed = 0;        // the job's seed (stochastic rounding)
   uint32_t k = 0;           // count of applied steps including this one
+  // A step decided on the device (the host does not wait for the gradient check): when set, the
+  // kernels read the clip there (StepDecisionCuda's) instead of `clip`, and where the flag
+  // GradCheckCuda wrote is 0 (a gradient is not finite) they write nothing at all: the state, the
+  // served outputs and the fp8_tensor scale stay as they are. `k` is then the count if this step
+  // applies.
+  const float* d_clip = nullptr;
+  const int* d_all_finite = nullptr;
 };
 
 // Launch knobs of pass 1 (the benchmark sweeps them); 0 = the built-in choice.
@@ -112,6 +119,12 @@ class CudaStepPlan {
   // done when this returns). The workspace must stay allocated while the plan is used, and one
   // plan's launches must not overlap (they share the counters).
   KStatus Bind(void* d_workspace, size_t bytes, cudaStream_t stream);
+  // The same without waiting: the descriptors go through `h_staging`, page-locked host memory of
+  // at least workspace_bytes() that the caller keeps unchanged until the stream has run the copy.
+  KStatus BindAsync(void* d_workspace, size_t bytes, void* h_staging, cudaStream_t stream);
+  // Zeroes the counters of a bound plan again (between launches that use them: the gradient check,
+  // then the step), on `stream`.
+  KStatus ResetCounters(cudaStream_t stream) const;
 
   int num_tensors() const { return num_tensors_; }
   // Norm blocks (128-row blocks) of all tensors, in order: the length of GradCheckCuda's sums.
@@ -170,6 +183,23 @@ KStatus FusedStepCuda(const CudaStepPlan& plan, const CudaStepScalars& scalars, 
 // block order: SumInOrder and ClipFactor on the host give the clip. Two launches.
 KStatus GradCheckCuda(const CudaStepPlan& plan, float grad_scale, double* d_block_sums,
                       int* d_all_finite, cudaStream_t stream);
+
+// The clip of a step decided on the device: ClipFactor(SumInOrder(d_block_sums[0, n)),
+// max_grad_norm) written to *d_clip, bit-identical to the host's (one thread adds the sums in
+// order). One launch.
+KStatus StepDecisionCuda(const double* d_block_sums, int64_t n, double max_grad_norm, float* d_clip,
+                         cudaStream_t stream);
+
+// A copy that runs only when a step decided on the device was skipped (*d_all_finite == 0): the
+// new version's bytes from the previous version's.
+struct CudaSkipCopy {
+  void* d_dst = nullptr;
+  const void* d_src = nullptr;
+  int64_t bytes = 0;
+};
+// Queues the copies (a few launches; the arguments travel by value, the host is done at return).
+KStatus CopyIfSkippedCuda(std::span<const CudaSkipCopy> copies, const int* d_all_finite,
+                          cudaStream_t stream);
 
 // One output of the standalone serve pass: the GPU twin of ServeQuantizeCpu over a whole tensor,
 // from a stored master of any type (fp32; bf16+remainder reconstructed, whose bf16 output is its

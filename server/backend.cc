@@ -98,6 +98,22 @@ StateBytes PolicyStateBytes(const TensorInfo& info) {
   return bytes;
 }
 
+void ServedTensor::SetOutcomePending() {
+  std::lock_guard<std::mutex> lock(outcome_mu_);
+  outcome_pending_ = true;
+}
+
+void ServedTensor::ResolveOutcome(bool was_skipped) {
+  std::lock_guard<std::mutex> lock(outcome_mu_);
+  skipped = was_skipped;
+  outcome_pending_ = false;
+}
+
+bool ServedTensor::outcome_pending() const {
+  std::lock_guard<std::mutex> lock(outcome_mu_);
+  return outcome_pending_;
+}
+
 const ServedFormat* ServedTensor::Find(const FormatKey& format) const {
   for (const ServedFormat& f : formats) {
     if (f.key == format) return &f;

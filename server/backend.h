@@ -2,6 +2,7 @@
 // GPU. The coordinator hands a backend whole steps; the backend owns the state buffers.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -53,13 +54,29 @@ struct ServedFormat {
 // published while their step still runs on the GPU: readers wait for DeviceExports::step_event.
 struct ServedTensor {
   int64_t version = -1;
-  bool skipped = false;
+  std::atomic<bool> skipped{false};
   std::vector<ServedFormat> formats;  // the job's formats in order (ServedFormats)
   // True while the host bytes of the formats that also lie in GPU memory are not copied down yet:
   // a cuda:N step leaves them on the GPU, and a host reader (a pull of streamed bytes) asks the
   // backend for them once per version (Backend::ReadyHostBytes).
   mutable std::mutex host_mu;
   mutable bool host_stale = false;
+
+ private:
+  mutable std::mutex outcome_mu_;
+  bool outcome_pending_ = false;
+
+ public:
+  // A step decided on the device (Backend::StepOnDevice) publishes its versions before it knows
+  // whether it was skipped: the outcome is pending from publication until the step has run, then
+  // `skipped` holds it.
+  void SetOutcomePending();
+  void ResolveOutcome(bool was_skipped);
+  bool outcome_pending() const;
+  // Where the backend copies the step's found-inf flag to host memory (0: skipped), readable once
+  // the step has run; a host reader that waited for the step resolves the outcome from it
+  // (Backend::ReadyHostBytes) before the job does. Null where no outcome is pending.
+  const int* decision_flag = nullptr;
 
   const ServedFormat* Find(const FormatKey& format) const;
   // The FP32 rowwise bytes, or null where the job does not serve FP32.
@@ -159,6 +176,17 @@ struct TensorStep {
   std::vector<const void*> device_slots;
   kernels::SlotType slot_type = kernels::SlotType::kFp32;
   ServedTensor* out = nullptr;  // formats already sized; the backend fills the bytes
+  // Backend::StepOnDevice only. Per rank (empty = none): the event (LentReadyEvent's) its lent
+  // gradient's reads wait for on the device. And the version this step follows, which a skipped
+  // step re-serves (alive until the step returns).
+  std::vector<const void*> ready_events;
+  const ServedTensor* previous = nullptr;
+};
+
+// What a step decided on the device came to (Backend::StepOnDevice).
+struct StepOutcome {
+  bool skipped = false;
+  float clip = 1.0f;
 };
 
 // The job-wide scalars of one step.
@@ -196,6 +224,25 @@ class Backend {
   // with its step event recorded after them (DeviceExports); the state is final when Step returns.
   virtual absl::Status Step(std::span<TensorStep> tensors, const StepScalars& scalars,
                             const std::function<void(size_t)>& tensor_done = nullptr) = 0;
+
+  // True where the step rules run where the gradients lie and the host never waits for them
+  // (cuda:N): the job then calls StepOnDevice instead of CheckGradients and Step.
+  virtual bool DecidesOnDevice() const { return false; }
+  // The gradient check, the decision (skip where a gradient is not finite; the clip from the block
+  // sums when max_grad_norm > 0) and the step, queued together: `tensor_done(i)` is called as in
+  // Step once the work is queued, before the outcome is known, and the outcome is returned once
+  // the step has run. `scalars.clip` is not read and `scalars.k` counts this step as applied. A
+  // skipped step leaves the state as it is and re-serves each tensor's `previous` bytes.
+  virtual absl::StatusOr<StepOutcome> StepOnDevice(std::span<TensorStep> tensors,
+                                                   const StepScalars& scalars, double max_grad_norm,
+                                                   const std::function<void(size_t)>& tensor_done) {
+    return absl::UnimplementedError("backend " + name() + " does not decide steps on the device");
+  }
+  // The event a lent gradient's mark names (LentMemory.ready_event), opened here and kept while the
+  // backend lives; null where the mark names none (the trainer's work had completed).
+  virtual absl::StatusOr<const void*> LentReadyEvent(const v1::LentMemory& lent) {
+    return static_cast<const void*>(nullptr);
+  }
 
   // State export and import (Control.ExportState / ImportState). The job guarantees that no step
   // of the tensor runs meanwhile.
@@ -236,7 +283,8 @@ class Backend {
   }
 
   // Makes `served`'s host bytes current for a host reader: a copy down from GPU memory, once per
-  // version, where the step left them there (ServedTensor::host_stale); OK at once elsewhere.
+  // version, where the step left them there (ServedTensor::host_stale); OK at once elsewhere. A
+  // version whose outcome is pending (StepOnDevice) is waited for, and its outcome resolved.
   virtual absl::Status ReadyHostBytes(const ServedTensor& served) { return absl::OkStatus(); }
   // Versions copied down so far by ReadyHostBytes (a test counts them).
   virtual int64_t host_copies() const { return 0; }

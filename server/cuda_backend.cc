@@ -464,17 +464,38 @@ class CudaBackend : public Backend {
     return status;
   }
 
+  bool DecidesOnDevice() const override { return true; }
+  absl::StatusOr<StepOutcome> StepOnDevice(
+      std::span<TensorStep> tensors, const StepScalars& scalars, double max_grad_norm,
+      const std::function<void(size_t)>& tensor_done) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    absl::StatusOr<StepOutcome> outcome =
+        StepOnDeviceLocked(tensors, scalars, max_grad_norm, tensor_done);
+    if (!outcome.ok()) NoticeFailure(outcome.status());
+    return outcome;
+  }
+  absl::StatusOr<const void*> LentReadyEvent(const v1::LentMemory& lent) override {
+    return lent_.ReadyEvent(lent);
+  }
+
   bool keeps_state_on_device() const override { return true; }
 
   absl::Status ReadyHostBytes(const ServedTensor& served) override {
     std::lock_guard<std::mutex> host_lock(served.host_mu);
-    if (!served.host_stale) return absl::OkStatus();
+    const bool pending = served.outcome_pending();
+    if (!served.host_stale && !pending) return absl::OkStatus();
     const DeviceScope scope(device_);
     PARAMD_RETURN_IF_ERROR(scope.status());
     // Its own stream, which waits for the steps queued so far (a version is published once its
     // step is queued: step_done_), but not for later ones. Its host bytes are written only here,
     // under host_mu, before any host reader reads them.
     PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, step_done_, 0));
+    if (!served.host_stale) {
+      // Only the outcome: its flag came down before the step's event.
+      PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(copy_stream_));
+      ResolveFromFlag(served);
+      return absl::OkStatus();
+    }
     for (const ServedFormat& f : served.formats) {
       if (f.device.empty()) continue;
       auto* host = const_cast<uint8_t*>(f.bytes.data());
@@ -485,7 +506,18 @@ class CudaBackend : public Backend {
     PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(copy_stream_));
     served.host_stale = false;
     host_copies_.fetch_add(1);
+    ResolveFromFlag(served);
     return absl::OkStatus();
+  }
+
+  // A version whose step has run (the caller synchronized with step_done_ after it was
+  // published): its outcome from the flag the step copied down, where it is still pending. The
+  // job resolves it to the same when the step returns; a host reader woken on the step's own
+  // thread cannot wait for that.
+  static void ResolveFromFlag(const ServedTensor& served) {
+    if (served.decision_flag == nullptr || !served.outcome_pending()) return;
+    const int all_finite = *reinterpret_cast<const volatile int*>(served.decision_flag);
+    const_cast<ServedTensor&>(served).ResolveOutcome(all_finite == 0);
   }
   int64_t host_copies() const override { return host_copies_.load(); }
 
@@ -525,18 +557,10 @@ class CudaBackend : public Backend {
     PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     const auto start = std::chrono::steady_clock::now();
     if (absl::Status s = Upload(tensors); !s.ok()) return s;
-    if (absl::Status s = Plan(tensors); !s.ok()) return s;
+    if (absl::Status s = Plan(tensors, /*wait=*/true); !s.ok()) return s;
     const auto planned = std::chrono::steady_clock::now();
     const size_t blocks = static_cast<size_t>(plan_.num_norm_blocks());
-    // Kept from step to step (grown for a bigger job only), so a step of a job whose buffers
-    // exist allocates nothing and still runs when another job filled the GPU.
-    if (finite_.get() == nullptr) {
-      if (absl::Status s = finite_.Allocate(sizeof(int)); !s.ok()) return s;
-    }
-    if (norms && norm_sums_.bytes() < blocks * sizeof(double)) {
-      norm_sums_.Free();
-      if (absl::Status s = norm_sums_.Allocate(blocks * sizeof(double)); !s.ok()) return s;
-    }
+    if (absl::Status s = CheckBuffers(norms); !s.ok()) return s;
     absl::Status st = FromKernel(kernels::GradCheckCuda(
         plan_, grad_scale, norms ? static_cast<double*>(norm_sums_.get()) : nullptr,
         static_cast<int*>(finite_.get()), stream_));
@@ -575,9 +599,157 @@ class CudaBackend : public Backend {
     PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     const auto start = std::chrono::steady_clock::now();
     // The slots went up and plan_ was made in CheckGradients, which the job always calls first
-    // with the same tensors; binding it again resets the counters the check's launches used. The
-    // fp8_delayed scales come from the host's histories, in one copy; the page-locked floats
-    // outlive it (the stream is synchronized below).
+    // with the same tensors; binding it again resets the counters the check's launches used.
+    if (absl::Status s = FromKernel(plan_.Bind(workspace_.get(), workspace_.bytes(), stream_));
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = QueueStep(tensors, KernelScalars(scalars)); !s.ok()) return s;
+    if (absl::Status s = Publish(tensors, start, tensor_done); !s.ok()) return s;
+    const float* amax = HostScalars() + tensors.size();
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      static_cast<CudaTensorState*>(tensors[i].state)->history.Append(amax[i]);
+    }
+    return absl::OkStatus();
+  }
+
+  // The step rules and the step queued together, the host waiting for nothing before the step is
+  // published (Backend::StepOnDevice): the reads wait for the lent gradients' ready events on the
+  // device, the kernels read the clip and the found-inf flag the check and StepDecisionCuda wrote
+  // there, and a skipped step's copies put the previous version's bytes into the new one.
+  absl::StatusOr<StepOutcome> StepOnDeviceLocked(std::span<TensorStep> tensors,
+                                                 const StepScalars& scalars, double max_grad_norm,
+                                                 const std::function<void(size_t)>& tensor_done) {
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<const void*> waited;
+    for (const TensorStep& t : tensors) {
+      for (const void* event : t.ready_events) {
+        if (event == nullptr || std::find(waited.begin(), waited.end(), event) != waited.end()) {
+          continue;
+        }
+        waited.push_back(event);
+        PARAMD_CUDA_RETURN_IF_ERROR(
+            cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(const_cast<void*>(event)), 0));
+      }
+    }
+    if (absl::Status s = Upload(tensors); !s.ok()) return s;
+    if (absl::Status s = Plan(tensors, /*wait=*/false); !s.ok()) return s;
+    const bool clipping = max_grad_norm > 0;
+    if (absl::Status s = CheckBuffers(clipping); !s.ok()) return s;
+    if (clip_.get() == nullptr) {
+      if (absl::Status s = clip_.Allocate(sizeof(float)); !s.ok()) return s;
+    }
+    auto* finite = static_cast<int*>(finite_.get());
+    auto* sums = static_cast<double*>(norm_sums_.get());
+    auto* clip = static_cast<float*>(clip_.get());
+    if (absl::Status s = FromKernel(kernels::GradCheckCuda(
+            plan_, scalars.grad_scale, clipping ? sums : nullptr, finite, stream_));
+        !s.ok()) {
+      return s;
+    }
+    if (clipping) {
+      if (absl::Status s = FromKernel(kernels::StepDecisionCuda(sums, plan_.num_norm_blocks(),
+                                                                max_grad_norm, clip, stream_));
+          !s.ok()) {
+        return s;
+      }
+    }
+    if (absl::Status s = FromKernel(plan_.ResetCounters(stream_)); !s.ok()) return s;
+    std::vector<float> delayed_before;
+    for (const TensorStep& t : tensors) {
+      delayed_before.push_back(static_cast<const CudaTensorState*>(t.state)->delayed_scale);
+    }
+    kernels::CudaStepScalars k = KernelScalars(scalars);
+    k.d_clip = clipping ? clip : nullptr;
+    k.d_all_finite = finite;
+    if (absl::Status s = QueueStep(tensors, k); !s.ok()) return s;
+    std::vector<kernels::CudaSkipCopy> copies;
+    for (const TensorStep& t : tensors) {
+      if (t.previous == nullptr) continue;
+      for (size_t f = 0; f < t.out->formats.size() && f < t.previous->formats.size(); ++f) {
+        const DeviceBytes& from = t.previous->formats[f].device;
+        const DeviceBytes& to = t.out->formats[f].device;
+        if (from.empty() || to.empty()) continue;
+        copies.push_back({to.get(), from.get(), to.size()});
+      }
+    }
+    if (absl::Status s = FromKernel(kernels::CopyIfSkippedCuda(copies, finite, stream_)); !s.ok()) {
+      return s;
+    }
+    // The outcome comes down behind the step: the flag, into a slot of a ring that host readers
+    // of this step's versions resolve their outcome from (ReadyHostBytes; a slot comes round
+    // again only steps after the job resolved them), then the clip.
+    if (decision_flags_.data() == nullptr) {
+      absl::StatusOr<HostBuffer> pinned = HostAllocator()->Allocate(kDecisionFlags * sizeof(int));
+      if (!pinned.ok()) return pinned.status();
+      decision_flags_ = *std::move(pinned);
+    }
+    int* flag = reinterpret_cast<int*>(decision_flags_.data()) + decided_steps_++ % kDecisionFlags;
+    PARAMD_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(flag, finite, sizeof(int), cudaMemcpyDeviceToHost, stream_));
+    auto* clip_bytes = reinterpret_cast<uint8_t*>(HostScalars() + 2 * tensors.size());
+    if (clipping) {
+      PARAMD_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(clip_bytes, clip, sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    }
+    for (TensorStep& t : tensors) t.out->decision_flag = flag;
+    if (absl::Status s = Publish(tensors, start, tensor_done); !s.ok()) return s;
+    StepOutcome outcome;
+    outcome.skipped = *reinterpret_cast<const volatile int*>(flag) == 0;
+    if (clipping) std::memcpy(&outcome.clip, clip_bytes, sizeof(float));
+    const float* amax = HostScalars() + tensors.size();
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      auto& st = *static_cast<CudaTensorState*>(tensors[i].state);
+      if (!outcome.skipped) {
+        st.history.Append(amax[i]);
+        continue;
+      }
+      // Skipped: the served scale stays the previous version's, and so do the host bytes of the
+      // formats that lie in host memory alone.
+      st.delayed_scale = delayed_before[i];
+      ServedTensor& out = *tensors[i].out;
+      if (tensors[i].previous == nullptr) continue;
+      for (size_t f = 0; f < out.formats.size() && f < tensors[i].previous->formats.size(); ++f) {
+        if (!out.formats[f].device.empty()) continue;
+        const HostBuffer& from = tensors[i].previous->formats[f].bytes;
+        std::memcpy(out.formats[f].bytes.data(), from.data(), static_cast<size_t>(from.size()));
+      }
+    }
+    return outcome;
+  }
+
+  static kernels::CudaStepScalars KernelScalars(const StepScalars& scalars) {
+    kernels::CudaStepScalars k;
+    k.adamw = scalars.adamw;
+    k.grad_scale = scalars.grad_scale;
+    k.clip = scalars.clip;
+    k.seed = scalars.seed;
+    k.k = static_cast<uint32_t>(scalars.k);
+    return k;
+  }
+
+  // The check's flag and (with norms) block sums, kept from step to step (grown for a bigger job
+  // only), so a step of a job whose buffers exist allocates nothing and still runs when another
+  // job filled the GPU.
+  absl::Status CheckBuffers(bool norms) {
+    if (finite_.get() == nullptr) {
+      if (absl::Status s = finite_.Allocate(sizeof(int)); !s.ok()) return s;
+    }
+    const size_t blocks = static_cast<size_t>(plan_.num_norm_blocks());
+    if (norms && norm_sums_.bytes() < blocks * sizeof(double)) {
+      norm_sums_.Free();
+      if (absl::Status s = norm_sums_.Allocate(blocks * sizeof(double)); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
+  // Queues a bound plan's step: the fp8_delayed scales from the host's histories (one copy from
+  // page-locked memory), the kernel, the served bytes into the version's exported GPU bytes where
+  // the step did not write them there (they stay on the GPU: a host reader copies them down once,
+  // ReadyHostBytes), into host buffers for formats without exported bytes, and the masters' amaxes
+  // down into HostScalars() + n, all in one stream.
+  absl::Status QueueStep(std::span<TensorStep> tensors, const kernels::CudaStepScalars& k) {
     const size_t n = tensors.size();
     float* delayed = HostScalars();  // [0, n): the fp8_delayed scales, [n, 2n): the amaxes
     for (size_t i = 0; i < n; ++i) {
@@ -589,26 +761,11 @@ class CudaBackend : public Backend {
       PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(step_scalars_.get(), delayed, n * sizeof(float),
                                                   cudaMemcpyHostToDevice, stream_));
     }
-    if (absl::Status s = FromKernel(plan_.Bind(workspace_.get(), workspace_.bytes(), stream_));
-        !s.ok()) {
-      return s;
-    }
-    kernels::CudaStepScalars k;
-    k.adamw = scalars.adamw;
-    k.grad_scale = scalars.grad_scale;
-    k.clip = scalars.clip;
-    k.seed = scalars.seed;
-    k.k = static_cast<uint32_t>(scalars.k);
     // The kernel's own time, for --log_level=debug (what the step's device time is made of).
     const bool timed = GetLogLevel() == LogLevel::kDebug;
     if (timed) PARAMD_CUDA_RETURN_IF_ERROR(cudaEventRecord(kernel_timing_[0], stream_));
     if (absl::Status s = FromKernel(kernels::FusedStepCuda(plan_, k, stream_)); !s.ok()) return s;
     if (timed) PARAMD_CUDA_RETURN_IF_ERROR(cudaEventRecord(kernel_timing_[1], stream_));
-    // Served bytes into the version's exported GPU bytes where the step did not write them there;
-    // they stay on the GPU (a host reader copies them down once, ReadyHostBytes). Only formats
-    // without exported bytes go down into their host buffers now. The masters' amaxes come down
-    // in one copy.
-    const float* amax = HostScalars() + n;
     for (size_t i = 0; i < tensors.size(); ++i) {
       auto& s = *static_cast<CudaTensorState*>(tensors[i].state);
       bool on_device = false;
@@ -643,6 +800,12 @@ class CudaBackend : public Backend {
           cudaMemcpyAsync(HostScalars() + n, static_cast<float*>(step_scalars_.get()) + n,
                           n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     }
+    return absl::OkStatus();
+  }
+
+  // Records step_done_ after the queued step, reports every tensor done, and waits for the step.
+  absl::Status Publish(std::span<TensorStep> tensors, std::chrono::steady_clock::time_point start,
+                       const std::function<void(size_t)>& tensor_done) {
     PARAMD_CUDA_RETURN_IF_ERROR(cudaEventRecord(step_done_, stream_));
     const auto enqueued = std::chrono::steady_clock::now();
     if (tensor_done) {
@@ -650,7 +813,7 @@ class CudaBackend : public Backend {
     }
     const auto published = std::chrono::steady_clock::now();
     PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-    if (timed) {
+    if (GetLogLevel() == LogLevel::kDebug) {
       float kernel_ms = 0;
       PARAMD_CUDA_RETURN_IF_ERROR(
           cudaEventElapsedTime(&kernel_ms, kernel_timing_[0], kernel_timing_[1]));
@@ -659,9 +822,6 @@ class CudaBackend : public Backend {
                         << Ms(enqueued, published) << " ms, then the device "
                         << Ms(published, std::chrono::steady_clock::now()) << " ms (the kernel "
                         << kernel_ms << " ms)";
-    }
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      static_cast<CudaTensorState*>(tensors[i].state)->history.Append(amax[i]);
     }
     return absl::OkStatus();
   }
@@ -740,8 +900,10 @@ class CudaBackend : public Backend {
     return absl::OkStatus();
   }
 
-  // The kernels' descriptors of this step's tensors, bound to a device workspace.
-  absl::Status Plan(std::span<TensorStep> tensors) {
+  // The kernels' descriptors of this step's tensors, bound to a device workspace; without `wait`
+  // through page-locked staging, the host waiting for nothing (the previous step has run: every
+  // step ends synchronized).
+  absl::Status Plan(std::span<TensorStep> tensors, bool wait) {
     // Kept from step to step (grown for a bigger job only).
     if (step_scalars_.bytes() < 2 * tensors.size() * sizeof(float)) {
       step_scalars_.Free();
@@ -749,7 +911,8 @@ class CudaBackend : public Backend {
         return s;
       }
     }
-    const int64_t host_bytes = static_cast<int64_t>(2 * tensors.size() * sizeof(float));
+    // The fp8_delayed scales and the amaxes, then a step decided on the device's flag and clip.
+    const int64_t host_bytes = static_cast<int64_t>((2 * tensors.size() + 2) * sizeof(float));
     if (host_scalars_.size() < host_bytes) {
       absl::StatusOr<HostBuffer> pinned = HostAllocator()->Allocate(host_bytes);
       if (!pinned.ok()) return pinned.status();
@@ -806,7 +969,15 @@ class CudaBackend : public Backend {
       workspace_.Free();
       if (absl::Status s = workspace_.Allocate(plan_.workspace_bytes()); !s.ok()) return s;
     }
-    return FromKernel(plan_.Bind(workspace_.get(), workspace_.bytes(), stream_));
+    if (wait) return FromKernel(plan_.Bind(workspace_.get(), workspace_.bytes(), stream_));
+    const auto staging_bytes = static_cast<int64_t>(plan_.workspace_bytes());
+    if (plan_staging_.size() < staging_bytes) {
+      absl::StatusOr<HostBuffer> pinned = HostAllocator()->Allocate(staging_bytes);
+      if (!pinned.ok()) return pinned.status();
+      plan_staging_ = *std::move(pinned);
+    }
+    return FromKernel(
+        plan_.BindAsync(workspace_.get(), workspace_.bytes(), plan_staging_.data(), stream_));
   }
 
   const int device_;
@@ -821,7 +992,12 @@ class CudaBackend : public Backend {
   std::atomic<int64_t> host_copies_{0};
   kernels::CudaStepPlan plan_;
   DeviceBuffer workspace_;
+  HostBuffer plan_staging_;  // page-locked: the descriptors on their way up (BindAsync)
+  static constexpr int kDecisionFlags = 16;
+  HostBuffer decision_flags_;  // page-locked ring: steps decided on the device, their flags
+  uint64_t decided_steps_ = 0;
   DeviceBuffer finite_;        // the gradient check's flag
+  DeviceBuffer clip_;          // a step decided on the device: its clip (StepDecisionCuda)
   DeviceBuffer norm_sums_;     // the gradient check's block sums, as many as the biggest job's
   DeviceBuffer step_scalars_;  // a step's fp8_delayed scales, then its masters' amaxes
   // The same on the host, page-locked: one asynchronous copy each way, where pageable memory would

@@ -362,6 +362,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
         End(ready);
         return false;
       }
+      // A host reader waited for the step: its outcome is known now (ReadyHostBytes).
     }
     offset_ = 0;
     const Place* place = place_ ? bytes_->place() : nullptr;
@@ -380,7 +381,9 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     header->mutable_format()->set_recipe(format_.recipe);
     header->mutable_format()->set_direction(format_.direction);
     header->set_data_bytes(format->layout.data_bytes);
-    header->set_skipped(served_->skipped);
+    const bool pending = served_->outcome_pending();  // then skipped is final where it is not
+    header->set_skipped(!pending && served_->skipped);
+    header->set_outcome_pending(pending);
     if (format->layout.scale_count > 0) {
       header->set_scale_bytes(format->layout.scale_bytes);
       header->set_scale_type(format->layout.scale_dtype == kernels::DType::kE8m0

@@ -361,12 +361,15 @@ absl::StatusOr<ChunkBuffer::Stored> Job::MarkLent(Tensor& t, size_t index,
   }
   absl::StatusOr<std::shared_ptr<const void>> lent = backend_->MapLent(mark.lent(), t.grad_bytes);
   if (!lent.ok()) return lent.status();
+  absl::StatusOr<const void*> ready = backend_->LentReadyEvent(mark.lent());
+  if (!ready.ok()) return ready.status();
   if (slot.holds_memory() || slot.size() != t.grad_bytes) slot.ResetCounting(t.grad_bytes);
   absl::StatusOr<ChunkBuffer::Stored> stored = slot.MarkWritten(0, t.grad_bytes);
   if (!stored.ok()) return stored;
   device.lent = *std::move(lent);
   device.lent_from = from;
   device.lent_this_step = true;
+  device.ready = *ready;
   device.written = true;
   return stored;
 }
@@ -667,6 +670,73 @@ absl::Status Job::FreshServedForStep(int64_t step,
   return absl::OkStatus();
 }
 
+StepReport Job::FailStep(const StepWork& work, const absl::Status& why) {
+  // A step that fails fails the job: its state may be half-updated, which no retry could repair.
+  StepReport report{work.step, 0, 0, false, 1.0f, absl::OkStatus()};
+  report.failed = WithReason(
+      absl::Status(
+          why.code(),
+          absl::StrCat("job ", Quoted(name_), " failed at step ", work.step, ": ", why.message(),
+                       "; it runs no more steps: delete it (DeleteJob, paramctl delete) "
+                       "and register it again from an export or checkpoint")),
+      v1::ERROR_REASON_JOB_FAILED);
+  std::vector<std::function<void()>> wake;
+  {
+    absl::MutexLock lock(&mu_);
+    FailLocked(report.failed, &wake);
+    slots_.Drop(work.step);
+  }
+  for (auto& w : wake) w();
+  return report;
+}
+
+StepReport Job::StepOnDevice(const StepWork& work, std::span<TensorStep> steps,
+                             std::vector<std::shared_ptr<ServedTensor>>& outputs,
+                             const StepScalars& scalars,
+                             std::chrono::steady_clock::time_point start) {
+  // Each version is published once its step is queued, its outcome pending until the step ran.
+  std::vector<ServedTensor*> published;
+  auto publish = [&](size_t i) {
+    PARAMD_CHECK(i < outputs.size() && outputs[i] != nullptr)
+        << "job " << name_ << ": tensor " << i << " of step " << work.step << " reported twice";
+    std::vector<std::function<void()>> wake;
+    {
+      absl::MutexLock lock(&mu_);
+      outputs[i]->version = work.step + 1;
+      outputs[i]->SetOutcomePending();
+      published.push_back(outputs[i].get());
+      served_.Publish(static_cast<int>(i), std::move(outputs[i]), &wake);
+    }
+    for (auto& w : wake) w();
+  };
+  absl::StatusOr<StepOutcome> outcome =
+      backend_->StepOnDevice(steps, scalars, spec_.max_grad_norm(), publish);
+  // Readers waiting for an outcome learn it (a failed step's versions are never read again).
+  for (ServedTensor* served : published) served->ResolveOutcome(outcome.ok() && outcome->skipped);
+  if (!outcome.ok()) return FailStep(work, outcome.status());
+  PARAMD_CHECK(published.size() == outputs.size())
+      << "job " << name_ << ": the backend reported " << published.size() << " of "
+      << outputs.size() << " tensors of step " << work.step;
+  const auto stepped = std::chrono::steady_clock::now();
+  StepReport report{work.step, 0, 0, outcome->skipped, outcome->clip, absl::OkStatus()};
+  report.seconds = std::chrono::duration<double>(stepped - start).count();
+  PARAMD_LOG(DEBUG) << "job " << name_ << " step " << work.step << ": " << report.seconds * 1e3
+                    << " ms, decided on the device (" << (outcome->skipped ? "skipped" : "applied")
+                    << ", clip " << outcome->clip << ")";
+  absl::MutexLock lock(&mu_);
+  if (outcome->skipped) {
+    ++skipped_steps_;
+  } else {
+    ++applied_steps_;
+  }
+  sequence_.StepRan(work.step);
+  last_step_seconds_ = report.seconds;
+  last_clip_ = outcome->clip;
+  for (const Tensor& t : tensors_) report.elements += t.elements;
+  slots_.Return(work.step);
+  return report;
+}
+
 StepReport Job::StepNow(const StepWork& work) {
   const auto start = std::chrono::steady_clock::now();
   std::vector<TensorStep> steps;
@@ -674,24 +744,7 @@ StepReport Job::StepNow(const StepWork& work) {
   std::vector<const ServedTensor*> previous;
   StepScalars scalars;
   StepReport report{work.step, 0, 0, false, 1.0f, absl::OkStatus()};
-  // A step that fails fails the job: its state may be half-updated, which no retry could repair.
-  auto fail = [&](const absl::Status& why) {
-    report.failed = WithReason(
-        absl::Status(
-            why.code(),
-            absl::StrCat("job ", Quoted(name_), " failed at step ", work.step, ": ", why.message(),
-                         "; it runs no more steps: delete it (DeleteJob, paramctl delete) "
-                         "and register it again from an export or checkpoint")),
-        v1::ERROR_REASON_JOB_FAILED);
-    std::vector<std::function<void()>> wake;
-    {
-      absl::MutexLock lock(&mu_);
-      FailLocked(report.failed, &wake);
-      slots_.Drop(work.step);
-    }
-    for (auto& w : wake) w();
-    return report;
-  };
+  auto fail = [&](const absl::Status& why) { return FailStep(work, why); };
   absl::Status prepared;
   {
     absl::MutexLock lock(&mu_);
@@ -727,9 +780,12 @@ StepReport Job::StepNow(const StepWork& work) {
       for (size_t r = first; r < first + count; ++r) step.slots.push_back(slots[i][r].data());
       if (i < slots.device.size()) {
         for (size_t r = first; r < first + count && r < slots.device[i].size(); ++r) {
-          step.device_slots.push_back(slots.device[i][r].gradient());
+          const DeviceSlot& device = slots.device[i][r];
+          step.device_slots.push_back(device.gradient());
+          step.ready_events.push_back(device.lent_this_step ? device.ready : nullptr);
         }
       }
+      step.previous = previous.back();
       step.out = outputs[i].get();
       steps.push_back(std::move(step));
     }
@@ -737,6 +793,9 @@ StepReport Job::StepNow(const StepWork& work) {
   // The state and the taken slots belong to this step alone while it runs.
   const std::span<TensorStep> all(steps);
   const bool clipping = spec_.max_grad_norm() > 0;
+  if (backend_->DecidesOnDevice() && !steps.empty()) {
+    return StepOnDevice(work, all, outputs, scalars, start);
+  }
   absl::StatusOr<GradientCheck> check = backend_->CheckGradients(all, scalars.grad_scale, clipping);
   if (!check.ok()) return fail(check.status());
   const auto checked = std::chrono::steady_clock::now();

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -13,6 +14,7 @@
 #include <optional>
 #include <set>
 #include <shared_mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -194,6 +196,12 @@ class Job {
   absl::Status SizeSlot(ChunkBuffer& slot, size_t i) const;
   // Runs one step that RunOrHoldStep claimed from the sequence.
   StepReport StepNow(const StepWork& work);
+  // StepNow on a backend that decides steps on the device (Backend::StepOnDevice).
+  StepReport StepOnDevice(const StepWork& work, std::span<TensorStep> steps,
+                          std::vector<std::shared_ptr<ServedTensor>>& outputs,
+                          const StepScalars& scalars, std::chrono::steady_clock::time_point start);
+  // Fails the job at `work`'s step with `why` (a step's state may be half-updated).
+  StepReport FailStep(const StepWork& work, const absl::Status& why);
   // The served buffers of every tensor's next version, waiting while a retired version is leased.
   absl::Status FreshServedForStep(int64_t step, std::vector<std::shared_ptr<ServedTensor>>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

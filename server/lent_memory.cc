@@ -86,6 +86,41 @@ absl::StatusOr<std::shared_ptr<const void>> LentMemory::Map(const v1::LentMemory
   return std::shared_ptr<const void>(opened, opened->base + lent.offset());
 }
 
+absl::StatusOr<const void*> LentMemory::ReadyEvent(const v1::LentMemory& lent) {
+  if (lent.pid() == static_cast<int64_t>(getpid())) {
+    // A trainer in this process (tests): the event itself (CUDA opens no process's own handles).
+    return reinterpret_cast<const void*>(lent.ready_event_local());
+  }
+  if (lent.ready_event().empty()) return static_cast<const void*>(nullptr);
+  cudaIpcEventHandle_t handle;
+  if (lent.ready_event().size() != sizeof(handle)) {
+    return absl::InvalidArgumentError(absl::StrCat("a lent gradient's ready event handle has ",
+                                                   lent.ready_event().size(), " bytes, not ",
+                                                   sizeof(handle), " (a cudaIpcEventHandle_t)"));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = events_.find(lent.ready_event()); it != events_.end()) return it->second;
+  const DeviceScope scope(device_);
+  if (!scope.status().ok()) return scope.status();
+  std::memcpy(&handle, lent.ready_event().data(), sizeof(handle));
+  cudaEvent_t event = nullptr;
+  if (cudaError_t e = cudaIpcOpenEventHandle(&event, handle); e != cudaSuccess) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot open the trainer's ready event on cuda:", device_,
+                     " (cudaIpcOpenEventHandle: ", cudaGetErrorString(e),
+                     "); only a trainer on the daemon's own node orders its lent "
+                     "gradients by an event"));
+  }
+  events_.emplace(lent.ready_event(), event);
+  return static_cast<const void*>(event);
+}
+
+LentMemory::~LentMemory() {
+  const DeviceScope scope(device_);
+  for (auto& [handle, event] : events_) cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+
 size_t LentMemory::open() const {
   std::lock_guard<std::mutex> lock(mu_);
   return opened_.size();

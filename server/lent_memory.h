@@ -27,8 +27,16 @@ class LentMemory {
   // FAILED_PRECONDITION where the handle cannot be opened here (another GPU's or node's memory).
   absl::StatusOr<std::shared_ptr<const void>> Map(const v1::LentMemory& lent, int64_t bytes);
 
+  // The event `lent` names for its gradient's reads to wait for (LentMemory.ready_event), opened
+  // once per handle and kept while this lives (a trainer records the same event for every push);
+  // null where it names none. INVALID_ARGUMENT for a malformed handle, FAILED_PRECONDITION where
+  // it cannot be opened here.
+  absl::StatusOr<const void*> ReadyEvent(const v1::LentMemory& lent);
+
   // Allocations open now (a test counts them).
   size_t open() const;
+
+  ~LentMemory();
 
  private:
   struct Opened;  // one allocation opened by IPC handle, closed when destroyed
@@ -36,6 +44,7 @@ class LentMemory {
   const int device_;
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<Opened>> opened_;  // by IPC handle
+  std::map<std::string, void*> events_;                    // cudaEvent_t by IPC event handle
 };
 
 }  // namespace paramd

@@ -15,6 +15,7 @@ void SlotSet::Clear() {
     for (DeviceSlot& slot : per_tensor) {
       slot.written = false;
       slot.lent_this_step = false;
+      slot.ready = nullptr;
     }
   }
 }

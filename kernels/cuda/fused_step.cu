@@ -398,13 +398,12 @@ __device__ __forceinline__ void MxColumnFromRegisters(const StepDesc& d, const C
 // 4l .. 4l + 3. The kRows rows are independent chains, written stage by stage (all loads, all
 // updates, all reductions, ...) so their latencies overlap.
 template <int kKind, int kRows>
-__device__ __forceinline__ void ComputeSubUnit(const TileParams& P, const StepDesc& d,
-                                               const Cursor& c, const unsigned char* stage,
-                                               float* buffer, uint32_t* group_max, ThreadAcc* acc,
-                                               int* mx_units) {
+__device__ __forceinline__ void ComputeSubUnit(const TileParams& P, const StepScalarsDev& s,
+                                               const StepDesc& d, const Cursor& c,
+                                               const unsigned char* stage, float* buffer,
+                                               uint32_t* group_max, ThreadAcc* acc, int* mx_units) {
   const int w = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
-  const StepScalarsDev& s = P.s;
   const PolicyOf<kKind> pol(d);
   const int64_t cols = d.cols;
   const uint32_t outputs = d.outputs;
@@ -795,6 +794,8 @@ __device__ void FinishItems(const StepDesc& d, uint32_t bits, uint32_t items) {
 template <int kKind, int kRows>
 __global__ void __launch_bounds__(kThreads, (kKind != kAnyPolicy && kRows == 1) ? 3 : 2)
     TileKernel(const TileParams P) {
+  StepScalarsDev s;
+  if (!DecidedScalars(P.s, &s)) return;
   extern __shared__ __align__(16) unsigned char smem[];
   // The consumer's tensor descriptor, copied once per tile: reads of it cannot alias the global
   // stores of the step, so none of them waits on those. Two copies (by tile parity): threads are
@@ -841,7 +842,7 @@ __global__ void __launch_bounds__(kThreads, (kKind != kAnyPolicy && kRows == 1) 
       Advance<kRows>(P, &prod);
     }
     CpAsyncCommit();
-    ComputeSubUnit<kKind, kRows>(P, desc, cons, smem + slot * P.stage.bytes, buffer, group_max,
+    ComputeSubUnit<kKind, kRows>(P, s, desc, cons, smem + slot * P.stage.bytes, buffer, group_max,
                                  &acc, &mx_units);
     const uint32_t outputs = desc.outputs;
     const int row_end = (cons.su + 1) * kSub;  // tile rows done so far
@@ -922,6 +923,8 @@ __device__ __forceinline__ void StoreMomentFlat(uint8_t type, bool stochastic, v
 }
 
 __global__ void __launch_bounds__(kThreads) FlatKernel(const FlatParams P) {
+  StepScalarsDev s;
+  if (!DecidedScalars(P.s, &s)) return;
   const int lane = threadIdx.x & 31;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (kThreads / 32);
   int cur = -1;
@@ -977,10 +980,10 @@ __global__ void __launch_bounds__(kThreads) FlatKernel(const FlatParams P) {
                             static_cast<uint16_t>(d.remainder[i]));
       }
       if (d.m_stochastic | d.v_stochastic) {
-        RandomWords(P.s.seed, P.s.k, d.tensor_index, static_cast<uint64_t>(i), &r0[q], &r1[q]);
+        RandomWords(s.seed, s.k, d.tensor_index, static_cast<uint64_t>(i), &r0[q], &r1[q]);
       }
       float p;
-      AdamwElement(P.s, g0, m, v, p_old, &mn[q], &vn[q], &p);
+      AdamwElement(s, g0, m, v, p_old, &mn[q], &vn[q], &p);
       st[q] = StoreMasterValue(d.master_type, p);
       served[q] = st[q].served;
       if (d.master_type == static_cast<uint8_t>(MasterType::kFp32)) {
@@ -1030,6 +1033,8 @@ StepScalarsDev DeviceScalars(const CudaStepScalars& s) {
   d.seed = s.seed;
   d.k = s.k;
   d.clip_active = s.clip != 1.0f;
+  d.d_clip = s.d_clip;
+  d.d_all_finite = s.d_all_finite;
   return d;
 }
 
@@ -1176,7 +1181,8 @@ KStatus FusedStepCuda(const CudaStepPlan& plan, const CudaStepScalars& scalars, 
     return cuda_internal::LaunchServe(
         reinterpret_cast<const cuda_internal::ServeDesc*>(base + plan.layout().serve_descs),
         reinterpret_cast<const int64_t*>(base + plan.layout().serve_starts),
-        static_cast<int>(plan.second_pass_outputs()), plan.num_serve_tiles(), stream);
+        static_cast<int>(plan.second_pass_outputs()), plan.num_serve_tiles(), stream,
+        scalars.d_all_finite);
   }
   return KStatus::Ok();
 }

@@ -77,7 +77,9 @@ __device__ uint32_t BlockMax(uint32_t x, uint32_t* reduce) {
 }
 
 __global__ void __launch_bounds__(kThreads)
-    ServeKernel(const ServeDesc* descs, const int64_t* starts, int n) {
+    ServeKernel(const ServeDesc* descs, const int64_t* starts, int n, const int* all_finite) {
+  // Pass 2 of a step decided on the device that was skipped: nothing to serve anew.
+  if (all_finite != nullptr && *all_finite == 0) return;
   extern __shared__ __align__(16) unsigned char smem[];
   float* buf = reinterpret_cast<float*>(smem);
   uint8_t* codes = smem + kBufBytes;
@@ -198,12 +200,12 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 KStatus LaunchServe(const ServeDesc* d_descs, const int64_t* d_starts, int n, int64_t num_tiles,
-                    cudaStream_t stream) {
+                    cudaStream_t stream, const int* d_all_finite) {
   if (num_tiles <= 0) return KStatus::Ok();
   PARAMD_CUDA_RETURN_IF_ERROR(
       cudaFuncSetAttribute(ServeKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   ServeKernel<<<static_cast<unsigned>(num_tiles), kThreads, kSmemBytes, stream>>>(d_descs, d_starts,
-                                                                                  n);
+                                                                                  n, d_all_finite);
   PARAMD_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return KStatus::Ok();
 }

@@ -12,7 +12,9 @@
 namespace paramd::kernels::cuda_internal {
 
 // One launch over `num_tiles` 128 x 128 tiles of the outputs d_descs[0, n) (device arrays).
+// With `d_all_finite`, it writes nothing where that flag is 0 (a step decided on the device and
+// skipped).
 KStatus LaunchServe(const ServeDesc* d_descs, const int64_t* d_starts, int n, int64_t num_tiles,
-                    cudaStream_t stream);
+                    cudaStream_t stream, const int* d_all_finite = nullptr);
 
 }  // namespace paramd::kernels::cuda_internal

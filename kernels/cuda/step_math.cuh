@@ -17,7 +17,23 @@ struct StepScalarsDev {
   uint64_t seed;
   uint32_t k;
   int clip_active;
+  // A step decided on the device (CudaStepScalars): the clip to read, and the gradient check's flag
+  // (0: skipped, the kernels write nothing).
+  const float* d_clip;
+  const int* d_all_finite;
 };
+
+// The scalars a kernel runs with: `s`, with the clip of a step decided on the device read once.
+// False when that step is skipped (the kernel then returns before writing anything).
+__device__ __forceinline__ bool DecidedScalars(const StepScalarsDev& s, StepScalarsDev* out) {
+  if (s.d_all_finite != nullptr && *s.d_all_finite == 0) return false;
+  *out = s;
+  if (s.d_clip != nullptr) {
+    out->clip = *s.d_clip;
+    out->clip_active = out->clip != 1.0f;
+  }
+  return true;
+}
 
 // The AdamW update of one element (DESIGN.md §3): g from gs, then m, v, p.
 __device__ __forceinline__ void AdamwElement(const StepScalarsDev& s, float g0, float m, float v,

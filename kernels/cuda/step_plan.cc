@@ -379,31 +379,47 @@ KStatus CudaStepPlan::Create(std::span<const CudaStepTensor> tensors, CudaStepPl
 }
 
 KStatus CudaStepPlan::Bind(void* d_workspace, size_t bytes, cudaStream_t stream) {
+  std::vector<unsigned char> image(image_.size());
+  if (KStatus st = BindAsync(d_workspace, bytes, image.data(), stream); !st.ok()) return st;
+  // The image is a local: wait for the copy before it goes.
+  PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return KStatus::Ok();
+}
+
+KStatus CudaStepPlan::BindAsync(void* d_workspace, size_t bytes, void* h_staging,
+                                cudaStream_t stream) {
   if (d_workspace == nullptr || bytes < workspace_bytes_ ||
-      reinterpret_cast<uintptr_t>(d_workspace) % 256 != 0) {
+      reinterpret_cast<uintptr_t>(d_workspace) % 256 != 0 ||
+      (h_staging == nullptr && !image_.empty())) {
     return KStatus(Code::kInvalidArgument,
                    "CudaStepPlan::Bind: needs a 256-byte aligned workspace of " +
-                       std::to_string(workspace_bytes_) + " bytes");
+                       std::to_string(workspace_bytes_) + " bytes and host staging");
   }
-  std::vector<unsigned char> image = image_;
+  auto* image = static_cast<unsigned char*>(h_staging);
+  if (!image_.empty()) std::memcpy(image, image_.data(), image_.size());
   const uintptr_t base = reinterpret_cast<uintptr_t>(d_workspace);
   for (size_t at : relocations_) {
     uintptr_t v;
-    std::memcpy(&v, image.data() + at, sizeof v);
+    std::memcpy(&v, image + at, sizeof v);
     v += base;
-    std::memcpy(image.data() + at, &v, sizeof v);
+    std::memcpy(image + at, &v, sizeof v);
   }
-  if (!image.empty()) {
+  if (!image_.empty()) {
     PARAMD_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(d_workspace, image.data(), image.size(), cudaMemcpyHostToDevice, stream));
+        cudaMemcpyAsync(d_workspace, image, image_.size(), cudaMemcpyHostToDevice, stream));
+  }
+  d_workspace_ = d_workspace;
+  return ResetCounters(stream);
+}
+
+KStatus CudaStepPlan::ResetCounters(cudaStream_t stream) const {
+  if (d_workspace_ == nullptr) {
+    return KStatus(Code::kInvalidArgument, "CudaStepPlan::ResetCounters: the plan is not bound");
   }
   if (counters_bytes_ > 0) {
     PARAMD_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
-        static_cast<unsigned char*>(d_workspace) + layout_.counters, 0, counters_bytes_, stream));
+        static_cast<unsigned char*>(d_workspace_) + layout_.counters, 0, counters_bytes_, stream));
   }
-  // The image is a local: wait for the copy before it goes.
-  PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  d_workspace_ = d_workspace;
   return KStatus::Ok();
 }
 

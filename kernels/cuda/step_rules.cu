@@ -220,6 +220,40 @@ __global__ void __launch_bounds__(kThreads) BlockKernel(const GradParams P) {
 
 __global__ void SetOne(int* flag) { *flag = 1; }
 
+// SumInOrder then ClipFactor (kernels/cpu/step_rules_cpu.cc) by one thread: the same IEEE
+// additions in the same order, a correctly rounded square root and division, one rounding to FP32.
+__global__ void DecisionKernel(const double* sums, int64_t n, double max_norm, float* clip) {
+  double total = 0.0;
+  for (int64_t i = 0; i < n; ++i) total = __dadd_rn(total, sums[i]);
+  const double c = __ddiv_rn(max_norm, __dadd_rn(__dsqrt_rn(total), 1e-6));
+  *clip = __double2float_rn(c < 1.0 ? c : 1.0);
+}
+
+constexpr int kSkipCopiesPerLaunch = 64;
+struct SkipCopies {
+  CudaSkipCopy items[kSkipCopiesPerLaunch];
+  int count;
+};
+
+// blockIdx.y picks the copy; the grid's x blocks stride over its 16-byte words, then its tail.
+__global__ void __launch_bounds__(256)
+    CopyIfSkippedKernel(const __grid_constant__ SkipCopies C, const int* all_finite) {
+  if (*all_finite != 0 || blockIdx.y >= static_cast<unsigned>(C.count)) return;
+  const CudaSkipCopy& c = C.items[blockIdx.y];
+  // 16-byte words where both ends are aligned, bytes for the rest.
+  const bool aligned =
+      ((reinterpret_cast<uintptr_t>(c.d_src) | reinterpret_cast<uintptr_t>(c.d_dst)) & 15u) == 0;
+  const int64_t words = aligned ? c.bytes / 16 : 0;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int64_t i = first; i < words; i += stride) {
+    static_cast<uint4*>(c.d_dst)[i] = static_cast<const uint4*>(c.d_src)[i];
+  }
+  for (int64_t i = words * 16 + first; i < c.bytes; i += stride) {
+    static_cast<uint8_t*>(c.d_dst)[i] = static_cast<const uint8_t*>(c.d_src)[i];
+  }
+}
+
 }  // namespace
 }  // namespace paramd::kernels::cuda_internal
 
@@ -253,6 +287,40 @@ KStatus GradCheckCuda(const CudaStepPlan& plan, float grad_scale, double* d_bloc
   PARAMD_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   if (P.sums && plan.num_norm_blocks() > 0) {
     BlockKernel<<<static_cast<unsigned>(plan.num_norm_blocks()), kThreads, 0, stream>>>(P);
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  }
+  return KStatus::Ok();
+}
+
+KStatus StepDecisionCuda(const double* d_block_sums, int64_t n, double max_grad_norm, float* d_clip,
+                         cudaStream_t stream) {
+  if (d_clip == nullptr || (n > 0 && d_block_sums == nullptr) || !(max_grad_norm > 0)) {
+    return KStatus(Code::kInvalidArgument,
+                   "StepDecisionCuda: needs the block sums, a clip to write and max_grad_norm > 0");
+  }
+  cuda_internal::DecisionKernel<<<1, 1, 0, stream>>>(d_block_sums, n, max_grad_norm, d_clip);
+  PARAMD_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return KStatus::Ok();
+}
+
+KStatus CopyIfSkippedCuda(std::span<const CudaSkipCopy> copies, const int* d_all_finite,
+                          cudaStream_t stream) {
+  using cuda_internal::kSkipCopiesPerLaunch;
+  if (d_all_finite == nullptr) {
+    return KStatus(Code::kInvalidArgument, "CopyIfSkippedCuda: no d_all_finite");
+  }
+  for (size_t first = 0; first < copies.size(); first += kSkipCopiesPerLaunch) {
+    cuda_internal::SkipCopies C{};
+    int64_t most = 0;
+    for (size_t i = first; i < copies.size() && C.count < kSkipCopiesPerLaunch; ++i) {
+      C.items[C.count++] = copies[i];
+      most = copies[i].bytes > most ? copies[i].bytes : most;
+    }
+    // Enough blocks for the largest copy at a few words per thread, at most one wave per copy.
+    const int64_t blocks = (most / 16 + 4 * 256 - 1) / (4 * 256);
+    const dim3 grid(static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 132 ? 132 : blocks)),
+                    static_cast<unsigned>(C.count));
+    cuda_internal::CopyIfSkippedKernel<<<grid, 256, 0, stream>>>(C, d_all_finite);
     PARAMD_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
   return KStatus::Ok();

@@ -36,10 +36,11 @@ What happens when:
   iteration under way pushes nothing. A loop whose batch is a function of `opt.next_step` ends
   bit-identical to a run without the restart. `restarts` counts them.
 - CUDA parameters, with the daemon on this node's GPU (`paramd --backend=cuda:N`; the automatic
-  choice then picks cuda_ipc): gradients are lent, not copied. A push waits (on the push thread,
-  so the Python thread never waits on the device) for the work queued on the current stream at
-  construction (`cuda_stream`), then tells the daemon where each gradient lies; the daemon's step
-  reads them there. The optimizer keeps them alive until the step's version is loaded (the next
+  choice then picks cuda_ipc): gradients are lent, not copied. A push waits for nothing: it
+  records an interprocess event on the current stream at construction (`cuda_stream`) and tells
+  the daemon where each gradient lies and which event orders it; the daemon's step waits for the
+  event on the GPU and reads them there. The daemon decides skip and clip on the GPU too, so
+  neither process's host waits for backward. The optimizer keeps them alive until the step's version is loaded (the next
   forward), whose pull orders the current stream after the daemon's step, so their memory is
   reused only by work queued after the step read it. Do not write into gradients between step()
   and the next forward: zero_grad(set_to_none=False) loads the version first. With
@@ -430,10 +431,11 @@ class AdamW(torch.optim.Optimizer):
                     self._flush(j)
             self._pushes.wait()
             pushed = time.perf_counter()
-            # The pushes read gradients backward wrote after the current version's forward:
-            # the earlier versions' views are done with, and their leases go before the commit,
-            # which asks the daemon for room for the next version.
-            self._drop_retired()
+            # The earlier versions' leases go before the commit, which asks the daemon for room
+            # for the next version: all but the newest one retired, whose reads (the last
+            # forward's, backward's) the GPU may still run (the pushes do not wait for the device).
+            # So at most two versions are held while the daemon's step needs a third.
+            self._drop_retired(keep=1)
             for j in self._jobs:
                 self._update_hyperparams(j)
                 j.client.commit(j.name, self.rank, self._step, lr=float(j.group["lr"]),
@@ -565,8 +567,13 @@ class AdamW(torch.optim.Optimizer):
         self._retired.append((event, old))
         self._drop_retired()
 
-    def _drop_retired(self):
+    def _drop_retired(self, keep=None):
+        """Lets go of the retired versions whose reads have run; with `keep`, waits for the oldest
+        ones until at most `keep` are held."""
         while self._retired and self._retired[0][0].query():
+            self._retired.pop(0)
+        while keep is not None and len(self._retired) > keep:
+            self._retired[0][0].synchronize()
             self._retired.pop(0)
 
     def _await(self, pending):

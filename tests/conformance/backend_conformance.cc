@@ -175,6 +175,9 @@ TEST_P(BackendConformanceTest, ANonFiniteGradientSkipsAndClippingScalesAsTheRefe
   EXPECT_EQ(h.Newest(2)->version, 2);
   EXPECT_TRUE(h.Newest(2)->skipped);
   EXPECT_TRUE(BitIdentical(h.Served(2, v1::RECIPE_MXFP8, v1::DIRECTION_COLUMNWISE), before));
+  // Every format of every tensor re-serves version 1 (on a backend that decides on the device, the
+  // ones its kernels write in place too), with the same per-tensor scales.
+  ExpectServedAsReference(h, reference, spec, 2);
   // The next applied step counts k = 2.
   grads = RandomGradients(spec, 952);
   ASSERT_TRUE(h.RunStep(2, grads, std::nullopt, 0.5).ok());

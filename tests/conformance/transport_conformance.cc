@@ -446,7 +446,8 @@ TEST_P(TransportConformanceTest, ADaemonRestartedAtTheSameAddressGetsWhatIsPushe
     const absl::Status committed = Commit("again", 0, 0);
     ASSERT_TRUE(committed.ok()) << "start " << start << ": " << committed;
     Pulled pulled;
-    ASSERT_TRUE(transport_->Pull(Target("again", "t", 1), Soon(), &pulled).ok());
+    const absl::Status pulled_status = transport_->Pull(Target("again", "t", 1), Soon(), &pulled);
+    ASSERT_TRUE(pulled_status.ok()) << "start " << start << ": " << pulled_status;
     if (start == 0) {
       first = Floats(pulled);
       EXPECT_NE(first, p);

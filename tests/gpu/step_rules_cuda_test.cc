@@ -3,6 +3,7 @@
 // and finiteness (inf, NaN, a square that overflows).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -130,6 +131,68 @@ TEST_F(StepRulesCudaTest, NanIsFound) { Check(kShapes, 13, NAN); }
 
 TEST_F(StepRulesCudaTest, AnOverflowingSquareIsFound) {
   Check(kShapes, 14, 1e20f);  // (1e20 * 0.37)^2 is past FLT_MAX; 3e19 squared was not
+}
+
+// The clip of a step decided on the device is the host's bit for bit: sums of very different
+// magnitudes (the order matters), counts from 1 to thousands, norms above and below max_grad_norm.
+TEST_F(StepRulesCudaTest, TheDeviceDecisionsClipIsTheHostsBitForBit) {
+  std::mt19937_64 rng(21);
+  std::uniform_real_distribution<double> exponent(-30.0, 30.0);
+  DeviceBuffer clip(4);
+  for (int64_t n : {1, 2, 3, 17, 128, 4099}) {
+    std::vector<double> sums(static_cast<size_t>(n));
+    for (double& x : sums) x = std::pow(2.0, exponent(rng)) * (1.0 + exponent(rng) / 64.0);
+    DeviceBuffer d_sums(sums.size() * 8);
+    ASSERT_EQ(d_sums.Upload(sums), cudaSuccess);
+    const double total = SumInOrder(sums.data(), n);
+    for (double max_norm : {1e-3, 1.0, std::sqrt(total), 1e12}) {
+      ASSERT_TRUE(
+          StepDecisionCuda(d_sums.as<double>(), n, max_norm, clip.as<float>(), nullptr).ok());
+      const float want = ClipFactor(total, max_norm);
+      const float got = clip.Download<float>(1)[0];
+      EXPECT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want))
+          << "n " << n << ", max_norm " << max_norm << ": " << got << " vs " << want;
+    }
+  }
+  EXPECT_FALSE(StepDecisionCuda(nullptr, 3, 1.0, clip.as<float>(), nullptr).ok());
+  EXPECT_FALSE(StepDecisionCuda(nullptr, 0, 0.0, clip.as<float>(), nullptr).ok());
+}
+
+// A skipped step's copies run only where the flag says skipped, whole, at any size and alignment,
+// and more of them than one launch takes.
+TEST_F(StepRulesCudaTest, SkipCopiesRunOnlyForASkippedStep) {
+  std::mt19937_64 rng(22);
+  std::vector<int64_t> sizes;
+  for (int i = 0; i < 70; ++i) sizes.push_back(static_cast<int64_t>(rng() % 5000));
+  sizes.push_back(3 << 20);
+  for (int skipped : {0, 1}) {
+    DeviceBuffer flag(4);
+    ASSERT_EQ(flag.Upload(std::vector<int>{skipped ? 0 : 1}), cudaSuccess);
+    std::vector<DeviceBuffer> src, dst;
+    std::vector<std::vector<uint8_t>> want;
+    std::vector<CudaSkipCopy> copies;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const int64_t at = static_cast<int64_t>(i % 3);  // offsets 0, 1, 2: not all aligned
+      std::vector<uint8_t> bytes(static_cast<size_t>(sizes[i] + 3));
+      for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng());
+      src.emplace_back(bytes.size());
+      dst.emplace_back(bytes.size());
+      ASSERT_EQ(src.back().Upload(bytes), cudaSuccess);
+      ASSERT_EQ(dst.back().Poison(0x5A), cudaSuccess);
+      std::vector<uint8_t> expect(bytes.size(), 0x5A);
+      if (skipped) {
+        std::copy(bytes.begin() + at, bytes.begin() + at + sizes[i], expect.begin() + at);
+      }
+      want.push_back(expect);
+      copies.push_back({dst.back().as<uint8_t>() + at, src.back().as<uint8_t>() + at, sizes[i]});
+    }
+    ASSERT_TRUE(CopyIfSkippedCuda(copies, flag.as<int>(), nullptr).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    for (size_t i = 0; i < copies.size(); ++i) {
+      EXPECT_EQ(dst[i].Download<uint8_t>(want[i].size()), want[i])
+          << "copy " << i << " of " << sizes[i] << " bytes, skipped " << skipped;
+    }
+  }
 }
 
 }  // namespace

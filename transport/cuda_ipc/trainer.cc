@@ -143,7 +143,12 @@ class CudaIpcTransport final : public PlacedTransport {
     PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     same_gpu_ = *daemon_gpu == device_;
     PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    PARAMD_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&callers_work_, cudaEventDisableTiming));
+    // Interprocess: a lent gradient's mark names it, and the daemon's step waits for it.
+    PARAMD_CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&callers_work_, cudaEventDisableTiming | cudaEventInterprocess));
+    cudaIpcEventHandle_t handle;
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaIpcGetEventHandle(&handle, callers_work_));
+    callers_work_handle_.assign(reinterpret_cast<const char*>(&handle), sizeof(handle));
     return absl::OkStatus();  // the step event is opened with the first region (Map)
   }
 
@@ -152,11 +157,17 @@ class CudaIpcTransport final : public PlacedTransport {
   // current.
   absl::Status NoteStepEvent(const v1::CudaIpcRegions& regions) {
     std::lock_guard<std::mutex> lock(event_mu_);
-    if (regions.step_event() == step_event_handle_) return absl::OkStatus();
+    // The handle and the daemon's own pointer to it: a daemon started again in this process may
+    // get the same handle bytes for its new event.
+    if (regions.step_event() == step_event_handle_ &&
+        regions.step_event_local() == step_event_local_) {
+      return absl::OkStatus();
+    }
     if (step_event_opened_) cudaEventDestroy(step_event_);
     step_event_ = nullptr;
     step_event_opened_ = false;
     step_event_handle_ = regions.step_event();
+    step_event_local_ = regions.step_event_local();
     if (step_event_handle_.empty()) return absl::OkStatus();  // its versions are final when named
     if (regions.pid() == static_cast<int64_t>(getpid()) && regions.ipc_bases_size() > 0 &&
         InThisProcess(regions.ipc_bases(0))) {
@@ -223,10 +234,10 @@ class CudaIpcTransport final : public PlacedTransport {
       l.memory.set_offset(reinterpret_cast<const uint8_t*>(item.data.data()) - allocation->base);
       l.memory.set_address(reinterpret_cast<uint64_t>(item.data.data()));
       l.memory.set_pid(static_cast<int64_t>(getpid()));
-    }
-    if (!lent.empty()) {
-      // The marks promise that backward's writes completed: BeforePush recorded them.
-      PARAMD_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(callers_work_));
+      // Backward's writes are ordered by the event BeforePush recorded after them: the daemon's
+      // step waits for it on the GPU, and nothing here waits for the device.
+      l.memory.set_ready_event(callers_work_handle_);
+      l.memory.set_ready_event_local(reinterpret_cast<uint64_t>(callers_work_));
     }
     return lent;
   }
@@ -370,10 +381,12 @@ class CudaIpcTransport final : public PlacedTransport {
   int device_ = -1;  // the trainer's GPU: its stream, and the context handles are opened in
   cudaStream_t stream_ = nullptr;
   cudaEvent_t callers_work_ = nullptr;  // recorded on the trainer's stream, waited for by stream_
+  std::string callers_work_handle_;     // its cudaIpcEventHandle_t bytes (lent gradients' marks)
   std::mutex push_mu_;                  // one push's copies and marks at a time: the events
   std::vector<cudaEvent_t> events_;     // one per piece of a push, reused
   std::mutex event_mu_;                 // the daemon's step event:
   std::string step_event_handle_;       // as the daemon named it (empty: none)
+  uint64_t step_event_local_ = 0;       // and its address in the daemon's process
   cudaEvent_t step_event_ = nullptr;    // opened here, or the daemon's own in this process
   bool step_event_opened_ = false;      // by cudaIpcOpenEventHandle (destroyed with this)
 };
