@@ -14,6 +14,8 @@ of its own), --warmup steps then --steps timed steps, with the device synchroniz
   torch_fused       torch.optim.AdamW(fused=True) over the fp32 parameters
   paramd            paramd fp8 policy (fp32 master, fp8 exp_avg, fp16 exp_avg_sq), bf16
                     served, fp32 parameters in the trainer (its forward is torch's)
+  paramd_fp32       the same policy, fp32 served, the fp32 parameters viewing the served bytes
+                    in place (weights_in_place: no copy in the trainer; its forward is torch's)
   paramd_bf16       the same policy, the trainer's parameters in bf16 viewing the served bytes
                     in place (weights_in_place: what a trainer needs hold, and nothing more)
   paramd_fp8_gemm   paramd_bf16 plus fp8_tensor weights served for every decoder linear layer,
@@ -32,7 +34,8 @@ import sys
 import threading
 import time
 
-ROWS = ["none", "none_bf16", "torch_fused", "paramd", "paramd_bf16", "paramd_fp8_gemm"]
+ROWS = ["none", "none_bf16", "torch_fused", "paramd", "paramd_fp32", "paramd_bf16",
+        "paramd_fp8_gemm"]
 BATCH, SEQ = 4, 1024
 
 
@@ -80,10 +83,12 @@ def one_row(row, address, steps, warmup, profile=False, trace=None):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=True)
     elif row.startswith("paramd"):
         import paramd.torch
-        serve = ["bf16", "fp8_tensor"] if row == "paramd_fp8_gemm" else ["bf16"]
+        serve = {"paramd_fp8_gemm": ["bf16", "fp8_tensor"], "paramd_fp32": ["fp32"]}.get(
+            row, ["bf16"])
         opt = paramd.torch.AdamW(model.named_parameters(), lr=1e-4, weight_decay=0.1,
                                  address=address, job="llm", state_policy="fp8", serve=serve,
-                                 module=model, weights_in_place=dtype == torch.bfloat16)
+                                 module=model,
+                                 weights_in_place=row != "paramd")
         if row == "paramd_fp8_gemm":
             use_fp8_gemms(model, opt)
     g = torch.Generator(device="cuda").manual_seed(1)
