@@ -212,6 +212,43 @@ class CudaTest(unittest.TestCase):
             for a, b in zip(finals[0], run):
                 self.assertTrue(torch.equal(a, b))
 
+    def test_step_and_the_next_forward_are_queued_while_the_gpu_is_still_busy(self):
+        """Neither the trainer's host nor the daemon's waits for backward: with a long GPU sleep
+        queued ahead of each backward, step() and the next forward return while the GPU is still
+        busy, and the weights are those of the same run without the sleeps, bit for bit (the
+        daemon's step waited for the lent gradients on the GPU, the forward for the step)."""
+        finals = []
+        for sleep in (False, True):
+            model = make_model(seed=6)
+            opt = self.adamw(model, state_policy="fp8", serve="bf16", max_grad_norm=1.0)
+            x, y = batch(0)
+            loss = F.cross_entropy(model(x), y)
+            for step in range(4):
+                if sleep:
+                    torch.cuda.synchronize()
+                    torch.cuda._sleep(int(1.5e9))  # about a second of GPU clock cycles
+                    started = time.perf_counter()
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                x, y = batch(step + 1)
+                loss = F.cross_entropy(model(x), y)  # loads the step's version first
+                if sleep:
+                    queued = time.perf_counter() - started
+                    busy = not torch.cuda.current_stream().query()
+                    torch.cuda.synchronize()
+                    total = time.perf_counter() - started
+                    self.assertTrue(busy, f"step {step}: the GPU was idle once the host had "
+                                    f"queued the next forward ({queued:.3f} s of {total:.3f} s)")
+                    self.assertLess(queued, 0.5 * total,
+                                    f"step {step}: step() and the next forward took {queued:.3f} "
+                                    f"s of the {total:.3f} s the GPU was busy: a host waited")
+            opt.sync_weights()
+            finals.append(weights(model))
+            opt.close()
+        for a, b in zip(*finals):
+            self.assertTrue(torch.equal(a, b))
+
     def test_bf16_parameters_push_bf16_and_may_view_their_weights_in_place(self):
         runs = []
         for in_place in (False, True):
