@@ -8,6 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/element_type.h"
 #include "common/error_reason.h"
 #include "common/grpc_status.h"
@@ -122,6 +123,49 @@ absl::Status Client::NeedTransport() const {
   return absl::OkStatus();
 }
 
+absl::Status Client::WaitForDaemons(
+    const std::string& job, const google::protobuf::RepeatedPtrField<std::string>& daemons) const {
+  const Deadline deadline = std::chrono::system_clock::now() + options_.daemons_wait;
+  // One call to each, which waits for its channel to be ready; any answer but UNAVAILABLE or the
+  // deadline is a daemon.
+  std::vector<std::unique_ptr<v1::Control::Stub>> stubs;
+  for (const std::string& address : daemons) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    stubs.push_back(v1::Control::NewStub(
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+  }
+  // The calls wait side by side (one that never answers must not use up the others' time).
+  std::vector<char> answered(stubs.size(), 0);
+  std::vector<std::thread> calls;
+  for (size_t i = 0; i < stubs.size(); ++i) {
+    calls.emplace_back([&, i] {
+      v1::StatusRequest request;
+      request.set_job(job);
+      v1::StatusResponse response;
+      grpc::ClientContext context;
+      context.set_deadline(deadline);
+      context.set_wait_for_ready(true);
+      const grpc::StatusCode code = stubs[i]->Status(&context, request, &response).error_code();
+      answered[i] =
+          code != grpc::StatusCode::UNAVAILABLE && code != grpc::StatusCode::DEADLINE_EXCEEDED;
+    });
+  }
+  for (std::thread& call : calls) call.join();
+  std::vector<std::string> silent;
+  for (size_t i = 0; i < stubs.size(); ++i) {
+    if (!answered[i]) silent.push_back(daemons[static_cast<int>(i)]);
+  }
+  if (silent.empty()) return absl::OkStatus();
+  return absl::DeadlineExceededError(absl::StrCat(
+      "job \"", job, "\": ", absl::StrJoin(silent, ", "), " of its daemons [",
+      absl::StrJoin(daemons, ", "), "] did not answer within ", options_.daemons_wait.count(),
+      " ms; start a daemon at each (advertising that address), or give them longer "
+      "(ClientOptions::daemons_wait). Nothing was registered"));
+}
+
 absl::StatusOr<v1::RegisterResponse> Client::Register(const v1::RegisterRequest& given) {
   v1::RegisterRequest request = given;
   if (request.daemons().empty()) {
@@ -129,6 +173,9 @@ absl::StatusOr<v1::RegisterResponse> Client::Register(const v1::RegisterRequest&
   }
   // Every rank sends the same list however its addresses were found (a DNS answer's order varies).
   std::sort(request.mutable_daemons()->begin(), request.mutable_daemons()->end());
+  if (request.daemons_size() > 1 && options_.daemons_wait.count() > 0) {
+    PARAMD_RETURN_IF_ERROR(WaitForDaemons(request.job(), request.daemons()));
+  }
   v1::RegisterResponse response;
   absl::Status status = Retry([&] {
     return Unary(NextDeadline(), [&](grpc::ClientContext* context) {

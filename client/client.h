@@ -28,6 +28,11 @@ struct ClientOptions {
   // Empty: a one-daemon job, on `address`. The client still talks to `address` alone: pushes and
   // pulls do not go to each tensor's owner (GetLayout) yet.
   std::vector<std::string> daemons;
+  // How long Register waits for every daemon of a job's list (of two or more) to answer at the
+  // address it advertises: the daemons of a job may start after its trainers (one per node, in
+  // any order). Past it, Register is DEADLINE_EXCEEDED naming those that did not answer, and
+  // registers nothing. 0 = no wait (the list is only checked by the daemon called).
+  std::chrono::milliseconds daemons_wait{120000};
   // Transport name, or "auto" for the first viable one (DESIGN.md §6).
   std::string transport = "auto";
   // Deadline of each unary call and each push.
@@ -56,9 +61,10 @@ struct ClientOptions {
   // reads it where it lies when the step runs, so a push costs a mark and no copy; in exchange the
   // caller keeps those bytes unchanged, and allocated, until the step has run: until a pull of the
   // step's version (which makes the pulling stream wait for the step on the GPU) has returned, and
-  // only work queued after it on that stream may reuse them. Push still returns once the work
-  // queued on cuda_stream before it (backward) has completed. Gradients elsewhere (host memory,
-  // another GPU, an allocation CUDA cannot share) are copied as without it.
+  // only work queued after it on that stream may reuse them. Push does not wait for the work
+  // queued on cuda_stream before it (backward): its marks name an interprocess event recorded
+  // there, which the daemon's step waits for on the GPU. Gradients elsewhere (host memory, another
+  // GPU, an allocation CUDA cannot share) are copied as without it.
   bool lend_gradients = false;
 };
 
@@ -68,7 +74,8 @@ class Client {
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
 
   // Registers a rank and picks the transport (logged, with its reason). The request's daemon list,
-  // or else ClientOptions::daemons, goes sorted.
+  // or else ClientOptions::daemons, goes sorted, once every daemon of it answers
+  // (ClientOptions::daemons_wait).
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
   // Rank 0 uploads the initial FP32 weights (version 0).
   absl::Status UploadInitialWeights(const std::string& job, std::span<const PushItem> items);
@@ -140,6 +147,9 @@ class Client {
  private:
   explicit Client(const ClientOptions& options, std::shared_ptr<grpc::Channel> channel);
   Deadline NextDeadline() const;
+  // Waits (up to ClientOptions::daemons_wait) until every daemon of `daemons` answers a call.
+  absl::Status WaitForDaemons(const std::string& job,
+                              const google::protobuf::RepeatedPtrField<std::string>& daemons) const;
   // Calls `attempt` until it is not UNAVAILABLE or the attempts run out.
   absl::Status Retry(const std::function<absl::Status()>& attempt) const;
   // Retry for the calls that carry a step or version (pushes, commits, pulls): once the

@@ -4,15 +4,22 @@
 // with is refused with its code and both lists shown, and changes nothing; every daemon of a
 // 3-daemon job answers the shard map of those three owners; Status shows the advertised address
 // and the job's list; the client sorts the list it is given; a daemon listening on 127.0.0.1
-// advertises the address it is bound at.
+// advertises the address it is bound at; a Register waits for the list's daemons (one starting
+// late) and names one that never answers.
+#include <arpa/inet.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -77,9 +84,9 @@ class DaemonListTest : public ::testing::Test {
   }
 
   // Starts a daemon of `config` and connects a client to it, given `listed` as its
-  // ClientOptions::daemons.
-  RunningDaemon& Start(const v1::DaemonConfig& config,
-                       const std::vector<std::string>& listed = {}) {
+  // ClientOptions::daemons, waiting `wait_ms` for them in Register (ClientOptions::daemons_wait).
+  RunningDaemon& Start(const v1::DaemonConfig& config, const std::vector<std::string>& listed = {},
+                       int64_t wait_ms = 0) {
     RunningDaemon& d = daemons_.emplace_back();
     absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(config);
     EXPECT_TRUE(server.ok()) << server.status();
@@ -90,6 +97,9 @@ class DaemonListTest : public ::testing::Test {
     options.daemons = listed;
     options.rpc_timeout = std::chrono::seconds(20);
     options.max_attempts = 1;
+    // The names the daemons here advertise resolve nowhere: Register does not wait for them
+    // (ARegisterWaitsForADaemonThatStartsLate... waits for real ones).
+    options.daemons_wait = std::chrono::milliseconds(wait_ms);
     absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
     EXPECT_TRUE(client.ok()) << client.status();
     if (client.ok()) d.client = *std::move(client);
@@ -249,6 +259,56 @@ TEST_F(DaemonListTest, ADaemonOnALoopbackAddressAdvertisesTheAddressItIsBoundAt)
   for (const v1::GetLayoutResponse::Placement& p : layout->placements()) {
     EXPECT_EQ(p.daemon(), d.server->address());
   }
+}
+
+// A port on 127.0.0.1 nothing listens at now (a daemon is started there later, or never).
+std::string FreeLoopbackAddress() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t size = sizeof(addr);
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &size), 0);
+  close(fd);
+  return "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+}
+
+// The daemons of a job may start after its trainers: Register waits for every daemon of the list
+// to answer, and one that never does is named in DEADLINE_EXCEEDED, with nothing registered.
+TEST_F(DaemonListTest, ARegisterWaitsForADaemonThatStartsLateAndNamesOneThatNeverAnswers) {
+  const std::string late = FreeLoopbackAddress();
+  RunningDaemon& d = Start(Config(""), {}, 10000);
+  ASSERT_NE(d.client, nullptr);
+  const std::string me = d.server->address();
+  std::thread starter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(700));
+    v1::DaemonConfig config = Config("");
+    config.set_listen(late);
+    Start(config);
+  });
+  const auto began = std::chrono::steady_clock::now();
+  const absl::StatusOr<v1::RegisterResponse> registered =
+      d.client->Register(ForRank(Spec({late, me}), 0));
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  starter.join();
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  EXPECT_GE(waited, 0.5) << "Register did not wait for the late daemon";
+  std::vector<std::string> both = {late, me};
+  std::sort(both.begin(), both.end());
+  EXPECT_EQ(DaemonsOf(JobOf(*d.client)), both);
+
+  RunningDaemon& impatient = Start(Config(""), {}, 300);
+  ASSERT_NE(impatient.client, nullptr);
+  const std::string never = FreeLoopbackAddress();
+  v1::RegisterRequest request = ForRank(Spec({impatient.server->address(), never}), 0);
+  request.set_job("never");
+  EXPECT_TRUE(HasStatus(impatient.client->Register(request).status(),
+                        absl::StatusCode::kDeadlineExceeded, never + " of its daemons"));
+  absl::StatusOr<v1::StatusResponse> status = impatient.client->Status();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->jobs_size(), 0) << "a Register that timed out registered a job";
 }
 
 }  // namespace

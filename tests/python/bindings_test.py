@@ -27,7 +27,8 @@ class BindingsTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.daemon = support.daemon(step_threads=1)
-        cls.client = paramd.connect(cls.daemon.address)
+        # The daemon lists below name daemons that do not exist: register() does not wait for them.
+        cls.client = paramd.connect(cls.daemon.address, daemons_wait_s=0)
         cls.weights = torch.randn(ROWS, COLS, generator=torch.Generator().manual_seed(3)) * 0.02
         reply = cls.client.register(
             job="bind", rank=0, world_size=1, tensors=[("w", ROWS, COLS, "fp32")],
@@ -232,11 +233,24 @@ class BindingsTest(unittest.TestCase):
         self.assertEqual(caught.exception.code, "FAILED_PRECONDITION")
         self.assertIn(me, str(caught.exception))
 
+    def test_a_register_waits_for_the_jobs_daemons_and_names_those_that_never_answer(self):
+        me = self.client.status("")["advertise_address"]
+        client = paramd.connect(self.daemon.address, daemons_wait_s=0.3)
+        started = time.monotonic()
+        with self.assertRaises(paramd.StatusError) as caught:
+            client.register(job="waits", rank=0, world_size=1, tensors=[("w", 4, 8, "fp32")],
+                            hyperparams=paramd.hyperparams(), daemons=[me, "127.0.0.1:1"])
+        self.assertGreaterEqual(time.monotonic() - started, 0.25)
+        self.assertEqual(caught.exception.code, "DEADLINE_EXCEEDED")
+        self.assertIn("127.0.0.1:1 of its daemons", str(caught.exception))
+        self.assertNotIn("waits", [j["name"] for j in self.client.status("")["jobs"]])
+        client.close()
+
     def test_pre_reduced_jobs_take_one_ranks_push_per_daemon(self):
         # This daemon is the second of the job's two daemons, so rank 1 of 2 pushes its part.
         me = self.client.status("")["advertise_address"]
         daemons = ["0.test:7000", me]
-        clients = [paramd.connect(self.daemon.address) for _ in range(2)]
+        clients = [paramd.connect(self.daemon.address, daemons_wait_s=0) for _ in range(2)]
         for rank, client in enumerate(clients):
             client.register(job="pre", rank=rank, world_size=2, tensors=[("w", ROWS, COLS, "fp32")],
                             hyperparams=paramd.hyperparams(lr=1e-2, weight_decay=0.0),
