@@ -622,6 +622,20 @@ class CudaBackend : public Backend {
                                                  const std::function<void(size_t)>& tensor_done) {
     PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     const auto start = std::chrono::steady_clock::now();
+    if (absl::Status s = Upload(tensors); !s.ok()) return s;
+    if (absl::Status s = Plan(tensors, /*wait=*/false); !s.ok()) return s;
+    const bool clipping = max_grad_norm > 0;
+    if (absl::Status s = CheckBuffers(clipping); !s.ok()) return s;
+    if (clip_.get() == nullptr) {
+      if (absl::Status s = clip_.Allocate(sizeof(float)); !s.ok()) return s;
+    }
+    if (decision_flags_.data() == nullptr) {
+      absl::StatusOr<HostBuffer> pinned = HostAllocator()->Allocate(kDecisionFlags * sizeof(int));
+      if (!pinned.ok()) return pinned.status();
+      decision_flags_ = *std::move(pinned);
+    }
+    // Only now, every allocation made (freeing device memory synchronizes the device, which would
+    // make this host wait for backward), the stream waits for the lent gradients' events.
     std::vector<const void*> waited;
     for (const TensorStep& t : tensors) {
       for (const void* event : t.ready_events) {
@@ -632,13 +646,6 @@ class CudaBackend : public Backend {
         PARAMD_CUDA_RETURN_IF_ERROR(
             cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(const_cast<void*>(event)), 0));
       }
-    }
-    if (absl::Status s = Upload(tensors); !s.ok()) return s;
-    if (absl::Status s = Plan(tensors, /*wait=*/false); !s.ok()) return s;
-    const bool clipping = max_grad_norm > 0;
-    if (absl::Status s = CheckBuffers(clipping); !s.ok()) return s;
-    if (clip_.get() == nullptr) {
-      if (absl::Status s = clip_.Allocate(sizeof(float)); !s.ok()) return s;
     }
     auto* finite = static_cast<int*>(finite_.get());
     auto* sums = static_cast<double*>(norm_sums_.get());
@@ -680,11 +687,6 @@ class CudaBackend : public Backend {
     // The outcome comes down behind the step: the flag, into a slot of a ring that host readers
     // of this step's versions resolve their outcome from (ReadyHostBytes; a slot comes round
     // again only steps after the job resolved them), then the clip.
-    if (decision_flags_.data() == nullptr) {
-      absl::StatusOr<HostBuffer> pinned = HostAllocator()->Allocate(kDecisionFlags * sizeof(int));
-      if (!pinned.ok()) return pinned.status();
-      decision_flags_ = *std::move(pinned);
-    }
     int* flag = reinterpret_cast<int*>(decision_flags_.data()) + decided_steps_++ % kDecisionFlags;
     PARAMD_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(flag, finite, sizeof(int), cudaMemcpyDeviceToHost, stream_));
