@@ -293,7 +293,7 @@ class Harness {
         out += "|none";
         continue;
       }
-      absl::StrAppend(&out, "|v", served->version, " s", served->skipped);
+      absl::StrAppend(&out, "|v", served->version, " s", served->skipped.load());
       for (const ServedFormat& f : served->formats) {
         absl::StrAppend(&out, "|", FormatName(f.key), ":");
         out.append(reinterpret_cast<const char*>(f.bytes.data()),
