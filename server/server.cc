@@ -78,6 +78,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const v1::DaemonConfig& ra
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_message_bytes()));
   builder.SetMaxSendMessageSize(static_cast<int>(config.max_message_bytes()));
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, config.max_streams_per_connection());
+  // gRPC sets SO_REUSEPORT by default: a second daemon of the same user would then bind a port
+  // another serves, and the kernel would split the trainers' connections between the two. A port
+  // in use is refused instead, as a launcher that picks ports expects.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(server->control_.get());
   builder.RegisterService(server->data_.get());
   server->grpc_ = builder.BuildAndStart();

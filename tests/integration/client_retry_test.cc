@@ -1,6 +1,7 @@
 // The client library's deadlines and retries against a real daemon: a daemon that is not there
 // is a clear UNAVAILABLE within the connect deadline; a daemon that restarts on the same port is
-// reached again by retried idempotent calls; a draining daemon is not retried.
+// reached again by retried idempotent calls; a draining daemon is not retried; a daemon cannot
+// start on a port another one serves.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -92,6 +93,20 @@ TEST(ClientRetryTest, ADrainingDaemonIsNotRetried) {
   // Thirty attempts with backoff would take over half a minute.
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
   (*server)->Shutdown();
+}
+
+// Launchers pick a port and try the next one where it is taken (deploy/slurm); gRPC's default
+// SO_REUSEPORT would let a second daemon of the same user bind it too and take half of the
+// first one's connections.
+TEST(ClientRetryTest, ADaemonCannotStartOnAPortAnotherDaemonServes) {
+  auto first = Server::Start(Config("127.0.0.1:0"));
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::string address = (*first)->address();
+  auto second = Server::Start(Config(address));
+  ASSERT_EQ(second.status().code(), absl::StatusCode::kUnavailable)
+      << "a second daemon started on " << address;
+  EXPECT_TRUE(absl::StrContains(second.status().message(), address)) << second.status();
+  (*first)->Shutdown();
 }
 
 }  // namespace
