@@ -7,7 +7,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev grpc-proto
   libucx-dev ucx-utils prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
   clang-format iperf3 prometheus python3
-  pybind11-dev python3-dev python3-venv
+  pybind11-dev python3-dev python3-venv python3-yaml
   clang-14 libclang-rt-14-dev patchelf
 )
 missing=()

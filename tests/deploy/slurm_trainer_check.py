@@ -1,0 +1,54 @@
+"""One trainer rank of tests/deploy/slurm_job_test.sh, run by deploy/slurm/paramd_job.sbatch in
+place of the example trainer. It takes what the script hands every rank and checks it the way a
+trainer uses it:
+
+- PARAMD_DAEMONS lists every node's daemon once, sorted as Register wants (byte order: Python
+  compares these ASCII strings as std::string does), starts with PARAMD_ADDRESS and names this
+  rank's PARAMD_LOCAL_ADDRESS;
+- the daemon at PARAMD_LOCAL_ADDRESS advertises itself as that address;
+- it accepts a job registered with the list as is (register(daemons=PARAMD_DAEMONS.split(","))),
+  shows the list back, and refuses the same list without itself (FAILED_PRECONDITION), so the
+  acceptance means that the list names it.
+
+Prints one line per rank; any failed check is an exception and a non-zero exit.
+"""
+
+import os
+
+import paramd
+
+
+def main():
+    daemons = os.environ["PARAMD_DAEMONS"].split(",")
+    local = os.environ["PARAMD_LOCAL_ADDRESS"]
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    nodes = int(os.environ["SLURM_JOB_NUM_NODES"])
+    assert len(daemons) == nodes, f"PARAMD_DAEMONS lists {len(daemons)} daemons, not {nodes}"
+    assert len(set(daemons)) == nodes, f"PARAMD_DAEMONS repeats an address: {daemons}"
+    assert daemons == sorted(daemons), f"PARAMD_DAEMONS is not sorted: {daemons}"
+    assert local in daemons, f"PARAMD_LOCAL_ADDRESS {local} is not in {daemons}"
+    assert os.environ["PARAMD_ADDRESS"] == daemons[0], "PARAMD_ADDRESS is not the list's first"
+    assert int(os.environ["LOCAL_RANK"]) == int(os.environ["SLURM_LOCALID"])
+
+    client = paramd.connect(local, transport="inline")
+    advertised = client.status("")["advertise_address"]
+    assert advertised == local, f"the daemon at {local} advertises itself as {advertised}"
+    tensors = [("w", 4, 8, "fp32")]
+    client.register(job="deploy", rank=rank, world_size=world_size, tensors=tensors,
+                    hyperparams=paramd.hyperparams(), daemons=daemons)
+    listed = client.status("deploy")["jobs"][0]["daemons"]
+    assert listed == daemons, f"the daemon shows the job's list as {listed}, not {daemons}"
+    others = [d for d in daemons if d != local]
+    try:
+        client.register(job=f"without-{rank}", rank=0, world_size=1, tensors=tensors,
+                        hyperparams=paramd.hyperparams(), daemons=others)
+        raise AssertionError(f"{local} accepted a daemon list without it: {others}")
+    except paramd.StatusError as e:
+        assert e.code == "FAILED_PRECONDITION", e
+    client.close()
+    print(f"rank {rank}: the daemon at {local} accepted job deploy with daemons "
+          f"{','.join(daemons)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
