@@ -15,7 +15,9 @@
 #include <condition_variable>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -87,6 +89,48 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
+// A job over several daemons: each owner of its shard map (GetLayout) with the tensors and rows it
+// owns and its share of the job's state (by rows).
+void PrintOwners(Client& client, const v1::JobStatus& job, const std::string& self) {
+  absl::StatusOr<v1::GetLayoutResponse> layout = client.GetLayout(job.name());
+  if (!layout.ok()) {
+    std::cout << "  owners unknown: " << layout.status().message() << "\n";
+    return;
+  }
+  std::map<std::string, const v1::TensorStatus*> tensors;
+  for (const v1::TensorStatus& t : job.tensors()) tensors[t.name()] = &t;
+  struct Owner {
+    std::set<std::string> tensors;
+    int64_t pieces = 0, rows = 0;
+    double state_bytes = 0;
+  };
+  std::map<std::pair<std::string, int32_t>, Owner> owners;
+  for (const v1::GetLayoutResponse::Placement& p : layout->placements()) {
+    Owner& o = owners[{p.daemon(), p.device()}];
+    o.tensors.insert(p.tensor());
+    ++o.pieces;
+    auto it = tensors.find(p.tensor());
+    if (it == tensors.end()) continue;
+    const int64_t rows = p.row_end() > 0 ? p.row_end() - p.row_begin() : it->second->rows();
+    o.rows += rows;
+    if (it->second->rows() > 0) {
+      o.state_bytes += static_cast<double>(it->second->state_bytes()) * static_cast<double>(rows) /
+                       static_cast<double>(it->second->rows());
+    }
+  }
+  auto count = [](int64_t n, const char* what) {
+    return absl::StrCat(n, " ", what, n == 1 ? "" : "s");
+  };
+  for (const auto& [key, o] : owners) {
+    std::cout << absl::StrFormat(
+        "  owner %s %s: %s in %s, %s, %s of state%s\n", key.first,
+        key.second < 0 ? std::string("cpu") : absl::StrCat("cuda:", key.second),
+        count(static_cast<int64_t>(o.tensors.size()), "tensor"), count(o.pieces, "piece"),
+        count(o.rows, "row"), Bytes(static_cast<int64_t>(o.state_bytes)),
+        key.first == self ? " (this daemon)" : "");
+  }
+}
+
 int Status(Client& client, const std::string& job) {
   absl::StatusOr<v1::StatusResponse> status = client.Status(job);
   if (!status.ok()) return Fail(status.status());
@@ -123,6 +167,7 @@ int Status(Client& client, const std::string& job) {
     std::cout << absl::StrFormat("  daemons %s\n", j.daemons().empty()
                                                        ? std::string("this one alone")
                                                        : absl::StrJoin(j.daemons(), " "));
+    if (j.daemons_size() > 1) PrintOwners(client, j, status->advertise_address());
     if (j.state() == v1::JOB_STATE_FAILED) {
       std::cout << absl::StrFormat(
           "  FAILED (%s): %s\n",

@@ -26,6 +26,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "common/error_reason.h"
 #include "common/flags_help.h"
@@ -47,6 +48,9 @@ ABSL_FLAG(std::string, transport, "auto", "Transport name or auto");
 ABSL_FLAG(bool, in_place, false, "Read pulled weights in place under a lease (shm transport)");
 ABSL_FLAG(int64_t, crash_at_step, -1,
           "Kill this process after pushing this step's gradients, holding a lease (tests)");
+ABSL_FLAG(std::string, daemons, "",
+          "The job's daemons, comma-separated host:port as each advertises itself (a job over "
+          "several daemons; empty: this one alone). Register waits for every one to answer");
 ABSL_FLAG(int64_t, lease_ms, 0, "Lease of in-place reads, ms (0: the daemon's default)");
 ABSL_FLAG(double, reconnect_timeout_s, 0,
           "How long each call waits for a daemon that went away, s (0: a few attempts); one that "
@@ -271,6 +275,9 @@ int Main() {
   ClientOptions options;
   options.address = absl::GetFlag(FLAGS_address);
   options.transport = absl::GetFlag(FLAGS_transport);
+  if (!absl::GetFlag(FLAGS_daemons).empty()) {
+    options.daemons = absl::StrSplit(absl::GetFlag(FLAGS_daemons), ',');
+  }
   options.reconnect_timeout = std::chrono::milliseconds(
       static_cast<int64_t>(absl::GetFlag(FLAGS_reconnect_timeout_s) * 1000));
   absl::StatusOr<std::unique_ptr<Client>> connected = Client::Connect(options);

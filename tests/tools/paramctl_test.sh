@@ -6,7 +6,12 @@ set -euo pipefail
 build=$1
 work=$(mktemp -d)
 daemon=""
-cleanup() { [ -n "$daemon" ] && kill "$daemon" 2>/dev/null; rm -rf "$work"; }
+second=""
+cleanup() {
+  [ -n "$daemon" ] && kill "$daemon" 2>/dev/null
+  [ -n "$second" ] && kill "$second" 2>/dev/null
+  rm -rf "$work"
+}
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 
@@ -84,6 +89,25 @@ ctl --json status ctl | python3 -c '
 import json, sys
 assert "checkpoint_progress" not in json.load(sys.stdin)["jobs"][0]
 ' || fail "status shows no checkpoint under way once it is done"
+
+# A job over two daemons (the example trainer given both): status shows each owner of its shard
+# map, this daemon's marked.
+"$build/server/paramd" --listen=127.0.0.1:0 --metrics_listen= --address_file="$work/addr2" \
+  --log_level=warning &
+second=$!
+for _ in $(seq 100); do [ -s "$work/addr2" ] && break; sleep 0.1; done
+addr2=$(cat "$work/addr2")
+"$build/examples/mlp/paramd_train_mlp" --address="$addr" --job=two --world_size=1 --steps=2 \
+  --daemons="$addr2,$addr" >/dev/null 2>&1 || fail "training job over two daemons"
+out=$(ctl status two)
+echo "$out"
+grep -qE "^  owner $addr cpu: [0-9]+ tensors? in [0-9]+ pieces?, [0-9]+ rows?, [0-9.]+ [KMG]?i?B of state \(this daemon\)$" \
+  <<<"$out" || fail "status shows this daemon's share of a two-daemon job"
+grep -qE "^  owner $addr2 cpu: [0-9]+ tensors? in [0-9]+ pieces?, [0-9]+ rows?, " <<<"$out" \
+  || fail "status shows the other daemon's share"
+[ "$(grep -c "^  owner " <<<"$out")" = 2 ] || fail "status shows two owners"
+kill "$second"
+second=""
 
 ctl drain | grep -q "draining" || fail "drain"
 ctl status | grep -q "DRAINING" || fail "status shows draining"
