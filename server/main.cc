@@ -4,6 +4,7 @@
 
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 
@@ -53,7 +54,14 @@ void QuietProtobufParseErrors() {
       });
 }
 
+// A cuda:N step is queued behind trainers' events (lent gradients) on the daemon's stream; loading
+// a kernel lazily at its first launch may synchronize the context, which would make the daemon's
+// host wait for those trainers' backward at its first step. So the kernels load when CUDA starts,
+// unless the user chose otherwise.
+void LoadKernelsEagerly() { setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0); }
+
 int main(int argc, char** argv) {
+  LoadKernelsEagerly();
   KeepMessageBuffersOnTheHeap();
   QuietProtobufParseErrors();
   absl::SetProgramUsageMessage("paramd --config=FILE [--listen=HOST:PORT] [--backend=cpu]");
