@@ -70,7 +70,33 @@ def use_fp8_gemms(model, opt):
             module.forward = forward
 
 
-def one_row(row, address, steps, warmup, profile=False, trace=None):
+def report_syncs(step, i):
+    """Runs step(i) with torch's synchronization debugging on and prints where each operation that
+    made the host wait for the device was called from (a host wait inside a step exposes every
+    kernel queued before it, the optimizer's among them)."""
+    import traceback
+    import warnings
+    import torch
+    seen = {}
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        stack = "".join(traceback.format_stack(limit=14)[:-2])
+        seen.setdefault(stack, [str(message).splitlines()[0], 0])[1] += 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = show
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step(i)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    print(f"SYNCS in one step: {sum(n for _, n in seen.values())}", file=sys.stderr)
+    for stack, (message, n) in seen.items():
+        print(f"--- {n}x {message}\n{stack}", file=sys.stderr)
+
+
+def one_row(row, address, steps, warmup, profile=False, trace=None, sync_debug=False):
     """Trains `row` in this process; returns its figures."""
     import torch
     torch.cuda.set_device(0)
@@ -98,9 +124,16 @@ def one_row(row, address, steps, warmup, profile=False, trace=None):
     # The host's time in each phase (not the device's: nothing synchronizes inside a step), to
     # tell a device-bound step from one whose launches wait on the host.
     phases = {"forward": 0.0, "backward": 0.0, "step": 0.0}
+    # Where in the forward the host's time goes: the clock at each decoder layer's start and at
+    # the head's, against the step's start (a host that blocks shows as one long interval).
+    marks = []
+    points = [0.0] * (len(model.model.layers) + 2)
+    for module in list(model.model.layers) + [model.lm_head]:
+        module.register_forward_pre_hook(lambda *_: marks.append(time.perf_counter()))
 
     def step(i):
         t0 = time.perf_counter()
+        marks.clear()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(input_ids=tokens[i % 4], labels=tokens[i % 4]).loss
         t1 = time.perf_counter()
@@ -110,6 +143,10 @@ def one_row(row, address, steps, warmup, profile=False, trace=None):
             opt.step()
         model.zero_grad(set_to_none=True)
         t3 = time.perf_counter()
+        if len(marks) == len(points) - 1:
+            clock = [t0] + marks + [t1]
+            for k in range(len(points)):
+                points[k] += clock[k + 1] - clock[k]
         phases["forward"] += t1 - t0
         phases["backward"] += t2 - t1
         phases["step"] += t3 - t2
@@ -118,10 +155,14 @@ def one_row(row, address, steps, warmup, profile=False, trace=None):
     for i in range(warmup):
         losses.append(step(i).item())
     torch.cuda.synchronize()
+    if sync_debug:
+        report_syncs(step, warmup)
+        torch.cuda.synchronize()
     if hasattr(opt, "timings"):
         opt.timings = {k: 0.0 for k in opt.timings}
     for key in phases:
         phases[key] = 0.0
+    points[:] = [0.0] * len(points)
     started = time.perf_counter()
     for i in range(warmup, warmup + steps):
         last = step(i)
@@ -133,7 +174,8 @@ def one_row(row, address, steps, warmup, profile=False, trace=None):
     if profile:
         # Where the trainer's time goes: its GPU kernels and copies against the wall clock.
         from torch.profiler import ProfilerActivity, profile as torch_profile
-        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                           with_stack=bool(trace)) as prof:
             began = time.perf_counter()
             for i in range(3):
                 step(i)
@@ -152,6 +194,8 @@ def one_row(row, address, steps, warmup, profile=False, trace=None):
            "first_loss": losses[0], "last_loss": losses[-1]}
     for key, value in phases.items():
         out[f"host_{key}_ms"] = 1e3 * value / steps
+    # [to the first layer, each layer, the head]: host milliseconds per timed step.
+    out["host_forward_intervals_ms"] = [round(1e3 * p / steps, 2) for p in points]
     if opt is not None and hasattr(opt, "transport"):
         out["transport"] = opt.transport
         # Per timed step: what step() waited for pushes, its commits, and what the forward
@@ -203,6 +247,9 @@ def main():
                         help="profile 3 more steps of each row (torch.profiler) to stderr")
     parser.add_argument("--trace", help="with --profile: write each row's Chrome trace to "
                         "TRACE.<row>.json")
+    parser.add_argument("--sync_debug", action="store_true",
+                        help="after the warm-up, run one more step with torch's synchronization "
+                        "debugging on and print where each host wait on the device came from")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--address", help=argparse.SUPPRESS)
     parser.add_argument("--switch_interval_ms", type=float,
@@ -212,7 +259,7 @@ def main():
         sys.setswitchinterval(args.switch_interval_ms / 1e3)
     if args.one:
         print("RESULT " + json.dumps(one_row(args.one, args.address, args.steps, args.warmup,
-                                             args.profile, args.trace)))
+                                             args.profile, args.trace, args.sync_debug)))
         return 0
 
     from paramd.daemon import Daemon
@@ -229,6 +276,8 @@ def main():
             command.append("--profile")
         if args.trace:
             command.append(f"--trace={args.trace}")
+        if args.sync_debug:
+            command.append("--sync_debug")
         if args.switch_interval_ms:
             command.append(f"--switch_interval_ms={args.switch_interval_ms}")
         done = subprocess.run(command, capture_output=True, text=True)
@@ -247,8 +296,8 @@ def main():
             results.append({"row": row, "failed": True})
             continue
         result = json.loads(lines[-1][len("RESULT "):])
-        if args.profile:
-            print(done.stderr[-6000:])
+        if args.profile or args.sync_debug:
+            print(done.stderr[-9000:])
         result["peak_gib"] = peak
         results.append(result)
         print(json.dumps(result), flush=True)

@@ -221,7 +221,10 @@ class CudaTest(unittest.TestCase):
         for sleep in (False, True):
             model = make_model(seed=6)
             opt = self.adamw(model, state_policy="fp8", serve="bf16", max_grad_norm=1.0)
-            x, y = batch(0)
+            # Every batch goes up before the loop: a copy from pageable host memory (x.to(DEVICE))
+            # synchronizes the stream, which would wait for the sleep itself.
+            batches = [batch(step) for step in range(5)]
+            x, y = batches[0]
             loss = F.cross_entropy(model(x), y)
             for step in range(4):
                 if sleep:
@@ -232,7 +235,7 @@ class CudaTest(unittest.TestCase):
                 opt.step()
                 stepped = time.perf_counter() - started if sleep else 0.0
                 opt.zero_grad(set_to_none=True)
-                x, y = batch(step + 1)
+                x, y = batches[step + 1]
                 loss = F.cross_entropy(model(x), y)  # loads the step's version first
                 if sleep:
                     queued = time.perf_counter() - started
