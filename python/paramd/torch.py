@@ -24,9 +24,9 @@ What happens when:
   tensor by tensor in forward order.
 - Forward: with `module` given, a forward pre-hook on every module that owns parameters waits
   only for that module's tensors and writes them (dequantized) before it runs, so the first
-  layers compute while later ones are still stepped and pulled (over cuda_ipc the first one loads
-  the job's whole version: see below). Without `module`, step() waits for all tensors before it
-  returns.
+  layers compute while later ones are still stepped and pulled (over cuda_ipc one pre-hook on
+  `module` itself loads the whole version: see below). Without `module`, step() waits for all
+  tensors before it returns.
 - The job is served exactly the formats in `serve` (FP32 only when listed), and pays memory for
   those alone. Every one is pulled; the first one is written into the parameters; served() gives
   each as a ServedWeight (FP8 data as torch.float8_e4m3fn with its scales) for FP8 GEMMs.
@@ -48,8 +48,8 @@ What happens when:
   push copies them into the daemon's GPU slots instead. The new version is viewed
   where the daemon serves it (one in-place pull per job and format, sliced from a few block
   tensors, a lease per tensor) as soon as the daemon has queued its step: the current stream
-  waits for that step on the GPU, not the host. The first module's forward writes the whole
-  version into the parameters, with device copies queued by one call; with
+  waits for that step on the GPU, not the host. The model's forward (`module`) first writes the
+  whole version into the parameters, with device copies queued by one call; with
   `weights_in_place=True` a parameter whose dtype is the first format's views those bytes
   instead (no copy; do not write into it). Each version's views are let go once the next one is
   loaded and the work queued on them has run, so no lease outlives a step. A bf16 parameter
@@ -205,10 +205,32 @@ class _DeviceVersion:
         return weight
 
     def data(self, fmt, dtype):
-        """Each tensor's data in `fmt`, flat, in `dtype` (a plain format's), in order."""
+        """Each tensor's data in `fmt`, flat, in `dtype` (a plain format's), in order: each
+        block is cut at its tensors' edges by one split (a slice per tensor would cost the host
+        a few calls into torch per tensor, every step)."""
         blocks = self.blocks[fmt]
-        return [blocks[block][offset:offset + fields[3]].view(dtype)
-                for block, offset, fields in self.batches[fmt].spans]
+        spans = self.batches[fmt].spans
+        size = torch.empty(0, dtype=dtype).element_size()
+        by_block = {}
+        for i, (block, offset, fields) in enumerate(spans):
+            by_block.setdefault(block, []).append((offset, fields[3], i))
+        out = [None] * len(spans)
+        for block, items in by_block.items():
+            items.sort()
+            lengths, which, end = [], [], 0
+            for offset, length, i in items:
+                if offset % size or length % size or offset < end:
+                    return [blocks[b][o:o + f[3]].view(dtype) for b, o, f in spans]
+                if offset > end:
+                    lengths.append((offset - end) // size)  # a gap between two tensors
+                    which.append(None)
+                lengths.append(length // size)
+                which.append(i)
+                end = offset + length
+            for piece, i in zip(blocks[block][:end].view(dtype).split(lengths), which):
+                if i is not None:
+                    out[i] = piece
+        return out
 
 
 class AdamW(torch.optim.Optimizer):
@@ -248,6 +270,7 @@ class AdamW(torch.optim.Optimizer):
         self._pending = {}  # id(param) -> _PendingPull of the version being loaded
         self._served = {}  # tensor name -> {format: ServedWeight} of the loaded version
         self._versions = {}  # cuda_ipc: job name -> _DeviceVersion loaded
+        self._device_pending = []  # cuda_ipc: _DeviceVersion of each job, being pulled
         # (CUDA event, _DeviceVersion) of versions replaced by newer ones, let go once the event
         # has run (cuda_ipc).
         self._retired = []
@@ -255,7 +278,9 @@ class AdamW(torch.optim.Optimizer):
         self.restarts = 0  # daemon restarts followed (resume from its checkpoints)
         self._resumed = False  # a restart was followed during this iteration: drop its gradients
         # Overlap accounting (what bench/python reports): seconds the trainer waited.
-        self.timings = {"push_wait_s": 0.0, "commit_s": 0.0, "pull_wait_s": 0.0}
+        # load_s: the host's time loading versions into the parameters (cuda_ipc; pull waits
+        # included).
+        self.timings = {"push_wait_s": 0.0, "commit_s": 0.0, "pull_wait_s": 0.0, "load_s": 0.0}
 
         devices = {p.device for g in groups for _, p in g["params"]}
         if len(devices) != 1:
@@ -295,7 +320,11 @@ class AdamW(torch.optim.Optimizer):
         for t in self._forward_order:
             if t.param.requires_grad:
                 self._hooks.append(t.param.register_post_accumulate_grad_hook(self._on_grad))
-        if module is not None:
+        if module is not None and self._direct:
+            # One hook: the version loads whole (every job's) when the model's forward starts.
+            # A pre-hook on every module would cost the host each module's call, every step.
+            self._hooks.append(module.register_forward_pre_hook(self._before_model_forward))
+        elif module is not None:
             for m in module.modules():
                 if any(True for _ in m.parameters(recurse=False)):
                     self._hooks.append(m.register_forward_pre_hook(self._before_forward))
@@ -499,6 +528,7 @@ class AdamW(torch.optim.Optimizer):
             pending.lent = self._lent.pop(j.name, [])
             for t in order:
                 self._pending[id(t.param)] = pending
+            self._device_pending.append(pending)
 
             def pull(j=j, pending=pending):
                 try:
@@ -518,9 +548,12 @@ class AdamW(torch.optim.Optimizer):
     def _load_device(self, pending):
         """Loads one job's version into all its parameters (the first of them a forward needs
         brings the rest): one device copy each, queued by one call, or in-place views."""
+        if pending in self._device_pending:
+            self._device_pending.remove(pending)
         if pending.loaded:
             return
         pending.loaded = True
+        started = time.perf_counter()
         for t in pending.tensors:
             self._pending.pop(id(t.param), None)
         awaited = self._await(pending)
@@ -535,6 +568,7 @@ class AdamW(torch.optim.Optimizer):
         if job in self._versions:
             self._retire(self._versions[job])
         self._versions[job] = pending
+        self.timings["load_s"] += time.perf_counter() - started
 
     @torch.no_grad()
     def _write_device_weights(self, pending):
@@ -609,6 +643,10 @@ class AdamW(torch.optim.Optimizer):
         for p in module.parameters(recurse=False):
             self._load(p)
 
+    def _before_model_forward(self, module, args):
+        while self._device_pending:
+            self._load_device(self._device_pending[0])
+
     def _restarted(self, error):
         """Whether `error` comes from a daemon that restarted since registration (ABORTED, or a
         refusal from another start of it, which knows nothing of this step)."""
@@ -631,6 +669,7 @@ class AdamW(torch.optim.Optimizer):
         self._pushes.drain()
         self._pulls.drain()
         self._pending = {}
+        self._device_pending = []
         self._served = {}
         self._versions = {}
         self._retired = []
