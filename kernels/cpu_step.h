@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 
 #include "kernels/cpu/thread_pool.h"
@@ -35,6 +36,11 @@ struct CpuTensorStepArgs {
   std::span<const ServeArgs> per_tensor;
   float previous_tensor_scale = 1.0f;  // fp8_tensor: the scale of the previous step
   CpuPath path = CpuPath::kAuto;
+  // A row range of a tensor split over owners (RngStream::index_offset): turns the amax of this
+  // range's new master into the whole tensor's, every owner's combined (AmaxCombine), between the
+  // two passes (DESIGN.md §3), so the per-tensor formats and the result's amax are the whole
+  // tensor's. Its error fails the step. Null for a whole tensor.
+  std::function<KStatus(float range_amax, float* whole_amax)> whole_amax;
 };
 
 struct CpuTensorStepResult {

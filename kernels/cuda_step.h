@@ -57,6 +57,8 @@ struct CudaStepTensor {
   int64_t cols = 0;
   StatePolicy policy{};
   uint32_t tensor_index = 0;  // registration index in the job (Philox counter word 3)
+  // The whole tensor's index of element 0 (RngStream::index_offset): a row range of a split tensor.
+  uint64_t index_offset = 0;
   SlotType slot_type = SlotType::kFp32;
   std::vector<const void*> d_slots;  // rank order, each rows * cols elements
 

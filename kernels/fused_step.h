@@ -82,6 +82,10 @@ struct RngStream {
   uint64_t seed = 0;          // the job's seed
   uint32_t k = 0;             // count of applied steps, the k of MakeAdamwScalars
   uint32_t tensor_index = 0;  // the tensor's registration index in the job
+  // The index in the whole tensor of the buffers' element 0: a row range [r0, r1) of a tensor
+  // split over owners (DESIGN.md §7) is stepped as a tensor of r1 - r0 rows with r0 * cols here,
+  // so it draws the bits the whole tensor's rows would.
+  uint64_t index_offset = 0;
 };
 
 // One tensor's step. Pointers address the whole tensor (element 0), whatever range a call runs.

@@ -91,11 +91,22 @@ struct ServedTensor {
   int64_t bytes() const;
 };
 
+// A row range of a tensor split over owners (TensorInfo::row_offset), served in a per-tensor recipe
+// (fp8_tensor, fp8_delayed): given the amax of the range's stored master, returns the whole
+// tensor's, every owner's combined (DESIGN.md §3). Its error fails the call that asked. Null for a
+// whole tensor.
+using WholeAmax = std::function<absl::StatusOr<float>(float range_amax)>;
+
 // What a backend needs to know about one tensor of a job.
 struct TensorInfo {
   int64_t rows = 0;
   int64_t cols = 0;
   uint32_t index = 0;  // registration index in the job (stochastic rounding's counter)
+  // A row range [row_offset, row_offset + rows) of a tensor split over owners (DESIGN.md §7): its
+  // first row in the whole tensor, a multiple of 128, so that its moment chunks, norm blocks and
+  // 128-row serve blocks are the whole tensor's and its random bits those of the same elements
+  // (kernels::RngStream::index_offset). 0 for a whole tensor.
+  int64_t row_offset = 0;
   kernels::StatePolicy policy;
   int delayed_history = 16;  // fp8_delayed: amax history length
   int delayed_margin = 0;    // fp8_delayed: margin
@@ -181,6 +192,8 @@ struct TensorStep {
   // step re-serves (alive until the step returns).
   std::vector<const void*> ready_events;
   const ServedTensor* previous = nullptr;
+  // Called once between the step's pass and the per-tensor pass, with the amax of the new master.
+  WholeAmax whole_amax;
 };
 
 // What a step decided on the device came to (Backend::StepOnDevice).
@@ -209,10 +222,12 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
-  // Creates a tensor's state from its initial FP32 weights and fills `out` (version 0's bytes).
+  // Creates a tensor's state from its initial FP32 weights and fills `out` (version 0's bytes);
+  // `whole_amax` gives a split tensor's fp8_tensor scale the whole tensor's amax.
   virtual absl::StatusOr<std::unique_ptr<TensorState>> CreateState(const TensorInfo& info,
                                                                    std::span<const float> initial,
-                                                                   ServedTensor* out) = 0;
+                                                                   ServedTensor* out,
+                                                                   const WholeAmax& whole_amax) = 0;
   // Finiteness of the tensors' gradients (g0 * grad_scale and its square), and with `norms` their
   // per-block sums of squares.
   virtual absl::StatusOr<GradientCheck> CheckGradients(std::span<TensorStep> tensors,

@@ -125,7 +125,8 @@ kernels::FusedStepArgs StepArgs(CpuTensorState& s, const TensorStep& t, const St
   args.clip = k.clip;
   args.scalars = k.adamw;
   args.policy = s.info.policy;
-  args.rng = {k.seed, static_cast<uint32_t>(k.k), s.info.index};
+  args.rng = {k.seed, static_cast<uint32_t>(k.k), s.info.index,
+              static_cast<uint64_t>(s.info.row_offset * s.info.cols)};
   args.numel = s.n;
   args.master = s.master.data();
   args.master_remainder = s.remainder.empty() ? nullptr : s.remainder.data();
@@ -149,11 +150,11 @@ kernels::FusedStepArgs StepArgs(CpuTensorState& s, const TensorStep& t, const St
 CpuBackend::CpuBackend(int threads) : pool_(threads) {}
 CpuBackend::~CpuBackend() = default;
 
-absl::StatusOr<std::unique_ptr<TensorState>> CpuBackend::CreateState(const TensorInfo& info,
-                                                                     std::span<const float> initial,
-                                                                     ServedTensor* out) try {
+absl::StatusOr<std::unique_ptr<TensorState>> CpuBackend::CreateState(
+    const TensorInfo& info, std::span<const float> initial, ServedTensor* out,
+    const WholeAmax& whole_amax) try {
   InitialState initial_state;
-  absl::Status status = MakeInitialState(info, initial, pool_, &initial_state, out);
+  absl::Status status = MakeInitialState(info, initial, pool_, &initial_state, out, whole_amax);
   if (!status.ok()) return status;
   auto state = std::make_unique<CpuTensorState>(info);
   state->master = std::move(initial_state.master);
@@ -195,8 +196,22 @@ absl::Status CpuBackend::Step(std::span<TensorStep> tensors, const StepScalars& 
     args.cut = cut;
     args.per_tensor = per_tensor;
     args.previous_tensor_scale = s.tensor_scale;
+    absl::Status combined;  // the amax exchange's own status, kept with its code
+    if (t.whole_amax) {
+      args.whole_amax = [&t, &combined](float range_amax, float* whole) {
+        absl::StatusOr<float> amax = t.whole_amax(range_amax);
+        if (!amax.ok()) {
+          combined = amax.status();
+          return kernels::KStatus(kernels::Code::kInternal, combined.ToString());
+        }
+        *whole = *amax;
+        return kernels::KStatus::Ok();
+      };
+    }
     kernels::CpuTensorStepResult result;
-    PARAMD_RETURN_IF_ERROR(FromKernel(kernels::CpuTensorStep(args, pool_, &result)));
+    const kernels::KStatus stepped = kernels::CpuTensorStep(args, pool_, &result);
+    PARAMD_RETURN_IF_ERROR(combined);
+    PARAMD_RETURN_IF_ERROR(FromKernel(stepped));
     s.tensor_scale = result.tensor_scale;
     s.delayed_scale = delayed;
     s.history.Append(result.amax);  // after the cast; a skipped step appends nothing

@@ -18,7 +18,8 @@ class CpuBackend : public Backend {
   std::string name() const override { return "cpu"; }
   absl::StatusOr<std::unique_ptr<TensorState>> CreateState(const TensorInfo& info,
                                                            std::span<const float> initial,
-                                                           ServedTensor* out) override;
+                                                           ServedTensor* out,
+                                                           const WholeAmax& whole_amax) override;
   absl::StatusOr<GradientCheck> CheckGradients(std::span<TensorStep> tensors, float grad_scale,
                                                bool norms) override;
   absl::Status Step(std::span<TensorStep> tensors, const StepScalars& scalars,

@@ -315,11 +315,14 @@ class CudaBackend : public Backend {
 
   absl::StatusOr<std::unique_ptr<TensorState>> CreateState(const TensorInfo& info,
                                                            std::span<const float> initial,
-                                                           ServedTensor* out) override {
+                                                           ServedTensor* out,
+                                                           const WholeAmax& whole_amax) override {
     std::lock_guard<std::mutex> lock(mu_);
     PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     InitialState init;
-    if (absl::Status s = MakeInitialState(info, initial, pool_, &init, out); !s.ok()) return s;
+    if (absl::Status s = MakeInitialState(info, initial, pool_, &init, out, whole_amax); !s.ok()) {
+      return s;
+    }
     absl::StatusOr<std::unique_ptr<CudaTensorState>> allocated = Allocate(info, *out);
     if (!allocated.ok()) return allocated.status();
     std::unique_ptr<CudaTensorState> state = *std::move(allocated);
@@ -458,16 +461,32 @@ class CudaBackend : public Backend {
 
   absl::Status Step(std::span<TensorStep> tensors, const StepScalars& scalars,
                     const std::function<void(size_t)>& tensor_done = nullptr) override {
+    if (absl::Status s = CheckNoWholeAmax(tensors); !s.ok()) return s;
     std::lock_guard<std::mutex> lock(mu_);
     absl::Status status = StepLocked(tensors, scalars, tensor_done);
     if (!status.ok()) NoticeFailure(status);
     return status;
   }
 
+  // The one launch runs both passes of every tensor: a split tensor's amax cannot be combined with
+  // other owners' between them (TensorStep::whole_amax) yet.
+  static absl::Status CheckNoWholeAmax(std::span<const TensorStep> tensors) {
+    for (const TensorStep& t : tensors) {
+      if (t.whole_amax) {
+        return absl::UnimplementedError(
+            "a tensor split over owners and served fp8_tensor or fp8_delayed is stepped on the cpu "
+            "backend only for now: the cuda backend does not yet combine its owners' amax between "
+            "its passes; serve those tensors from whole tensors, or use --backend=cpu");
+      }
+    }
+    return absl::OkStatus();
+  }
+
   bool DecidesOnDevice() const override { return true; }
   absl::StatusOr<StepOutcome> StepOnDevice(
       std::span<TensorStep> tensors, const StepScalars& scalars, double max_grad_norm,
       const std::function<void(size_t)>& tensor_done) override {
+    if (absl::Status s = CheckNoWholeAmax(tensors); !s.ok()) return s;
     std::lock_guard<std::mutex> lock(mu_);
     absl::StatusOr<StepOutcome> outcome =
         StepOnDeviceLocked(tensors, scalars, max_grad_norm, tensor_done);
@@ -928,6 +947,7 @@ class CudaBackend : public Backend {
       d.cols = s.info.cols;
       d.policy = s.info.policy;
       d.tensor_index = s.info.index;
+      d.index_offset = static_cast<uint64_t>(s.info.row_offset * s.info.cols);
       d.slot_type = t.slot_type;
       for (size_t r = 0; r < s.slots.size(); ++r) {
         const bool on_device = r < t.device_slots.size() && t.device_slots[r] != nullptr;

@@ -11,7 +11,8 @@
 namespace paramd {
 
 absl::Status MakeInitialState(const TensorInfo& info, std::span<const float> initial,
-                              kernels::ThreadPool& pool, InitialState* state, ServedTensor* out) {
+                              kernels::ThreadPool& pool, InitialState* state, ServedTensor* out,
+                              const WholeAmax& whole_amax) {
   const int64_t n = info.rows * info.cols;
   const bool split = info.policy.master == kernels::MasterType::kBf16Remainder;
   const bool half = info.policy.master == kernels::MasterType::kFp16;
@@ -41,10 +42,15 @@ absl::Status MakeInitialState(const TensorInfo& info, std::span<const float> ini
       }
     }
   });
-  for (const ServedFormat& f : out->formats) {
-    if (f.key.recipe == v1::RECIPE_FP8_TENSOR) {
-      state->fp8_tensor_scale = kernels::NextFp8TensorScale(kernels::AmaxCpu(fp32, n), 1.0f).scale;
+  if (out->Find(FormatKey{v1::RECIPE_FP8_TENSOR, v1::DIRECTION_ROWWISE}) != nullptr ||
+      out->Find(FormatKey{v1::RECIPE_FP8_TENSOR, v1::DIRECTION_COLUMNWISE}) != nullptr) {
+    float amax = kernels::AmaxCpu(fp32, n);
+    if (whole_amax) {
+      absl::StatusOr<float> whole = whole_amax(amax);
+      if (!whole.ok()) return whole.status();
+      amax = *whole;
     }
+    state->fp8_tensor_scale = kernels::NextFp8TensorScale(amax, 1.0f).scale;
   }
   return ServeFromFp32(info, fp32,
                        split ? reinterpret_cast<const uint16_t*>(state->master.data()) : nullptr,

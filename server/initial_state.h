@@ -20,9 +20,11 @@ struct InitialState {
   float delayed_scale = 1.0f;      // fp8_delayed's (empty history: 1)
 };
 
-// Fills `state` and every format of `out` (sized by the job) from the initial FP32 weights.
+// Fills `state` and every format of `out` (sized by the job) from the initial FP32 weights; a row
+// range of a split tensor takes its fp8_tensor scale from the whole tensor's amax (`whole_amax`).
 absl::Status MakeInitialState(const TensorInfo& info, std::span<const float> initial,
-                              kernels::ThreadPool& pool, InitialState* state, ServedTensor* out);
+                              kernels::ThreadPool& pool, InitialState* state, ServedTensor* out,
+                              const WholeAmax& whole_amax = nullptr);
 
 // Fills every format of `out` but FP32 rowwise from `fp32` (the stored master's values; `out`'s
 // own FP32 bytes where it serves FP32), casting fp8_tensor and fp8_delayed with the given scales;

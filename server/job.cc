@@ -237,7 +237,7 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushWeights(Tensor& t, const v1::PushCh
       backend_->CreateState(t.info,
                             std::span<const float>(reinterpret_cast<const float*>(t.upload->data()),
                                                    static_cast<size_t>(t.elements)),
-                            served.get());
+                            served.get(), /*whole_amax=*/nullptr);
   if (!state.ok()) return state.status();
   t.state = std::move(*state);  // the upload stays until the first step, for retries
   ++initialized_tensors_;

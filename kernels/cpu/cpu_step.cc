@@ -67,7 +67,10 @@ KStatus CpuTensorStep(const CpuTensorStepArgs& args, ThreadPool& pool,
   }
   if (KStatus st = outcome.status(); !st.ok()) return st;
 
-  const float amax = outcome.amax();
+  float amax = outcome.amax();
+  if (args.whole_amax) {
+    if (KStatus st = args.whole_amax(amax, &amax); !st.ok()) return st;
+  }
   const float current = NextFp8TensorScale(amax, args.previous_tensor_scale).scale;
   for (ServeArgs serve : args.per_tensor) {
     if (serve.recipe == Recipe::kFp8Tensor) serve.tensor_scale = current;

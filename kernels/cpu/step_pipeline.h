@@ -241,7 +241,8 @@ void StepChunk(const StepContext<V>& x, int64_t c, int count, typename V::I* ama
     DequantizeMoment<V>(policy.exp_avg_sq, a.exp_avg_sq, a.exp_avg_sq_scale_inv, c, count, v_buf);
   }
   if (x.any_stochastic) {
-    V::PhiloxWords(x.key, a.rng.k, a.rng.tensor_index, static_cast<uint64_t>(c), count, r0, r1);
+    V::PhiloxWords(x.key, a.rng.k, a.rng.tensor_index,
+                   a.rng.index_offset + static_cast<uint64_t>(c), count, r0, r1);
   }
 
   switch (policy.master) {

@@ -568,7 +568,8 @@ __device__ __forceinline__ void ComputeSubUnit(const TileParams& P, const StepSc
       if (stochastic) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          RandomWords(s.seed, s.k, d.tensor_index, static_cast<uint64_t>(i[k] + j), &r0[j], &r1[j]);
+          RandomWords(s.seed, s.k, d.tensor_index, d.index_offset + static_cast<uint64_t>(i[k] + j),
+                      &r0[j], &r1[j]);
         }
       }
       StoreMoment4(pol.m_type, pol.m_stochastic, d.m, i[k], m_scale[k], mn[k], r0);
@@ -980,7 +981,8 @@ __global__ void __launch_bounds__(kThreads) FlatKernel(const FlatParams P) {
                             static_cast<uint16_t>(d.remainder[i]));
       }
       if (d.m_stochastic | d.v_stochastic) {
-        RandomWords(s.seed, s.k, d.tensor_index, static_cast<uint64_t>(i), &r0[q], &r1[q]);
+        RandomWords(s.seed, s.k, d.tensor_index, d.index_offset + static_cast<uint64_t>(i), &r0[q],
+                    &r1[q]);
       }
       float p;
       AdamwElement(s, g0, m, v, p_old, &mn[q], &vn[q], &p);

@@ -53,6 +53,7 @@ struct StepDesc {
   uint32_t tensor_index;
   uint32_t outputs;  // OutputBits
   uint8_t slot_type, master_type, m_type, v_type, m_stochastic, v_stochastic, pad0, pad1;
+  uint64_t index_offset;  // RngStream::index_offset
   void* master;
   int16_t* remainder;
   void* m;

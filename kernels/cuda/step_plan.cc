@@ -175,6 +175,7 @@ KStatus CudaStepPlan::Create(std::span<const CudaStepTensor> tensors, CudaStepPl
     d.num_slots = static_cast<int32_t>(t.d_slots.size());
     d.slot0 = t.d_slots[0];
     d.tensor_index = t.tensor_index;
+    d.index_offset = t.index_offset;
     d.slot_type = static_cast<uint8_t>(t.slot_type);
     d.master_type = static_cast<uint8_t>(t.policy.master);
     d.m_type = static_cast<uint8_t>(t.policy.exp_avg);

@@ -258,7 +258,8 @@ TEST_P(BackendConformanceTest, AStateReadPastItsArrayIsAStatusAndAReadInsideIsTh
   fp32.layout = kernels::ServeLayout(kernels::Recipe::kFp32, kernels::Direction::kRowwise,
                                      info.rows, info.cols);
   fp32.bytes = HeapBuffer(fp32.layout.data_bytes);
-  absl::StatusOr<std::unique_ptr<TensorState>> state = backend->CreateState(info, weights, &out);
+  absl::StatusOr<std::unique_ptr<TensorState>> state =
+      backend->CreateState(info, weights, &out, nullptr);
   ASSERT_TRUE(state.ok()) << state.status();
   EXPECT_EQ(std::memcmp(fp32.bytes.data(), weights.data(), weights.size() * 4), 0);
   std::vector<uint8_t> read(weights.size() * 4);

@@ -3,7 +3,8 @@
 // machine): a job registered on the backend serves every format of every version bit for bit as
 // the independent scalar model (paramd_reference), for state policies of every kind; skipped and
 // clipped steps follow DESIGN.md §2; an export imported into a second job continues bit for bit;
-// a bad read of the state is a status. A backend that cannot be made here skips with the reason.
+// a bad read of the state is a status; a tensor split in row ranges over backends equals the whole
+// (split_tensor_conformance.cc). A backend that cannot be made here skips with the reason.
 #pragma once
 
 #include <gtest/gtest.h>
