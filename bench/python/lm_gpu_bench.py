@@ -23,12 +23,15 @@ of its own), --warmup steps then --steps timed steps, with the device synchroniz
                     forward differs
 Peak memory is the GPU's used memory sampled every 10 ms through NVML (trainer, daemon and their
 CUDA contexts) less what was used before the row began; torch's own peak is given beside it.
-Prints a table and, with --json, writes the figures.
+Prints a table and, with --json, writes the figures. This machine's step times swing by up to
+10 % from one process to the next: --rounds N runs the rows in turn N times and gives medians, each
+ratio taken against the torch_fused run of its own round.
 """
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import threading
@@ -247,6 +250,10 @@ def main():
                         help="profile 3 more steps of each row (torch.profiler) to stderr")
     parser.add_argument("--trace", help="with --profile: write each row's Chrome trace to "
                         "TRACE.<row>.json")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the rows in turn this many times (A B C A B C ...); the table "
+                        "gives each row's median, and its ratio to torch_fused as the median of "
+                        "the rounds' ratios (each against the torch_fused run of its round)")
     parser.add_argument("--sync_debug", action="store_true",
                         help="after the warm-up, run one more step with torch's synchronization "
                         "debugging on and print where each host wait on the device came from")
@@ -264,7 +271,8 @@ def main():
 
     from paramd.daemon import Daemon
     results = []
-    for row in args.rows.split(","):
+    rows = args.rows.split(",")
+    for round_index, row in [(k, row) for k in range(args.rounds) for row in rows]:
         memory = PeakMemory()
         daemon = Daemon(args.daemon, backend="cuda:0", extra_args=args.daemon_args.split()) if (
             row.startswith("paramd")) else None
@@ -293,28 +301,35 @@ def main():
                   f"{done.stderr[-3000:]}")
             if daemon is not None:
                 print(daemon.log()[-2000:])
-            results.append({"row": row, "failed": True})
+            results.append({"row": row, "round": round_index, "failed": True})
             continue
         result = json.loads(lines[-1][len("RESULT "):])
         if args.profile or args.sync_debug:
             print(done.stderr[-9000:])
         result["peak_gib"] = peak
+        result["round"] = round_index
         results.append(result)
         print(json.dumps(result), flush=True)
 
-    by_row = {r["row"]: r for r in results if not r.get("failed")}
-    fused = by_row.get("torch_fused", {}).get("tokens_per_s")
+    fused = {r["round"]: r["tokens_per_s"] for r in results
+             if r["row"] == "torch_fused" and not r.get("failed")}
     print()
-    print("| row | step ms | tokens/s | x torch fused | peak GPU GiB (all) | torch peak GiB | "
-          "last loss |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for r in results:
-        if r.get("failed"):
-            print(f"| {r['row']} | FAILED | | | | | |")
+    print("| row | step ms | tokens/s | x torch fused | per round | peak GPU GiB (all) | "
+          "torch peak GiB | last loss |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for row in rows:
+        runs = [r for r in results if r["row"] == row and not r.get("failed")]
+        if not runs:
+            print(f"| {row} | FAILED | | | | | | |")
             continue
-        ratio = f"{r['tokens_per_s'] / fused:.3f}" if fused else "-"
-        print(f"| {r['row']} | {r['step_ms']:.1f} | {r['tokens_per_s'] / 1e3:.1f}k | {ratio} | "
-              f"{r['peak_gib']:.1f} | {r['torch_peak_gib']:.1f} | {r['last_loss']:.4f} |")
+        ratios = [r["tokens_per_s"] / fused[r["round"]] for r in runs if r["round"] in fused]
+        ratio = f"{statistics.median(ratios):.3f}" if ratios else "-"
+        rounds = " ".join(f"{x:.3f}" for x in ratios) if len(ratios) > 1 else ""
+        step_ms = statistics.median(r["step_ms"] for r in runs)
+        last = runs[-1]
+        print(f"| {row} | {step_ms:.1f} | {BATCH * SEQ / step_ms:.1f}k | {ratio} | {rounds} | "
+              f"{max(r['peak_gib'] for r in runs):.1f} | {last['torch_peak_gib']:.1f} | "
+              f"{last['last_loss']:.4f} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
