@@ -137,6 +137,7 @@ v1::DaemonConfig WithDefaults(v1::DaemonConfig c) {
   if (c.max_streams_per_connection() == 0) c.set_max_streams_per_connection(1024);
   if (c.keep_checkpoints() == 0) c.set_keep_checkpoints(3);
   if (c.checkpoint_buffer_bytes() == 0) c.set_checkpoint_buffer_bytes(kDefaultCheckpointBuffer);
+  if (c.peer_timeout_ms() == 0) c.set_peer_timeout_ms(30000);
   return c;
 }
 
@@ -173,6 +174,7 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
            CheckRange("max_leases", c.max_leases(), 1, 1 << 24),
            CheckRange("max_streams_per_connection", c.max_streams_per_connection(), 1, 65536),
            CheckRange("keep_checkpoints", c.keep_checkpoints(), 1, 1000),
+           CheckRange("peer_timeout_ms", c.peer_timeout_ms(), 1, 3600000),
            CheckRange("checkpoint_every_steps", c.checkpoint_every_steps(), 0, 1000000000),
            CheckRange("checkpoint_buffer_bytes", c.checkpoint_buffer_bytes(), kMiB,
                       int64_t{1} << 50),

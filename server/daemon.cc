@@ -87,6 +87,7 @@ Daemon::Daemon(const v1::DaemonConfig& config, std::unique_ptr<Backend> backend,
   if (buffers == nullptr) buffers = transports_.host_buffers();
   if (buffers == nullptr) buffers = HeapAllocator();
   registry_ = std::make_unique<JobRegistry>(backend_.get(), limits, buffers, budget_.get());
+  peers_ = std::make_unique<PeerExchange>(std::chrono::milliseconds(config_.peer_timeout_ms()));
 }
 
 Daemon::~Daemon() { executor_.WaitIdle(); }
@@ -131,6 +132,7 @@ std::string Daemon::advertised_address() const {
 }
 
 void Daemon::set_advertised_address(std::string address) {
+  peers_->SetSelf(address);
   std::lock_guard<std::mutex> lock(advertised_mu_);
   advertised_address_ = std::move(address);
 }

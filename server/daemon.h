@@ -20,6 +20,7 @@
 #include "server/lease_table.h"
 #include "server/memory_budget.h"
 #include "server/metrics.h"
+#include "server/peer_exchange.h"
 #include "server/registry.h"
 #include "server/step_executor.h"
 #include "transport/daemon_end.h"
@@ -37,6 +38,8 @@ class Daemon final : public TransportHost {
 
   const v1::DaemonConfig& config() const override { return config_; }
   JobRegistry& registry() { return *registry_; }
+  // The agreement of the jobs sharded over this daemon and others (the Peer service).
+  PeerExchange& peers() { return *peers_; }
   Metrics& metrics() { return *metrics_; }
   LeaseTable& leases() { return *leases_; }
   // The checkpoints being written or restored, which Status reports per job.
@@ -138,6 +141,7 @@ class Daemon final : public TransportHost {
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<MemoryBudget> budget_;
   std::unique_ptr<JobRegistry> registry_;
+  std::unique_ptr<PeerExchange> peers_;
   std::unique_ptr<LeaseTable> leases_;
   CountedLimit open_streams_;
   CountedLimit waiting_pulls_;

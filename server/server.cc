@@ -19,6 +19,7 @@
 #include "server/checkpoints.h"
 #include "server/control_service.h"
 #include "server/data_service.h"
+#include "server/peer_service.h"
 
 namespace paramd {
 namespace {
@@ -62,6 +63,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const v1::DaemonConfig& ra
   }
   server->control_ = std::make_unique<ControlService>(server->daemon_.get());
   server->data_ = std::make_unique<DataService>(server->daemon_.get());
+  server->peer_ = std::make_unique<PeerService>(server->daemon_.get());
 
   // The name in jobs' daemon lists is known before the port opens, so that no Register finds it
   // unset; with port 0 only the bind tells the port (and no client knows the address before).
@@ -84,6 +86,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const v1::DaemonConfig& ra
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(server->control_.get());
   builder.RegisterService(server->data_.get());
+  builder.RegisterService(server->peer_.get());
   server->grpc_ = builder.BuildAndStart();
   if (server->grpc_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(absl::StrCat(

@@ -16,6 +16,7 @@ namespace paramd {
 class CheckpointSchedule;
 class ControlService;
 class DataService;
+class PeerService;
 
 class Server {
  public:
@@ -42,6 +43,7 @@ class Server {
   std::unique_ptr<CheckpointSchedule> schedule_;  // with checkpoint_every_steps
   std::unique_ptr<ControlService> control_;
   std::unique_ptr<DataService> data_;
+  std::unique_ptr<PeerService> peer_;
   std::unique_ptr<grpc::Server> grpc_;
   std::string address_;
   std::string metrics_address_;

@@ -184,7 +184,8 @@ TEST_F(HostileInputTest, BytesThatAreNotARequestAreInvalidArgumentWithAMessageAn
            {"/paramd.v1.Control/Status", "paramd.v1.StatusRequest"},
            {"/paramd.v1.Control/DeleteJob", "paramd.v1.DeleteJobRequest"},
            {"/paramd.v1.Data/Commit", "paramd.v1.CommitRequest"},
-           {"/paramd.v1.Data/Attach", "paramd.v1.AttachRequest"}}) {
+           {"/paramd.v1.Data/Attach", "paramd.v1.AttachRequest"},
+           {"/paramd.v1.Peer/Offer", "paramd.v1.PeerOffer"}}) {
     SCOPED_TRACE(method);
     for (const std::string& bytes : {garbage, truncated, not_utf8}) {
       EXPECT_TRUE(HasStatus(RawUnary(method, bytes), grpc::StatusCode::INVALID_ARGUMENT,
