@@ -7,6 +7,7 @@
 // as the owners of a sharded job do, where the backend combines it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <limits>
@@ -15,8 +16,10 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "client/served_pieces.h"
 #include "kernels/formats.h"
 #include "kernels/step_rules.h"
 #include "server/state_fields.h"
@@ -219,6 +222,26 @@ class AmaxExchange {
   size_t count_ = 0;
 };
 
+// The trainer's side (client/served_pieces.h): the ranges' served bytes, each put in its place,
+// are the whole tensor's, byte for byte.
+void ExpectPlacedRangesAreTheWhole(const Holder& whole,
+                                   const std::vector<std::unique_ptr<Holder>>& ranges,
+                                   const std::string& where) {
+  for (size_t f = 0; f < whole.formats.size(); ++f) {
+    const ServedFormat& w = whole.served->formats[f];
+    std::vector<uint8_t> placed(static_cast<size_t>(w.bytes.size()), 0xA5);
+    for (const auto& r : ranges) {
+      const HostBuffer& bytes = r->served->formats[f].bytes;
+      const absl::Status s = PlaceServedRange(
+          KernelRecipe(w.key.recipe), KernelDirection(w.key.direction), kRows, kCols,
+          r->range.begin, r->range.end, bytes.span(), std::span<uint8_t>(placed));
+      ASSERT_TRUE(s.ok()) << where << ": " << s;
+    }
+    EXPECT_TRUE(std::equal(placed.begin(), placed.end(), w.bytes.data()))
+        << where << ", " << FormatName(w.key) << ": the placed ranges differ from the whole";
+  }
+}
+
 struct PolicyCase {
   const char* name;
   kernels::StatePolicy policy;
@@ -298,6 +321,7 @@ absl::Status ExpectRangesEqualTheWhole(const std::function<std::unique_ptr<Backe
                          policy_name + ", version 0, " + FormatName(formats[f]));
     }
   }
+  ExpectPlacedRangesAreTheWhole(*whole, ranges, policy_name + ", version 0");
   const kernels::AdamwHyper hyper{1e-2, 0.9, 0.999, 1e-8, 0.01};
   for (int64_t k = 1; k <= 6; ++k) {
     const std::string where = policy_name + ", step " + std::to_string(k);
@@ -356,6 +380,7 @@ absl::Status ExpectRangesEqualTheWhole(const std::function<std::unique_ptr<Backe
       }
       ExpectStateRangeOfWhole(*whole, *ranges[i], where);
     }
+    ExpectPlacedRangesAreTheWhole(*whole, ranges, where);
   }
   return absl::OkStatus();
 }
@@ -380,6 +405,26 @@ TEST_P(BackendConformanceTest, RowRangesServedPerTensorCombineTheirAmaxIntoTheWh
     }
     ASSERT_TRUE(status.ok()) << policy.name << ": " << status;
   }
+}
+
+TEST(PlaceServedRangeTest, ARangeThatNoOwnerServesOrBytesOfAnotherSizeAreInvalidArgument) {
+  const auto recipe = kernels::Recipe::kFp8Block;
+  const auto dir = kernels::Direction::kColumnwise;
+  const kernels::ServeBufferLayout w = kernels::ServeLayout(recipe, dir, kRows, kCols);
+  const kernels::ServeBufferLayout p = kernels::ServeLayout(recipe, dir, 128, kCols);
+  std::vector<uint8_t> whole(static_cast<size_t>(w.data_bytes + w.scale_bytes), 7);
+  const std::vector<uint8_t> before = whole;
+  std::vector<uint8_t> range(static_cast<size_t>(p.data_bytes + p.scale_bytes), 1);
+  for (auto [begin, end] : std::vector<std::pair<int64_t, int64_t>>{
+           {64, 192}, {0, 0}, {kRows - 37, kRows + 91}, {-128, 0}}) {
+    EXPECT_EQ(PlaceServedRange(recipe, dir, kRows, kCols, begin, end, range, whole).code(),
+              absl::StatusCode::kInvalidArgument)
+        << begin << ".." << end;
+  }
+  range.pop_back();
+  EXPECT_EQ(PlaceServedRange(recipe, dir, kRows, kCols, 128, 256, range, whole).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(whole, before) << "a refused range wrote into the whole tensor's bytes";
 }
 
 TEST_P(BackendConformanceTest, AFailedAmaxExchangeFailsTheStepWithItsOwnStatus) {
