@@ -88,6 +88,10 @@ Daemon::Daemon(const v1::DaemonConfig& config, std::unique_ptr<Backend> backend,
   if (buffers == nullptr) buffers = HeapAllocator();
   registry_ = std::make_unique<JobRegistry>(backend_.get(), limits, buffers, budget_.get());
   peers_ = std::make_unique<PeerExchange>(std::chrono::milliseconds(config_.peer_timeout_ms()));
+  peers_->set_round_observer(
+      [metrics = metrics_.get()](const std::string& job, double seconds, bool ok) {
+        metrics->PeerRound(job, seconds, ok);
+      });
 }
 
 Daemon::~Daemon() { executor_.WaitIdle(); }

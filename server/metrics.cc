@@ -135,7 +135,16 @@ Metrics::Metrics()
                            .Name("paramd_checkpoint_timestamp_seconds")
                            .Help("When a job's last checkpoint was written or restored (Unix "
                                  "time), by operation")
-                           .Register(*registry_)) {}
+                           .Register(*registry_)),
+      peer_round_seconds_(prometheus::BuildHistogram()
+                              .Name("paramd_peer_round_duration_seconds")
+                              .Help("Time this daemon waited in a round of a sharded job's "
+                                    "agreement, from its offer to the last daemon's")
+                              .Register(*registry_)),
+      peer_rounds_(prometheus::BuildCounter()
+                       .Name("paramd_peer_rounds_total")
+                       .Help("Rounds of sharded jobs' agreement, by job and outcome (ok, failed)")
+                       .Register(*registry_)) {}
 
 Metrics::~Metrics() = default;
 
@@ -159,6 +168,11 @@ void Metrics::StepDone(const std::string& job, double seconds, int64_t elements,
   if (!skipped) {
     stepped_elements_.Add({{"training_job", job}}).Increment(static_cast<double>(elements));
   }
+}
+
+void Metrics::PeerRound(const std::string& job, double seconds, bool ok) {
+  peer_rounds_.Add({{"training_job", job}, {"outcome", ok ? "ok" : "failed"}}).Increment();
+  if (ok) peer_round_seconds_.Add({{"training_job", job}}, StepBuckets()).Observe(seconds);
 }
 
 void Metrics::StepFailed(const std::string& job) {

@@ -29,6 +29,8 @@ class Metrics {
   void StepDone(const std::string& job, double seconds, int64_t elements, bool skipped);
   // A step the backend failed (the job failed with it).
   void StepFailed(const std::string& job);
+  // A round of a sharded job's agreement ended (the Peer service): how long this daemon waited.
+  void PeerRound(const std::string& job, double seconds, bool ok);
   void Pushed(const std::string& transport, int64_t bytes);
   void Pulled(const std::string& transport, int64_t bytes);
   void RpcError(const std::string& method, int code);
@@ -76,6 +78,8 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& checkpoints_;
   prometheus::Family<prometheus::Gauge>& checkpoint_version_;
   prometheus::Family<prometheus::Gauge>& checkpoint_time_;
+  prometheus::Family<prometheus::Histogram>& peer_round_seconds_;
+  prometheus::Family<prometheus::Counter>& peer_rounds_;
   std::mutex job_version_mu_;
   std::map<std::string, prometheus::Gauge*> job_versions_;  // the series set, by job
   std::mutex transport_bytes_mu_;

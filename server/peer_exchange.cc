@@ -159,6 +159,18 @@ absl::Status PeerExchange::Send(const std::string& peer, const v1::PeerOffer& of
 }
 
 absl::StatusOr<std::vector<v1::PeerOffer>> PeerExchange::Exchange(v1::PeerOffer own) {
+  const auto started = std::chrono::steady_clock::now();
+  const std::string job = own.job();
+  absl::StatusOr<std::vector<v1::PeerOffer>> offers = Gather(std::move(own));
+  if (observer_) {
+    observer_(job,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(),
+              offers.ok());
+  }
+  return offers;
+}
+
+absl::StatusOr<std::vector<v1::PeerOffer>> PeerExchange::Gather(v1::PeerOffer own) {
   const auto deadline = std::chrono::system_clock::now() + timeout_;
   std::shared_ptr<JobRounds> job;
   std::string self;

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -32,6 +33,11 @@ class PeerExchange {
   // `timeout`: peer_timeout_ms; `max_rounds_per_job`: rounds a job may hold waiting for their
   // offers, past which another daemon's offer of a new round is RESOURCE_EXHAUSTED.
   explicit PeerExchange(std::chrono::milliseconds timeout, int max_rounds_per_job = 64);
+
+  // Told of every round Exchange ends: the job, the seconds it waited, whether it gathered them.
+  using RoundObserver = std::function<void(const std::string& job, double seconds, bool ok)>;
+  // Set before the daemon serves.
+  void set_round_observer(RoundObserver observer) { observer_ = std::move(observer); }
   ~PeerExchange();
   PeerExchange(const PeerExchange&) = delete;
   PeerExchange& operator=(const PeerExchange&) = delete;
@@ -83,7 +89,10 @@ class PeerExchange {
   std::shared_ptr<v1::Peer::Stub> StubFor(const std::string& peer);
   static absl::Status Store(JobRounds& job, int index, const v1::PeerOffer& offer);
 
+  absl::StatusOr<std::vector<v1::PeerOffer>> Gather(v1::PeerOffer own);
+
   const std::chrono::milliseconds timeout_;
+  RoundObserver observer_;
   const int max_rounds_per_job_;
   mutable absl::Mutex mu_;
   std::string self_ ABSL_GUARDED_BY(mu_);

@@ -7,6 +7,7 @@
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
 #include <gtest/gtest.h>
+#include <prometheus/text_serializer.h>
 
 #include <algorithm>
 #include <chrono>
@@ -15,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/grpc_status.h"
 #include "paramd/v1/peer.grpc.pb.h"
@@ -79,6 +81,14 @@ class PeerExchangeTest : public ::testing::Test {
     return FromGrpcStatus(stub->Offer(&context, offer, &response));
   }
 
+  // A series of daemon `i`'s metrics, 0 where absent.
+  double Metric(size_t i, const std::string& series) {
+    const std::string text = prometheus::TextSerializer().Serialize(
+        daemons_[i]->daemon().metrics().registry().Collect());
+    const size_t at = text.find(series + " ");
+    return at == std::string::npos ? 0 : std::stod(text.substr(at + series.size() + 1));
+  }
+
   std::vector<std::unique_ptr<Server>> daemons_;
   std::vector<std::string> names_;
 };
@@ -111,7 +121,16 @@ TEST_F(PeerExchangeTest, EveryDaemonGetsEveryOfferInTheJobsDaemonOrder) {
       }
     }
   }
-  for (auto& d : daemons_) EXPECT_EQ(d->daemon().peers().rounds_held(), 0);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(daemons_[i]->daemon().peers().rounds_held(), 0);
+    // Each daemon counts its rounds and how long it waited in them (Peer latency).
+    EXPECT_EQ(Metric(i, absl::StrCat("paramd_peer_rounds_total{outcome=\"ok\",training_job=\"",
+                                     kJob, "\"}")),
+              20);
+    EXPECT_EQ(Metric(i, absl::StrCat("paramd_peer_round_duration_seconds_count{training_job=\"",
+                                     kJob, "\"}")),
+              20);
+  }
 }
 
 TEST_F(PeerExchangeTest, ADaemonThatIsDownFailsTheRoundByTheDeadlineNamingIt) {
@@ -131,6 +150,9 @@ TEST_F(PeerExchangeTest, ADaemonThatIsDownFailsTheRoundByTheDeadlineNamingIt) {
   EXPECT_LT(seconds, 1.5 + 2.0) << "the round outlived its deadline";
   EXPECT_GT(seconds, 1.0) << "the round gave up long before its deadline";
   EXPECT_EQ(daemons_[0]->daemon().peers().rounds_held(), 0);
+  EXPECT_EQ(Metric(0, absl::StrCat("paramd_peer_rounds_total{outcome=\"failed\",training_job=\"",
+                                   kJob, "\"}")),
+            1);
 }
 
 TEST_F(PeerExchangeTest, ABadOfferIsRefusedWithItsCodeAndChangesNothing) {
