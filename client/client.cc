@@ -1,18 +1,24 @@
 #include "client/client.h"
 
+#include <arpa/inet.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/element_type.h"
 #include "common/error_reason.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
+#include "common/quoted.h"
 #include "common/status_macros.h"
 #include "paramd/v1/data.grpc.pb.h"
 
@@ -25,6 +31,39 @@ absl::Status Unary(Deadline deadline, Call&& call) {
   grpc::ClientContext context;
   context.set_deadline(deadline);
   return FromGrpcStatus(call(&context));
+}
+
+// The system's answer for `name`: its IPv4 addresses, or where it has none its IPv6 ones (in
+// brackets). A dual-stack name answers both for each daemon, which advertises one.
+absl::StatusOr<std::vector<std::string>> SystemResolve(const std::string& name) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (const int rc = getaddrinfo(name.c_str(), nullptr, &hints, &found); rc != 0) {
+    return absl::NotFoundError(
+        absl::StrCat("the name ", Quoted(name), " does not resolve: ", gai_strerror(rc)));
+  }
+  std::vector<std::string> hosts, hosts6;
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    char text[INET6_ADDRSTRLEN] = {};
+    if (a->ai_family == AF_INET) {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
+      if (inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text)) != nullptr) hosts.push_back(text);
+    } else if (a->ai_family == AF_INET6) {
+      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(a->ai_addr);
+      if (inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof(text)) != nullptr) {
+        hosts6.push_back(absl::StrCat("[", text, "]"));
+      }
+    }
+  }
+  freeaddrinfo(found);
+  return hosts.empty() ? hosts6 : hosts;
+}
+
+bool NamesADnsEntry(const std::vector<std::string>& entries) {
+  return std::any_of(entries.begin(), entries.end(),
+                     [](const std::string& e) { return absl::StartsWith(e, "dns:"); });
 }
 
 }  // namespace
@@ -123,6 +162,64 @@ absl::Status Client::NeedTransport() const {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<std::string>> ResolveDaemonList(const std::vector<std::string>& entries,
+                                                           const NameResolver& resolve) {
+  std::vector<std::string> list;
+  for (const std::string& entry : entries) {
+    if (!absl::StartsWith(entry, "dns:")) {
+      list.push_back(entry);
+      continue;
+    }
+    const std::string rest = entry.substr(4);
+    const size_t colon = rest.rfind(':');
+    int port = 0;
+    if (colon == std::string::npos || colon == 0 ||
+        !absl::SimpleAtoi(rest.substr(colon + 1), &port) || port < 1 || port > 65535) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("daemon list entry ", Quoted(entry),
+                       " is not dns:NAME:PORT with a port in 1..65535 (the port every daemon "
+                       "listens on, as it advertises itself)"));
+    }
+    const std::string name = rest.substr(0, colon);
+    absl::StatusOr<std::vector<std::string>> hosts = resolve ? resolve(name) : SystemResolve(name);
+    if (!hosts.ok()) return hosts.status();
+    if (hosts->empty()) {
+      return absl::NotFoundError(absl::StrCat("the name ", Quoted(name), " resolves to nothing"));
+    }
+    for (const std::string& host : *hosts) list.push_back(absl::StrCat(host, ":", port));
+  }
+  std::sort(list.begin(), list.end());
+  list.erase(std::unique(list.begin(), list.end()), list.end());
+  return list;
+}
+
+absl::StatusOr<std::vector<std::string>> Client::ResolveDaemons(
+    const std::string& job, const std::vector<std::string>& entries) const {
+  if (!NamesADnsEntry(entries)) return entries;
+  const auto deadline = std::chrono::steady_clock::now() + options_.daemons_wait;
+  const int want = options_.daemons_count;
+  while (true) {
+    absl::StatusOr<std::vector<std::string>> list = ResolveDaemonList(entries, options_.resolver);
+    if (absl::IsInvalidArgument(list.status())) return list.status();
+    if (list.ok() && (want == 0 ? !list->empty() : static_cast<int>(list->size()) == want)) {
+      return list;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      const std::string answer = list.ok() ? absl::StrCat("[", absl::StrJoin(*list, ", "), "] (",
+                                                          list->size(), " addresses)")
+                                           : list.status().ToString();
+      return absl::DeadlineExceededError(absl::StrCat(
+          "job \"", job, "\": the daemon list [", absl::StrJoin(entries, ", "), "] resolved to ",
+          answer, want > 0 ? absl::StrCat(", not the ", want, " daemons of daemons_count") : "",
+          " within ", options_.daemons_wait.count(),
+          " ms (ClientOptions::daemons_wait); a daemon that is not ready is missing from a DNS "
+          "answer. Nothing was registered"));
+    }
+    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
+        std::chrono::milliseconds(500), deadline - std::chrono::steady_clock::now()));
+  }
+}
+
 absl::Status Client::WaitForDaemons(
     const std::string& job, const google::protobuf::RepeatedPtrField<std::string>& daemons) const {
   const Deadline deadline = std::chrono::system_clock::now() + options_.daemons_wait;
@@ -171,6 +268,11 @@ absl::StatusOr<v1::RegisterResponse> Client::Register(const v1::RegisterRequest&
   if (request.daemons().empty()) {
     request.mutable_daemons()->Assign(options_.daemons.begin(), options_.daemons.end());
   }
+  // "dns:NAME:PORT" entries become the addresses NAME resolves to.
+  PARAMD_ASSIGN_OR_RETURN(
+      const std::vector<std::string> daemons,
+      ResolveDaemons(request.job(), {request.daemons().begin(), request.daemons().end()}));
+  request.mutable_daemons()->Assign(daemons.begin(), daemons.end());
   // Every rank sends the same list however its addresses were found (a DNS answer's order varies).
   std::sort(request.mutable_daemons()->begin(), request.mutable_daemons()->end());
   if (request.daemons_size() > 1 && options_.daemons_wait.count() > 0) {

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -20,6 +21,16 @@
 
 namespace paramd {
 
+// A job's daemon list with each "dns:NAME:PORT" entry replaced by every address NAME resolves to
+// ("IP:PORT": its IPv4 addresses, or where it has none its IPv6 ones, "[IP]:PORT"), sorted and
+// without repeats; other entries are kept as given.
+// INVALID_ARGUMENT for a "dns:" entry that is not NAME:PORT with a port in 1..65535; NOT_FOUND for
+// a name that resolves to nothing. `resolve` stands in for the system's resolver (getaddrinfo)
+// where set: NAME to its addresses.
+using NameResolver = std::function<absl::StatusOr<std::vector<std::string>>(const std::string&)>;
+absl::StatusOr<std::vector<std::string>> ResolveDaemonList(const std::vector<std::string>& entries,
+                                                           const NameResolver& resolve = nullptr);
+
 struct ClientOptions {
   // Daemon address, "host:port".
   std::string address = "127.0.0.1:50051";
@@ -27,12 +38,22 @@ struct ClientOptions {
   // order: Register sends them sorted (RegisterRequest.daemons) where the request lists none.
   // Empty: a one-daemon job, on `address`. The client still talks to `address` alone: pushes and
   // pulls do not go to each tensor's owner (GetLayout) yet.
+  // An entry "dns:NAME:PORT" stands for every address NAME resolves to, each as "IP:PORT": a
+  // Kubernetes headless Service's name, say, which answers one address per ready daemon
+  // (ResolveDaemonList: the IPv4 addresses, or where there are none the IPv6 ones, "[IP]:PORT").
   std::vector<std::string> daemons;
+  // How many daemons the job has, where the list holds a "dns:" name: Register resolves the list
+  // again until it gives that many addresses (a daemon that is not ready yet is missing from a
+  // DNS answer), up to daemons_wait, then DEADLINE_EXCEEDED showing the last answer. 0: the first
+  // answer with at least one address is the list.
+  int daemons_count = 0;
   // How long Register waits for every daemon of a job's list (of two or more) to answer at the
   // address it advertises: the daemons of a job may start after its trainers (one per node, in
   // any order). Past it, Register is DEADLINE_EXCEEDED naming those that did not answer, and
   // registers nothing. 0 = no wait (the list is only checked by the daemon called).
   std::chrono::milliseconds daemons_wait{120000};
+  // Stands in for the system's resolver of "dns:" names (a test's); null: getaddrinfo.
+  NameResolver resolver;
   // Transport name, or "auto" for the first viable one (DESIGN.md §6).
   std::string transport = "auto";
   // Deadline of each unary call and each push.
@@ -147,6 +168,10 @@ class Client {
  private:
   explicit Client(const ClientOptions& options, std::shared_ptr<grpc::Channel> channel);
   Deadline NextDeadline() const;
+  // `entries` with their "dns:" names resolved (ResolveDaemonList), again until the list has
+  // daemons_count addresses, up to daemons_wait.
+  absl::StatusOr<std::vector<std::string>> ResolveDaemons(
+      const std::string& job, const std::vector<std::string>& entries) const;
   // Waits (up to ClientOptions::daemons_wait) until every daemon of `daemons` answers a call.
   absl::Status WaitForDaemons(const std::string& job,
                               const google::protobuf::RepeatedPtrField<std::string>& daemons) const;

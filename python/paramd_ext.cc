@@ -546,9 +546,11 @@ class PyClient {
  public:
   PyClient(const std::string& address, const std::string& transport, double rpc_timeout_s,
            double connect_timeout_s, int max_attempts, uintptr_t cuda_stream,
-           double reconnect_timeout_s, bool lend_gradients, double daemons_wait_s) {
+           double reconnect_timeout_s, bool lend_gradients, double daemons_wait_s,
+           int daemons_count) {
     ClientOptions options;
     options.daemons_wait = Millis(daemons_wait_s);
+    options.daemons_count = daemons_count;
     options.cuda_stream = cuda_stream;
     options.lend_gradients = lend_gradients;
     options.address = address;
@@ -960,17 +962,20 @@ PYBIND11_MODULE(_paramd, m) {
 
   py::class_<PyClient>(m, "Client", "One trainer rank's connection to a paramd daemon")
       .def(py::init<const std::string&, const std::string&, double, double, int, uintptr_t, double,
-                    bool, double>(),
+                    bool, double, int>(),
            py::arg("address"), py::arg("transport") = "auto", py::arg("rpc_timeout_s") = 30.0,
            py::arg("connect_timeout_s") = 10.0, py::arg("max_attempts") = 5,
            py::arg("cuda_stream") = 0, py::arg("reconnect_timeout_s") = 0.0,
            py::arg("lend_gradients") = false, py::arg("daemons_wait_s") = 120.0,
+           py::arg("daemons_count") = 0,
            "cuda_stream: the cudaStream_t (an int, torch.cuda.Stream.cuda_stream) that gradients "
            "in GPU memory are written on; cuda_ipc's copies of a push wait for it (0: the legacy "
            "default stream, PyTorch's default). lend_gradients: cuda_ipc lends gradients on the "
            "daemon's GPU instead of copying them (ClientOptions::lend_gradients: keep them "
            "unchanged until the step's version is pulled). daemons_wait_s: how long a register "
-           "with a list of daemons waits for each to answer (ClientOptions::daemons_wait)")
+           "with a list of daemons waits for each to answer (ClientOptions::daemons_wait). "
+           "daemons_count: how many daemons a list with a 'dns:NAME:PORT' entry must resolve to "
+           "(ClientOptions::daemons_count; 0: the first answer)")
       .def("register", &PyClient::Register, py::arg("job"), py::arg("rank"), py::arg("world_size"),
            py::arg("tensors"), py::arg("hyperparams"), py::arg("state_policy") = py::dict(),
            py::arg("serve") = std::vector<std::string>(), py::arg("seed") = 0,

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <memory>
@@ -23,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "common/grpc_status.h"
 #include "common/shard_map.h"
@@ -309,6 +311,73 @@ TEST_F(DaemonListTest, ARegisterWaitsForADaemonThatStartsLateAndNamesOneThatNeve
   absl::StatusOr<v1::StatusResponse> status = impatient.client->Status();
   ASSERT_TRUE(status.ok()) << status.status();
   EXPECT_EQ(status->jobs_size(), 0) << "a Register that timed out registered a job";
+}
+
+// A list entry "dns:NAME:PORT" stands for every address NAME resolves to, as a Kubernetes headless
+// Service answers one node address per ready daemon: three daemons on 127.0.0.1, .2 and .3 at one
+// port. Register resolves the name again until it gives daemons_count addresses (one daemon is not
+// ready at first) and sends the sorted list; a name that never gives that many is
+// DEADLINE_EXCEEDED showing its answer, with nothing registered; a malformed entry is
+// INVALID_ARGUMENT at once; the system's resolver answers a numeric name.
+TEST_F(DaemonListTest, ADnsNameInTheListStandsForTheAddressesItResolvesTo) {
+  const std::string free = FreeLoopbackAddress();
+  const std::string port = free.substr(free.rfind(':') + 1);
+  std::vector<std::string> addresses;
+  for (const char* host : {"127.0.0.3", "127.0.0.1", "127.0.0.2"}) {
+    v1::DaemonConfig config = Config("");
+    config.set_listen(absl::StrCat(host, ":", port));
+    RunningDaemon& d = Start(config);
+    ASSERT_NE(d.server, nullptr) << host;
+    addresses.push_back(d.server->address());
+  }
+  std::sort(addresses.begin(), addresses.end());
+  const std::string name = "paramd.paramd.svc.test";
+  std::atomic<int> asked{0};
+  ClientOptions options;
+  options.address = addresses[0];
+  options.daemons = {absl::StrCat("dns:", name, ":", port)};
+  options.daemons_count = 3;
+  options.daemons_wait = std::chrono::seconds(10);
+  options.max_attempts = 1;
+  options.resolver =
+      [&](const std::string& asked_name) -> absl::StatusOr<std::vector<std::string>> {
+    EXPECT_EQ(asked_name, name);
+    if (asked++ < 2) return std::vector<std::string>{"127.0.0.2", "127.0.0.3"};
+    return std::vector<std::string>{"127.0.0.3", "127.0.0.1", "127.0.0.2"};
+  };
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const absl::StatusOr<v1::RegisterResponse> registered = (*client)->Register(ForRank(Spec({}), 0));
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  EXPECT_GE(asked.load(), 3) << "Register did not resolve the name again";
+  EXPECT_EQ(DaemonsOf(JobOf(**client)), addresses);
+
+  // Two addresses forever, three wanted: DEADLINE_EXCEEDED with the answer, nothing registered.
+  options.daemons_wait = std::chrono::milliseconds(1200);
+  options.resolver = [](const std::string&) -> absl::StatusOr<std::vector<std::string>> {
+    return std::vector<std::string>{"127.0.0.2", "127.0.0.3"};
+  };
+  client = Client::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  v1::RegisterRequest request = ForRank(Spec({}), 0);
+  request.set_job("short");
+  EXPECT_TRUE(HasStatus((*client)->Register(request).status(), absl::StatusCode::kDeadlineExceeded,
+                        absl::StrCat("resolved to [127.0.0.2:", port, ", 127.0.0.3:", port,
+                                     "] (2 addresses), not the 3 daemons")));
+  absl::StatusOr<v1::StatusResponse> status = (*client)->Status("short");
+  EXPECT_FALSE(status.ok() && status->jobs_size() > 0) << "a Register that gave up registered";
+
+  // Malformed entries; the system's resolver on a numeric name.
+  for (const char* entry : {"dns:", "dns:paramd", "dns::50051", "dns:paramd:0", "dns:paramd:x"}) {
+    EXPECT_TRUE(HasStatus(ResolveDaemonList({entry}).status(), absl::StatusCode::kInvalidArgument,
+                          "is not dns:NAME:PORT"))
+        << entry;
+  }
+  const absl::StatusOr<std::vector<std::string>> numeric =
+      ResolveDaemonList({"node-b.test:7000", absl::StrCat("dns:127.0.0.1:", port)});
+  ASSERT_TRUE(numeric.ok()) << numeric.status();
+  EXPECT_EQ(*numeric,
+            (std::vector<std::string>{absl::StrCat("127.0.0.1:", port), "node-b.test:7000"}));
 }
 
 }  // namespace

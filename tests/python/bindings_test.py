@@ -233,6 +233,20 @@ class BindingsTest(unittest.TestCase):
         self.assertEqual(caught.exception.code, "FAILED_PRECONDITION")
         self.assertIn(me, str(caught.exception))
 
+    def test_a_dns_name_in_the_list_stands_for_the_addresses_it_resolves_to(self):
+        me = self.client.status("")["advertise_address"]
+        host, port = me.rsplit(":", 1)
+        client = paramd.connect(self.daemon.address, daemons_count=1, daemons_wait_s=5.0)
+        client.register(job="named", rank=0, world_size=1, tensors=[("w", 4, 8, "fp32")],
+                        hyperparams=paramd.hyperparams(), daemons=[f"dns:{host}:{port}"])
+        self.assertEqual(self.client.status("named")["jobs"][0]["daemons"], [me])
+        with self.assertRaises(paramd.StatusError) as caught:
+            client.register(job="malformed", rank=0, world_size=1, tensors=[("w", 4, 8, "fp32")],
+                            hyperparams=paramd.hyperparams(), daemons=[f"dns:{host}"])
+        self.assertEqual(caught.exception.code, "INVALID_ARGUMENT")
+        self.assertIn("dns:NAME:PORT", str(caught.exception))
+        client.close()
+
     def test_a_register_waits_for_the_jobs_daemons_and_names_those_that_never_answer(self):
         me = self.client.status("")["advertise_address"]
         client = paramd.connect(self.daemon.address, daemons_wait_s=0.3)
