@@ -50,7 +50,11 @@ ABSL_FLAG(int64_t, crash_at_step, -1,
           "Kill this process after pushing this step's gradients, holding a lease (tests)");
 ABSL_FLAG(std::string, daemons, "",
           "The job's daemons, comma-separated host:port as each advertises itself (a job over "
-          "several daemons; empty: this one alone). Register waits for every one to answer");
+          "several daemons; empty: this one alone), or dns:NAME:PORT for every address NAME "
+          "resolves to. Register waits for every one to answer");
+ABSL_FLAG(int, daemons_count, 0,
+          "How many daemons a --daemons list with a dns: name must resolve to (0: the first "
+          "answer)");
 ABSL_FLAG(int64_t, lease_ms, 0, "Lease of in-place reads, ms (0: the daemon's default)");
 ABSL_FLAG(double, reconnect_timeout_s, 0,
           "How long each call waits for a daemon that went away, s (0: a few attempts); one that "
@@ -277,6 +281,7 @@ int Main() {
   options.transport = absl::GetFlag(FLAGS_transport);
   if (!absl::GetFlag(FLAGS_daemons).empty()) {
     options.daemons = absl::StrSplit(absl::GetFlag(FLAGS_daemons), ',');
+    options.daemons_count = absl::GetFlag(FLAGS_daemons_count);
   }
   options.reconnect_timeout = std::chrono::milliseconds(
       static_cast<int64_t>(absl::GetFlag(FLAGS_reconnect_timeout_s) * 1000));
