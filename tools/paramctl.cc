@@ -89,9 +89,37 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
+// What another daemon of a job says of it: its backend, and the version it serves of the job.
+struct DaemonView {
+  std::string backend;  // "" where unknown
+  std::string state;    // ", version N", or why there is none
+};
+
+DaemonView AskDaemon(const std::string& address, const std::string& job) {
+  ClientOptions options;
+  options.address = address;
+  options.rpc_timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_timeout_ms));
+  options.connect_timeout = std::min(options.rpc_timeout, std::chrono::milliseconds(3000));
+  options.max_attempts = 1;
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+  absl::StatusOr<v1::StatusResponse> status =
+      client.ok() ? (*client)->Status(job) : absl::StatusOr<v1::StatusResponse>(client.status());
+  if (absl::IsNotFound(status.status())) return {"", ", not registered there"};
+  if (!status.ok()) {
+    return {"",
+            absl::StrCat(", unreachable (", absl::StatusCodeToString(status.status().code()), ")")};
+  }
+  for (const v1::JobStatus& j : status->jobs()) {
+    if (j.name() == job) return {status->backend(), absl::StrCat(", version ", j.next_step())};
+  }
+  return {status->backend(), ", not registered there"};
+}
+
 // A job over several daemons: each owner of its shard map (GetLayout) with the tensors and rows it
-// owns and its share of the job's state (by rows).
-void PrintOwners(Client& client, const v1::JobStatus& job, const std::string& self) {
+// owns, its share of the job's state (by rows), and what its daemon says: its backend and the
+// version it serves of the job (asked of each daemon, this one's from `job`).
+void PrintOwners(Client& client, const v1::JobStatus& job, const std::string& self,
+                 const std::string& self_backend) {
   absl::StatusOr<v1::GetLayoutResponse> layout = client.GetLayout(job.name());
   if (!layout.ok()) {
     std::cout << "  owners unknown: " << layout.status().message() << "\n";
@@ -121,13 +149,28 @@ void PrintOwners(Client& client, const v1::JobStatus& job, const std::string& se
   auto count = [](int64_t n, const char* what) {
     return absl::StrCat(n, " ", what, n == 1 ? "" : "s");
   };
+  // The daemons are asked side by side: one that does not answer costs one deadline.
+  std::map<std::string, DaemonView> views;
+  for (const auto& [key, o] : owners) views[key.first];
+  std::vector<std::thread> asks;
+  for (auto& [address, view] : views) {
+    if (address == self) {
+      view = {self_backend, absl::StrCat(", version ", job.next_step())};
+      continue;
+    }
+    asks.emplace_back([&address, &view, &job] { view = AskDaemon(address, job.name()); });
+  }
+  for (std::thread& t : asks) t.join();
   for (const auto& [key, o] : owners) {
-    std::cout << absl::StrFormat(
-        "  owner %s %s: %s in %s, %s, %s of state%s\n", key.first,
-        key.second < 0 ? std::string("cpu") : absl::StrCat("cuda:", key.second),
-        count(static_cast<int64_t>(o.tensors.size()), "tensor"), count(o.pieces, "piece"),
-        count(o.rows, "row"), Bytes(static_cast<int64_t>(o.state_bytes)),
-        key.first == self ? " (this daemon)" : "");
+    const DaemonView& view = views[key.first];
+    const std::string device = !view.backend.empty() ? view.backend
+                               : key.second < 0      ? std::string("cpu")
+                                                     : absl::StrCat("cuda:", key.second);
+    std::cout << absl::StrFormat("  owner %s %s: %s in %s, %s, %s of state%s%s\n", key.first,
+                                 device, count(static_cast<int64_t>(o.tensors.size()), "tensor"),
+                                 count(o.pieces, "piece"), count(o.rows, "row"),
+                                 Bytes(static_cast<int64_t>(o.state_bytes)), view.state,
+                                 key.first == self ? " (this daemon)" : "");
   }
 }
 
@@ -167,7 +210,9 @@ int Status(Client& client, const std::string& job) {
     std::cout << absl::StrFormat("  daemons %s\n", j.daemons().empty()
                                                        ? std::string("this one alone")
                                                        : absl::StrJoin(j.daemons(), " "));
-    if (j.daemons_size() > 1) PrintOwners(client, j, status->advertise_address());
+    if (j.daemons_size() > 1) {
+      PrintOwners(client, j, status->advertise_address(), status->backend());
+    }
     if (j.state() == v1::JOB_STATE_FAILED) {
       std::cout << absl::StrFormat(
           "  FAILED (%s): %s\n",
