@@ -107,6 +107,8 @@ struct TensorInfo {
   // 128-row serve blocks are the whole tensor's and its random bits those of the same elements
   // (kernels::RngStream::index_offset). 0 for a whole tensor.
   int64_t row_offset = 0;
+  // The index in the whole tensor of the range's first element (RngStream::index_offset).
+  uint64_t first_element() const { return static_cast<uint64_t>(row_offset * cols); }
   kernels::StatePolicy policy;
   int delayed_history = 16;  // fp8_delayed: amax history length
   int delayed_margin = 0;    // fp8_delayed: margin

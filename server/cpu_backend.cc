@@ -125,8 +125,7 @@ kernels::FusedStepArgs StepArgs(CpuTensorState& s, const TensorStep& t, const St
   args.clip = k.clip;
   args.scalars = k.adamw;
   args.policy = s.info.policy;
-  args.rng = {k.seed, static_cast<uint32_t>(k.k), s.info.index,
-              static_cast<uint64_t>(s.info.row_offset * s.info.cols)};
+  args.rng = {k.seed, static_cast<uint32_t>(k.k), s.info.index, s.info.first_element()};
   args.numel = s.n;
   args.master = s.master.data();
   args.master_remainder = s.remainder.empty() ? nullptr : s.remainder.data();

@@ -947,7 +947,7 @@ class CudaBackend : public Backend {
       d.cols = s.info.cols;
       d.policy = s.info.policy;
       d.tensor_index = s.info.index;
-      d.index_offset = static_cast<uint64_t>(s.info.row_offset * s.info.cols);
+      d.index_offset = s.info.first_element();
       d.slot_type = t.slot_type;
       for (size_t r = 0; r < s.slots.size(); ++r) {
         const bool on_device = r < t.device_slots.size() && t.device_slots[r] != nullptr;

@@ -36,11 +36,6 @@ void PeerExchange::SetSelf(std::string address) {
   self_ = std::move(address);
 }
 
-std::string PeerExchange::self() const {
-  absl::MutexLock lock(&mu_);
-  return self_;
-}
-
 absl::Status PeerExchange::OpenJob(const std::string& job,
                                    const std::vector<std::string>& daemons) {
   absl::MutexLock lock(&mu_);

@@ -33,21 +33,21 @@ class PeerExchange {
   // `timeout`: peer_timeout_ms; `max_rounds_per_job`: rounds a job may hold waiting for their
   // offers, past which another daemon's offer of a new round is RESOURCE_EXHAUSTED.
   explicit PeerExchange(std::chrono::milliseconds timeout, int max_rounds_per_job = 64);
+  ~PeerExchange();
+  PeerExchange(const PeerExchange&) = delete;
+  PeerExchange& operator=(const PeerExchange&) = delete;
 
   // Told of every round Exchange ends: the job, the seconds it waited, whether it gathered them.
   using RoundObserver = std::function<void(const std::string& job, double seconds, bool ok)>;
   // Set before the daemon serves.
   void set_round_observer(RoundObserver observer) { observer_ = std::move(observer); }
-  ~PeerExchange();
-  PeerExchange(const PeerExchange&) = delete;
-  PeerExchange& operator=(const PeerExchange&) = delete;
 
   // This daemon's advertised address, the name jobs' daemon lists give it (known once the server
   // has bound its port).
   void SetSelf(std::string address);
-  std::string self() const;
 
-  // Job `job`, sharded over `daemons` (sorted, distinct, naming self()), takes part from now on.
+  // Job `job`, sharded over `daemons` (sorted, distinct, naming this daemon), takes part from now
+  // on.
   // Opening it again with the same list does nothing; with another list it is FAILED_PRECONDITION.
   absl::Status OpenJob(const std::string& job, const std::vector<std::string>& daemons);
   // The job is gone: its rounds are dropped, and an Exchange waiting on one fails with `why`.
