@@ -41,7 +41,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/paramd-slurm-test.XXXXXX")
 leftover_daemons() {
   local cmdline args=()
   for cmdline in /proc/[0-9]*/cmdline; do
-    mapfile -d '' -t args <"$cmdline" 2>/dev/null || continue
+    mapfile -d '' -t args 2>/dev/null <"$cmdline" || continue
     [ "${args[0]:-}" = "$build/server/paramd" ] || continue
     [[ " ${args[*]} " == *" --address_file=$work/"* ]] || continue
     cmdline=${cmdline#/proc/}
@@ -131,9 +131,15 @@ awk -v at="  at ${DAEMONS%%,*}  " '/^paramd [0-9.]+  at / { here = index($0, at)
     here && /^job mlp: 3\/3 ranks registered, next step 200/ { found = 1 } END { exit !found }' \
   "$work/default_trainer.out" || fail "default_trainer: ${DAEMONS%%,*} did not hold job mlp"
 
-TRAINERS_PER_NODE=2 run registration "$python" "$here/slurm_trainer_check.py"
+mkdir "$work/results"
+PARAMD_CHECK_RESULTS_DIR=$work/results TRAINERS_PER_NODE=2 \
+  run registration "$python" "$here/slurm_trainer_check.py"
 for rank in 0 1 2 3 4 5; do
-  grep -q "^rank $rank: the daemon at .* accepted job deploy with daemons $DAEMONS$" \
-    "$work/registration.out" || fail "registration: rank $rank did not register with $DAEMONS"
+  grep -qx "rank $rank: the daemon at .* accepted job deploy with daemons $DAEMONS" \
+    "$work/results/rank.$rank" 2>/dev/null || {
+    echo "--- what the ranks printed"
+    grep -n "rank" "$work/registration.out" || true
+    fail "registration: rank $rank did not register with $DAEMONS"
+  }
 done
 echo "slurm_job_test: passed"

@@ -10,7 +10,9 @@ trainer uses it:
   shows the list back, and refuses the same list without itself (FAILED_PRECONDITION), so the
   acceptance means that the list names it.
 
-Prints one line per rank; any failed check is an exception and a non-zero exit.
+Prints one line per rank, and writes the same line to RESULTS_DIR/rank.RANK when the test sets
+PARAMD_CHECK_RESULTS_DIR (the ranks' output shares one file with 5 other processes, whose lines a
+busy machine may interleave); any failed check is an exception and a non-zero exit.
 """
 
 import os
@@ -46,8 +48,12 @@ def main():
     except paramd.StatusError as e:
         assert e.code == "FAILED_PRECONDITION", e
     client.close()
-    print(f"rank {rank}: the daemon at {local} accepted job deploy with daemons "
-          f"{','.join(daemons)}", flush=True)
+    line = f"rank {rank}: the daemon at {local} accepted job deploy with daemons {','.join(daemons)}"
+    results = os.environ.get("PARAMD_CHECK_RESULTS_DIR")
+    if results:
+        with open(os.path.join(results, f"rank.{rank}"), "w") as f:
+            f.write(line + "\n")
+    print(line, flush=True)
 
 
 if __name__ == "__main__":
