@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/sharded_job.h"
 #include "common/element_type.h"
 #include "common/error_reason.h"
 #include "common/grpc_status.h"
@@ -92,6 +93,13 @@ Client::Client(const ClientOptions& options, std::shared_ptr<grpc::Channel> chan
       channel_(std::move(channel)),
       control_(v1::Control::NewStub(channel_)),
       data_(v1::Data::NewStub(channel_)) {}
+
+Client::~Client() = default;
+
+std::string Client::transport_name() const {
+  if (sharded_ != nullptr) return sharded_->transports();
+  return transport_ ? transport_->name() : "";
+}
 
 Deadline Client::NextDeadline() const {
   return std::chrono::system_clock::now() + options_.rpc_timeout;
@@ -279,6 +287,11 @@ absl::StatusOr<v1::RegisterResponse> Client::Register(const v1::RegisterRequest&
     PARAMD_RETURN_IF_ERROR(WaitForDaemons(request.job(), request.daemons()));
   }
   v1::RegisterResponse response;
+  if (request.daemons_size() > 1 && !shard_member_) {
+    PARAMD_ASSIGN_OR_RETURN(sharded_, ShardedJob::Register(options_, request, &response));
+    return response;
+  }
+  if (sharded_ != nullptr && sharded_->job() == request.job()) sharded_.reset();
   absl::Status status = Retry([&] {
     return Unary(NextDeadline(), [&](grpc::ClientContext* context) {
       return control_->Register(context, request, &response);
@@ -318,6 +331,9 @@ absl::StatusOr<v1::RegisterResponse> Client::Register(const v1::RegisterRequest&
 }
 
 absl::Status Client::UploadInitialWeights(const std::string& job, std::span<const PushItem> items) {
+  if (sharded_ != nullptr && sharded_->job() == job) {
+    return sharded_->Push(v1::PUSH_KIND_INITIAL_WEIGHTS, 0, 0, items);
+  }
   if (absl::Status s = NeedTransport(); !s.ok()) return s;
   PushTarget target{job, 0, 0, v1::PUSH_KIND_INITIAL_WEIGHTS};
   return Retry([&] { return transport_->Push(target, items, NextDeadline()); });
@@ -325,6 +341,9 @@ absl::Status Client::UploadInitialWeights(const std::string& job, std::span<cons
 
 absl::Status Client::PushGradients(const std::string& job, int32_t rank, int64_t step,
                                    std::span<const PushItem> items) {
+  if (sharded_ != nullptr && sharded_->job() == job) {
+    return sharded_->Push(v1::PUSH_KIND_GRADIENT, rank, step, items);
+  }
   if (absl::Status s = NeedTransport(); !s.ok()) return s;
   PushTarget target{job, rank, step, v1::PUSH_KIND_GRADIENT};
   return RetryData([&] { return transport_->Push(target, items, NextDeadline()); });
@@ -333,6 +352,9 @@ absl::Status Client::PushGradients(const std::string& job, int32_t rank, int64_t
 absl::StatusOr<v1::CommitResponse> Client::Commit(const std::string& job, int32_t rank,
                                                   int64_t step, std::optional<double> lr,
                                                   std::optional<double> grad_scale) {
+  if (sharded_ != nullptr && sharded_->job() == job) {
+    return sharded_->Commit(rank, step, lr, grad_scale);
+  }
   v1::CommitRequest request;
   request.set_job(job);
   request.set_rank(rank);
@@ -351,6 +373,9 @@ absl::StatusOr<v1::CommitResponse> Client::Commit(const std::string& job, int32_
 
 absl::Status Client::Pull(const PullTarget& target, std::chrono::milliseconds timeout,
                           Pulled* out) {
+  if (sharded_ != nullptr && sharded_->job() == target.job) {
+    return sharded_->Pull(target, timeout, out);
+  }
   if (absl::Status s = NeedTransport(); !s.ok()) return s;
   const Deadline deadline = std::chrono::system_clock::now() + timeout;
   return RetryData([&] { return transport_->Pull(target, deadline, out); });
@@ -359,6 +384,9 @@ absl::Status Client::Pull(const PullTarget& target, std::chrono::milliseconds ti
 absl::StatusOr<PulledView> Client::PullInPlace(const PullTarget& target,
                                                std::chrono::milliseconds timeout,
                                                std::chrono::milliseconds lease) {
+  if (sharded_ != nullptr && sharded_->job() == target.job) {
+    return sharded_->PullInPlace(target, timeout, lease);
+  }
   if (absl::Status s = NeedTransport(); !s.ok()) return s;
   const Deadline deadline = std::chrono::system_clock::now() + timeout;
   PulledView view;
@@ -369,12 +397,16 @@ absl::StatusOr<PulledView> Client::PullInPlace(const PullTarget& target,
 }
 
 absl::Status Client::Release(const PulledView& view) {
+  if (sharded_ != nullptr) return sharded_->Release(view);
   if (absl::Status s = NeedTransport(); !s.ok()) return s;
   return Retry([&] { return transport_->Release(view.lease, NextDeadline()); });
 }
 
 absl::Status Client::PullMany(const PullManyTarget& target, std::chrono::milliseconds timeout,
                               std::vector<Pulled>* out) {
+  if (sharded_ != nullptr && sharded_->job() == target.job) {
+    return sharded_->PullMany(target, timeout, out);
+  }
   if (absl::Status s = NeedTransport(); !s.ok()) return s;
   const Deadline deadline = std::chrono::system_clock::now() + timeout;
   return RetryData([&] { return transport_->PullMany(target, deadline, out); });
@@ -383,6 +415,19 @@ absl::Status Client::PullMany(const PullManyTarget& target, std::chrono::millise
 absl::StatusOr<std::vector<PulledView>> Client::PullInPlaceMany(const PullManyTarget& target,
                                                                 std::chrono::milliseconds timeout,
                                                                 std::chrono::milliseconds lease) {
+  if (sharded_ != nullptr && sharded_->job() == target.job) {
+    std::vector<PulledView> views;
+    for (const std::string& tensor : target.tensors) {
+      absl::StatusOr<PulledView> view = sharded_->PullInPlace(
+          PullTarget{target.job, tensor, target.format, target.min_version}, timeout, lease);
+      if (!view.ok()) {
+        for (const PulledView& v : views) (void)sharded_->Release(v);
+        return view.status();
+      }
+      views.push_back(*std::move(view));
+    }
+    return views;
+  }
   if (absl::Status s = NeedTransport(); !s.ok()) return s;
   const Deadline deadline = std::chrono::system_clock::now() + timeout;
   std::vector<PulledView> views;
@@ -393,6 +438,11 @@ absl::StatusOr<std::vector<PulledView>> Client::PullInPlaceMany(const PullManyTa
 }
 
 absl::Status Client::Release(std::span<const PulledView> views) {
+  if (sharded_ != nullptr) {
+    absl::Status status;
+    for (const PulledView& view : views) status.Update(sharded_->Release(view));
+    return status;
+  }
   if (absl::Status s = NeedTransport(); !s.ok()) return s;
   std::vector<uint64_t> leases;
   for (const PulledView& view : views) leases.push_back(view.lease);
@@ -449,6 +499,7 @@ absl::StatusOr<v1::DrainResponse> Client::Drain() {
 }
 
 absl::StatusOr<v1::DeleteJobResponse> Client::DeleteJob(const std::string& job) {
+  if (sharded_ != nullptr && sharded_->job() == job) return sharded_->DeleteJob();
   v1::DeleteJobRequest request;
   request.set_job(job);
   v1::DeleteJobResponse response;

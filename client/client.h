@@ -21,6 +21,8 @@
 
 namespace paramd {
 
+class ShardedJob;
+
 // A job's daemon list with each "dns:NAME:PORT" entry replaced by every address NAME resolves to
 // ("IP:PORT": its IPv4 addresses, or where it has none its IPv6 ones, "[IP]:PORT"), sorted and
 // without repeats; other entries are kept as given.
@@ -36,8 +38,10 @@ struct ClientOptions {
   std::string address = "127.0.0.1:50051";
   // The job's daemons, each as it advertises itself (DaemonConfig.advertise_address), in any
   // order: Register sends them sorted (RegisterRequest.daemons) where the request lists none.
-  // Empty: a one-daemon job, on `address`. The client still talks to `address` alone: pushes and
-  // pulls do not go to each tensor's owner (GetLayout) yet.
+  // Empty: a one-daemon job, on `address`. With two or more, the job is sharded over them
+  // (client/sharded_job.h): the client registers with every daemon, pushes each owner its rows,
+  // commits to every daemon and puts a split tensor's pieces together on pulls; Status, layout,
+  // hyperparameter, checkpoint and state calls still go to `address` alone.
   // An entry "dns:NAME:PORT" stands for every address NAME resolves to, each as "IP:PORT": a
   // Kubernetes headless Service's name, say, which answers one address per ready daemon
   // (ResolveDaemonList: the IPv4 addresses, or where there are none the IPv6 ones, "[IP]:PORT").
@@ -91,6 +95,7 @@ struct ClientOptions {
 
 class Client {
  public:
+  ~Client();
   // Opens a channel and waits (up to connect_timeout) until the daemon answers.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
 
@@ -162,10 +167,12 @@ class Client {
   absl::StatusOr<bool> DaemonRestarted() const;
 
   // The transport chosen at Register ("" before).
-  std::string transport_name() const { return transport_ ? transport_->name() : ""; }
+  // For a sharded job, each daemon's ("host:port=name", comma-separated).
+  std::string transport_name() const;
   const std::string& transport_reason() const { return transport_reason_; }
 
  private:
+  friend class ShardedJob;
   explicit Client(const ClientOptions& options, std::shared_ptr<grpc::Channel> channel);
   Deadline NextDeadline() const;
   // `entries` with their "dns:" names resolved (ResolveDaemonList), again until the list has
@@ -197,6 +204,10 @@ class Client {
   absl::Status Restarted() const;
   // One Status call: notes in restarted_ whether the daemon is another start than Register saw.
   absl::Status CheckStart() const;
+  // The job sharded over several daemons this client registered, or null.
+  std::unique_ptr<ShardedJob> sharded_;
+  // One of a ShardedJob's clients: registers with its own daemon alone.
+  bool shard_member_ = false;
 };
 
 }  // namespace paramd

@@ -125,7 +125,11 @@ absl::StatusOr<ShardMap> ComputeShardMap(std::span<const TensorShape> tensors,
       loads.Add(owner, (*bytes)[i]);
       continue;
     }
+    // How many rows each owner takes, and in what order owners are first picked.
     const int64_t block_bytes = kShardRowBlock * t.bytes_per_row;
+    std::vector<int64_t> rows_of(static_cast<size_t>(n), 0);
+    std::vector<int> first_picked;
+    int last = 0;  // the owner that takes the tensor's last rows
     for (int64_t row = 0; row < t.rows;) {
       const int owner = loads.least_loaded();
       // While rows are left the placed bytes are below total, so the least-loaded owner holds less
@@ -134,13 +138,21 @@ absl::StatusOr<ShardMap> ComputeShardMap(std::span<const TensorShape> tensors,
       const int64_t blocks = std::max<int64_t>((share - loads.bytes(owner)) / block_bytes, 1);
       const int64_t end =
           t.rows - row <= blocks * kShardRowBlock ? t.rows : row + blocks * kShardRowBlock;
-      if (!pieces.empty() && pieces.back().owner == owner) {
-        pieces.back().row_end = end;
-      } else {
-        pieces.push_back({owner, row, end});
-      }
+      if (rows_of[static_cast<size_t>(owner)] == 0) first_picked.push_back(owner);
+      rows_of[static_cast<size_t>(owner)] += end - row;
       loads.Add(owner, (end - row) * t.bytes_per_row);
       row = end;
+      last = owner;
+    }
+    // One piece per owner, in the order of first picks, the owner of the last rows last: every
+    // other piece is whole 128-row blocks, so each piece starts at a multiple of 128 rows.
+    std::stable_partition(first_picked.begin(), first_picked.end(),
+                          [last](int owner) { return owner != last; });
+    int64_t begin = 0;
+    for (const int owner : first_picked) {
+      const int64_t end = begin + rows_of[static_cast<size_t>(owner)];
+      pieces.push_back({owner, begin, end});
+      begin = end;
     }
   }
   map.owner_bytes = loads.Release();

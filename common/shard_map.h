@@ -8,10 +8,13 @@
 // > T) is split; every other tensor stays whole.
 //  1. Whole tensors, largest first (ties: the lower registration index), each go to the
 //     least-loaded owner (ties: the lower owner index).
-//  2. Then split tensors, in the same order, fill the owners up to the ideal share: cut front to
-//     back, the least-loaded owner takes the next rows, as many 128-row blocks as keep it at or
-//     under the ideal share, at least one block, the last piece what is left; until every row is
-//     placed. An owner picked twice in a row extends its piece.
+//  2. Then split tensors, in the same order, fill the owners up to the ideal share: block by block
+//     front to back, the least-loaded owner takes the next rows, as many 128-row blocks as keep
+//     it at or under the ideal share, at least one block, the last take what is left; until every
+//     row is placed. Each owner's rows of the tensor are then one piece: the pieces follow the
+//     order in which their owners were first picked, the owner of the tensor's last rows last (so
+//     that every piece starts at a multiple of 128 rows). An owner holds at most one piece of a
+//     tensor, which a daemon addresses by the tensor's name.
 // The bound: every owner holds at most T / n + U bytes, U being the largest unit: the bytes of an
 // unsplit tensor, or of 128 rows of a split one. (A unit goes to the least-loaded owner, which
 // holds less than T / n while bytes are left, and a split piece stops at T / n unless its first

@@ -105,8 +105,9 @@ absl::StatusOr<v1::CheckpointResponse> Checkpoints::WriteNow(const std::string& 
                                                     }));
   MemoryBudget::Reservation held;
   const int64_t buffer = WriteBuffer(name, state_bytes, &held);
-  PARAMD_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointWriter> writer,
-                          CheckpointWriter::Start(root, job->spec(), kCheckpointFileBytes, buffer));
+  PARAMD_ASSIGN_OR_RETURN(
+      std::unique_ptr<CheckpointWriter> writer,
+      CheckpointWriter::Start(root, job->registration(), kCheckpointFileBytes, buffer));
   v1::CheckpointResponse response;
   v1::StateChunk chunk;
   while (true) {

@@ -268,17 +268,13 @@ absl::Status ControlService::DoGetLayout(const v1::GetLayoutRequest& request,
                                          v1::GetLayoutResponse* response) {
   PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, daemon_->registry().Find(request.job()));
   PARAMD_RETURN_IF_ERROR(job->CheckUsable());
-  // One owner per daemon of the job. Every owner gets this daemon's device, as no daemon knows
-  // another's yet; the pieces do not depend on it (owners sort by daemon first, and no two are of
-  // one daemon), so every daemon of the job answers the same pieces.
+  // Every owner gets this daemon's device, as no daemon knows another's yet; the pieces do not
+  // depend on it, so every daemon of the job answers the same pieces.
   PARAMD_ASSIGN_OR_RETURN(const int device, BackendDevice(daemon_->config().backend()));
-  std::vector<Owner> owners;
-  for (std::string& daemon : JobDaemons(job->spec(), daemon_->advertised_address())) {
-    owners.push_back(Owner{std::move(daemon), device});
-  }
-  const auto& tensors = job->spec().tensors();
+  const v1::RegisterRequest& spec = job->registration();
+  const auto& tensors = spec.tensors();
   PARAMD_ASSIGN_OR_RETURN(const ShardMap map,
-                          ComputeShardMap(JobTensorShapes(tensors), std::move(owners)));
+                          JobShardMap(spec, daemon_->advertised_address(), device));
   for (int i = 0; i < tensors.size(); ++i) {
     for (const ShardPiece& piece : map.tensors[static_cast<size_t>(i)]) {
       const Owner& owner = map.owners[piece.owner];

@@ -147,7 +147,7 @@ absl::StatusOr<v1::RegisterResponse> Daemon::Register(const v1::RegisterRequest&
   PARAMD_RETURN_IF_ERROR(CheckDaemonList(request, advertised_address()));
   // The list is compared before the rest of the description, to show both lists whole.
   if (absl::StatusOr<std::shared_ptr<Job>> job = registry_->Find(request.job()); job.ok()) {
-    PARAMD_RETURN_IF_ERROR(CheckSameDaemons((*job)->spec(), request));
+    PARAMD_RETURN_IF_ERROR(CheckSameDaemons((*job)->registration(), request));
   }
   return RegisterLocked(request);
 }
@@ -159,7 +159,7 @@ absl::StatusOr<v1::RegisterResponse> Daemon::RegisterFromManifest(
 }
 
 absl::StatusOr<v1::RegisterResponse> Daemon::RegisterLocked(const v1::RegisterRequest& request) {
-  absl::StatusOr<v1::RegisterResponse> response = registry_->Register(request);
+  absl::StatusOr<v1::RegisterResponse> response = registry_->Register(request, job_peers());
   if (absl::IsFailedPrecondition(response.status())) {
     if (auto reshaped = RegisterReshaped(request)) response = *std::move(reshaped);
   }
@@ -220,7 +220,7 @@ std::optional<absl::StatusOr<v1::RegisterResponse>> Daemon::RegisterReshaped(
   if (!found.ok() || !(*found)->reshapable()) return std::nullopt;
   const std::shared_ptr<Job> old = *std::move(found);
   const v1::RegisterRequest wanted = NormalizedSpec(request);
-  v1::RegisterRequest reshaped = old->spec();
+  v1::RegisterRequest reshaped = old->registration();
   reshaped.set_world_size(wanted.world_size());
   *reshaped.mutable_serve() = wanted.serve();
   if (!google::protobuf::util::MessageDifferencer::Equals(reshaped, wanted)) return std::nullopt;
@@ -240,18 +240,19 @@ std::optional<absl::StatusOr<v1::RegisterResponse>> Daemon::RegisterReshaped(
       chunks.push_back(std::move(chunk));
     }
   }
-  const v1::RegisterRequest previous = old->spec();
+  const v1::RegisterRequest previous = old->registration();
   // Puts `spec`'s job back with the state (the new one, or the old one where the new one fails).
   const auto remake =
       [&](const v1::RegisterRequest& spec, bool new_serve_formats,
           const v1::RegisterRequest& registration) -> absl::StatusOr<v1::RegisterResponse> {
-    PARAMD_RETURN_IF_ERROR(registry_->Register(registration).status());
+    PARAMD_RETURN_IF_ERROR(registry_->Register(registration, job_peers()).status());
     PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, registry_->Find(name));
     StateImport import(job->spec(), config_.max_chunk_bytes());
     PARAMD_RETURN_IF_ERROR(ImportKeptFields(chunks, spec, import));
     PARAMD_ASSIGN_OR_RETURN(StagedState staged, import.Finish(new_serve_formats));
     PARAMD_RETURN_IF_ERROR(job->Import(std::move(staged)).status());
-    return registry_->Register(registration);  // the restored version, as the trainer needs it
+    return registry_->Register(registration,
+                               job_peers());  // the restored version, as the trainer needs it
   };
   (void)DeleteJob(name);
   absl::StatusOr<v1::RegisterResponse> response = remake(wanted, true, request);

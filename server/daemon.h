@@ -40,6 +40,8 @@ class Daemon final : public TransportHost {
   JobRegistry& registry() { return *registry_; }
   // The agreement of the jobs sharded over this daemon and others (the Peer service).
   PeerExchange& peers() { return *peers_; }
+  // What a job sharded over several daemons needs of this one to agree with the others.
+  JobPeers job_peers() { return JobPeers{peers_.get(), advertised_address()}; }
   Metrics& metrics() { return *metrics_; }
   LeaseTable& leases() { return *leases_; }
   // The checkpoints being written or restored, which Status reports per job.
@@ -140,8 +142,9 @@ class Daemon final : public TransportHost {
   std::string backend_name_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<MemoryBudget> budget_;
-  std::unique_ptr<JobRegistry> registry_;
+  // Outlives the jobs, whose sharded ones take part in its rounds until they go.
   std::unique_ptr<PeerExchange> peers_;
+  std::unique_ptr<JobRegistry> registry_;
   std::unique_ptr<LeaseTable> leases_;
   CountedLimit open_streams_;
   CountedLimit waiting_pulls_;

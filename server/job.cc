@@ -15,6 +15,7 @@
 #include "common/status_macros.h"
 #include "kernels/step_rules.h"
 #include "server/job_memory.h"
+#include "server/peer_exchange.h"
 #include "server/registration.h"
 
 namespace paramd {
@@ -39,11 +40,14 @@ absl::Status CheckInitialWeights(const std::string& tensor, int64_t offset, std:
 
 }  // namespace
 
-Job::Job(const v1::RegisterRequest& spec, Backend* backend, BufferAllocator* buffers)
+Job::Job(const v1::RegisterRequest& spec, Backend* backend, BufferAllocator* buffers,
+         std::optional<v1::RegisterRequest> part, JobPeers peers)
     : name_(spec.job()),
       world_size_(spec.world_size()),
       pre_reduced_(spec.push_mode() == v1::PUSH_MODE_PRE_REDUCED),
-      spec_(NormalizedSpec(spec)),
+      registration_(NormalizedSpec(spec)),
+      spec_(part.has_value() ? NormalizedSpec(*part) : registration_),
+      peers_(std::move(peers)),
       formats_(ServedFormats(spec_)),
       backend_(backend),
       buffers_(buffers),
@@ -60,9 +64,73 @@ Job::Job(const v1::RegisterRequest& spec, Backend* backend, BufferAllocator* buf
     t.grad_bytes = t.elements * ElementBytes(t.spec.grad_type());
     tensor_index_.emplace(t.spec.name(), i);
   }
+  amax_among_.resize(tensors_.size());
+  if (sharded()) {
+    // The owners of each split tensor this daemon holds rows of: its amax rounds' daemons.
+    const absl::StatusOr<ShardMap> map = JobShardMap(registration_, peers_.self, kCpuDevice);
+    PARAMD_CHECK(map.ok()) << map.status();  // DaemonPart computed the same map
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      const v1::TensorSpec& t = spec_.tensors(static_cast<int>(i));
+      if (t.whole_rows() == 0) continue;
+      for (const ShardPiece& piece : map->tensors[static_cast<size_t>(t.job_index())]) {
+        amax_among_[i].push_back(piece.owner);  // owner i is daemon i of the sorted list
+      }
+      std::sort(amax_among_[i].begin(), amax_among_[i].end());
+    }
+  }
 }
 
-Job::~Job() = default;
+Job::~Job() {
+  std::vector<std::thread> threads;
+  bool open = false;  // still in the Peer exchange: a job that failed (or was deleted) left it
+  {
+    absl::MutexLock lock(&mu_);
+    threads.swap(initial_threads_);
+    open = failed_.ok();
+  }
+  // A round still waiting ends now.
+  if (sharded() && open && !threads.empty()) {
+    peers_.exchange->CloseJob(name_, absl::CancelledError("the daemon stopped"));
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+void Job::CreateSplitState(int index, WholeAmax whole_amax) {
+  Tensor* t = nullptr;
+  absl::StatusOr<std::shared_ptr<ServedTensor>> served;
+  {
+    absl::MutexLock lock(&mu_);
+    t = &tensors_[static_cast<size_t>(index)];
+    served = FreshServed(index);
+  }
+  // The upload stays complete and unchanged while `creating` is set: no lock is needed to read it.
+  absl::StatusOr<std::unique_ptr<TensorState>> state = absl::UnknownError("not made");
+  if (!served.ok()) {
+    state = served.status();
+  } else {
+    (*served)->version = 0;
+    state = backend_->CreateState(
+        t->info,
+        std::span<const float>(reinterpret_cast<const float*>(t->upload->data()),
+                               static_cast<size_t>(t->elements)),
+        served->get(), whole_amax);
+  }
+  std::vector<std::function<void()>> wake;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!state.ok()) {
+      FailLocked(absl::Status(state.status().code(),
+                              absl::StrCat("job ", Quoted(name_), ": version 0 of tensor ",
+                                           Quoted(t->spec.name()), ": ", state.status().message())),
+                 &wake);
+    } else {
+      t->state = std::move(*state);
+      ++initialized_tensors_;
+      served_.Publish(index, *std::move(served), &wake);
+    }
+  }
+  for (auto& w : wake) w();
+}
 
 absl::StatusOr<v1::RegisterResponse> Job::Register(const v1::RegisterRequest& request,
                                                    int64_t max_chunk_bytes) {
@@ -70,7 +138,7 @@ absl::StatusOr<v1::RegisterResponse> Job::Register(const v1::RegisterRequest& re
   google::protobuf::util::MessageDifferencer differ;
   std::string diff;
   differ.ReportDifferencesToString(&diff);
-  if (!differ.Compare(spec_, normalized)) {
+  if (!differ.Compare(registration_, normalized)) {
     return absl::FailedPreconditionError(
         absl::StrCat("job \"", name_,
                      "\" is already registered with a different description; "
@@ -228,8 +296,26 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushWeights(Tensor& t, const v1::PushCh
     t.upload = std::make_unique<ChunkBuffer>();
     t.upload->Reset(*std::move(buffer));
   }
+  if (t.creating) {
+    // Its version 0 is being made: the same bytes again are a retry.
+    if (std::memcmp(t.upload->data() + chunk.offset(), chunk.data().data(), chunk.data().size()) ==
+        0) {
+      return ChunkBuffer::Stored::kDuplicate;
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "initial weights of tensor \"", t.spec.name(),
+        "\" were already uploaded; the daemon keeps its state, restart the job under a new name "
+        "to reset it"));
+  }
   absl::StatusOr<ChunkBuffer::Stored> stored = t.upload->Store(chunk.offset(), chunk.data());
   if (!stored.ok() || !t.upload->complete()) return stored;
+  if (WholeAmax whole_amax = WholeAmaxOf(static_cast<size_t>(index), 0, "initial-amax")) {
+    // A split tensor's version 0 waits for its other owners' amax: not on this RPC's thread.
+    t.creating = true;
+    initial_threads_.emplace_back(
+        [this, index, whole_amax = std::move(whole_amax)] { CreateSplitState(index, whole_amax); });
+    return stored;
+  }
 
   PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<ServedTensor> served, FreshServed(index));
   served->version = 0;
@@ -246,6 +332,12 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushWeights(Tensor& t, const v1::PushCh
 }
 
 absl::StatusOr<ChunkBuffer::Stored> Job::PushGradient(Tensor& t, const v1::PushChunk& chunk) {
+  if (t.state == nullptr && t.creating) {
+    return absl::UnavailableError(absl::StrCat(
+        "tensor \"", t.spec.name(),
+        "\" is making version 0 from its initial weights with the job's other daemons; push "
+        "again once it is published (a pull of version 0 waits for it)"));
+  }
   if (t.state == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "tensor \"", t.spec.name(),
@@ -632,6 +724,9 @@ void Job::Fail(const absl::Status& why) {
 void Job::FailLocked(const absl::Status& why, std::vector<std::function<void()>>* wake) {
   if (!failed_.ok()) return;
   failed_ = why;
+  // A round waiting on the other daemons ends with it; theirs end at their deadline, failing the
+  // job there too.
+  if (sharded()) peers_.exchange->CloseJob(name_, why);
   // Their pulls ask again, find no version (Served) and end with the job's status.
   served_.TakeAllWaiters(wake);
 }
@@ -668,6 +763,65 @@ absl::Status Job::FreshServedForStep(int64_t step,
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Job::AgreeOnCheck(int64_t step, const GradientCheck& local,
+                                       std::vector<double>* blocks) {
+  v1::PeerOffer offer;
+  offer.set_job(name_);
+  offer.set_step(step);
+  offer.set_round("check");
+  offer.set_finite(local.finite);
+  for (size_t i = 0; i < local.block_sums.size(); ++i) {
+    const v1::TensorSpec& t = spec_.tensors(static_cast<int>(i));
+    v1::PeerBlockSums* sums = offer.add_block_sums();
+    sums->set_tensor(t.job_index());
+    sums->set_first_block(t.row_offset() / kernels::kNormBlockRows);
+    sums->mutable_sums()->Add(local.block_sums[i].begin(), local.block_sums[i].end());
+  }
+  PARAMD_ASSIGN_OR_RETURN(const std::vector<v1::PeerOffer> offers,
+                          peers_.exchange->Exchange(std::move(offer)));
+  bool finite = true;
+  std::vector<const v1::PeerBlockSums*> all;
+  for (const v1::PeerOffer& o : offers) {
+    finite = finite && o.finite();
+    for (const v1::PeerBlockSums& sums : o.block_sums()) all.push_back(&sums);
+  }
+  std::sort(all.begin(), all.end(), [](const v1::PeerBlockSums* a, const v1::PeerBlockSums* b) {
+    return std::pair(a->tensor(), a->first_block()) < std::pair(b->tensor(), b->first_block());
+  });
+  blocks->clear();
+  for (const v1::PeerBlockSums* sums : all) {
+    blocks->insert(blocks->end(), sums->sums().begin(), sums->sums().end());
+  }
+  return finite;
+}
+
+WholeAmax Job::WholeAmaxOf(size_t index, int64_t step, const std::string& round) {
+  if (!sharded() || amax_among_[index].empty()) return nullptr;
+  const v1::TensorSpec& t = spec_.tensors(static_cast<int>(index));
+  return [this, among = amax_among_[index], step, name = absl::StrCat(round, "/", t.job_index())](
+             float range_amax) -> absl::StatusOr<float> {
+    v1::PeerOffer offer;
+    offer.set_job(name_);
+    offer.set_step(step);
+    offer.set_round(name);
+    offer.set_amax(range_amax);
+    absl::StatusOr<std::vector<v1::PeerOffer>> offers =
+        peers_.exchange->Exchange(std::move(offer), among);
+    if (!offers.ok()) {
+      return absl::AbortedError(
+          absl::StrCat("the owners of tensor ", Quoted(name),
+                       " did not agree on its amax: ", offers.status().ToString()));
+    }
+    // The max of non-negative floats is exact in any order; a NaN stays NaN (as one daemon's).
+    float whole = 0.0f;
+    for (const v1::PeerOffer& o : *offers) {
+      whole = std::isnan(whole) || std::isnan(o.amax()) ? std::numeric_limits<float>::quiet_NaN()
+                                                        : std::max(whole, o.amax());
+    }
+    return whole;
+  };
 }
 
 StepReport Job::FailStep(const StepWork& work, const absl::Status& why) {
@@ -786,6 +940,7 @@ StepReport Job::StepNow(const StepWork& work) {
         }
       }
       step.previous = previous.back();
+      step.whole_amax = WholeAmaxOf(i, work.step, "amax");
       step.out = outputs[i].get();
       steps.push_back(std::move(step));
     }
@@ -793,13 +948,32 @@ StepReport Job::StepNow(const StepWork& work) {
   // The state and the taken slots belong to this step alone while it runs.
   const std::span<TensorStep> all(steps);
   const bool clipping = spec_.max_grad_norm() > 0;
-  if (backend_->DecidesOnDevice() && !steps.empty()) {
+  // A sharded job decides on the host: its daemons agree on the decision first.
+  if (backend_->DecidesOnDevice() && !steps.empty() && !sharded()) {
     return StepOnDevice(work, all, outputs, scalars, start);
   }
   absl::StatusOr<GradientCheck> check = backend_->CheckGradients(all, scalars.grad_scale, clipping);
   if (!check.ok()) return fail(check.status());
+  // Block sums one after another in registration order, then block order (DESIGN.md §2).
+  std::vector<double> blocks;
+  bool finite = check->finite;
+  if (sharded()) {
+    absl::StatusOr<bool> agreed = AgreeOnCheck(work.step, *check, &blocks);
+    if (!agreed.ok()) {
+      // ABORTED, not the round's UNAVAILABLE or DEADLINE_EXCEEDED: no retry of a trainer's call
+      // helps; the job is restored and run again.
+      return fail(absl::AbortedError(
+          absl::StrCat("the job's daemons did not agree on the step: ", agreed.status().ToString(),
+                       "; this daemon holds version ", work.step, " of its part")));
+    }
+    finite = *agreed;
+  } else if (clipping) {
+    for (const std::vector<double>& tensor : check->block_sums) {
+      blocks.insert(blocks.end(), tensor.begin(), tensor.end());
+    }
+  }
   const auto checked = std::chrono::steady_clock::now();
-  const bool skipped = !check->finite;
+  const bool skipped = !finite;
   // The step counts as run with its last tensor, before that tensor's pullers wake: a trainer
   // that pulled every tensor sees the step in Status and may import or export at once.
   double seconds = 0;
@@ -851,11 +1025,6 @@ StepReport Job::StepNow(const StepWork& work) {
     }
   } else {
     if (clipping) {
-      // Block sums one after another in registration order, then block order (DESIGN.md §2).
-      std::vector<double> blocks;
-      for (const std::vector<double>& tensor : check->block_sums) {
-        blocks.insert(blocks.end(), tensor.begin(), tensor.end());
-      }
       scalars.clip = kernels::ClipFactor(
           kernels::SumInOrder(blocks.data(), static_cast<int64_t>(blocks.size())),
           spec_.max_grad_norm());

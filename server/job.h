@@ -16,6 +16,7 @@
 #include <shared_mutex>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -35,6 +36,14 @@ namespace paramd {
 
 class StateExport;
 struct StagedState;
+class PeerExchange;
+
+// How the part of a job one daemon of several holds (DESIGN.md §7) agrees with the other parts:
+// the daemon's Peer exchange and the address it advertises. Empty for a job on one daemon.
+struct JobPeers {
+  PeerExchange* exchange = nullptr;
+  std::string self;
+};
 
 // Facts about one finished step, for metrics and logs.
 struct StepReport {
@@ -51,8 +60,13 @@ class Job {
   // `spec` is a validated registration (server/registration.h); its rank is ignored. Gradient
   // slots and served bytes come from `buffers` (memory a transport exposes to trainers), or from
   // the heap where it has no room.
-  Job(const v1::RegisterRequest& spec, Backend* backend,
-      BufferAllocator* buffers = HeapAllocator());
+  //
+  // A job whose daemon list names several daemons is sharded over them: `part` (DaemonPart) is
+  // what this daemon holds, and its steps agree with the other daemons' through `peers` (found-inf
+  // and the global-norm clip before each step; a split tensor's amax for its per-tensor scales,
+  // between the passes and at version 0), so each part steps as the one-daemon job would.
+  Job(const v1::RegisterRequest& spec, Backend* backend, BufferAllocator* buffers = HeapAllocator(),
+      std::optional<v1::RegisterRequest> part = std::nullopt, JobPeers peers = {});
   ~Job();
 
   const std::string& name() const { return name_; }
@@ -113,8 +127,12 @@ class Job {
   // error fails the job (Fail) and is the report's `failed`; a job that failed runs no step.
   std::vector<StepReport> RunOrHoldStep(const StepWork& work);
 
-  // The job's description: its normalized registration. Immutable.
+  // What this daemon holds of the job: its normalized registration, or where the job is sharded
+  // over several daemons this daemon's part of it (DaemonPart). Immutable.
   const v1::RegisterRequest& spec() const { return spec_; }
+  // The job as its ranks registered it (normalized), whole. Equal to spec() unless sharded.
+  const v1::RegisterRequest& registration() const { return registration_; }
+  bool sharded() const { return peers_.exchange != nullptr; }
   // Replaces the job's state with a staged import (checked against spec() by StateImport, see
   // server/state_transfer.h), then re-publishes every tensor's served bytes, computed from the
   // imported master, at version staged.header.next_step. FAILED_PRECONDITION, changing nothing,
@@ -155,6 +173,9 @@ class Job {
     int64_t grad_bytes = 0;
     std::unique_ptr<TensorState> state;   // null until the initial weights arrived
     std::unique_ptr<ChunkBuffer> upload;  // initial weights while they arrive
+    // A split tensor's version 0, made on a thread of its own (its amax round waits for the other
+    // owners, which no RPC thread may do) once its upload is complete.
+    bool creating = false;
   };
 
   absl::Status CheckRank(int32_t rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -200,6 +221,19 @@ class Job {
   StepReport StepOnDevice(const StepWork& work, std::span<TensorStep> steps,
                           std::vector<std::shared_ptr<ServedTensor>>& outputs,
                           const StepScalars& scalars, std::chrono::steady_clock::time_point start);
+  // A sharded job's agreement before step `step` (the "check" round): every daemon's found-inf and
+  // global-norm block sums, from `local` (this daemon's, per tensor of its part). Returns whether
+  // every gradient of the job is finite and, in `blocks`, the whole job's block sums in
+  // registration order, then block order, as one daemon holding it all would have them.
+  absl::StatusOr<bool> AgreeOnCheck(int64_t step, const GradientCheck& local,
+                                    std::vector<double>* blocks);
+  // A split tensor's whole amax at `step` (round `round`), from the amax of this daemon's rows of
+  // it (tensor `index` of the part); the identity for a tensor held whole.
+  WholeAmax WholeAmaxOf(size_t index, int64_t step, const std::string& round);
+  // Makes tensor `index`'s state and version 0 from its complete upload (`whole_amax` set: the
+  // amax round of a split tensor), then publishes it; a failure fails the job. Runs on
+  // initial_threads_, without the job's lock.
+  void CreateSplitState(int index, WholeAmax whole_amax);
   // Fails the job at `work`'s step with `why` (a step's state may be half-updated).
   StepReport FailStep(const StepWork& work, const absl::Status& why);
   // The served buffers of every tensor's next version, waiting while a retired version is leased.
@@ -239,7 +273,12 @@ class Job {
   const int world_size_;
   const bool pre_reduced_;  // PUSH_MODE_PRE_REDUCED: one rank pushes, pusher_
   int pusher_ ABSL_GUARDED_BY(mu_) = 0;
-  const v1::RegisterRequest spec_;        // the registration every rank must repeat (rank cleared)
+  const v1::RegisterRequest registration_;  // what every rank must repeat (rank cleared)
+  const v1::RegisterRequest spec_;          // this daemon's part of it (registration_ unsharded)
+  const JobPeers peers_;                    // set where the job is sharded
+  // Per tensor of the part: the indexes in the job's daemon list of its owners, where it is a
+  // row range of a split tensor (its amax rounds are theirs); empty for a tensor held whole.
+  std::vector<std::vector<int>> amax_among_;
   const std::vector<FormatKey> formats_;  // served formats (ServedFormats)
   Backend* const backend_;
   BufferAllocator* const buffers_;
@@ -266,7 +305,8 @@ class Job {
   std::map<int32_t, v1::TrainerTransport> trainer_transports_ ABSL_GUARDED_BY(mu_);
   // The starts of the exports waiting in sequence_.
   std::map<StepSequence::ExportId, ExportStart> export_starts_ ABSL_GUARDED_BY(mu_);
-  absl::Status failed_ ABSL_GUARDED_BY(mu_);      // not OK once the job failed or was deleted
+  absl::Status failed_ ABSL_GUARDED_BY(mu_);  // not OK once the job failed or was deleted
+  std::vector<std::thread> initial_threads_ ABSL_GUARDED_BY(mu_);  // CreateSplitState's
   bool reshapable_ ABSL_GUARDED_BY(mu_) = false;  // MarkRestored, until a rank registers
 };
 

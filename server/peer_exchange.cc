@@ -153,10 +153,11 @@ absl::Status PeerExchange::Send(const std::string& peer, const v1::PeerOffer& of
                                    " did not take this daemon's offer: ", last.message()));
 }
 
-absl::StatusOr<std::vector<v1::PeerOffer>> PeerExchange::Exchange(v1::PeerOffer own) {
+absl::StatusOr<std::vector<v1::PeerOffer>> PeerExchange::Exchange(v1::PeerOffer own,
+                                                                  std::vector<int> among) {
   const auto started = std::chrono::steady_clock::now();
   const std::string job = own.job();
-  absl::StatusOr<std::vector<v1::PeerOffer>> offers = Gather(std::move(own));
+  absl::StatusOr<std::vector<v1::PeerOffer>> offers = Gather(std::move(own), std::move(among));
   if (observer_) {
     observer_(job,
               std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(),
@@ -165,7 +166,8 @@ absl::StatusOr<std::vector<v1::PeerOffer>> PeerExchange::Exchange(v1::PeerOffer 
   return offers;
 }
 
-absl::StatusOr<std::vector<v1::PeerOffer>> PeerExchange::Gather(v1::PeerOffer own) {
+absl::StatusOr<std::vector<v1::PeerOffer>> PeerExchange::Gather(v1::PeerOffer own,
+                                                                std::vector<int> among) {
   const auto deadline = std::chrono::system_clock::now() + timeout_;
   std::shared_ptr<JobRounds> job;
   std::string self;
@@ -181,14 +183,28 @@ absl::StatusOr<std::vector<v1::PeerOffer>> PeerExchange::Gather(v1::PeerOffer ow
     job = it->second;
     const int index = static_cast<int>(
         std::lower_bound(job->daemons.begin(), job->daemons.end(), self_) - job->daemons.begin());
+    const int n = static_cast<int>(job->daemons.size());
+    if (among.empty()) {
+      for (int i = 0; i < n; ++i) among.push_back(i);
+    }
+    if (!std::is_sorted(among.begin(), among.end()) ||
+        std::adjacent_find(among.begin(), among.end()) != among.end() || among.front() < 0 ||
+        among.back() >= n || !std::binary_search(among.begin(), among.end(), index)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(RoundName(own),
+                       ": the daemons of a round are distinct indexes into the "
+                       "job's list, sorted, this daemon's among them"));
+    }
     if (absl::Status s = Store(*job, index, own); !s.ok()) return s;
   }
-  // The sends run at once, one thread per other daemon, each until its offer is taken.
+  // The sends run at once, one thread per other daemon of the round, each until its offer is taken.
   std::vector<absl::Status> sent(job->daemons.size());
   std::vector<std::thread> senders;
-  for (size_t i = 0; i < job->daemons.size(); ++i) {
-    if (job->daemons[i] == self) continue;
-    senders.emplace_back([&, i] { sent[i] = Send(job->daemons[i], own, deadline); });
+  for (const int i : among) {
+    if (job->daemons[static_cast<size_t>(i)] == self) continue;
+    senders.emplace_back([&, i] {
+      sent[static_cast<size_t>(i)] = Send(job->daemons[static_cast<size_t>(i)], own, deadline);
+    });
   }
   for (std::thread& t : senders) t.join();
   const std::pair<int64_t, std::string> key{own.step(), own.round()};
@@ -202,7 +218,11 @@ absl::StatusOr<std::vector<v1::PeerOffer>> PeerExchange::Gather(v1::PeerOffer ow
   auto complete = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // mu_ held
     if (!job->closed.ok()) return true;
     auto it = job->rounds.find(key);
-    return it != job->rounds.end() && it->second.count == static_cast<int>(job->daemons.size());
+    if (it == job->rounds.end()) return false;
+    for (const int i : among) {
+      if (!it->second.offers[static_cast<size_t>(i)].has_value()) return false;
+    }
+    return true;
   };
   mu_.AwaitWithDeadline(absl::Condition(&complete), absl::FromChrono(deadline));
   if (!job->closed.ok()) return job->closed;
@@ -213,8 +233,10 @@ absl::StatusOr<std::vector<v1::PeerOffer>> PeerExchange::Gather(v1::PeerOffer ow
   }
   if (!complete()) {
     std::vector<std::string> silent;
-    for (size_t i = 0; i < job->daemons.size(); ++i) {
-      if (!it->second.offers[i].has_value()) silent.push_back(job->daemons[i]);
+    for (const int i : among) {
+      if (!it->second.offers[static_cast<size_t>(i)].has_value()) {
+        silent.push_back(job->daemons[static_cast<size_t>(i)]);
+      }
     }
     const absl::Status status = absl::DeadlineExceededError(
         absl::StrCat(RoundName(own), ": no offer from daemon", silent.size() > 1 ? "s " : " ",
@@ -224,8 +246,8 @@ absl::StatusOr<std::vector<v1::PeerOffer>> PeerExchange::Gather(v1::PeerOffer ow
     return status;
   }
   std::vector<v1::PeerOffer> offers;
-  offers.reserve(it->second.offers.size());
-  for (std::optional<v1::PeerOffer>& o : it->second.offers) offers.push_back(std::move(*o));
+  offers.reserve(among.size());
+  for (const int i : among) offers.push_back(std::move(*it->second.offers[static_cast<size_t>(i)]));
   job->rounds.erase(it);
   job->gathered.push_back(key);
   if (job->gathered.size() > kGatheredKept) job->gathered.pop_front();

@@ -61,11 +61,14 @@ class PeerExchange {
   absl::Status Accept(const v1::PeerOffer& offer);
 
   // This daemon's part of round (own.job, own.step, own.round): sends `own` (its `from` set here)
-  // to every other daemon of the job and waits until every daemon's offer of the round is here.
+  // to every other daemon of the round and waits until every one's offer of the round is here.
+  // The round's daemons are `among` (indexes into the job's list, sorted, this daemon's included:
+  // a split tensor's owners), or every daemon of the job where it is empty.
   // Returns the offers in the job's daemon order, this daemon's included. DEADLINE_EXCEEDED or
   // UNAVAILABLE naming the daemons not heard from by the deadline; another daemon's refusal of the
   // offer as its status, naming that daemon; NOT_FOUND for a job not open here.
-  absl::StatusOr<std::vector<v1::PeerOffer>> Exchange(v1::PeerOffer own);
+  absl::StatusOr<std::vector<v1::PeerOffer>> Exchange(v1::PeerOffer own,
+                                                      std::vector<int> among = {});
 
   // Rounds held waiting for offers, over all jobs.
   int rounds_held() const;
@@ -89,7 +92,7 @@ class PeerExchange {
   std::shared_ptr<v1::Peer::Stub> StubFor(const std::string& peer);
   static absl::Status Store(JobRounds& job, int index, const v1::PeerOffer& offer);
 
-  absl::StatusOr<std::vector<v1::PeerOffer>> Gather(v1::PeerOffer own);
+  absl::StatusOr<std::vector<v1::PeerOffer>> Gather(v1::PeerOffer own, std::vector<int> among);
 
   const std::chrono::milliseconds timeout_;
   RoundObserver observer_;

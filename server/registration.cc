@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/quoted.h"
+#include "common/status_macros.h"
 
 namespace paramd {
 namespace {
@@ -167,7 +168,9 @@ TensorInfo TensorInfoOf(const v1::RegisterRequest& spec, int i) {
   TensorInfo info;
   info.rows = spec.tensors(i).rows();
   info.cols = spec.tensors(i).cols();
-  info.index = static_cast<uint32_t>(i);
+  info.index =
+      static_cast<uint32_t>(spec.tensors(i).has_job_index() ? spec.tensors(i).job_index() : i);
+  info.row_offset = spec.tensors(i).row_offset();
   const v1::StatePolicy& p = spec.state_policy();
   info.policy.master = p.master() == v1::MASTER_TYPE_BF16_REMAINDER
                            ? kernels::MasterType::kBf16Remainder
@@ -230,6 +233,12 @@ absl::Status ValidateRegistration(const v1::RegisterRequest& r) {
     if (ElementBytes(t.grad_type()) == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tensor \"", t.name(), "\" needs grad_type ELEMENT_TYPE_FP32 or ELEMENT_TYPE_BF16"));
+    }
+    if (t.has_job_index() || t.row_offset() != 0 || t.whole_rows() != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor \"", t.name(),
+          "\" sets job_index, row_offset or whole_rows, which only daemons set (for the part of "
+          "a job each daemon of several holds): register the whole tensor"));
     }
   }
   if (absl::Status s = CheckHyper(r.hyperparams()); !s.ok()) return s;
@@ -310,6 +319,46 @@ std::vector<std::string> JobDaemons(const v1::RegisterRequest& spec,
                                     const std::string& advertised) {
   if (spec.daemons().empty()) return {advertised};
   return {spec.daemons().begin(), spec.daemons().end()};
+}
+
+absl::StatusOr<ShardMap> JobShardMap(const v1::RegisterRequest& spec, const std::string& advertised,
+                                     int device) {
+  std::vector<Owner> owners;
+  for (std::string& daemon : JobDaemons(spec, advertised)) {
+    owners.push_back(Owner{std::move(daemon), device});
+  }
+  return ComputeShardMap(JobTensorShapes(spec.tensors()), std::move(owners));
+}
+
+absl::StatusOr<v1::RegisterRequest> DaemonPart(const v1::RegisterRequest& spec,
+                                               const std::string& advertised) {
+  if (spec.daemons_size() < 2) return spec;
+  PARAMD_ASSIGN_OR_RETURN(const ShardMap map, JobShardMap(spec, advertised, kCpuDevice));
+  const auto self = std::find_if(map.owners.begin(), map.owners.end(),
+                                 [&](const Owner& o) { return o.daemon == advertised; });
+  if (self == map.owners.end()) {
+    return absl::FailedPreconditionError(absl::StrCat("the daemon list of job ", Quoted(spec.job()),
+                                                      " does not name this daemon (",
+                                                      Quoted(advertised), ")"));
+  }
+  const int owner = static_cast<int>(self - map.owners.begin());
+  v1::RegisterRequest part = spec;
+  part.clear_tensors();
+  for (int i = 0; i < spec.tensors_size(); ++i) {
+    const std::vector<ShardPiece>& pieces = map.tensors[static_cast<size_t>(i)];
+    for (const ShardPiece& piece : pieces) {
+      if (piece.owner != owner) continue;
+      v1::TensorSpec* t = part.add_tensors();
+      *t = spec.tensors(i);
+      t->set_job_index(i);
+      if (pieces.size() > 1) {
+        t->set_rows(piece.row_end - piece.row_begin);
+        t->set_row_offset(piece.row_begin);
+        t->set_whole_rows(spec.tensors(i).rows());
+      }
+    }
+  }
+  return part;
 }
 
 v1::RegisterRequest NormalizedSpec(const v1::RegisterRequest& request) {

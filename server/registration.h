@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/shard_map.h"
 #include "paramd/v1/control.pb.h"
 #include "server/backend.h"
 
@@ -31,6 +33,19 @@ std::string DaemonListText(const google::protobuf::RepeatedPtrField<std::string>
 
 // The daemons of a job: its list, or `advertised` (this daemon) alone where the list is empty.
 std::vector<std::string> JobDaemons(const v1::RegisterRequest& spec, const std::string& advertised);
+
+// The shard map of a job (common/shard_map.h): one owner per daemon of its list (JobDaemons), each
+// with `device` (the pieces do not depend on it: owners sort by daemon first, one per daemon).
+absl::StatusOr<ShardMap> JobShardMap(const v1::RegisterRequest& spec, const std::string& advertised,
+                                     int device);
+
+// The part of a normalized job description the daemon advertised as `advertised` holds: the whole
+// description where its list names fewer than two daemons; else only the tensors the shard map
+// gives it, each with its job_index, and for a row range of a split tensor those rows (rows,
+// row_offset, whole_rows). A daemon may hold none. FAILED_PRECONDITION where the list does not
+// name it.
+absl::StatusOr<v1::RegisterRequest> DaemonPart(const v1::RegisterRequest& spec,
+                                               const std::string& advertised);
 
 // The job description every rank must repeat: the request with its rank cleared and every
 // UNSPECIFIED enum replaced by the value it means.

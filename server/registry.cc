@@ -6,6 +6,7 @@
 #include "common/error_reason.h"
 #include "common/quoted.h"
 #include "server/job_memory.h"
+#include "server/peer_exchange.h"
 #include "server/registration.h"
 
 namespace paramd {
@@ -36,7 +37,8 @@ int64_t JobRegistry::JobBytes(const v1::RegisterRequest& spec) {
   return static_cast<int64_t>(bytes > kMax ? kMax : bytes);
 }
 
-absl::StatusOr<v1::RegisterResponse> JobRegistry::Register(const v1::RegisterRequest& request) {
+absl::StatusOr<v1::RegisterResponse> JobRegistry::Register(const v1::RegisterRequest& request,
+                                                           const JobPeers& peers) {
   if (absl::Status s = ValidateRegistration(request); !s.ok()) return s;
   if (absl::Status health = backend_->Health(); !health.ok()) {
     return WithReason(health, v1::ERROR_REASON_BACKEND_UNUSABLE);
@@ -67,7 +69,16 @@ absl::StatusOr<v1::RegisterResponse> JobRegistry::Register(const v1::RegisterReq
             request.world_size(), " ranks; a daemon holds at most ", kMaxSlotRecords,
             " (tensor, rank) slots per job: split the job's tensors over several daemons"));
       }
-      const int64_t bytes = JobBytes(request);
+      // What this daemon holds of the job: the whole job, or its part of a sharded one.
+      const bool sharded = peers.exchange != nullptr && request.daemons_size() > 1;
+      std::optional<v1::RegisterRequest> part;
+      if (sharded) {
+        absl::StatusOr<v1::RegisterRequest> held = DaemonPart(NormalizedSpec(request), peers.self);
+        if (!held.ok()) return held.status();
+        part = *std::move(held);
+      }
+      const v1::RegisterRequest& holds = part.has_value() ? *part : request;
+      const int64_t bytes = JobBytes(holds);
       if (limits_.max_job_bytes > 0 && bytes > limits_.max_job_bytes) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "job ", Quoted(request.job()), " needs up to ", bytes,
@@ -78,11 +89,16 @@ absl::StatusOr<v1::RegisterResponse> JobRegistry::Register(const v1::RegisterReq
       if (budget_ != nullptr) {
         absl::StatusOr<MemoryBudget::Reservation> reserved = budget_->Reserve(
             Quoted(request.job()),
-            JobFootprint(request, BackendPlacement{backend_->keeps_state_on_device()}));
+            JobFootprint(holds, BackendPlacement{backend_->keeps_state_on_device()}));
         if (!reserved.ok()) return reserved.status();
         reservation = *std::move(reserved);
       }
-      job = std::make_shared<Job>(request, backend_, buffers_);
+      if (sharded) {
+        std::vector<std::string> daemons(request.daemons().begin(), request.daemons().end());
+        if (absl::Status s = peers.exchange->OpenJob(request.job(), daemons); !s.ok()) return s;
+      }
+      job = std::make_shared<Job>(request, backend_, buffers_, std::move(part),
+                                  sharded ? peers : JobPeers{});
       job->set_reservation(std::move(reservation));
       jobs_.emplace(request.job(), job);
     }

@@ -29,8 +29,11 @@ class JobRegistry {
       : backend_(backend), limits_(limits), buffers_(buffers), budget_(budget) {}
 
   // Validates the request, creates the job on its first registration (reserving its footprint,
-  // server/job_memory.h), registers the rank.
-  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
+  // server/job_memory.h), registers the rank. A job whose list names several daemons is sharded:
+  // the job holds this daemon's part of it (DaemonPart, for `peers.self`), reserves that part's
+  // footprint, and takes part in `peers.exchange`'s agreement.
+  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request,
+                                                const JobPeers& peers = {});
   // The job, or NOT_FOUND naming it.
   absl::StatusOr<std::shared_ptr<Job>> Find(const std::string& name) const;
   // Removes the job (NOT_FOUND when there is none) and fails it, so calls holding it end; its

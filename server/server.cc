@@ -47,6 +47,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const v1::DaemonConfig& ra
   absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Create(config);
   if (!daemon.ok()) return daemon.status();
   server->daemon_ = *std::move(daemon);
+  // The name in jobs' daemon lists is known before the port opens, so that no Register, and no
+  // restore of a job sharded over several daemons, finds it unset; with port 0 only the bind tells
+  // the port (and no client knows the address before).
+  const int listen_port = std::atoi(config.listen().substr(config.listen().rfind(':') + 1).c_str());
+  if (listen_port != 0) {
+    PARAMD_ASSIGN_OR_RETURN(const std::string advertised, Advertised(config, listen_port));
+    server->daemon_->set_advertised_address(advertised);
+  }
   // The jobs of checkpoint_dir come back before the port opens: a trainer that reconnects finds
   // its job at the version it holds.
   absl::StatusOr<int> restored = Checkpoints(server->daemon_.get()).RestoreAll();
@@ -64,14 +72,6 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const v1::DaemonConfig& ra
   server->control_ = std::make_unique<ControlService>(server->daemon_.get());
   server->data_ = std::make_unique<DataService>(server->daemon_.get());
   server->peer_ = std::make_unique<PeerService>(server->daemon_.get());
-
-  // The name in jobs' daemon lists is known before the port opens, so that no Register finds it
-  // unset; with port 0 only the bind tells the port (and no client knows the address before).
-  const int listen_port = std::atoi(config.listen().substr(config.listen().rfind(':') + 1).c_str());
-  if (listen_port != 0) {
-    PARAMD_ASSIGN_OR_RETURN(const std::string advertised, Advertised(config, listen_port));
-    server->daemon_->set_advertised_address(advertised);
-  }
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

@@ -6,9 +6,9 @@ trainer uses it:
   compares these ASCII strings as std::string does), starts with PARAMD_ADDRESS and names this
   rank's PARAMD_LOCAL_ADDRESS;
 - the daemon at PARAMD_LOCAL_ADDRESS advertises itself as that address;
-- it accepts a job registered with the list as is (register(daemons=PARAMD_DAEMONS.split(","))),
-  shows the list back, and refuses the same list without itself (FAILED_PRECONDITION), so the
-  acceptance means that the list names it.
+- it accepts a job registered with the list as is (register(daemons=PARAMD_DAEMONS.split(",")),
+  which registers with every daemon of the list) and shows the list back, and it refuses a list
+  of one other daemon (FAILED_PRECONDITION), so the acceptance means that the list names it.
 
 Prints one line per rank, and writes the same line to RESULTS_DIR/rank.RANK when the test sets
 PARAMD_CHECK_RESULTS_DIR (the ranks' output shares one file with 5 other processes, whose lines a
@@ -40,11 +40,11 @@ def main():
                     hyperparams=paramd.hyperparams(), daemons=daemons)
     listed = client.status("deploy")["jobs"][0]["daemons"]
     assert listed == daemons, f"the daemon shows the job's list as {listed}, not {daemons}"
-    others = [d for d in daemons if d != local]
+    other = next(d for d in daemons if d != local)
     try:
         client.register(job=f"without-{rank}", rank=0, world_size=1, tensors=tensors,
-                        hyperparams=paramd.hyperparams(), daemons=others)
-        raise AssertionError(f"{local} accepted a daemon list without it: {others}")
+                        hyperparams=paramd.hyperparams(), daemons=[other])
+        raise AssertionError(f"{local} accepted a daemon list without it: [{other}]")
     except paramd.StatusError as e:
         assert e.code == "FAILED_PRECONDITION", e
     client.close()

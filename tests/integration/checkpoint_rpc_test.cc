@@ -4,9 +4,14 @@
 // bit-identically; a daemon started again with the same checkpoint_dir comes back with the job;
 // damaged checkpoints are refused naming the file (and the older one is used at start); refusals
 // carry their documented codes and change nothing.
+#include <arpa/inet.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <prometheus/text_serializer.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,7 +25,10 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "common/grpc_status.h"
+#include "paramd/v1/control.grpc.pb.h"
 #include "server/server.h"
 #include "tests/unit/server/reference_job.h"
 
@@ -342,11 +350,33 @@ TEST_F(CheckpointRpcTest, AfterARestoreTheWorldSizeAndServeFormatsMayChange) {
 // with it; a rank registering another list is FAILED_PRECONDITION naming the field and showing
 // both lists (a restore lets the world size change, not the list); a Restore into a job
 // registered with another list is INVALID_ARGUMENT and changes nothing.
+// A free TCP port of 127.0.0.1 (bound, then let go), for a daemon that restarts at its address.
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  socklen_t length = sizeof(address);
+  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  close(fd);
+  return ntohs(address.sin_port);
+}
+
 TEST_F(CheckpointRpcTest, TheDaemonListComesBackWithTheJobAndMayNotChange) {
+  // A job sharded over two real daemons, each at a fixed address: this one checkpoints its part
+  // and restarts there; the other runs on.
+  const std::string self = absl::StrCat("127.0.0.1:", FreePort());
+  const std::string other = absl::StrCat("127.0.0.1:", FreePort());
+  v1::DaemonConfig other_config = Config(/*with_dir=*/false);
+  other_config.set_listen(other);
+  absl::StatusOr<std::unique_ptr<Server>> peer = Server::Start(other_config);
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  std::vector<std::string> daemons = {self, other};
+  std::sort(daemons.begin(), daemons.end());
+  for (const std::string& d : daemons) spec_.add_daemons(d);
   v1::DaemonConfig config = Config();
-  config.set_advertise_address("node-b.test:7000");
-  spec_.add_daemons("node-a.test:7000");
-  spec_.add_daemons("node-b.test:7000");
+  config.set_listen(self);
   Start(config);
   StartJob();
   RunStep(0);
@@ -360,18 +390,27 @@ TEST_F(CheckpointRpcTest, TheDaemonListComesBackWithTheJobAndMayNotChange) {
                                                   status->jobs(0).daemons().end())
                        : std::vector<std::string>();
   };
-  EXPECT_EQ(listed(), (std::vector<std::string>{"node-a.test:7000", "node-b.test:7000"}));
+  EXPECT_EQ(listed(), daemons);
 
+  // Another list, sent to this daemon alone (a client would send it to each daemon it names).
   v1::RegisterRequest moved = spec_;
-  moved.set_daemons(0, "node-c.test:7000");  // the client sends it sorted
+  moved.clear_daemons();
+  std::vector<std::string> moved_list = {self, "127.0.0.1:1"};
+  std::sort(moved_list.begin(), moved_list.end());
+  for (const std::string& d : moved_list) moved.add_daemons(d);
   moved.set_world_size(2);
-  absl::StatusOr<v1::RegisterResponse> refused = client_->Register(ForRank(moved, 0));
-  ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
-  EXPECT_NE(refused.status().message().find(
-                "registered with daemons [node-a.test:7000, node-b.test:7000]; this request lists "
-                "daemons [node-b.test:7000, node-c.test:7000]"),
+  const std::unique_ptr<v1::Control::Stub> stub = v1::Control::NewStub(
+      grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  v1::RegisterResponse response;
+  const absl::Status refused =
+      FromGrpcStatus(stub->Register(&context, ForRank(moved, 0), &response));
+  ASSERT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find(absl::StrCat("registered with daemons [", daemons[0], ", ",
+                                                daemons[1], "]; this request lists daemons [",
+                                                moved_list[0], ", ", moved_list[1], "]")),
             std::string::npos)
-      << refused.status();
+      << refused;
   EXPECT_EQ(NextStep(), 1);
   absl::StatusOr<v1::RegisterResponse> again = client_->Register(ForRank(spec_, 0));
   ASSERT_TRUE(again.ok()) << again.status();
@@ -383,14 +422,15 @@ TEST_F(CheckpointRpcTest, TheDaemonListComesBackWithTheJobAndMayNotChange) {
   ASSERT_TRUE(client_->Register(ForRank(alone, 0)).ok());
   absl::StatusOr<v1::RestoreResponse> restored = client_->Restore(kJob);
   ASSERT_EQ(restored.status().code(), absl::StatusCode::kInvalidArgument) << restored.status();
-  EXPECT_NE(restored.status().message().find(
-                "over daemons [node-a.test:7000, node-b.test:7000]; the job here is registered "
-                "with daemons [] (the daemon called alone): the field daemons must be the "
-                "checkpoint's"),
+  EXPECT_NE(restored.status().message().find(absl::StrCat(
+                "over daemons [", daemons[0], ", ", daemons[1],
+                "]; the job here is registered with daemons [] (the daemon called alone): the "
+                "field daemons must be the checkpoint's")),
             std::string::npos)
       << restored.status();
   EXPECT_EQ(listed(), std::vector<std::string>());
   EXPECT_EQ(NextStep(), 0);
+  (*peer)->Shutdown();
 }
 
 TEST_F(CheckpointRpcTest, CheckpointsComeByThemselvesEveryNSteps) {

@@ -168,29 +168,29 @@ TEST_F(DaemonListTest, AListWithoutThisDaemonIsFailedPreconditionNamingItsAddres
 }
 
 TEST_F(DaemonListTest, ARankWithAnotherListIsFailedPreconditionShowingBothAndChangesNothing) {
+  // Raw Register calls to one daemon: a client given a list of several would register with each.
   RunningDaemon& d = Start(Config(Names()[1]));
   ASSERT_NE(d.client, nullptr);
-  ASSERT_TRUE(d.client->Register(ForRank(Spec(Names()), 0)).ok());
+  ASSERT_TRUE(RawRegister(*d.server, ForRank(Spec(Names()), 0)).ok());
   const v1::JobStatus before = JobOf(*d.client);
 
   const std::vector<std::string> other = {Names()[0], Names()[1], "node-d.test:7000"};
-  const absl::StatusOr<v1::RegisterResponse> refused = d.client->Register(ForRank(Spec(other), 1));
+  const absl::Status refused = RawRegister(*d.server, ForRank(Spec(other), 1));
   EXPECT_TRUE(HasStatus(refused, kPrecondition,
                         "job \"sharded\" is registered with daemons [node-a.test:7000, "
                         "node-b.test:7000, node-c.test:7001]; this request lists daemons "
                         "[node-a.test:7000, node-b.test:7000, node-d.test:7000]"));
   // A one-daemon list, and none at all, are other lists too.
-  EXPECT_TRUE(HasStatus(d.client->Register(ForRank(Spec({Names()[1]}), 1)), kPrecondition,
+  EXPECT_TRUE(HasStatus(RawRegister(*d.server, ForRank(Spec({Names()[1]}), 1)), kPrecondition,
                         "this request lists daemons [node-b.test:7000]"));
-  EXPECT_TRUE(HasStatus(d.client->Register(ForRank(Spec({}), 1)), kPrecondition,
+  EXPECT_TRUE(HasStatus(RawRegister(*d.server, ForRank(Spec({}), 1)), kPrecondition,
                         "this request lists daemons [] (the daemon called alone)"));
 
   const v1::JobStatus after = JobOf(*d.client);
   EXPECT_EQ(after.registered_ranks_size(), 1);
   EXPECT_EQ(DaemonsOf(after), Names());
   EXPECT_EQ(after.ShortDebugString(), before.ShortDebugString());
-  // The same list, in another order: the client sorts it.
-  EXPECT_TRUE(d.client->Register(ForRank(Spec({Names()[2], Names()[0], Names()[1]}), 1)).ok());
+  EXPECT_TRUE(RawRegister(*d.server, ForRank(Spec(Names()), 1)).ok());
   EXPECT_EQ(JobOf(*d.client).registered_ranks_size(), 2);
 }
 
@@ -198,10 +198,10 @@ TEST_F(DaemonListTest, EveryDaemonOfAThreeDaemonJobAnswersTheShardMapOfItsOwners
   for (const std::string& name : Names()) {
     RunningDaemon& d = Start(Config(name));
     ASSERT_NE(d.client, nullptr);
+    // Raw calls: the names resolve nowhere, so a client could not reach the other daemons.
     for (int rank = 0; rank < 2; ++rank) {
-      const absl::StatusOr<v1::RegisterResponse> registered =
-          d.client->Register(ForRank(Spec(Names()), rank));
-      ASSERT_TRUE(registered.ok()) << name << ": " << registered.status();
+      const absl::Status registered = RawRegister(*d.server, ForRank(Spec(Names()), rank));
+      ASSERT_TRUE(registered.ok()) << name << ": " << registered;
     }
   }
   const v1::RegisterRequest spec = Spec(Names());
@@ -237,14 +237,32 @@ TEST_F(DaemonListTest, EveryDaemonOfAThreeDaemonJobAnswersTheShardMapOfItsOwners
 }
 
 TEST_F(DaemonListTest, StatusShowsTheAdvertisedAddressAndTheJobsListSortedByTheClient) {
-  RunningDaemon& d = Start(Config(Names()[2]), {Names()[2], Names()[0], Names()[1]});
-  ASSERT_NE(d.client, nullptr);
-  ASSERT_TRUE(d.client->Register(ForRank(Spec({}), 0)).ok());
-  absl::StatusOr<v1::StatusResponse> status = d.client->Status();
-  ASSERT_TRUE(status.ok()) << status.status();
-  EXPECT_EQ(status->advertise_address(), Names()[2]);
-  ASSERT_EQ(status->jobs_size(), 1);
-  EXPECT_EQ(DaemonsOf(status->jobs(0)), Names());
+  // Three real daemons, each advertising the address it is bound at; the client is given them out
+  // of order and registers with each.
+  std::vector<std::string> bound;
+  for (int i = 0; i < 3; ++i) {
+    RunningDaemon& d = Start(Config(""));
+    ASSERT_NE(d.server, nullptr);
+    bound.push_back(d.server->address());
+  }
+  std::vector<std::string> sorted = bound;
+  std::sort(sorted.begin(), sorted.end());
+  const std::vector<std::string> given = {sorted[2], sorted[0], sorted[1]};
+  ClientOptions options;
+  options.address = daemons_[0].server->address();
+  options.daemons = given;
+  options.max_attempts = 1;
+  options.daemons_wait = std::chrono::milliseconds(0);
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->Register(ForRank(Spec({}), 0)).ok());
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<v1::StatusResponse> status = daemons_[static_cast<size_t>(i)].client->Status();
+    ASSERT_TRUE(status.ok()) << status.status();
+    EXPECT_EQ(status->advertise_address(), bound[static_cast<size_t>(i)]);
+    ASSERT_EQ(status->jobs_size(), 1);
+    EXPECT_EQ(DaemonsOf(status->jobs(0)), sorted);
+  }
 }
 
 TEST_F(DaemonListTest, ADaemonOnALoopbackAddressAdvertisesTheAddressItIsBoundAt) {

@@ -222,16 +222,27 @@ class BindingsTest(unittest.TestCase):
     def test_a_daemon_list_is_sent_sorted_and_must_name_this_daemon(self):
         me = self.client.status("")["advertise_address"]
         self.assertEqual(me, self.daemon.address)
-        listed = ["node-z.test:7000", me, "node-a.test:7000"]
-        self.client.register(job="listed", rank=0, world_size=1, tensors=[("w", 4, 8, "fp32")],
-                             hyperparams=paramd.hyperparams(), daemons=listed)
-        self.assertEqual(self.client.status("listed")["jobs"][0]["daemons"], sorted(listed))
-        with self.assertRaises(paramd.StatusError) as caught:
-            self.client.register(job="elsewhere", rank=0, world_size=1,
-                                 tensors=[("w", 4, 8, "fp32")], hyperparams=paramd.hyperparams(),
-                                 daemons=["node-a.test:7000"])
-        self.assertEqual(caught.exception.code, "FAILED_PRECONDITION")
-        self.assertIn(me, str(caught.exception))
+        # A job over three real daemons, given out of order: the client registers with each.
+        others = [support.daemon(step_threads=1) for _ in range(2)]
+        try:
+            listed = sorted([me] + [o.address for o in others], reverse=True)
+            client = paramd.connect(me, daemons_wait_s=0)
+            client.register(job="listed", rank=0, world_size=1, tensors=[("w", 4, 8, "fp32")],
+                            hyperparams=paramd.hyperparams(), daemons=listed)
+            for address in [me] + [o.address for o in others]:
+                status = paramd.connect(address).status("listed")
+                self.assertEqual(status["jobs"][0]["daemons"], sorted(listed))
+            # A list of one daemon that is not this one: refused by this daemon, naming itself.
+            with self.assertRaises(paramd.StatusError) as caught:
+                client.register(job="elsewhere", rank=0, world_size=1,
+                                tensors=[("w", 4, 8, "fp32")], hyperparams=paramd.hyperparams(),
+                                daemons=["127.0.0.1:1"])
+            self.assertEqual(caught.exception.code, "FAILED_PRECONDITION")
+            self.assertIn(me, str(caught.exception))
+            client.close()
+        finally:
+            for o in others:
+                o.stop()
 
     def test_a_dns_name_in_the_list_stands_for_the_addresses_it_resolves_to(self):
         me = self.client.status("")["advertise_address"]
@@ -261,31 +272,34 @@ class BindingsTest(unittest.TestCase):
         client.close()
 
     def test_pre_reduced_jobs_take_one_ranks_push_per_daemon(self):
-        # This daemon is the second of the job's two daemons, so rank 1 of 2 pushes its part.
-        me = self.client.status("")["advertise_address"]
-        daemons = ["0.test:7000", me]
-        clients = [paramd.connect(self.daemon.address, daemons_wait_s=0) for _ in range(2)]
-        for rank, client in enumerate(clients):
-            client.register(job="pre", rank=rank, world_size=2, tensors=[("w", ROWS, COLS, "fp32")],
-                            hyperparams=paramd.hyperparams(lr=1e-2, weight_decay=0.0),
-                            daemons=daemons, push_mode="pre_reduced")
-        paramd.upload_initial_weights(clients[0], "pre", {"w": self.weights})
-        grad = torch.randn(ROWS, COLS, generator=torch.Generator().manual_seed(5))
-        with self.assertRaises(paramd.StatusError) as caught:
-            paramd.push_gradients(clients[0], "pre", 0, 0, {"w": grad})
-        self.assertEqual(caught.exception.code, "FAILED_PRECONDITION")
-        self.assertIn("rank 1 pushes", str(caught.exception))
-        paramd.push_gradients(clients[1], "pre", 1, 0, {"w": grad})
-        for rank, client in enumerate(clients):
-            client.commit("pre", rank, 0, lr=1e-2, grad_scale=0.5)
-        new = paramd.pull(clients[0], "pre", "w", "fp32", 1).data
-        self.assertTrue(torch.allclose((self.weights - new) / 1e-2, grad.sign(), atol=1e-3))
-        with self.assertRaises(ValueError):
-            clients[0].register(job="pre", rank=0, world_size=2,
+        # A job over two daemons: rank i of 2 pushes daemon i's part (sorted list), reduced over
+        # the ranks. "w" is one whole tensor, which the shard map gives to the first daemon: rank
+        # 0 pushes it, and rank 1's push sends nothing.
+        other = support.daemon(step_threads=1)
+        try:
+            daemons = sorted([self.daemon.address, other.address])
+            clients = [paramd.connect(self.daemon.address, daemons_wait_s=0) for _ in range(2)]
+            for rank, client in enumerate(clients):
+                client.register(job="pre", rank=rank, world_size=2,
                                 tensors=[("w", ROWS, COLS, "fp32")],
-                                hyperparams=paramd.hyperparams(), push_mode="summed")
-        for client in clients:
-            client.close()
+                                hyperparams=paramd.hyperparams(lr=1e-2, weight_decay=0.0),
+                                daemons=daemons, push_mode="pre_reduced")
+            paramd.upload_initial_weights(clients[0], "pre", {"w": self.weights})
+            grad = torch.randn(ROWS, COLS, generator=torch.Generator().manual_seed(5))
+            paramd.push_gradients(clients[1], "pre", 1, 0, {"w": grad * 100})  # sends nothing
+            paramd.push_gradients(clients[0], "pre", 0, 0, {"w": grad})
+            for rank, client in enumerate(clients):
+                client.commit("pre", rank, 0, lr=1e-2, grad_scale=0.5)
+            new = paramd.pull(clients[0], "pre", "w", "fp32", 1).data
+            self.assertTrue(torch.allclose((self.weights - new) / 1e-2, grad.sign(), atol=1e-3))
+            with self.assertRaises(ValueError):
+                clients[0].register(job="pre", rank=0, world_size=2,
+                                    tensors=[("w", ROWS, COLS, "fp32")],
+                                    hyperparams=paramd.hyperparams(), push_mode="summed")
+            for client in clients:
+                client.close()
+        finally:
+            other.stop()
 
     def test_errors_carry_the_daemons_code(self):
         with self.assertRaises(paramd.StatusError) as caught:

@@ -67,7 +67,8 @@ int64_t LargestUnit(const std::vector<TensorShape>& tensors, int owners) {
 }
 
 // Every row of every tensor held once, in pieces that start on 128-row boundaries; a tensor the
-// rule keeps whole in one piece; the owners' bytes the sum of their pieces, within the bound.
+// rule keeps whole in one piece; no owner with two pieces of a tensor; the owners' bytes the sum of
+// their pieces, within the bound.
 ::testing::AssertionResult IsValid(const std::vector<TensorShape>& tensors, const ShardMap& map) {
   const int n = static_cast<int>(map.owners.size());
   if (n == 0 || !std::is_sorted(map.owners.begin(), map.owners.end()) ||
@@ -87,10 +88,16 @@ int64_t LargestUnit(const std::vector<TensorShape>& tensors, int owners) {
       return ::testing::AssertionFailure() << t.name << " is split but should be whole";
     }
     int64_t row = 0;
+    std::vector<bool> holds(n, false);
     for (const ShardPiece& p : pieces) {
       if (p.owner < 0 || p.owner >= n) {
         return ::testing::AssertionFailure() << t.name << ": owner " << p.owner << " out of range";
       }
+      if (holds[p.owner]) {
+        return ::testing::AssertionFailure()
+               << t.name << ": owner " << p.owner << " holds two pieces";
+      }
+      holds[p.owner] = true;
       if (p.row_begin != row || p.row_end <= p.row_begin || p.row_end > t.rows) {
         return ::testing::AssertionFailure()
                << t.name << ": piece [" << p.row_begin << ", " << p.row_end << ") after row " << row
@@ -205,9 +212,10 @@ TEST(ShardMapTest, MatchesTheGoldenMap) {
   EXPECT_EQ(map.owners, owners);
   // Whole tensors first: w1 -> 0, w2 -> 1, head, norm and bias -> 2 (8632 bytes). Then embed
   // fills up to the share: 4 blocks to 2, one to 0, one to 1, and one more each to 0 and 1 (the
-  // last 104 rows), as the least loaded, when no whole block fits under the share.
+  // last 104 rows), as the least loaded, when no whole block fits under the share. Each owner's
+  // rows are one piece, in the order of first picks (2, 0, 1), 1 (the last rows' owner) last.
   const std::vector<std::vector<ShardPiece>> tensors = {
-      {{2, 0, 512}, {0, 512, 640}, {1, 640, 768}, {0, 768, 896}, {1, 896, 1000}},
+      {{2, 0, 512}, {0, 512, 768}, {1, 768, 1000}},
       {{0, 0, 300}},
       {{1, 0, 200}},
       {{2, 0, 1}},
@@ -265,11 +273,10 @@ TEST(ShardMapTest, SplitsOnlyTensorsOfAtLeast256Rows) {
 
 TEST(ShardMapTest, SplitsATensorLargerThanTheShareInto128RowRanges) {
   // 1000 rows over 3 owners: a share of 333.3 rows holds 2 blocks; the last 232 rows go one block
-  // at a time to the least loaded.
+  // at a time to the least loaded (0, then 1). Each owner's rows are one piece; 1, which takes the
+  // last 104 rows, comes last.
   const ShardMap map = MapOf({{"w", 1000, 8}}, Owners(3));
-  EXPECT_EQ(map.tensors[0],
-            (std::vector<ShardPiece>{
-                {0, 0, 256}, {1, 256, 512}, {2, 512, 768}, {0, 768, 896}, {1, 896, 1000}}));
+  EXPECT_EQ(map.tensors[0], (std::vector<ShardPiece>{{0, 0, 384}, {2, 384, 640}, {1, 640, 1000}}));
   EXPECT_EQ(map.owner_bytes, (std::vector<int64_t>{384 * 8, 360 * 8, 256 * 8}));
 }
 

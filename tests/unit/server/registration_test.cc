@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -95,6 +96,12 @@ const std::vector<BadCase>& BadCases() {
       {"DuplicateTensorName",
        [](R& r) { r.mutable_tensors(1)->set_name("layers.0/attn:q_proj-w"); }, kInvalid,
        "listed twice"},
+      {"JobIndexFromATrainer", [](R& r) { r.mutable_tensors(1)->set_job_index(1); }, kInvalid,
+       "which only daemons set"},
+      {"RowOffsetFromATrainer", [](R& r) { r.mutable_tensors(1)->set_row_offset(128); }, kInvalid,
+       "\"bias\" sets job_index, row_offset or whole_rows"},
+      {"WholeRowsFromATrainer", [](R& r) { r.mutable_tensors(1)->set_whole_rows(256); }, kInvalid,
+       "register the whole tensor"},
       {"ZeroRows", [](R& r) { r.mutable_tensors(1)->set_rows(0); }, kInvalid,
        "\"bias\" has shape [0, 64]"},
       {"ZeroCols", [](R& r) { r.mutable_tensors(1)->set_cols(0); }, kInvalid,
@@ -428,6 +435,58 @@ TEST(RegistrationTest, AJobsDaemonsAreItsListOrThisDaemonAlone) {
   r.add_daemons("a.test:1");
   r.add_daemons("me.test:1");
   EXPECT_EQ(JobDaemons(r, "me.test:1"), (std::vector<std::string>{"a.test:1", "me.test:1"}));
+}
+
+}  // namespace
+}  // namespace paramd
+
+namespace paramd {
+namespace {
+
+// A daemon's part of a job over three daemons: the shard map's pieces of it, each with its index in
+// the job, and for a split tensor's range its rows, first row and the whole tensor's rows; the
+// parts of the three cover every row of every tensor once.
+TEST(RegistrationTest, EachDaemonsPartHoldsItsPiecesOfTheShardMap) {
+  v1::RegisterRequest spec;
+  spec.set_job("j");
+  spec.set_world_size(1);
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{600, 16}, {64, 32}, {1, 10}};
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    v1::TensorSpec* t = spec.add_tensors();
+    t->set_name(absl::StrCat("t", i));
+    t->set_rows(shapes[i].first);
+    t->set_cols(shapes[i].second);
+  }
+  for (const char* d : {"a:1", "b:1", "c:1"}) spec.add_daemons(d);
+  const absl::StatusOr<ShardMap> map = JobShardMap(spec, "", kCpuDevice);
+  ASSERT_TRUE(map.ok()) << map.status();
+  std::vector<int64_t> rows(shapes.size(), 0);
+  for (int owner = 0; owner < 3; ++owner) {
+    const absl::StatusOr<v1::RegisterRequest> part = DaemonPart(spec, spec.daemons(owner));
+    ASSERT_TRUE(part.ok()) << part.status();
+    EXPECT_EQ(part->daemons_size(), 3);
+    for (const v1::TensorSpec& t : part->tensors()) {
+      ASSERT_TRUE(t.has_job_index());
+      const auto& pieces = map->tensors[static_cast<size_t>(t.job_index())];
+      const auto piece = std::find_if(pieces.begin(), pieces.end(),
+                                      [&](const ShardPiece& p) { return p.owner == owner; });
+      ASSERT_NE(piece, pieces.end()) << t.name();
+      EXPECT_EQ(t.name(), spec.tensors(t.job_index()).name());
+      EXPECT_EQ(t.rows(), piece->row_end - piece->row_begin);
+      EXPECT_EQ(t.row_offset(), piece->row_begin);
+      EXPECT_EQ(t.whole_rows(), pieces.size() > 1 ? shapes[t.job_index()].first : 0);
+      rows[static_cast<size_t>(t.job_index())] += t.rows();
+    }
+  }
+  for (size_t i = 0; i < shapes.size(); ++i) EXPECT_EQ(rows[i], shapes[i].first) << i;
+  EXPECT_EQ(map->tensors[0].size(), 3u);  // the big tensor is split over all three
+  // A list that does not name the daemon; a job without a list is held whole.
+  EXPECT_EQ(DaemonPart(spec, "d:1").status().code(), absl::StatusCode::kFailedPrecondition);
+  v1::RegisterRequest alone = spec;
+  alone.clear_daemons();
+  const absl::StatusOr<v1::RegisterRequest> whole = DaemonPart(alone, "a:1");
+  ASSERT_TRUE(whole.ok());
+  EXPECT_EQ(whole->ShortDebugString(), alone.ShortDebugString());
 }
 
 }  // namespace

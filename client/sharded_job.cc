@@ -1,0 +1,310 @@
+#include "client/sharded_job.h"
+
+#include <algorithm>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/client.h"
+#include "client/served_pieces.h"
+#include "common/quoted.h"
+#include "common/status_macros.h"
+#include "kernels/recipes.h"
+
+namespace paramd {
+namespace {
+
+// Runs fn(i) for i in [0, n) on threads of their own. Returns the first error in index order
+// that is not UNAVAILABLE, else the first error: where a daemon of the job is gone, the others
+// answer with the job's failure, which names it and says what they hold.
+template <typename Fn>
+absl::Status ForEachInParallel(size_t n, Fn fn) {
+  std::vector<absl::Status> status(n);
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  for (size_t i = 0; i < n; ++i) threads.emplace_back([&, i] { status[i] = fn(i); });
+  for (std::thread& t : threads) t.join();
+  absl::Status first;
+  for (const absl::Status& s : status) {
+    if (!s.ok() && !absl::IsUnavailable(s)) return s;
+    first.Update(s);
+  }
+  return first;
+}
+
+kernels::Recipe RecipeOf(v1::Recipe recipe) {
+  switch (recipe) {
+    case v1::RECIPE_BF16:
+      return kernels::Recipe::kBf16;
+    case v1::RECIPE_FP16:
+      return kernels::Recipe::kFp16;
+    case v1::RECIPE_FP8_TENSOR:
+      return kernels::Recipe::kFp8Tensor;
+    case v1::RECIPE_FP8_DELAYED:
+      return kernels::Recipe::kFp8Delayed;
+    case v1::RECIPE_FP8_BLOCK:
+      return kernels::Recipe::kFp8Block;
+    case v1::RECIPE_MXFP8:
+      return kernels::Recipe::kMxfp8;
+    default:
+      return kernels::Recipe::kFp32;
+  }
+}
+
+}  // namespace
+
+ShardedJob::~ShardedJob() = default;
+
+absl::StatusOr<std::unique_ptr<ShardedJob>> ShardedJob::Register(const ClientOptions& options,
+                                                                 const v1::RegisterRequest& request,
+                                                                 v1::RegisterResponse* response) {
+  auto sharded = std::unique_ptr<ShardedJob>(new ShardedJob());
+  sharded->job_ = request.job();
+  sharded->world_size_ = request.world_size();
+  sharded->pre_reduced_ = request.push_mode() == v1::PUSH_MODE_PRE_REDUCED;
+  std::vector<Owner> owners;
+  for (const std::string& daemon : request.daemons()) owners.push_back(Owner{daemon, kCpuDevice});
+  PARAMD_ASSIGN_OR_RETURN(sharded->map_,
+                          ComputeShardMap(JobTensorShapes(request.tensors()), std::move(owners)));
+  for (int i = 0; i < request.tensors_size(); ++i) {
+    const v1::TensorSpec& spec = request.tensors(i);
+    Tensor t;
+    t.name = spec.name();
+    t.rows = spec.rows();
+    t.cols = spec.cols();
+    t.grad_element_bytes = spec.grad_type() == v1::ELEMENT_TYPE_BF16 ? 2 : 4;
+    t.pieces = sharded->map_.tensors[static_cast<size_t>(i)];
+    sharded->index_.emplace(t.name, i);
+    sharded->tensors_.push_back(std::move(t));
+  }
+  const size_t n = sharded->map_.owners.size();
+  sharded->clients_.resize(n);
+  std::vector<v1::RegisterResponse> responses(n);
+  PARAMD_RETURN_IF_ERROR(ForEachInParallel(n, [&](size_t i) -> absl::Status {
+    ClientOptions member = options;
+    member.address = sharded->map_.owners[i].daemon;
+    member.daemons.clear();
+    member.daemons_count = 0;
+    member.daemons_wait = std::chrono::milliseconds(0);
+    PARAMD_ASSIGN_OR_RETURN(sharded->clients_[i], Client::Connect(member));
+    sharded->clients_[i]->shard_member_ = true;
+    PARAMD_ASSIGN_OR_RETURN(responses[i], sharded->clients_[i]->Register(request));
+    return absl::OkStatus();
+  }));
+  *response = responses.front();
+  return sharded;
+}
+
+absl::StatusOr<const ShardedJob::Tensor*> ShardedJob::Find(const std::string& name) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) {
+    return absl::NotFoundError(absl::StrCat("job ", Quoted(job_), " has no tensor ", Quoted(name)));
+  }
+  return &tensors_[static_cast<size_t>(it->second)];
+}
+
+absl::Status ShardedJob::Push(v1::PushKind kind, int32_t rank, int64_t step,
+                              std::span<const PushItem> items) {
+  // Each owner's rows of each tensor: a contiguous range of its row-major bytes.
+  std::vector<std::vector<PushItem>> by_owner(clients_.size());
+  for (const PushItem& item : items) {
+    PARAMD_ASSIGN_OR_RETURN(const Tensor* t, Find(item.tensor));
+    const int64_t element_bytes = kind == v1::PUSH_KIND_INITIAL_WEIGHTS ? 4 : t->grad_element_bytes;
+    const int64_t row_bytes = t->cols * element_bytes;
+    if (static_cast<int64_t>(item.data.size()) != t->rows * row_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", Quoted(t->name), " of job ", Quoted(job_), " takes ",
+                       t->rows * row_bytes, " bytes per push (", t->rows, " x ", t->cols, " of ",
+                       element_bytes, " B); this item has ", item.data.size(),
+                       ": a tensor split over daemons is pushed whole"));
+    }
+    for (const ShardPiece& piece : t->pieces) {
+      by_owner[static_cast<size_t>(piece.owner)].push_back(PushItem{
+          item.tensor,
+          item.data.subspan(static_cast<size_t>(piece.row_begin * row_bytes),
+                            static_cast<size_t>((piece.row_end - piece.row_begin) * row_bytes))});
+    }
+  }
+  return ForEachInParallel(clients_.size(), [&](size_t i) -> absl::Status {
+    if (by_owner[i].empty()) return absl::OkStatus();
+    if (kind == v1::PUSH_KIND_GRADIENT && pre_reduced_ &&
+        static_cast<int>(i) % world_size_ != rank) {
+      return absl::OkStatus();  // another rank pushes this owner's part
+    }
+    if (kind == v1::PUSH_KIND_INITIAL_WEIGHTS) {
+      return clients_[i]->UploadInitialWeights(job_, by_owner[i]);
+    }
+    return clients_[i]->PushGradients(job_, rank, step, by_owner[i]);
+  });
+}
+
+absl::StatusOr<v1::CommitResponse> ShardedJob::Commit(int32_t rank, int64_t step,
+                                                      std::optional<double> lr,
+                                                      std::optional<double> grad_scale) {
+  std::vector<v1::CommitResponse> responses(clients_.size());
+  PARAMD_RETURN_IF_ERROR(ForEachInParallel(clients_.size(), [&](size_t i) -> absl::Status {
+    PARAMD_ASSIGN_OR_RETURN(responses[i], clients_[i]->Commit(job_, rank, step, lr, grad_scale));
+    return absl::OkStatus();
+  }));
+  return responses.front();
+}
+
+absl::Status ShardedJob::PullPieces(const PullManyTarget& target, std::chrono::milliseconds timeout,
+                                    std::vector<std::vector<Pulled>>* out) {
+  std::vector<const Tensor*> tensors;
+  for (const std::string& name : target.tensors) {
+    PARAMD_ASSIGN_OR_RETURN(const Tensor* t, Find(name));
+    tensors.push_back(t);
+  }
+  // Per owner: the tensors it holds pieces of, in the target's order.
+  struct Wanted {
+    PullManyTarget target;
+    std::vector<std::pair<size_t, size_t>> places;  // (tensor in target, piece)
+    std::vector<Pulled> pulled;
+  };
+  std::vector<Wanted> wanted(clients_.size());
+  out->assign(tensors.size(), {});
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    (*out)[i].resize(tensors[i]->pieces.size());
+    for (size_t p = 0; p < tensors[i]->pieces.size(); ++p) {
+      Wanted& w = wanted[static_cast<size_t>(tensors[i]->pieces[p].owner)];
+      w.target.tensors.push_back(tensors[i]->name);
+      w.places.emplace_back(i, p);
+    }
+  }
+  PARAMD_RETURN_IF_ERROR(ForEachInParallel(clients_.size(), [&](size_t o) -> absl::Status {
+    Wanted& w = wanted[o];
+    if (w.places.empty()) return absl::OkStatus();
+    w.target.job = target.job;
+    w.target.format = target.format;
+    w.target.min_version = target.min_version;
+    return clients_[o]->PullMany(w.target, timeout, &w.pulled);
+  }));
+  for (Wanted& w : wanted) {
+    for (size_t k = 0; k < w.places.size(); ++k) {
+      (*out)[w.places[k].first][w.places[k].second] = std::move(w.pulled[k]);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardedJob::Assemble(const Tensor& t, const v1::ServeFormat& format,
+                                  std::vector<Pulled>& pieces, Pulled* out) const {
+  for (const Pulled& piece : pieces) {
+    if (piece.header.version() != pieces.front().header.version()) {
+      return absl::AbortedError(absl::StrCat(
+          "the daemons of job ", Quoted(job_), " served versions ", pieces.front().header.version(),
+          " and ", piece.header.version(), " of tensor ", Quoted(t.name), "'s pieces"));
+    }
+  }
+  if (pieces.size() == 1) {
+    *out = std::move(pieces.front());
+    return absl::OkStatus();
+  }
+  const kernels::Recipe recipe = RecipeOf(format.recipe());
+  const kernels::Direction direction = format.direction() == v1::DIRECTION_COLUMNWISE
+                                           ? kernels::Direction::kColumnwise
+                                           : kernels::Direction::kRowwise;
+  const kernels::ServeBufferLayout layout = kernels::ServeLayout(recipe, direction, t.rows, t.cols);
+  out->header = pieces.front().header;
+  out->header.set_rows(t.rows);
+  out->header.set_data_bytes(layout.data_bytes);
+  out->header.set_scale_bytes(layout.scale_bytes);
+  out->header.clear_scale_shape();
+  if (layout.scale_count > 0) {
+    out->header.add_scale_shape(layout.scale_rows);
+    out->header.add_scale_shape(layout.scale_cols);
+  }
+  out->data.resize(static_cast<size_t>(layout.data_bytes + layout.scale_bytes));
+  const std::span<uint8_t> whole(reinterpret_cast<uint8_t*>(out->data.data()), out->data.size());
+  for (size_t p = 0; p < pieces.size(); ++p) {
+    const ShardPiece& piece = t.pieces[p];
+    const std::vector<std::byte>& bytes = pieces[p].data;
+    PARAMD_RETURN_IF_ERROR(PlaceServedRange(
+        recipe, direction, t.rows, t.cols, piece.row_begin, piece.row_end,
+        std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()),
+        whole));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardedJob::Pull(const PullTarget& target, std::chrono::milliseconds timeout,
+                              Pulled* out) {
+  std::vector<Pulled> many;
+  PARAMD_RETURN_IF_ERROR(
+      PullMany(PullManyTarget{target.job, {target.tensor}, target.format, target.min_version},
+               timeout, &many));
+  *out = std::move(many.front());
+  return absl::OkStatus();
+}
+
+absl::Status ShardedJob::PullMany(const PullManyTarget& target, std::chrono::milliseconds timeout,
+                                  std::vector<Pulled>* out) {
+  std::vector<std::vector<Pulled>> pieces;
+  PullManyTarget again = target;
+  for (int attempt = 0;; ++attempt) {
+    PARAMD_RETURN_IF_ERROR(PullPieces(again, timeout, &pieces));
+    // The daemons step on their own once every rank committed: one may already serve a newer
+    // version than another. Ask again for the newest version seen (a few times at most: the
+    // others serve it soon).
+    int64_t newest = again.min_version;
+    bool same = true;
+    for (const std::vector<Pulled>& tensor : pieces) {
+      for (const Pulled& p : tensor) {
+        same = same && p.header.version() == tensor.front().header.version();
+        newest = std::max(newest, p.header.version());
+      }
+    }
+    if (same || attempt == 3) break;
+    again.min_version = newest;
+  }
+  out->resize(target.tensors.size());
+  for (size_t i = 0; i < target.tensors.size(); ++i) {
+    PARAMD_ASSIGN_OR_RETURN(const Tensor* t, Find(target.tensors[i]));
+    PARAMD_RETURN_IF_ERROR(Assemble(*t, target.format, pieces[i], &(*out)[i]));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PulledView> ShardedJob::PullInPlace(const PullTarget& target,
+                                                   std::chrono::milliseconds timeout,
+                                                   std::chrono::milliseconds lease) {
+  PARAMD_ASSIGN_OR_RETURN(const Tensor* t, Find(target.tensor));
+  if (t->pieces.size() > 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "tensor ", Quoted(t->name), " of job ", Quoted(job_), " is split over ", t->pieces.size(),
+        " daemons: pull it by copy (Pull), which puts its pieces together"));
+  }
+  return clients_[static_cast<size_t>(t->pieces.front().owner)]->PullInPlace(target, timeout,
+                                                                             lease);
+}
+
+absl::Status ShardedJob::Release(const PulledView& view) {
+  PARAMD_ASSIGN_OR_RETURN(const Tensor* t, Find(view.header.tensor()));
+  return clients_[static_cast<size_t>(t->pieces.front().owner)]->Release(view);
+}
+
+absl::StatusOr<v1::DeleteJobResponse> ShardedJob::DeleteJob() {
+  std::vector<v1::DeleteJobResponse> responses(clients_.size());
+  PARAMD_RETURN_IF_ERROR(ForEachInParallel(clients_.size(), [&](size_t i) -> absl::Status {
+    PARAMD_ASSIGN_OR_RETURN(responses[i], clients_[i]->DeleteJob(job_));
+    return absl::OkStatus();
+  }));
+  v1::DeleteJobResponse total;
+  for (const v1::DeleteJobResponse& r : responses) {
+    total.set_released_host_bytes(total.released_host_bytes() + r.released_host_bytes());
+    total.set_released_device_bytes(total.released_device_bytes() + r.released_device_bytes());
+  }
+  return total;
+}
+
+std::string ShardedJob::transports() const {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < clients_.size(); ++i) {
+    names.push_back(absl::StrCat(map_.owners[i].daemon, "=", clients_[i]->transport_name()));
+  }
+  return absl::StrJoin(names, ",");
+}
+
+}  // namespace paramd
