@@ -396,6 +396,16 @@ absl::StatusOr<PulledView> Client::PullInPlace(const PullTarget& target,
   return view;
 }
 
+absl::StatusOr<std::vector<PulledView>> Client::PullInPlacePieces(const PullTarget& target,
+                                                                  std::chrono::milliseconds timeout,
+                                                                  std::chrono::milliseconds lease) {
+  if (sharded_ != nullptr && sharded_->job() == target.job) {
+    return sharded_->PullInPlacePieces(target, timeout, lease);
+  }
+  PARAMD_ASSIGN_OR_RETURN(PulledView view, PullInPlace(target, timeout, lease));
+  return std::vector<PulledView>{std::move(view)};
+}
+
 absl::Status Client::Release(const PulledView& view) {
   if (sharded_ != nullptr) return sharded_->Release(view);
   if (absl::Status s = NeedTransport(); !s.ok()) return s;
@@ -513,6 +523,7 @@ absl::StatusOr<v1::DeleteJobResponse> Client::DeleteJob(const std::string& job) 
 }
 
 absl::StatusOr<v1::CheckpointResponse> Client::Checkpoint(const std::string& job) {
+  if (sharded_ != nullptr && sharded_->job() == job) return sharded_->Checkpoint();
   v1::CheckpointRequest request;
   request.set_job(job);
   v1::CheckpointResponse response;
@@ -529,6 +540,7 @@ absl::StatusOr<v1::CheckpointResponse> Client::Checkpoint(const std::string& job
 
 absl::StatusOr<v1::RestoreResponse> Client::Restore(const std::string& job,
                                                     const std::string& path) {
+  if (sharded_ != nullptr && sharded_->job() == job) return sharded_->Restore(path);
   v1::RestoreRequest request;
   request.set_job(job);
   request.set_path(path);
@@ -544,6 +556,12 @@ absl::StatusOr<v1::RestoreResponse> Client::Restore(const std::string& job,
 }
 
 absl::StatusOr<JobState> Client::ExportState(const std::string& job) {
+  if (sharded_ != nullptr && sharded_->job() == job) {
+    return absl::UnimplementedError(absl::StrCat(
+        "job ", job,
+        " is sharded over several daemons, each holding its part: its state is not "
+        "exported whole yet; checkpoint it instead (Checkpoint: every daemon writes its part)"));
+  }
   v1::ExportStateRequest request;
   request.set_job(job);
   request.set_max_chunk_bytes(options_.state_chunk_bytes);
@@ -597,6 +615,12 @@ absl::StatusOr<JobState> Client::ExportState(const std::string& job) {
 }
 
 absl::Status Client::ImportState(const JobState& state) {
+  if (sharded_ != nullptr && sharded_->job() == state.job) {
+    return absl::UnimplementedError(absl::StrCat(
+        "job ", state.job,
+        " is sharded over several daemons, each holding its part: a whole "
+        "state is not imported into it yet; restore it from its checkpoints instead (Restore)"));
+  }
   const int64_t chunk_bytes = std::max<int64_t>(1, options_.state_chunk_bytes);
   return Retry([&] {
     grpc::ClientContext context;

@@ -40,8 +40,9 @@ struct ClientOptions {
   // order: Register sends them sorted (RegisterRequest.daemons) where the request lists none.
   // Empty: a one-daemon job, on `address`. With two or more, the job is sharded over them
   // (client/sharded_job.h): the client registers with every daemon, pushes each owner its rows,
-  // commits to every daemon and puts a split tensor's pieces together on pulls; Status, layout,
-  // hyperparameter, checkpoint and state calls still go to `address` alone.
+  // commits, checkpoints, restores and deletes on every daemon, and puts a split tensor's pieces
+  // together on pulls; Status, layout and hyperparameter calls go to `address` alone, and
+  // ExportState and ImportState of a sharded job are UNIMPLEMENTED (checkpoint it instead).
   // An entry "dns:NAME:PORT" stands for every address NAME resolves to, each as "IP:PORT": a
   // Kubernetes headless Service's name, say, which answers one address per ready daemon
   // (ResolveDaemonList: the IPv4 addresses, or where there are none the IPv6 ones, "[IP]:PORT").
@@ -120,6 +121,13 @@ class Client {
   absl::StatusOr<PulledView> PullInPlace(const PullTarget& target,
                                          std::chrono::milliseconds timeout,
                                          std::chrono::milliseconds lease = {});
+  // A tensor's pieces in place, one view per daemon holding rows of it, in row order, one version
+  // for all: each view's row_begin and header.rows() say which rows it holds (a rowwise format's
+  // rows, a transposed format's column block). A tensor held whole, or a job on one daemon: one
+  // view, as PullInPlace. End them with Release(views).
+  absl::StatusOr<std::vector<PulledView>> PullInPlacePieces(const PullTarget& target,
+                                                            std::chrono::milliseconds timeout,
+                                                            std::chrono::milliseconds lease = {});
   // Ends the lease of a PullInPlace view.
   absl::Status Release(const PulledView& view);
   // Several tensors in one call, in `target.tensors`' order: over shm and cuda_ipc one request,

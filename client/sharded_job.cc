@@ -274,15 +274,59 @@ absl::StatusOr<PulledView> ShardedJob::PullInPlace(const PullTarget& target,
   if (t->pieces.size() > 1) {
     return absl::FailedPreconditionError(absl::StrCat(
         "tensor ", Quoted(t->name), " of job ", Quoted(job_), " is split over ", t->pieces.size(),
-        " daemons: pull it by copy (Pull), which puts its pieces together"));
+        " daemons: pull it by copy (Pull), which puts its pieces together, or its pieces in place "
+        "(PullInPlacePieces)"));
   }
   return clients_[static_cast<size_t>(t->pieces.front().owner)]->PullInPlace(target, timeout,
                                                                              lease);
 }
 
+absl::StatusOr<std::vector<PulledView>> ShardedJob::PullInPlacePieces(
+    const PullTarget& target, std::chrono::milliseconds timeout, std::chrono::milliseconds lease) {
+  PARAMD_ASSIGN_OR_RETURN(const Tensor* t, Find(target.tensor));
+  PullTarget wanted = target;
+  for (int attempt = 0;; ++attempt) {
+    std::vector<PulledView> views(t->pieces.size());
+    std::vector<bool> leased(t->pieces.size(), false);
+    const absl::Status pulled = ForEachInParallel(t->pieces.size(), [&](size_t p) -> absl::Status {
+      const ShardPiece& piece = t->pieces[p];
+      PARAMD_ASSIGN_OR_RETURN(views[p], clients_[static_cast<size_t>(piece.owner)]->PullInPlace(
+                                            wanted, timeout, lease));
+      views[p].row_begin = piece.row_begin;
+      leased[p] = true;
+      return absl::OkStatus();
+    });
+    int64_t newest = wanted.min_version;
+    bool same = true;
+    for (size_t p = 0; p < views.size(); ++p) {
+      if (!leased[p]) continue;
+      newest = std::max(newest, views[p].header.version());
+      same = same && views[p].header.version() == views.front().header.version();
+    }
+    if (pulled.ok() && same) return views;
+    // A failure, or pieces of different versions (one daemon stepped on): let the leases go.
+    for (size_t p = 0; p < views.size(); ++p) {
+      if (leased[p]) (void)Release(views[p]);
+    }
+    if (!pulled.ok()) return pulled;
+    if (attempt == 3) {
+      return absl::AbortedError(absl::StrCat("the daemons of job ", Quoted(job_),
+                                             " kept serving different versions of tensor ",
+                                             Quoted(t->name), "'s pieces"));
+    }
+    wanted.min_version = newest;
+  }
+}
+
 absl::Status ShardedJob::Release(const PulledView& view) {
   PARAMD_ASSIGN_OR_RETURN(const Tensor* t, Find(view.header.tensor()));
-  return clients_[static_cast<size_t>(t->pieces.front().owner)]->Release(view);
+  for (const ShardPiece& piece : t->pieces) {
+    if (piece.row_begin == view.row_begin) {
+      return clients_[static_cast<size_t>(piece.owner)]->Release(view);
+    }
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("tensor ", Quoted(t->name), " has no piece at row ", view.row_begin));
 }
 
 absl::StatusOr<v1::DeleteJobResponse> ShardedJob::DeleteJob() {
@@ -295,6 +339,44 @@ absl::StatusOr<v1::DeleteJobResponse> ShardedJob::DeleteJob() {
   for (const v1::DeleteJobResponse& r : responses) {
     total.set_released_host_bytes(total.released_host_bytes() + r.released_host_bytes());
     total.set_released_device_bytes(total.released_device_bytes() + r.released_device_bytes());
+  }
+  return total;
+}
+
+absl::StatusOr<v1::CheckpointResponse> ShardedJob::Checkpoint() {
+  std::vector<v1::CheckpointResponse> responses(clients_.size());
+  PARAMD_RETURN_IF_ERROR(ForEachInParallel(clients_.size(), [&](size_t i) -> absl::Status {
+    PARAMD_ASSIGN_OR_RETURN(responses[i], clients_[i]->Checkpoint(job_));
+    return absl::OkStatus();
+  }));
+  v1::CheckpointResponse total = responses.front();
+  for (size_t i = 1; i < responses.size(); ++i) {
+    if (responses[i].version() != total.version()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the daemons of job ", Quoted(job_), " checkpointed versions ", total.version(), " (",
+          map_.owners[0].daemon, ") and ", responses[i].version(), " (", map_.owners[i].daemon,
+          "): checkpoint once every rank pulled the newest version"));
+    }
+    total.set_bytes(total.bytes() + responses[i].bytes());
+  }
+  return total;
+}
+
+absl::StatusOr<v1::RestoreResponse> ShardedJob::Restore(const std::string& path) {
+  std::vector<v1::RestoreResponse> responses(clients_.size());
+  PARAMD_RETURN_IF_ERROR(ForEachInParallel(clients_.size(), [&](size_t i) -> absl::Status {
+    PARAMD_ASSIGN_OR_RETURN(responses[i], clients_[i]->Restore(job_, path));
+    return absl::OkStatus();
+  }));
+  v1::RestoreResponse total = responses.front();
+  for (size_t i = 1; i < responses.size(); ++i) {
+    if (responses[i].version() != total.version()) {
+      return absl::DataLossError(
+          absl::StrCat("the daemons of job ", Quoted(job_), " restored versions ", total.version(),
+                       " (", map_.owners[0].daemon, ") and ", responses[i].version(), " (",
+                       map_.owners[i].daemon, "): restore each from checkpoints of one version"));
+    }
+    total.set_bytes(total.bytes() + responses[i].bytes());
   }
   return total;
 }

@@ -50,8 +50,19 @@ class ShardedJob {
   absl::StatusOr<PulledView> PullInPlace(const PullTarget& target,
                                          std::chrono::milliseconds timeout,
                                          std::chrono::milliseconds lease);
+  // Every piece of a tensor leased where its owner serves it, in row order, one version for all
+  // (each view's row_begin and header.rows() say which rows it holds).
+  absl::StatusOr<std::vector<PulledView>> PullInPlacePieces(const PullTarget& target,
+                                                            std::chrono::milliseconds timeout,
+                                                            std::chrono::milliseconds lease);
   absl::Status Release(const PulledView& view);
   absl::StatusOr<v1::DeleteJobResponse> DeleteJob();
+  // Every daemon checkpoints its part (in parallel): the first daemon's answer, with the bytes of
+  // all. The versions agree once every rank pulled the newest (a checkpoint is of the steps
+  // committed before it); FAILED_PRECONDITION naming both where they do not.
+  absl::StatusOr<v1::CheckpointResponse> Checkpoint();
+  // Every daemon restores its part from its newest checkpoint ("" path) or `path` on each.
+  absl::StatusOr<v1::RestoreResponse> Restore(const std::string& path);
   // The daemons' transports, "addr=name" each, comma-separated.
   std::string transports() const;
 

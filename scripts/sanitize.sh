@@ -29,7 +29,8 @@ tests=(
   tests/integration/state_transfer_rpc_test tests/integration/pull_many_stress_test
   tests/unit/server/job_limits_test tests/unit/server/job_failure_test
   tests/unit/server/step_sequence_test tests/unit/server/checkpoint_test
-  tests/integration/hostile_input_test
+  tests/integration/hostile_input_test tests/integration/sharded_job_test
+  tests/integration/peer_exchange_test
 )
 
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=None \

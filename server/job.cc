@@ -331,13 +331,20 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushWeights(Tensor& t, const v1::PushCh
   return stored;
 }
 
-absl::StatusOr<ChunkBuffer::Stored> Job::PushGradient(Tensor& t, const v1::PushChunk& chunk) {
-  if (t.state == nullptr && t.creating) {
-    return absl::UnavailableError(absl::StrCat(
-        "tensor \"", t.spec.name(),
-        "\" is making version 0 from its initial weights with the job's other daemons; push "
-        "again once it is published (a pull of version 0 waits for it)"));
+absl::Status Job::MakingVersionZeroLocked() const {
+  for (const Tensor& t : tensors_) {
+    if (t.state == nullptr && t.creating) {
+      return absl::UnavailableError(absl::StrCat(
+          "tensor \"", t.spec.name(),
+          "\" is making version 0 from its initial weights with the job's other daemons; call "
+          "again once it is published (a pull of version 0 waits for it)"));
+    }
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ChunkBuffer::Stored> Job::PushGradient(Tensor& t, const v1::PushChunk& chunk) {
+  if (t.state == nullptr && t.creating) return MakingVersionZeroLocked();
   if (t.state == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "tensor \"", t.spec.name(),
@@ -490,6 +497,7 @@ absl::StatusOr<CommitOutcome> Job::Commit(const v1::CommitRequest& request) {
     return CommitOutcome{world_size_, false, std::nullopt};  // a retry of a commit that landed
   }
   if (initialized_tensors_ != static_cast<int64_t>(tensors_.size())) {
+    PARAMD_RETURN_IF_ERROR(MakingVersionZeroLocked());
     return absl::FailedPreconditionError(absl::StrCat(
         "job \"", name_, "\" has initial weights for ", initialized_tensors_, " of ",
         tensors_.size(), " tensors; rank 0 uploads all of them before the first commit"));
@@ -596,6 +604,7 @@ absl::StatusOr<SlotPlaces> Job::SlotPlacesLocked(int32_t rank, int64_t step, Mem
                      next_step, "); every rank commits step ", next_step, " first"));
   }
   if (initialized_tensors_ != static_cast<int64_t>(tensors_.size())) {
+    PARAMD_RETURN_IF_ERROR(MakingVersionZeroLocked());
     return absl::FailedPreconditionError(absl::StrCat(
         "job \"", name_, "\" has initial weights for ", initialized_tensors_, " of ",
         tensors_.size(), " tensors; rank 0 uploads all of them before gradients are pushed"));

@@ -230,6 +230,9 @@ class Job {
   // A split tensor's whole amax at `step` (round `round`), from the amax of this daemon's rows of
   // it (tensor `index` of the part); the identity for a tensor held whole.
   WholeAmax WholeAmaxOf(size_t index, int64_t step, const std::string& round);
+  // UNAVAILABLE while a tensor's version 0 is being made (CreateSplitState), naming it: a push,
+  // slot place or commit that needs every version 0 is retried.
+  absl::Status MakingVersionZeroLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes tensor `index`'s state and version 0 from its complete upload (`whole_amax` set: the
   // amax round of a split tensor), then publishes it; a failure fails the job. Runs on
   // initial_threads_, without the job's lock.

@@ -71,6 +71,9 @@ struct PulledView {
   v1::PullHeader header;
   std::span<const std::byte> data;  // data_bytes of data, then scale_bytes of scales
   uint64_t lease = 0;
+  // A piece of a tensor split over daemons (Client::PullInPlacePieces): its first row in the
+  // whole tensor (header.rows() rows from here). 0 for a whole tensor.
+  int64_t row_begin = 0;
 };
 
 // The trainer's end of a transport.

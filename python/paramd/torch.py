@@ -30,6 +30,11 @@ What happens when:
 - The job is served exactly the formats in `serve` (FP32 only when listed), and pays memory for
   those alone. Every one is pulled; the first one is written into the parameters; served() gives
   each as a ServedWeight (FP8 data as torch.float8_e4m3fn with its scales) for FP8 GEMMs.
+- Several daemons, `daemons=[...]` (each "host:port" as it advertises itself, or "dns:NAME:PORT";
+  `address` one of them): the job is sharded over them, each daemon holding its part, and every
+  push, commit and pull goes to the owners (the client does it). The result is bit-identical to
+  one daemon's. state_dict() and load_state_dict() are not available for a sharded job yet
+  (checkpoint it with the daemons' checkpoints); CPU parameters only for now.
 - A daemon that restarts: with reconnect_timeout_s > 0 the calls wait that long for it. Once it
   answers again (its checkpoint_dir restored the job), the optimizer registers again, loads the
   version the daemon holds and goes back to the step it collects: `next_step` moves back, and the
@@ -241,7 +246,7 @@ class AdamW(torch.optim.Optimizer):
                  module=None, rank=None, world_size=None, transport="auto", seed=0,
                  max_grad_norm=0.0, bucket_bytes=None, stream_pushes=True,
                  write_weights=True, weights_in_place=False, lend_gradients=True,
-                 timeout_s=300.0, reconnect_timeout_s=0.0):
+                 timeout_s=300.0, reconnect_timeout_s=0.0, daemons=None):
         groups = self._named_groups(params)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
         super().__init__([{**g, "params": [p for _, p in g["params"]]} for g in groups],
@@ -260,6 +265,7 @@ class AdamW(torch.optim.Optimizer):
         self._bucket_bytes = bucket_bytes  # None: chosen by the transport at registration
         self._timeout_s = timeout_s
         self._seed = seed
+        self._daemons = list(daemons or [])
         self._max_grad_norm = max_grad_norm
         self._lock = threading.Lock()
         self._bucket = {}  # job name -> [(tensor name, bytes)], filled by the grad hooks
@@ -363,7 +369,7 @@ class AdamW(torch.optim.Optimizer):
                 job=j.name, rank=self.rank, world_size=self.world_size, tensors=tensors,
                 hyperparams=j.registered, state_policy=self.state_policy,
                 serve=self.serve, seed=self._seed,
-                max_grad_norm=self._max_grad_norm)
+                max_grad_norm=self._max_grad_norm, daemons=self._daemons)
             self.transport = reply["transport"]
             if self.restarts > 0 and reply["version"] < 0:
                 raise RuntimeError(

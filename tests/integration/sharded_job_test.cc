@@ -51,13 +51,14 @@ v1::ServeFormat Format(v1::Recipe recipe, v1::Direction direction) {
 
 // "embed" (600 x 16) weighs 3/4 of the job and is split over the three daemons; the others stay
 // whole, one on each daemon. fp8 exp_avg rounded stochastically, fp16 exp_avg_sq, clipping on.
-v1::RegisterRequest Spec() {
+v1::RegisterRequest Spec(v1::MasterType master = v1::MASTER_TYPE_FP32) {
   v1::RegisterRequest spec = MakeSpec(kJob, kWorld,
                                       {{"embed", 600, 16, v1::ELEMENT_TYPE_FP32},
                                        {"w", 64, 32, v1::ELEMENT_TYPE_BF16},
                                        {"v", 130, 8, v1::ELEMENT_TYPE_FP32},
                                        {"b", 1, 10, v1::ELEMENT_TYPE_FP32}});
   v1::StatePolicy* policy = spec.mutable_state_policy();
+  policy->set_master(master);
   policy->set_exp_avg(v1::MOMENT_TYPE_FP8);
   policy->set_exp_avg_rounding(v1::ROUNDING_STOCHASTIC);
   policy->set_exp_avg_sq(v1::MOMENT_TYPE_FP16);
@@ -87,11 +88,11 @@ std::unique_ptr<Server> StartDaemon(int peer_timeout_ms) {
 }
 
 std::unique_ptr<Client> Connect(const std::string& address, std::vector<std::string> daemons,
-                                int attempts) {
+                                int attempts, const std::string& transport = "inline") {
   ClientOptions options;
   options.address = address;
   options.daemons = std::move(daemons);
-  options.transport = "inline";
+  options.transport = transport;
   options.rpc_timeout = 20s;
   options.max_attempts = attempts;
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
@@ -109,10 +110,11 @@ class Trainers {
   // `attempts`: ClientOptions::max_attempts. A split tensor's version 0 is made after its upload
   // returns: a push before it is UNAVAILABLE, and retried.
   Trainers(const v1::RegisterRequest& spec, const std::string& address,
-           const std::vector<std::string>& daemons, int attempts = 20)
+           const std::vector<std::string>& daemons, int attempts = 20,
+           const std::string& transport = "inline")
       : spec_(spec) {
     for (int r = 0; r < kWorld; ++r) {
-      clients_.push_back(Connect(address, daemons, attempts));
+      clients_.push_back(Connect(address, daemons, attempts, transport));
       if (clients_.back() == nullptr) return;
       absl::StatusOr<v1::RegisterResponse> registered = clients_.back()->Register(ForRank(spec, r));
       EXPECT_TRUE(registered.ok()) << registered.status();
@@ -182,14 +184,14 @@ class ShardedJobTest : public ::testing::Test {
   std::vector<std::string> names_;  // sorted: the job's daemon list
 };
 
-// Trains `steps` steps of Spec() on the daemon at `single` and on the daemons `names` (sorted,
+// Trains `steps` steps of `spec` on the daemon at `single` and on the daemons `names` (sorted,
 // reached first at `address`), and checks every served format of every tensor, byte for byte,
 // after every step. `status_of` gives a daemon's Status of the job: the one-daemon job's clip, the
 // sharded daemons' skipped steps.
 void ExpectShardedRunMatchesOneDaemon(
-    const std::string& single, const std::string& address, const std::vector<std::string>& names,
-    int steps, const std::function<absl::StatusOr<v1::JobStatus>(const std::string&)>& status_of) {
-  const v1::RegisterRequest spec = Spec();
+    const v1::RegisterRequest& spec, const std::string& single, const std::string& address,
+    const std::vector<std::string>& names, int steps,
+    const std::function<absl::StatusOr<v1::JobStatus>(const std::string&)>& status_of) {
   // The layout this test means: "embed" in three pieces, one per daemon.
   v1::RegisterRequest listed = spec;
   listed.mutable_daemons()->Assign(names.begin(), names.end());
@@ -271,9 +273,77 @@ absl::StatusOr<v1::JobStatus> StatusOf(const std::string& address) {
   return status->jobs(0);
 }
 
-TEST_F(ShardedJobTest, EveryStepServesTheOneDaemonJobsBytesInEveryFormat) {
-  ExpectShardedRunMatchesOneDaemon(single_->address(), daemons_[1]->address(), names_, 12,
-                                   StatusOf);
+// Per master type: FP32, BF16 with int16 remainders, FP16.
+class ShardedPolicyTest : public ShardedJobTest,
+                          public ::testing::WithParamInterface<v1::MasterType> {};
+
+TEST_P(ShardedPolicyTest, EveryStepServesTheOneDaemonJobsBytesInEveryFormat) {
+  ExpectShardedRunMatchesOneDaemon(Spec(GetParam()), single_->address(), daemons_[1]->address(),
+                                   names_, 12, StatusOf);
+}
+
+INSTANTIATE_TEST_SUITE_P(Masters, ShardedPolicyTest,
+                         ::testing::Values(v1::MASTER_TYPE_FP32, v1::MASTER_TYPE_BF16_REMAINDER,
+                                           v1::MASTER_TYPE_FP16),
+                         [](const ::testing::TestParamInfo<v1::MasterType>& info) {
+                           return std::string(v1::MasterType_Name(info.param));
+                         });
+
+TEST_F(ShardedJobTest, InPlacePiecesViewEachOwnersRowsUnchangedUnderTheirLeases) {
+  const v1::RegisterRequest spec = Spec();
+  Trainers one(spec, single_->address(), {});
+  Trainers three(spec, daemons_[1]->address(), names_, 20, "shm");
+  ASSERT_TRUE(one.ok() && three.ok());
+  std::vector<std::string> weights;
+  for (const std::vector<float>& w : RandomWeights(spec, 5)) weights.push_back(ToBytes(w));
+  ASSERT_TRUE(one.Upload(weights).ok());
+  ASSERT_TRUE(three.Upload(weights).ok());
+  for (int64_t step = 0; step < 2; ++step) {
+    const StepGradients grads = RandomGradients(spec, 100 + static_cast<uint64_t>(step));
+    const absl::Status stepped_one = one.Step(step, grads);
+    ASSERT_TRUE(stepped_one.ok()) << stepped_one;
+    const absl::Status stepped = three.Step(step, grads);
+    ASSERT_TRUE(stepped.ok()) << stepped;
+  }
+  // "embed" fp32 at version 2: three views, each its owner's rows of the one daemon's bytes.
+  const v1::ServeFormat fp32 = spec.serve(0);
+  absl::StatusOr<std::vector<Pulled>> want = one.Pull(fp32, 2);
+  ASSERT_TRUE(want.ok()) << want.status();
+  const std::vector<std::byte>& whole = (*want)[0].data;
+  absl::StatusOr<std::vector<PulledView>> views =
+      three.rank(0).PullInPlacePieces({kJob, "embed", fp32, 2}, 20s);
+  ASSERT_TRUE(views.ok()) << views.status();
+  ASSERT_EQ(views->size(), 3u);
+  int64_t row = 0;
+  std::vector<std::vector<std::byte>> held;
+  for (const PulledView& v : *views) {
+    EXPECT_EQ(v.row_begin, row);
+    EXPECT_EQ(v.header.version(), 2);
+    const size_t bytes = static_cast<size_t>(v.header.rows() * 16 * 4);
+    ASSERT_EQ(v.header.data_bytes(), static_cast<int64_t>(bytes));
+    EXPECT_TRUE(std::memcmp(v.data.data(), whole.data() + row * 16 * 4, bytes) == 0);
+    held.emplace_back(v.data.begin(), v.data.begin() + static_cast<std::ptrdiff_t>(bytes));
+    row += v.header.rows();
+  }
+  EXPECT_EQ(row, 600);
+  // Another step runs while the views are leased (a daemon keeps two versions of a tensor): their
+  // bytes stay.
+  ASSERT_TRUE(three.Step(2, RandomGradients(spec, 102)).ok());
+  ASSERT_TRUE(three.Pull(fp32, 3).ok());
+  for (size_t p = 0; p < views->size(); ++p) {
+    EXPECT_TRUE(std::memcmp((*views)[p].data.data(), held[p].data(), held[p].size()) == 0) << p;
+  }
+  EXPECT_TRUE(three.rank(0).Release(*views).ok());
+  // A tensor held whole is one view, from its owner.
+  absl::StatusOr<std::vector<PulledView>> b =
+      three.rank(0).PullInPlacePieces({kJob, "b", fp32, 3}, 20s);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ(b->size(), 1u);
+  EXPECT_EQ((*b)[0].header.rows(), 1);
+  EXPECT_TRUE(three.rank(0).Release(*b).ok());
+  // A split tensor is refused by PullInPlace, which gives one view.
+  EXPECT_EQ(three.rank(0).PullInPlace({kJob, "embed", fp32, 3}, 20s).status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 // The same over a network: tests/integration/netns_sharded_test.sh starts the three daemons and
@@ -291,7 +361,7 @@ TEST(ShardedJobOverANetworkTest, HundredsOfStepsMatchOneDaemonAcrossNamespaces) 
   std::sort(names.begin(), names.end());
   ASSERT_EQ(names.size(), 3u);
   const char* steps = std::getenv("PARAMD_NETNS_STEPS");
-  ExpectShardedRunMatchesOneDaemon(single, names[0], names, steps ? std::atoi(steps) : 300,
+  ExpectShardedRunMatchesOneDaemon(Spec(), single, names[0], names, steps ? std::atoi(steps) : 300,
                                    StatusOf);
 }
 

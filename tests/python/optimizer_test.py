@@ -28,6 +28,10 @@ def make_model(seed=0):
                          nn.Linear(40, 3))
 
 
+def make_model_weight(model):
+    return next(model.parameters()).detach().clone()
+
+
 def batch(step, micro=0):
     g = torch.Generator().manual_seed(1000 * step + micro)
     return torch.randn(16, 12, generator=g), torch.randint(0, 3, (16,), generator=g)
@@ -115,6 +119,9 @@ class OptimizerTest(unittest.TestCase):
         options.update(kwargs)
         return paramd.torch.AdamW(groups(model, named=True), **options)
 
+    def daemon_client(self):
+        return paramd.connect(self.daemon.address)
+
     def assert_same_weights(self, a, b, rtol):
         for (name, p), q in zip(a.named_parameters(), b.parameters()):
             scale = float(q.detach().abs().max())
@@ -129,6 +136,46 @@ class OptimizerTest(unittest.TestCase):
         train(theirs, torch.optim.AdamW(groups(theirs, named=False), lr=1e-2), 8,
               micro_batches=2)
         self.assert_same_weights(ours, theirs, rtol=1e-5)
+
+    def test_a_job_over_three_daemons_trains_bit_identically_to_one(self):
+        # Linear(12, 600)'s weight, 600 rows and most of the job's bytes, is split over the three;
+        # the others stay whole.
+        def model_of():
+            torch.manual_seed(4)
+            return nn.Sequential(nn.Linear(12, 600), nn.Tanh(), nn.Linear(600, 3))
+
+        others = [support.daemon(step_threads=1) for _ in range(2)]
+        try:
+            daemons = sorted([self.daemon.address] + [o.address for o in others])
+            one, three = model_of(), model_of()
+            opt_one = self.paramd_adamw(one, state_policy="fp8", max_grad_norm=0.5)
+            opt_three = self.paramd_adamw(three, state_policy="fp8", max_grad_norm=0.5,
+                                          daemons=daemons)
+            for model, opt in ((one, opt_one), (three, opt_three)):
+                for step in range(6):
+                    x, y = batch(step)
+                    F.cross_entropy(model(x), y).backward()
+                    opt.step()
+                    opt.zero_grad()
+                opt.sync_weights()
+            for (name, p), q in zip(one.named_parameters(), three.parameters()):
+                self.assertTrue(torch.equal(p, q), name)
+            self.assertFalse(torch.equal(make_model_weight(one), make_model_weight(model_of())))
+            # Every daemon holds a part of the job (the split weight's rows on each), and the
+            # parts' state adds up to the one daemon's.
+            name = opt_three._jobs[0].name
+            parts = [paramd.connect(a).status(name)["jobs"][0]["state_bytes"] for a in daemons]
+            whole = self.daemon_client().status(opt_one._jobs[0].name)["jobs"][0]["state_bytes"]
+            self.assertTrue(all(0 < part < whole for part in parts), (parts, whole))
+            self.assertEqual(sum(parts), whole)
+            with self.assertRaises(paramd.StatusError) as caught:
+                opt_three.state_dict()
+            self.assertEqual(caught.exception.code, "UNIMPLEMENTED")
+            opt_one.close()
+            opt_three.close()
+        finally:
+            for o in others:
+                o.stop()
 
     def test_weights_are_written_just_before_their_module_runs(self):
         model = make_model()
