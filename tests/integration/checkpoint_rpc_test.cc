@@ -368,7 +368,10 @@ TEST_F(CheckpointRpcTest, TheDaemonListComesBackWithTheJobAndMayNotChange) {
   // and restarts there; the other runs on.
   const std::string self = absl::StrCat("127.0.0.1:", FreePort());
   const std::string other = absl::StrCat("127.0.0.1:", FreePort());
+  // A checkpoint of the job is every daemon's: the other one writes its part in a dir of its own.
   v1::DaemonConfig other_config = Config(/*with_dir=*/false);
+  std::filesystem::create_directories(root_ + "/other");
+  other_config.set_checkpoint_dir(root_ + "/other");
   other_config.set_listen(other);
   absl::StatusOr<std::unique_ptr<Server>> peer = Server::Start(other_config);
   ASSERT_TRUE(peer.ok()) << peer.status();
