@@ -8,9 +8,10 @@
 #include "absl/strings/str_join.h"
 #include "client/client.h"
 #include "client/served_pieces.h"
+#include "common/element_type.h"
+#include "common/kernel_formats.h"
 #include "common/quoted.h"
 #include "common/status_macros.h"
-#include "kernels/recipes.h"
 
 namespace paramd {
 namespace {
@@ -31,25 +32,6 @@ absl::Status ForEachInParallel(size_t n, Fn fn) {
     first.Update(s);
   }
   return first;
-}
-
-kernels::Recipe RecipeOf(v1::Recipe recipe) {
-  switch (recipe) {
-    case v1::RECIPE_BF16:
-      return kernels::Recipe::kBf16;
-    case v1::RECIPE_FP16:
-      return kernels::Recipe::kFp16;
-    case v1::RECIPE_FP8_TENSOR:
-      return kernels::Recipe::kFp8Tensor;
-    case v1::RECIPE_FP8_DELAYED:
-      return kernels::Recipe::kFp8Delayed;
-    case v1::RECIPE_FP8_BLOCK:
-      return kernels::Recipe::kFp8Block;
-    case v1::RECIPE_MXFP8:
-      return kernels::Recipe::kMxfp8;
-    default:
-      return kernels::Recipe::kFp32;
-  }
 }
 
 }  // namespace
@@ -73,7 +55,7 @@ absl::StatusOr<std::unique_ptr<ShardedJob>> ShardedJob::Register(const ClientOpt
     t.name = spec.name();
     t.rows = spec.rows();
     t.cols = spec.cols();
-    t.grad_element_bytes = spec.grad_type() == v1::ELEMENT_TYPE_BF16 ? 2 : 4;
+    t.grad_element_bytes = ElementTypeBytes(spec.grad_type());
     t.pieces = sharded->map_.tensors[static_cast<size_t>(i)];
     sharded->index_.emplace(t.name, i);
     sharded->tensors_.push_back(std::move(t));
@@ -202,10 +184,8 @@ absl::Status ShardedJob::Assemble(const Tensor& t, const v1::ServeFormat& format
     *out = std::move(pieces.front());
     return absl::OkStatus();
   }
-  const kernels::Recipe recipe = RecipeOf(format.recipe());
-  const kernels::Direction direction = format.direction() == v1::DIRECTION_COLUMNWISE
-                                           ? kernels::Direction::kColumnwise
-                                           : kernels::Direction::kRowwise;
+  const kernels::Recipe recipe = KernelRecipe(format.recipe());
+  const kernels::Direction direction = KernelDirection(format.direction());
   const kernels::ServeBufferLayout layout = kernels::ServeLayout(recipe, direction, t.rows, t.cols);
   out->header = pieces.front().header;
   out->header.set_rows(t.rows);

@@ -17,30 +17,6 @@ FormatKey FormatKeyOf(const v1::ServeFormat& format) {
       format.direction() == v1::DIRECTION_UNSPECIFIED ? v1::DIRECTION_ROWWISE : format.direction()};
 }
 
-kernels::Recipe KernelRecipe(v1::Recipe recipe) {
-  switch (recipe) {
-    case v1::RECIPE_BF16:
-      return kernels::Recipe::kBf16;
-    case v1::RECIPE_FP16:
-      return kernels::Recipe::kFp16;
-    case v1::RECIPE_FP8_TENSOR:
-      return kernels::Recipe::kFp8Tensor;
-    case v1::RECIPE_FP8_DELAYED:
-      return kernels::Recipe::kFp8Delayed;
-    case v1::RECIPE_FP8_BLOCK:
-      return kernels::Recipe::kFp8Block;
-    case v1::RECIPE_MXFP8:
-      return kernels::Recipe::kMxfp8;
-    default:
-      return kernels::Recipe::kFp32;
-  }
-}
-
-kernels::Direction KernelDirection(v1::Direction direction) {
-  return direction == v1::DIRECTION_COLUMNWISE ? kernels::Direction::kColumnwise
-                                               : kernels::Direction::kRowwise;
-}
-
 kernels::ServeArgs ServeArgsOf(const TensorInfo& info, const float* fp32,
                                const uint16_t* bf16_halves, float tensor_scale, ServedFormat& f) {
   kernels::ServeArgs args;

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "common/device_bytes.h"
 #include "common/host_buffer.h"
+#include "common/kernel_formats.h"
 #include "kernels/fused_step.h"
 #include "kernels/recipes.h"
 #include "paramd/v1/control.pb.h"
@@ -33,8 +34,6 @@ struct FormatKey {
 std::string FormatName(const FormatKey& format);
 // The key of a format as the protocol spells it (DIRECTION_UNSPECIFIED means rowwise).
 FormatKey FormatKeyOf(const v1::ServeFormat& format);
-kernels::Recipe KernelRecipe(v1::Recipe recipe);
-kernels::Direction KernelDirection(v1::Direction direction);
 
 // One served format of one version: its bytes (data, then scales) and how they are laid out.
 struct ServedFormat {

@@ -331,20 +331,28 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushWeights(Tensor& t, const v1::PushCh
   return stored;
 }
 
+namespace {
+
+// UNAVAILABLE while `t`'s version 0 is being made (Job::CreateSplitState), else OK.
+absl::Status MakingVersionZero(const v1::TensorSpec& spec, bool creating, bool made) {
+  if (!creating || made) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(
+      "tensor \"", spec.name(),
+      "\" is making version 0 from its initial weights with the job's other daemons; call again "
+      "once it is published (a pull of version 0 waits for it)"));
+}
+
+}  // namespace
+
 absl::Status Job::MakingVersionZeroLocked() const {
   for (const Tensor& t : tensors_) {
-    if (t.state == nullptr && t.creating) {
-      return absl::UnavailableError(absl::StrCat(
-          "tensor \"", t.spec.name(),
-          "\" is making version 0 from its initial weights with the job's other daemons; call "
-          "again once it is published (a pull of version 0 waits for it)"));
-    }
+    PARAMD_RETURN_IF_ERROR(MakingVersionZero(t.spec, t.creating, t.state != nullptr));
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<ChunkBuffer::Stored> Job::PushGradient(Tensor& t, const v1::PushChunk& chunk) {
-  if (t.state == nullptr && t.creating) return MakingVersionZeroLocked();
+  PARAMD_RETURN_IF_ERROR(MakingVersionZero(t.spec, t.creating, t.state != nullptr));
   if (t.state == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "tensor \"", t.spec.name(),

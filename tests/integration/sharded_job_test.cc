@@ -38,18 +38,12 @@ using testing::ForRank;
 using testing::MakeSpec;
 using testing::RandomGradients;
 using testing::RandomWeights;
+using testing::ServeFormatOf;
 using testing::StepGradients;
 using testing::ToBytes;
 
 constexpr char kJob[] = "sharded";
 constexpr int kWorld = 2;
-
-v1::ServeFormat Format(v1::Recipe recipe, v1::Direction direction) {
-  v1::ServeFormat f;
-  f.set_recipe(recipe);
-  f.set_direction(direction);
-  return f;
-}
 
 // "embed" (600 x 16) weighs 3/4 of the job and is split over the three daemons; the others stay
 // whole, one on each daemon. fp8 exp_avg rounded stochastically, fp16 exp_avg_sq, clipping on.
@@ -67,13 +61,13 @@ v1::RegisterRequest Spec(v1::MasterType master = v1::MASTER_TYPE_FP32) {
   policy->set_exp_avg_sq_rounding(v1::ROUNDING_STOCHASTIC);
   spec.set_max_grad_norm(0.05);
   spec.clear_serve();
-  *spec.add_serve() = Format(v1::RECIPE_FP32, v1::DIRECTION_ROWWISE);
-  *spec.add_serve() = Format(v1::RECIPE_BF16, v1::DIRECTION_ROWWISE);
-  *spec.add_serve() = Format(v1::RECIPE_FP8_TENSOR, v1::DIRECTION_ROWWISE);
-  *spec.add_serve() = Format(v1::RECIPE_FP8_TENSOR, v1::DIRECTION_COLUMNWISE);
-  *spec.add_serve() = Format(v1::RECIPE_FP8_DELAYED, v1::DIRECTION_ROWWISE);
-  *spec.add_serve() = Format(v1::RECIPE_FP8_BLOCK, v1::DIRECTION_COLUMNWISE);
-  *spec.add_serve() = Format(v1::RECIPE_MXFP8, v1::DIRECTION_ROWWISE);
+  *spec.add_serve() = ServeFormatOf(v1::RECIPE_FP32, v1::DIRECTION_ROWWISE);
+  *spec.add_serve() = ServeFormatOf(v1::RECIPE_BF16, v1::DIRECTION_ROWWISE);
+  *spec.add_serve() = ServeFormatOf(v1::RECIPE_FP8_TENSOR, v1::DIRECTION_ROWWISE);
+  *spec.add_serve() = ServeFormatOf(v1::RECIPE_FP8_TENSOR, v1::DIRECTION_COLUMNWISE);
+  *spec.add_serve() = ServeFormatOf(v1::RECIPE_FP8_DELAYED, v1::DIRECTION_ROWWISE);
+  *spec.add_serve() = ServeFormatOf(v1::RECIPE_FP8_BLOCK, v1::DIRECTION_COLUMNWISE);
+  *spec.add_serve() = ServeFormatOf(v1::RECIPE_MXFP8, v1::DIRECTION_ROWWISE);
   return spec;
 }
 

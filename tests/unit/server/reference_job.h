@@ -58,6 +58,15 @@ inline v1::RegisterRequest MakeSpec(const std::string& job, int world_size,
   return spec;
 }
 
+// A serve format as Register lists it.
+inline v1::ServeFormat ServeFormatOf(v1::Recipe recipe,
+                                     v1::Direction direction = v1::DIRECTION_ROWWISE) {
+  v1::ServeFormat f;
+  f.set_recipe(recipe);
+  f.set_direction(direction);
+  return f;
+}
+
 inline v1::RegisterRequest ForRank(v1::RegisterRequest spec, int rank) {
   spec.set_rank(rank);
   return spec;
