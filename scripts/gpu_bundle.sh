@@ -17,6 +17,9 @@
 #           over cuda_ipc, in place and copied, against the kernel alone and torch's fused AdamW
 #   daemon  scripts/gpu_daemon.sh: the example jobs through paramd --backend=cuda:0
 #   shm     bench/run_shm_bench.sh at 1e9 parameters, fp32 and fp8 policies (the host's CPU)
+#   sharded cuda_sharded_test: a job sharded over three cuda:0 daemons, bit-identical to one cpu
+#           daemon (SANITIZE=1: under compute-sanitizer memcheck); then the sharded-step benchmark
+#           (bench/sharded_step_bench.cc) on this host's cores, 1, 2 and 3 daemons
 #   python  tests/python/cuda_test.py: paramd.torch.AdamW with CUDA parameters over cuda_ipc (the
 #           bundle's Python package: scripts/bundle.sh with PARAMD_BUNDLE_PYTHON)
 #   lm      tests/python/lm_training_test.py --device cuda: examples/lm, 2 ranks on GPU 0
@@ -82,6 +85,18 @@ for p in "${parts[@]}"; do
         part limits "${LIMITS_TIMEOUT:-120}" "$bundle/run.sh" cuda_daemon_test
       fi
       ;;
+    sharded)
+      if [ "${SANITIZE:-0}" = 1 ]; then
+        part memcheck_sharded "${SHARDED_TIMEOUT:-400}" compute-sanitizer --tool memcheck \
+          --error-exitcode 1 "$bundle/run.sh" cuda_sharded_test --gtest_brief=1
+      else
+        part cuda_sharded "${SHARDED_TIMEOUT:-300}" "$bundle/run.sh" cuda_sharded_test --gtest_brief=1
+      fi
+      for t in 16 48; do
+        part "sharded_bench_$t" "${SHARDED_TIMEOUT:-300}" "$bundle/run.sh" paramd_sharded_step_bench \
+          --params=200000000 --steps=6 --tensors=$t
+      done
+      ;;
     ipc) part ipc "${IPC_TIMEOUT:-300}" "$root/scripts/gpu_ipc.sh" "$bundle" 4096 1000 ;;
     whole) part whole "${WHOLE_TIMEOUT:-400}" "$root/scripts/gpu_whole_step.sh" "$bundle" ;;
     daemon) part daemon "${DAEMON_TIMEOUT:-200}" "$root/scripts/gpu_daemon.sh" "$bundle" ;;
@@ -105,7 +120,7 @@ for p in "${parts[@]}"; do
                ${LLM_ARGS:-} ;;
       esac
       ;;
-    *) echo "gpu_bundle: unknown part $p (kernels, sanitize, backend, limits, ipc, whole, daemon, shm, python, lm, llm)"; exit 2 ;;
+    *) echo "gpu_bundle: unknown part $p (kernels, sanitize, backend, limits, sharded, ipc, whole, daemon, shm, python, lm, llm)"; exit 2 ;;
   esac
 done
 

@@ -461,22 +461,19 @@ class CudaBackend : public Backend {
 
   absl::Status Step(std::span<TensorStep> tensors, const StepScalars& scalars,
                     const std::function<void(size_t)>& tensor_done = nullptr) override {
-    if (absl::Status s = CheckNoWholeAmax(tensors); !s.ok()) return s;
     std::lock_guard<std::mutex> lock(mu_);
     absl::Status status = StepLocked(tensors, scalars, tensor_done);
     if (!status.ok()) NoticeFailure(status);
     return status;
   }
 
-  // The one launch runs both passes of every tensor: a split tensor's amax cannot be combined with
-  // other owners' between them (TensorStep::whole_amax) yet.
+  // A step decided on the device does not stop between its passes: a split tensor's amax round
+  // (TensorStep::whole_amax) needs the host-decided Step, which the job of a sharded job takes.
   static absl::Status CheckNoWholeAmax(std::span<const TensorStep> tensors) {
     for (const TensorStep& t : tensors) {
       if (t.whole_amax) {
-        return absl::UnimplementedError(
-            "a tensor split over owners and served fp8_tensor or fp8_delayed is stepped on the cpu "
-            "backend only for now: the cuda backend does not yet combine its owners' amax between "
-            "its passes; serve those tensors from whole tensors, or use --backend=cpu");
+        return absl::InternalError(
+            "a split tensor's amax round needs a step decided on the host (Backend::Step)");
       }
     }
     return absl::OkStatus();
@@ -624,6 +621,7 @@ class CudaBackend : public Backend {
       return s;
     }
     if (absl::Status s = QueueStep(tensors, KernelScalars(scalars)); !s.ok()) return s;
+    if (absl::Status s = ServeSplitPerTensor(tensors); !s.ok()) return s;
     if (absl::Status s = Publish(tensors, start, tensor_done); !s.ok()) return s;
     const float* amax = HostScalars() + tensors.size();
     for (size_t i = 0; i < tensors.size(); ++i) {
@@ -793,25 +791,8 @@ class CudaBackend : public Backend {
       for (size_t f = 0; f < s.outputs.size(); ++f) {
         ServedFormat& host = tensors[i].out->formats[f];
         on_device = on_device || !host.device.empty();
-        if (WritesInPlace(host)) continue;
-        const DeviceOutput& d = s.outputs[f];
-        if (!host.device.empty()) {
-          auto* exported = static_cast<uint8_t*>(host.device.get());
-          PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(exported, d.data.get(), d.data.bytes(),
-                                                      cudaMemcpyDeviceToDevice, stream_));
-          if (d.scales.bytes() > 0) {
-            PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(exported + host.layout.data_bytes,
-                                                        d.scales.get(), d.scales.bytes(),
-                                                        cudaMemcpyDeviceToDevice, stream_));
-          }
-          continue;
-        }
-        PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host.data(), d.data.get(), d.data.bytes(),
-                                                    cudaMemcpyDeviceToHost, stream_));
-        if (d.scales.bytes() > 0) {
-          PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-              host.scales(), d.scales.get(), d.scales.bytes(), cudaMemcpyDeviceToHost, stream_));
-        }
+        if (AfterAmaxRound(tensors[i], s.outputs[f])) continue;  // ServeSplitPerTensor's
+        if (absl::Status st = CopyOutput(s.outputs[f], host); !st.ok()) return st;
       }
       std::lock_guard<std::mutex> host_lock(tensors[i].out->host_mu);
       tensors[i].out->host_stale = on_device;  // no reader holds a version being written
@@ -821,6 +802,112 @@ class CudaBackend : public Backend {
           cudaMemcpyAsync(HostScalars() + n, static_cast<float*>(step_scalars_.get()) + n,
                           n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     }
+    return absl::OkStatus();
+  }
+
+  // A split tensor's fp8_tensor output waits for the whole tensor's amax (TensorStep::whole_amax):
+  // the step's launch leaves it out, and ServeSplitPerTensor writes it after the owners' round.
+  // Its fp8_delayed output is cast with a scale known before the step, in the launch.
+  static bool AfterAmaxRound(const TensorStep& t, const DeviceOutput& o) {
+    return t.whole_amax && o.key.recipe == v1::RECIPE_FP8_TENSOR;
+  }
+
+  // A served format the step wrote into the state's own buffers, on to where the version keeps
+  // it: its exported GPU bytes, else its host bytes (queued on stream_).
+  absl::Status CopyOutput(const DeviceOutput& d, ServedFormat& host) {
+    if (WritesInPlace(host)) return absl::OkStatus();
+    if (!host.device.empty()) {
+      auto* exported = static_cast<uint8_t*>(host.device.get());
+      PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(exported, d.data.get(), d.data.bytes(),
+                                                  cudaMemcpyDeviceToDevice, stream_));
+      if (d.scales.bytes() > 0) {
+        PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(exported + host.layout.data_bytes,
+                                                    d.scales.get(), d.scales.bytes(),
+                                                    cudaMemcpyDeviceToDevice, stream_));
+      }
+      return absl::OkStatus();
+    }
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host.data(), d.data.get(), d.data.bytes(),
+                                                cudaMemcpyDeviceToHost, stream_));
+    if (d.scales.bytes() > 0) {
+      PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host.scales(), d.scales.get(), d.scales.bytes(),
+                                                  cudaMemcpyDeviceToHost, stream_));
+    }
+    return absl::OkStatus();
+  }
+
+  // The split tensors' round between their passes (DESIGN.md §7), after the queued step: each
+  // offers the amax of its rows' new master (down in HostScalars() + n once the stream has run)
+  // and gets the whole tensor's, which replaces it there for the fp8_delayed history. Its
+  // fp8_tensor scale comes from that amax, as one daemon's step would make it, and its fp8_tensor
+  // outputs are cast with it in one serve launch. The host waits for the device here, as the
+  // host-decided step does at its end anyway.
+  absl::Status ServeSplitPerTensor(std::span<TensorStep> tensors) {
+    const size_t n = tensors.size();
+    if (std::none_of(tensors.begin(), tensors.end(),
+                     [](const TensorStep& t) { return static_cast<bool>(t.whole_amax); })) {
+      return absl::OkStatus();
+    }
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    float* amax = HostScalars() + n;
+    std::vector<kernels::CudaServeArgs> serve;
+    std::vector<std::pair<size_t, size_t>> served;  // (tensor, format) of each serve
+    std::vector<float> scales(n);                   // alive until the stream has run
+    for (size_t i = 0; i < n; ++i) {
+      TensorStep& t = tensors[i];
+      if (!t.whole_amax) continue;
+      absl::StatusOr<float> whole = t.whole_amax(amax[i]);
+      if (!whole.ok()) return whole.status();
+      amax[i] = *whole;
+      auto& s = *static_cast<CudaTensorState*>(t.state);
+      for (size_t f = 0; f < s.outputs.size(); ++f) {
+        DeviceOutput& o = s.outputs[f];
+        if (!AfterAmaxRound(t, o)) continue;
+        if (served.empty() || served.back().first != i) {
+          float previous = 0;
+          PARAMD_CUDA_RETURN_IF_ERROR(
+              cudaMemcpy(&previous, s.scalars.get(), sizeof(float), cudaMemcpyDeviceToHost));
+          scales[i] = kernels::NextFp8TensorScale(*whole, previous).scale;
+          PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.scalars.get(), &scales[i], sizeof(float),
+                                                      cudaMemcpyHostToDevice, stream_));
+        }
+        const ServedFormat& out = t.out->formats[f];
+        void* data = nullptr;
+        void* scale_inv = nullptr;
+        if (WritesInPlace(out)) {
+          data = out.device.get();
+          scale_inv = static_cast<uint8_t*>(data) + o.layout.data_bytes;
+        } else {
+          if (absl::Status st = OwnOutput(o); !st.ok()) return st;
+          data = o.data.get();
+          scale_inv = o.scales.get();
+        }
+        serve.push_back({s.info.policy.master, s.master.get(),
+                         static_cast<const int16_t*>(s.remainder.get()), s.info.rows, s.info.cols,
+                         kernels::Recipe::kFp8Tensor, KernelDirection(o.key.direction),
+                         static_cast<const float*>(s.scalars.get()), data, scale_inv});
+        served.emplace_back(i, f);
+      }
+    }
+    if (!serve.empty()) {
+      const size_t bytes = kernels::ServeQuantizeCudaWorkspaceBytes(serve.size());
+      if (serve_workspace_.bytes() < bytes) {
+        serve_workspace_.Free();
+        if (absl::Status st = serve_workspace_.Allocate(bytes); !st.ok()) return st;
+      }
+      if (absl::Status st = FromKernel(kernels::ServeQuantizeCuda(
+              serve, serve_workspace_.get(), serve_workspace_.bytes(), stream_));
+          !st.ok()) {
+        return st;
+      }
+      for (const auto& [i, f] : served) {
+        auto& s = *static_cast<CudaTensorState*>(tensors[i].state);
+        if (absl::Status st = CopyOutput(s.outputs[f], tensors[i].out->formats[f]); !st.ok()) {
+          return st;
+        }
+      }
+    }
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     return absl::OkStatus();
   }
 
@@ -961,6 +1048,7 @@ class CudaBackend : public Backend {
       d.d_exp_avg_sq_scale_inv = static_cast<float*>(s.exp_avg_sq_scale_inv.get());
       for (size_t f = 0; f < s.outputs.size(); ++f) {
         DeviceOutput& o = s.outputs[f];
+        if (AfterAmaxRound(t, o)) continue;
         const ServedFormat& served = t.out->formats[f];
         void* data = nullptr;
         void* scales = nullptr;
@@ -979,7 +1067,8 @@ class CudaBackend : public Backend {
       }
       // The fp8_tensor scale stays with the tensor (the next step starts from it); the
       // fp8_delayed scale and the amax are the step's, in one array for all tensors.
-      d.d_fp8_tensor_scale = static_cast<float*>(s.scalars.get());
+      // A split tensor's scale waits for the owners' amax (ServeSplitPerTensor).
+      d.d_fp8_tensor_scale = t.whole_amax ? nullptr : static_cast<float*>(s.scalars.get());
       auto* step_scalars = static_cast<float*>(step_scalars_.get());
       d.d_fp8_delayed_scale = step_scalars + descs.size() - 1;
       d.d_master_amax = step_scalars + tensors.size() + descs.size() - 1;
@@ -1018,10 +1107,11 @@ class CudaBackend : public Backend {
   static constexpr int kDecisionFlags = 16;
   HostBuffer decision_flags_;  // page-locked ring: steps decided on the device, their flags
   uint64_t decided_steps_ = 0;
-  DeviceBuffer finite_;        // the gradient check's flag
-  DeviceBuffer clip_;          // a step decided on the device: its clip (StepDecisionCuda)
-  DeviceBuffer norm_sums_;     // the gradient check's block sums, as many as the biggest job's
-  DeviceBuffer step_scalars_;  // a step's fp8_delayed scales, then its masters' amaxes
+  DeviceBuffer finite_;           // the gradient check's flag
+  DeviceBuffer clip_;             // a step decided on the device: its clip (StepDecisionCuda)
+  DeviceBuffer norm_sums_;        // the gradient check's block sums, as many as the biggest job's
+  DeviceBuffer step_scalars_;     // a step's fp8_delayed scales, then its masters' amaxes
+  DeviceBuffer serve_workspace_;  // split tensors' fp8_tensor serve (ServeSplitPerTensor)
   // The same on the host, page-locked: one asynchronous copy each way, where pageable memory would
   // make every copy wait for the device. Grown for a bigger job only.
   HostBuffer host_scalars_;

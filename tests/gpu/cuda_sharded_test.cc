@@ -1,0 +1,68 @@
+// A job sharded over three daemons on cuda:0 (DESIGN.md §7) against the same job on one cpu daemon,
+// over real RPCs: every step's served bytes of every tensor, in every format, put together from the
+// pieces, are bit-identical. The split tensor served fp8_tensor takes its scale from the whole
+// tensor's amax, which its owners agree on between the step's launch and the serve launch of its
+// fp8_tensor outputs (CudaBackend::ServeSplitPerTensor); fp8_delayed keeps the whole tensor's amax
+// history. The split tensor takes the kernels' flat path (16 columns) and their tile path (128).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda_step.h"
+#include "tests/integration/sharded_run.h"
+
+namespace paramd {
+namespace {
+
+using namespace sharded_run;
+
+struct Case {
+  v1::MasterType master;
+  int64_t embed_cols;
+};
+
+class CudaShardedTest : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!kernels::CudaDeviceAvailable(&why)) GTEST_SKIP() << "no usable CUDA device: " << why;
+    single_ = StartDaemon(30000, "", "cpu");
+    ASSERT_NE(single_, nullptr);
+    for (int i = 0; i < 3; ++i) {
+      daemons_.push_back(StartDaemon(30000, "", "cuda:0"));
+      ASSERT_NE(daemons_.back(), nullptr);
+      names_.push_back(daemons_.back()->daemon().advertised_address());
+    }
+    std::sort(names_.begin(), names_.end());
+  }
+  void TearDown() override {
+    for (auto& d : daemons_) {
+      if (d != nullptr) d->Shutdown();
+    }
+    if (single_ != nullptr) single_->Shutdown();
+  }
+
+  std::unique_ptr<Server> single_;
+  std::vector<std::unique_ptr<Server>> daemons_;
+  std::vector<std::string> names_;
+};
+
+TEST_P(CudaShardedTest, EveryStepServesTheCpuDaemonsBytesInEveryFormat) {
+  ExpectShardedRunMatchesOneDaemon(Spec(GetParam().master, GetParam().embed_cols),
+                                   single_->address(), daemons_[1]->address(), names_, 12,
+                                   StatusOf);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Masters, CudaShardedTest,
+    ::testing::Values(Case{v1::MASTER_TYPE_FP32, 16}, Case{v1::MASTER_TYPE_FP32, 128},
+                      Case{v1::MASTER_TYPE_BF16_REMAINDER, 128}, Case{v1::MASTER_TYPE_FP16, 128}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      return absl::StrCat(v1::MasterType_Name(info.param.master), "_cols", info.param.embed_cols);
+    });
+
+}  // namespace
+}  // namespace paramd
