@@ -1,6 +1,8 @@
 #include "server/control_service.h"
 
 #include <algorithm>
+#include <chrono>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -8,8 +10,10 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
+#include "common/quoted.h"
 #include "common/shard_map.h"
 #include "common/status_macros.h"
+#include "grpcpp/grpcpp.h"
 #include "server/registration.h"
 #include "server/rpc_outcome.h"
 #include "server/state_transfer.h"
@@ -264,24 +268,49 @@ absl::Status ControlService::DoRegister(const v1::RegisterRequest& request,
   return absl::OkStatus();
 }
 
+// Another daemon's device, from its Status (its backend), within the peer deadline.
+absl::StatusOr<int> ControlService::PeerDevice(const std::string& job, const std::string& peer) {
+  const auto control =
+      v1::Control::NewStub(grpc::CreateChannel(peer, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::milliseconds(daemon_->config().peer_timeout_ms()));
+  v1::StatusRequest request;
+  request.set_job(job);
+  v1::StatusResponse response;
+  const absl::Status status = FromGrpcStatus(control->Status(&context, request, &response));
+  if (!status.ok()) {
+    return absl::UnavailableError(absl::StrCat("daemon ", peer, " of job ", Quoted(job),
+                                               " did not give its device within peer_timeout_ms (",
+                                               daemon_->config().peer_timeout_ms(),
+                                               " ms): ", status.ToString()));
+  }
+  return BackendDevice(response.backend());
+}
+
 absl::Status ControlService::DoGetLayout(const v1::GetLayoutRequest& request,
                                          v1::GetLayoutResponse* response) {
   PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, daemon_->registry().Find(request.job()));
   PARAMD_RETURN_IF_ERROR(job->CheckUsable());
-  // Every owner gets this daemon's device, as no daemon knows another's yet; the pieces do not
-  // depend on it, so every daemon of the job answers the same pieces.
+  // The pieces do not depend on the owners' devices, so every daemon of the job answers the same
+  // pieces; each other daemon's device comes from that daemon.
   PARAMD_ASSIGN_OR_RETURN(const int device, BackendDevice(daemon_->config().backend()));
   const v1::RegisterRequest& spec = job->registration();
+  const std::string& self = daemon_->advertised_address();
+  std::map<std::string, int> devices = {{self, device}};
+  for (const std::string& peer : spec.daemons()) {
+    if (peer == self) continue;
+    PARAMD_ASSIGN_OR_RETURN(devices[peer], PeerDevice(job->name(), peer));
+  }
   const auto& tensors = spec.tensors();
-  PARAMD_ASSIGN_OR_RETURN(const ShardMap map,
-                          JobShardMap(spec, daemon_->advertised_address(), device));
+  PARAMD_ASSIGN_OR_RETURN(const ShardMap map, JobShardMap(spec, self, device));
   for (int i = 0; i < tensors.size(); ++i) {
     for (const ShardPiece& piece : map.tensors[static_cast<size_t>(i)]) {
       const Owner& owner = map.owners[piece.owner];
       v1::GetLayoutResponse::Placement* p = response->add_placements();
       p->set_tensor(tensors[i].name());
       p->set_daemon(owner.daemon);
-      p->set_device(owner.device);
+      p->set_device(devices.at(owner.daemon));
       p->set_row_begin(piece.row_begin);
       p->set_row_end(piece.row_end);
     }

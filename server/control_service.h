@@ -55,6 +55,7 @@ class ControlService final : public RawControlService {
  private:
   absl::Status DoRegister(const v1::RegisterRequest& request, v1::RegisterResponse* response);
   absl::Status DoGetLayout(const v1::GetLayoutRequest& request, v1::GetLayoutResponse* response);
+  absl::StatusOr<int> PeerDevice(const std::string& job, const std::string& peer);
   absl::Status DoSetHyperparams(const v1::SetHyperparamsRequest& request,
                                 v1::SetHyperparamsResponse* response);
   absl::Status DoStatus(const v1::StatusRequest& request, v1::StatusResponse* response);

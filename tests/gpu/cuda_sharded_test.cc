@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -63,6 +64,38 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Case>& info) {
       return absl::StrCat(v1::MasterType_Name(info.param.master), "_cols", info.param.embed_cols);
     });
+
+// One job over a cpu daemon and two cuda:0 daemons: the same bytes again, and every daemon's
+// GetLayout gives each owner its own device.
+TEST(CudaShardedMixedTest, ACpuDaemonAndTwoCudaDaemonsServeTheCpuDaemonsBytes) {
+  std::string why;
+  if (!kernels::CudaDeviceAvailable(&why)) GTEST_SKIP() << "no usable CUDA device: " << why;
+  std::unique_ptr<Server> single = StartDaemon(30000, "", "cpu");
+  ASSERT_NE(single, nullptr);
+  std::vector<std::unique_ptr<Server>> daemons;
+  std::vector<std::string> names;
+  std::map<std::string, int> devices;
+  for (const char* backend : {"cpu", "cuda:0", "cuda:0"}) {
+    daemons.push_back(StartDaemon(30000, "", backend));
+    ASSERT_NE(daemons.back(), nullptr);
+    names.push_back(daemons.back()->daemon().advertised_address());
+    devices[names.back()] = std::string(backend) == "cpu" ? -1 : 0;
+  }
+  std::sort(names.begin(), names.end());
+  ExpectShardedRunMatchesOneDaemon(Spec(v1::MASTER_TYPE_FP32, 128), single->address(),
+                                   daemons[0]->address(), names, 12, StatusOf);
+  for (const std::unique_ptr<Server>& d : daemons) {
+    std::unique_ptr<Client> client = Connect(d->address(), {}, 5);
+    ASSERT_NE(client, nullptr);
+    absl::StatusOr<v1::GetLayoutResponse> layout = client->GetLayout(kJob);
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    for (const v1::GetLayoutResponse::Placement& p : layout->placements()) {
+      EXPECT_EQ(p.device(), devices.at(p.daemon())) << p.ShortDebugString();
+    }
+  }
+  for (auto& d : daemons) d->Shutdown();
+  single->Shutdown();
+}
 
 }  // namespace
 }  // namespace paramd

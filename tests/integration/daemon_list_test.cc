@@ -2,7 +2,8 @@
 // cpu backend, each advertising a name of its own (advertise_address). A list that is unsorted,
 // repeats an address, does not name the daemon called, or differs from the one the job registered
 // with is refused with its code and both lists shown, and changes nothing; every daemon of a
-// 3-daemon job answers the shard map of those three owners; Status shows the advertised address
+// 3-daemon job answers the shard map of those three owners, with the devices the others give it,
+// and names one that is gone; Status shows the advertised address
 // and the job's list; the client sorts the list it is given; a daemon listening on 127.0.0.1
 // advertises the address it is bound at; a Register waits for the list's daemons (one starting
 // late) and names one that never answers.
@@ -195,18 +196,27 @@ TEST_F(DaemonListTest, ARankWithAnotherListIsFailedPreconditionShowingBothAndCha
 }
 
 TEST_F(DaemonListTest, EveryDaemonOfAThreeDaemonJobAnswersTheShardMapOfItsOwners) {
-  for (const std::string& name : Names()) {
-    RunningDaemon& d = Start(Config(name));
+  // Three daemons advertising the addresses they are bound at: each asks the others for their
+  // devices.
+  std::vector<std::string> names;
+  for (int i = 0; i < 3; ++i) {
+    v1::DaemonConfig config = Config("");
+    config.set_peer_timeout_ms(2000);
+    RunningDaemon& d = Start(config);
     ASSERT_NE(d.client, nullptr);
-    // Raw calls: the names resolve nowhere, so a client could not reach the other daemons.
+    names.push_back(d.server->daemon().advertised_address());
+  }
+  std::sort(names.begin(), names.end());
+  const v1::RegisterRequest spec = Spec(names);
+  for (RunningDaemon& d : daemons_) {
+    // Raw calls, rank by rank, to each daemon.
     for (int rank = 0; rank < 2; ++rank) {
-      const absl::Status registered = RawRegister(*d.server, ForRank(Spec(Names()), rank));
-      ASSERT_TRUE(registered.ok()) << name << ": " << registered;
+      const absl::Status registered = RawRegister(*d.server, ForRank(spec, rank));
+      ASSERT_TRUE(registered.ok()) << registered;
     }
   }
-  const v1::RegisterRequest spec = Spec(Names());
   std::vector<Owner> owners;
-  for (const std::string& name : Names()) owners.push_back(Owner{name, kCpuDevice});
+  for (const std::string& name : names) owners.push_back(Owner{name, kCpuDevice});
   absl::StatusOr<ShardMap> map = ComputeShardMap(JobTensorShapes(spec.tensors()), owners);
   ASSERT_TRUE(map.ok()) << map.status();
 
@@ -234,6 +244,21 @@ TEST_F(DaemonListTest, EveryDaemonOfAThreeDaemonJobAnswersTheShardMapOfItsOwners
   }
   // The map is spread: every daemon owns some rows.
   for (size_t o = 0; o < owners.size(); ++o) EXPECT_GT(map->owner_bytes[o], 0) << o;
+
+  // A daemon of the job that is gone: the layout names it, by the peer deadline, instead of
+  // guessing its device.
+  const std::string gone = daemons_[2].server->daemon().advertised_address();
+  daemons_[2].client.reset();
+  daemons_[2].server->Shutdown();
+  daemons_[2].server.reset();
+  const auto asked = std::chrono::steady_clock::now();
+  absl::StatusOr<v1::GetLayoutResponse> layout = daemons_[0].client->GetLayout(kJob);
+  EXPECT_LT(std::chrono::steady_clock::now() - asked, std::chrono::seconds(10));
+  EXPECT_TRUE(HasStatus(layout.status(), absl::StatusCode::kUnavailable,
+                        absl::StrCat("daemon ", gone,
+                                     " of job \"sharded\" did not give its "
+                                     "device within peer_timeout_ms (2000 ms)")))
+      << layout.status();
 }
 
 TEST_F(DaemonListTest, StatusShowsTheAdvertisedAddressAndTheJobsListSortedByTheClient) {

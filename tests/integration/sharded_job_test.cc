@@ -70,6 +70,12 @@ INSTANTIATE_TEST_SUITE_P(Masters, ShardedPolicyTest,
                            return std::string(v1::MasterType_Name(info.param));
                          });
 
+// The split tensor 128 columns wide (the GPU kernels' tile path; cuda_sharded_test runs it there).
+TEST_F(ShardedJobTest, AWideSplitTensorServesTheOneDaemonJobsBytesInEveryFormat) {
+  ExpectShardedRunMatchesOneDaemon(Spec(v1::MASTER_TYPE_FP32, 128), single_->address(),
+                                   daemons_[0]->address(), names_, 6, StatusOf);
+}
+
 TEST_F(ShardedJobTest, InPlacePiecesViewEachOwnersRowsUnchangedUnderTheirLeases) {
   const v1::RegisterRequest spec = Spec();
   Trainers one(spec, single_->address(), {});
