@@ -233,11 +233,13 @@ class Backend {
   // per-block sums of squares.
   virtual absl::StatusOr<GradientCheck> CheckGradients(std::span<TensorStep> tensors,
                                                        float grad_scale, bool norms) = 0;
-  // Runs one step over the tensors, in order. `tensor_done(i)`, when set, is called once tensor i's
-  // state and served bytes are final (tensors[i].out complete), so the job can publish it while
-  // later tensors are still being stepped; every tensor is reported before Step returns OK. A
-  // backend whose served bytes lie in GPU memory may report them once their writes are queued,
-  // with its step event recorded after them (DeviceExports); the state is final when Step returns.
+  // Runs one step over the tensors, in order, after CheckGradients of the same tensors (the job
+  // always checks first; a backend may prepare the step there). `tensor_done(i)`, when set, is
+  // called once tensor i's state and served bytes are final (tensors[i].out complete), so the job
+  // can publish it while later tensors are still being stepped; every tensor is reported before
+  // Step returns OK. A backend whose served bytes lie in GPU memory may report them once their
+  // writes are queued, with its step event recorded after them (DeviceExports); the state is final
+  // when Step returns.
   virtual absl::Status Step(std::span<TensorStep> tensors, const StepScalars& scalars,
                             const std::function<void(size_t)>& tensor_done = nullptr) = 0;
 

@@ -438,6 +438,10 @@ TEST_P(BackendConformanceTest, AFailedAmaxExchangeFailsTheStepWithItsOwnStatus) 
   step[0].whole_amax = [](float) -> absl::StatusOr<float> {
     return absl::UnavailableError("peer 10.0.0.2:50051 did not answer");
   };
+  // The job checks the gradients before every step.
+  absl::StatusOr<GradientCheck> check = range->backend->CheckGradients(step, 1.0f, false);
+  ASSERT_TRUE(check.ok()) << check.status();
+  ASSERT_TRUE(check->finite);
   StepScalars scalars;
   scalars.adamw = kernels::MakeAdamwScalars({1e-3, 0.9, 0.999, 1e-8, 0.0}, 1);
   const absl::Status status = range->backend->Step(step, scalars);
