@@ -487,6 +487,9 @@ absl::StatusOr<v1::GetLayoutResponse> Client::GetLayout(const std::string& job) 
 
 absl::StatusOr<v1::SetHyperparamsResponse> Client::SetHyperparams(
     const v1::SetHyperparamsRequest& request) {
+  if (sharded_ != nullptr && sharded_->job() == request.job()) {
+    return sharded_->SetHyperparams(request);
+  }
   v1::SetHyperparamsResponse response;
   absl::Status status = Retry([&] {
     return Unary(NextDeadline(), [&](grpc::ClientContext* context) {
@@ -556,12 +559,7 @@ absl::StatusOr<v1::RestoreResponse> Client::Restore(const std::string& job,
 }
 
 absl::StatusOr<JobState> Client::ExportState(const std::string& job) {
-  if (sharded_ != nullptr && sharded_->job() == job) {
-    return absl::UnimplementedError(absl::StrCat(
-        "job ", job,
-        " is sharded over several daemons, each holding its part: its state is not "
-        "exported whole yet; checkpoint it instead (Checkpoint: every daemon writes its part)"));
-  }
+  if (sharded_ != nullptr && sharded_->job() == job) return sharded_->ExportState();
   v1::ExportStateRequest request;
   request.set_job(job);
   request.set_max_chunk_bytes(options_.state_chunk_bytes);
@@ -615,12 +613,7 @@ absl::StatusOr<JobState> Client::ExportState(const std::string& job) {
 }
 
 absl::Status Client::ImportState(const JobState& state) {
-  if (sharded_ != nullptr && sharded_->job() == state.job) {
-    return absl::UnimplementedError(absl::StrCat(
-        "job ", state.job,
-        " is sharded over several daemons, each holding its part: a whole "
-        "state is not imported into it yet; restore it from its checkpoints instead (Restore)"));
-  }
+  if (sharded_ != nullptr && sharded_->job() == state.job) return sharded_->ImportState(state);
   const int64_t chunk_bytes = std::max<int64_t>(1, options_.state_chunk_bytes);
   return Retry([&] {
     grpc::ClientContext context;

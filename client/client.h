@@ -40,9 +40,9 @@ struct ClientOptions {
   // order: Register sends them sorted (RegisterRequest.daemons) where the request lists none.
   // Empty: a one-daemon job, on `address`. With two or more, the job is sharded over them
   // (client/sharded_job.h): the client registers with every daemon, pushes each owner its rows,
-  // commits, checkpoints, restores and deletes on every daemon, and puts a split tensor's pieces
-  // together on pulls; Status, layout and hyperparameter calls go to `address` alone, and
-  // ExportState and ImportState of a sharded job are UNIMPLEMENTED (checkpoint it instead).
+  // commits, sets hyperparameters, checkpoints, restores and deletes on every daemon, puts a
+  // split tensor's pieces together on pulls, and exports and imports the whole job's state from
+  // and into every daemon's part; Status and GetLayout go to `address` alone.
   // An entry "dns:NAME:PORT" stands for every address NAME resolves to, each as "IP:PORT": a
   // Kubernetes headless Service's name, say, which answers one address per ready daemon
   // (ResolveDaemonList: the IPv4 addresses, or where there are none the IPv6 ones, "[IP]:PORT").

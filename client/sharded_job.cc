@@ -323,6 +323,16 @@ absl::StatusOr<v1::DeleteJobResponse> ShardedJob::DeleteJob() {
   return total;
 }
 
+absl::StatusOr<v1::SetHyperparamsResponse> ShardedJob::SetHyperparams(
+    const v1::SetHyperparamsRequest& request) {
+  std::vector<v1::SetHyperparamsResponse> responses(clients_.size());
+  PARAMD_RETURN_IF_ERROR(ForEachInParallel(clients_.size(), [&](size_t i) -> absl::Status {
+    PARAMD_ASSIGN_OR_RETURN(responses[i], clients_[i]->SetHyperparams(request));
+    return absl::OkStatus();
+  }));
+  return responses.front();
+}
+
 absl::StatusOr<v1::CheckpointResponse> ShardedJob::Checkpoint() {
   std::vector<v1::CheckpointResponse> responses(clients_.size());
   PARAMD_RETURN_IF_ERROR(ForEachInParallel(clients_.size(), [&](size_t i) -> absl::Status {
@@ -340,6 +350,180 @@ absl::StatusOr<v1::CheckpointResponse> ShardedJob::Checkpoint() {
     total.set_bytes(total.bytes() + responses[i].bytes());
   }
   return total;
+}
+
+namespace {
+
+// How a field of a split tensor's state is cut into its pieces (client/job_state.h).
+enum class FieldCut { kRows, kChunks, kSame };
+
+FieldCut CutOf(const std::string& field) {
+  if (field == "exp_avg_scales" || field == "exp_avg_sq_scales") return FieldCut::kChunks;
+  if (field == "fp8_tensor_scale" || field == "fp8_delayed_scale" ||
+      field == "fp8_delayed_history") {
+    return FieldCut::kSame;
+  }
+  return FieldCut::kRows;  // master, master_remainder, exp_avg, exp_avg_sq
+}
+
+int64_t Chunks(int64_t elements) { return (elements + 127) / 128; }
+
+// Rows [begin, end) of a [rows, cols] tensor's field: its elements, or its chunk scales (a piece
+// starts at a multiple of 128 rows, so at a chunk boundary).
+std::pair<int64_t, int64_t> ElementsOf(FieldCut cut, int64_t cols, int64_t begin, int64_t end) {
+  if (cut == FieldCut::kChunks) return {begin * cols / 128, Chunks(end * cols)};
+  return {begin * cols, end * cols};
+}
+
+}  // namespace
+
+absl::StatusOr<JobState> ShardedJob::ExportState() {
+  std::vector<JobState> parts(clients_.size());
+  PARAMD_RETURN_IF_ERROR(ForEachInParallel(clients_.size(), [&](size_t i) -> absl::Status {
+    PARAMD_ASSIGN_OR_RETURN(parts[i], clients_[i]->ExportState(job_));
+    return absl::OkStatus();
+  }));
+  JobState whole = parts.front();
+  whole.fields.clear();
+  for (size_t i = 1; i < parts.size(); ++i) {
+    if (parts[i].next_step != whole.next_step || parts[i].applied_steps != whole.applied_steps) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the daemons of job ", Quoted(job_), " exported their parts at step ", whole.next_step,
+          " (", map_.owners[0].daemon, ") and ", parts[i].next_step, " (", map_.owners[i].daemon,
+          "): export once every rank pulled the newest version"));
+    }
+  }
+  // Each daemon's fields by (tensor, field).
+  std::vector<std::map<std::pair<std::string, std::string>, StateField*>> by_name(parts.size());
+  for (size_t i = 0; i < parts.size(); ++i) {
+    for (StateField& f : parts[i].fields) by_name[i][{f.tensor, f.field}] = &f;
+  }
+  for (const Tensor& t : tensors_) {
+    const size_t first_owner = static_cast<size_t>(t.pieces.front().owner);
+    for (const StateField& f : parts[first_owner].fields) {
+      if (f.tensor != t.name) continue;
+      StateField& out = whole.fields.emplace_back();
+      out.tensor = f.tensor;
+      out.field = f.field;
+      out.type = f.type;
+      const FieldCut cut = CutOf(f.field);
+      out.shape = cut == FieldCut::kRows     ? std::vector<int64_t>{t.rows, t.cols}
+                  : cut == FieldCut::kChunks ? std::vector<int64_t>{Chunks(t.rows * t.cols)}
+                                             : f.shape;
+      for (const ShardPiece& piece : t.pieces) {
+        const auto found = by_name[static_cast<size_t>(piece.owner)].find({f.tensor, f.field});
+        if (found == by_name[static_cast<size_t>(piece.owner)].end()) {
+          return absl::DataLossError(
+              absl::StrCat("daemon ", map_.owners[static_cast<size_t>(piece.owner)].daemon,
+                           " exported no field ", Quoted(f.field), " of tensor ", Quoted(t.name)));
+        }
+        const StateField& part = *found->second;
+        if (cut == FieldCut::kSame) {
+          // The owners agreed on the whole tensor's amax, so on these.
+          if (part.bytes != f.bytes) {
+            return absl::DataLossError(
+                absl::StrCat("the owners of tensor ", Quoted(t.name), " exported different ",
+                             f.field, " (", map_.owners[first_owner].daemon, " and ",
+                             map_.owners[static_cast<size_t>(piece.owner)].daemon, ")"));
+          }
+          out.bytes = f.bytes;
+          continue;
+        }
+        const auto [begin, end] = ElementsOf(cut, t.cols, piece.row_begin, piece.row_end);
+        const size_t want = static_cast<size_t>((end - begin) * ElementTypeBytes(f.type));
+        if (part.bytes.size() != want) {
+          return absl::DataLossError(absl::StrCat(
+              "daemon ", map_.owners[static_cast<size_t>(piece.owner)].daemon, " exported ",
+              part.bytes.size(), " bytes of ", f.field, " of tensor ", Quoted(t.name), " rows [",
+              piece.row_begin, ", ", piece.row_end, "); its part has ", want));
+        }
+        out.bytes.insert(out.bytes.end(), part.bytes.begin(), part.bytes.end());
+      }
+    }
+  }
+  return whole;
+}
+
+absl::Status ShardedJob::ImportState(const JobState& state) {
+  if (state.job != job_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the state is of job ", Quoted(state.job), ", not ", Quoted(job_)));
+  }
+  std::map<std::pair<std::string, std::string>, const StateField*> fields;
+  for (const StateField& f : state.fields) {
+    if (!index_.contains(f.tensor)) {
+      return absl::InvalidArgumentError(absl::StrCat("the state has field ", Quoted(f.field),
+                                                     " of tensor ", Quoted(f.tensor),
+                                                     ", which job ", Quoted(job_), " has not"));
+    }
+    if (!fields.emplace(std::make_pair(f.tensor, f.field), &f).second) {
+      return absl::InvalidArgumentError(absl::StrCat("the state has field ", Quoted(f.field),
+                                                     " of tensor ", Quoted(f.tensor), " twice"));
+    }
+    int64_t elements = 1;
+    for (int64_t d : f.shape) elements *= d;
+    if (elements < 0 ||
+        f.bytes.size() != static_cast<size_t>(elements * ElementTypeBytes(f.type))) {
+      return absl::InvalidArgumentError(absl::StrCat("field ", Quoted(f.field), " of tensor ",
+                                                     Quoted(f.tensor), " holds ", f.bytes.size(),
+                                                     " bytes, not what its type and shape say"));
+    }
+    const Tensor& t = tensors_[static_cast<size_t>(index_.at(f.tensor))];
+    const FieldCut cut = CutOf(f.field);
+    const bool shaped =
+        cut == FieldCut::kRows
+            ? f.shape == std::vector<int64_t>{t.rows, t.cols}
+            : cut != FieldCut::kChunks || f.shape == std::vector<int64_t>{Chunks(t.rows * t.cols)};
+    if (!shaped) {
+      return absl::InvalidArgumentError(absl::StrCat("field ", Quoted(f.field), " of tensor ",
+                                                     Quoted(f.tensor),
+                                                     " does not have the tensor's shape"));
+    }
+  }
+  // Each daemon's part: the fields of the tensors it holds, a split tensor's cut to its rows.
+  std::vector<JobState> parts(clients_.size());
+  for (JobState& part : parts) {
+    part = state;
+    part.fields.clear();
+  }
+  for (const StateField& f : state.fields) {
+    const Tensor& t = tensors_[static_cast<size_t>(index_.at(f.tensor))];
+    const FieldCut cut = CutOf(f.field);
+    for (const ShardPiece& piece : t.pieces) {
+      StateField& out = parts[static_cast<size_t>(piece.owner)].fields.emplace_back();
+      out.tensor = f.tensor;
+      out.field = f.field;
+      out.type = f.type;
+      if (cut == FieldCut::kSame) {
+        out.shape = f.shape;
+        out.bytes = f.bytes;
+        continue;
+      }
+      const auto [begin, end] = ElementsOf(cut, t.cols, piece.row_begin, piece.row_end);
+      out.shape = cut == FieldCut::kRows
+                      ? std::vector<int64_t>{piece.row_end - piece.row_begin, t.cols}
+                      : std::vector<int64_t>{end - begin};
+      const int64_t size = ElementTypeBytes(f.type);
+      out.bytes.assign(f.bytes.begin() + static_cast<std::ptrdiff_t>(begin * size),
+                       f.bytes.begin() + static_cast<std::ptrdiff_t>(end * size));
+    }
+  }
+  // One daemon after another: the first refusal (a header the job does not take is refused by
+  // the first daemon, before any imported) ends it, naming the daemons that imported their part.
+  std::vector<std::string> imported;
+  for (size_t i = 0; i < clients_.size(); ++i) {
+    const absl::Status status = clients_[i]->ImportState(parts[i]);
+    if (!status.ok()) {
+      if (imported.empty()) return status;
+      return absl::Status(
+          status.code(),
+          absl::StrCat(status.message(), " (daemon ", map_.owners[i].daemon, "; the daemons ",
+                       absl::StrJoin(imported, ", "),
+                       " imported their parts: import the state again, or restore a checkpoint)"));
+    }
+    imported.push_back(map_.owners[i].daemon);
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::RestoreResponse> ShardedJob::Restore(const std::string& path) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "client/job_state.h"
 #include "common/shard_map.h"
 #include "paramd/v1/control.pb.h"
 #include "transport/transport.h"
@@ -57,12 +58,25 @@ class ShardedJob {
                                                             std::chrono::milliseconds lease);
   absl::Status Release(const PulledView& view);
   absl::StatusOr<v1::DeleteJobResponse> DeleteJob();
+  // Every daemon takes the new hyperparameters (in parallel): the first daemon's answer.
+  absl::StatusOr<v1::SetHyperparamsResponse> SetHyperparams(
+      const v1::SetHyperparamsRequest& request);
   // Every daemon checkpoints its part (in parallel): the first daemon's answer, with the bytes of
   // all. The versions agree once every rank pulled the newest (a checkpoint is of the steps
   // committed before it); FAILED_PRECONDITION naming both where they do not.
   absl::StatusOr<v1::CheckpointResponse> Checkpoint();
   // Every daemon restores its part from its newest checkpoint ("" path) or `path` on each.
   absl::StatusOr<v1::RestoreResponse> Restore(const std::string& path);
+  // The whole job's state (client/job_state.h), put together from every daemon's part at one step
+  // boundary: a split tensor's row fields and chunk scales are its pieces' in row order (every
+  // piece but the last holds a multiple of 128 rows), its scalars are the ones its owners agreed
+  // on. FAILED_PRECONDITION where the daemons stand at different steps (a step in flight: export
+  // once every rank pulled the newest version).
+  absl::StatusOr<JobState> ExportState();
+  // A whole state cut into each daemon's part, each imported by its daemon (in daemon order). The
+  // whole state is checked first (every field of every tensor once, with its type and shape:
+  // INVALID_ARGUMENT naming it), so a state that a daemon would refuse for its shape reaches none.
+  absl::Status ImportState(const JobState& state);
   // The daemons' transports, "addr=name" each, comma-separated.
   std::string transports() const;
 

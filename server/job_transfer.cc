@@ -7,6 +7,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "server/job.h"
+#include "server/peer_exchange.h"
 #include "server/state_transfer.h"
 
 namespace paramd {
@@ -148,6 +149,8 @@ absl::StatusOr<v1::ImportStateResponse> Job::Import(StagedState staged) {
     skipped_steps_ = header.skipped_steps();
     hyper_.set_lr(header.hyperparams().lr());
     hyper_.set_weight_decay(header.hyperparams().weight_decay());
+    // Steps from next_step on run again: their agreement rounds start afresh.
+    if (sharded()) peers_.exchange->Rewind(name_, header.next_step());
   }
   for (auto& w : wake) w();
   v1::ImportStateResponse response;

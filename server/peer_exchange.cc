@@ -59,6 +59,15 @@ absl::Status PeerExchange::OpenJob(const std::string& job,
   return absl::OkStatus();
 }
 
+void PeerExchange::Rewind(const std::string& job, int64_t step) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job);
+  if (it == jobs_.end()) return;
+  JobRounds& rounds = *it->second;
+  std::erase_if(rounds.rounds, [step](const auto& entry) { return entry.first.first >= step; });
+  std::erase_if(rounds.gathered, [step](const auto& key) { return key.first >= step; });
+}
+
 void PeerExchange::CloseJob(const std::string& job, const absl::Status& why) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job);

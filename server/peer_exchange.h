@@ -53,6 +53,11 @@ class PeerExchange {
   // The job is gone: its rounds are dropped, and an Exchange waiting on one fails with `why`.
   void CloseJob(const std::string& job, const absl::Status& why);
 
+  // The job went back to step `step` (an import or a restore, between steps): its rounds of that
+  // step and later ones, held or remembered as gathered, are forgotten, so that the steps run
+  // again exchange afresh.
+  void Rewind(const std::string& job, int64_t step);
+
   // Peer.Offer: stores another daemon's offer of a round. OK for an offer identical to one stored
   // or of a round already gathered; NOT_FOUND for a job not open here; PERMISSION_DENIED for a
   // sender outside the job's list (or this daemon itself); FAILED_PRECONDITION for a different

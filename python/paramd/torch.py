@@ -33,8 +33,8 @@ What happens when:
 - Several daemons, `daemons=[...]` (each "host:port" as it advertises itself, or "dns:NAME:PORT";
   `address` one of them): the job is sharded over them, each daemon holding its part, and every
   push, commit and pull goes to the owners (the client does it). The result is bit-identical to
-  one daemon's. state_dict() and load_state_dict() are not available for a sharded job yet
-  (checkpoint it with the daemons' checkpoints); CPU parameters only for now.
+  one daemon's, and so are state_dict() (put together from every daemon's part) and
+  load_state_dict() (cut into the parts). CPU parameters only for now.
 - A daemon that restarts: with reconnect_timeout_s > 0 the calls wait that long for it. Once it
   answers again (its checkpoint_dir restored the job), the optimizer registers again, loads the
   version the daemon holds and goes back to the step it collects: `next_step` moves back, and the
