@@ -37,6 +37,8 @@ namespace paramd {
 
 // The device of an owner whose backend is `cpu` (a cuda:N owner's device is N).
 inline constexpr int kCpuDevice = -1;
+// GetLayout's device of an owner whose daemon did not say which it is (it did not answer).
+inline constexpr int kUnknownDevice = -2;
 // A split tensor's pieces start at multiples of this many rows (a global-norm block, DESIGN.md
 // §2, is never cut).
 inline constexpr int64_t kShardRowBlock = 128;

@@ -293,14 +293,21 @@ absl::Status ControlService::DoGetLayout(const v1::GetLayoutRequest& request,
   PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, daemon_->registry().Find(request.job()));
   PARAMD_RETURN_IF_ERROR(job->CheckUsable());
   // The pieces do not depend on the owners' devices, so every daemon of the job answers the same
-  // pieces; each other daemon's device comes from that daemon.
+  // pieces; each other daemon's device comes from that daemon (asked side by side would save
+  // deadlines only where several are down; GetLayout is an operator's call).
   PARAMD_ASSIGN_OR_RETURN(const int device, BackendDevice(daemon_->config().backend()));
   const v1::RegisterRequest& spec = job->registration();
   const std::string& self = daemon_->advertised_address();
   std::map<std::string, int> devices = {{self, device}};
   for (const std::string& peer : spec.daemons()) {
     if (peer == self) continue;
-    PARAMD_ASSIGN_OR_RETURN(devices[peer], PeerDevice(job->name(), peer));
+    // A daemon that does not answer keeps its pieces; its device is unknown.
+    absl::StatusOr<int> peer_device = PeerDevice(job->name(), peer);
+    if (!peer_device.ok()) {
+      PARAMD_LOG(WARNING) << "GetLayout of job " << Quoted(job->name()) << ": "
+                          << peer_device.status().message();
+    }
+    devices[peer] = peer_device.ok() ? *peer_device : kUnknownDevice;
   }
   const auto& tensors = spec.tensors();
   PARAMD_ASSIGN_OR_RETURN(const ShardMap map, JobShardMap(spec, self, device));

@@ -32,6 +32,7 @@
 #include "absl/strings/str_join.h"
 #include "client/client.h"
 #include "common/flags_help.h"
+#include "common/shard_map.h"
 #include "tools/progress_bar.h"
 
 ABSL_FLAG(std::string, address, "127.0.0.1:50051", "Daemon address host:port");
@@ -91,8 +92,9 @@ int Fail(const absl::Status& status) {
 
 // What another daemon of a job says of it: its backend, and the version it serves of the job.
 struct DaemonView {
-  std::string backend;  // "" where unknown
-  std::string state;    // ", version N", or why there is none
+  std::string backend;       // "" where unknown
+  std::string state;         // ", version N", or why there is none
+  int64_t state_bytes = -1;  // of its part of the job; -1 where unknown
 };
 
 DaemonView AskDaemon(const std::string& address, const std::string& job) {
@@ -110,13 +112,16 @@ DaemonView AskDaemon(const std::string& address, const std::string& job) {
             absl::StrCat(", unreachable (", absl::StatusCodeToString(status.status().code()), ")")};
   }
   for (const v1::JobStatus& j : status->jobs()) {
-    if (j.name() == job) return {status->backend(), absl::StrCat(", version ", j.next_step())};
+    if (j.name() == job) {
+      return {status->backend(), absl::StrCat(", version ", j.next_step()), j.state_bytes()};
+    }
   }
   return {status->backend(), ", not registered there"};
 }
 
 // A job over several daemons: each owner of its shard map (GetLayout) with the tensors and rows it
-// owns, its share of the job's state (by rows), and what its daemon says: its backend and the
+// owns, its part of the job's state (as its daemon says, else estimated by rows from this
+// daemon's tensors), and what its daemon says: its backend and the
 // version it serves of the job (asked of each daemon, this one's from `job`).
 void PrintOwners(Client& client, const v1::JobStatus& job, const std::string& self,
                  const std::string& self_backend) {
@@ -138,9 +143,11 @@ void PrintOwners(Client& client, const v1::JobStatus& job, const std::string& se
     o.tensors.insert(p.tensor());
     ++o.pieces;
     auto it = tensors.find(p.tensor());
-    if (it == tensors.end()) continue;
-    const int64_t rows = p.row_end() > 0 ? p.row_end() - p.row_begin() : it->second->rows();
+    const int64_t rows = p.row_end() > 0       ? p.row_end() - p.row_begin()
+                         : it != tensors.end() ? it->second->rows()
+                                               : 0;
     o.rows += rows;
+    if (it == tensors.end()) continue;
     if (it->second->rows() > 0) {
       o.state_bytes += static_cast<double>(it->second->state_bytes()) * static_cast<double>(rows) /
                        static_cast<double>(it->second->rows());
@@ -155,7 +162,7 @@ void PrintOwners(Client& client, const v1::JobStatus& job, const std::string& se
   std::vector<std::thread> asks;
   for (auto& [address, view] : views) {
     if (address == self) {
-      view = {self_backend, absl::StrCat(", version ", job.next_step())};
+      view = {self_backend, absl::StrCat(", version ", job.next_step()), job.state_bytes()};
       continue;
     }
     asks.emplace_back([&address, &view, &job] { view = AskDaemon(address, job.name()); });
@@ -163,14 +170,17 @@ void PrintOwners(Client& client, const v1::JobStatus& job, const std::string& se
   for (std::thread& t : asks) t.join();
   for (const auto& [key, o] : owners) {
     const DaemonView& view = views[key.first];
-    const std::string device = !view.backend.empty() ? view.backend
-                               : key.second < 0      ? std::string("cpu")
-                                                     : absl::StrCat("cuda:", key.second);
-    std::cout << absl::StrFormat("  owner %s %s: %s in %s, %s, %s of state%s%s\n", key.first,
-                                 device, count(static_cast<int64_t>(o.tensors.size()), "tensor"),
-                                 count(o.pieces, "piece"), count(o.rows, "row"),
-                                 Bytes(static_cast<int64_t>(o.state_bytes)), view.state,
-                                 key.first == self ? " (this daemon)" : "");
+    const std::string device = !view.backend.empty()          ? view.backend
+                               : key.second == kUnknownDevice ? std::string("device unknown")
+                               : key.second < 0               ? std::string("cpu")
+                                                              : absl::StrCat("cuda:", key.second);
+    std::cout << absl::StrFormat(
+        "  owner %s %s: %s in %s, %s, %s of state%s%s\n", key.first, device,
+        count(static_cast<int64_t>(o.tensors.size()), "tensor"), count(o.pieces, "piece"),
+        count(o.rows, "row"),
+        // A daemon holds one owner: its part's state, where it said.
+        Bytes(view.state_bytes >= 0 ? view.state_bytes : static_cast<int64_t>(o.state_bytes)),
+        view.state, key.first == self ? " (this daemon)" : "");
   }
 }
 

@@ -104,14 +104,14 @@ out=$(ctl status two)
 echo "$out"
 grep -qE "^  owner $addr cpu: [0-9]+ tensors? in [0-9]+ pieces?, [0-9]+ rows?, [0-9.]+ [KMG]?i?B of state, version 2 \(this daemon\)$" \
   <<<"$out" || fail "status shows this daemon's share of a two-daemon job and its version"
-grep -qE "^  owner $addr2 cpu: [0-9]+ tensors? in [0-9]+ pieces?, [0-9]+ rows?, .* of state, version 2$" \
+grep -qE "^  owner $addr2 cpu: [0-9]+ tensors? in [0-9]+ pieces?, [1-9][0-9]* rows?, [0-9.]+ [KMG]?i?B of state, version 2$" \
   <<<"$out" || fail "status shows the other daemon's share and the version it serves"
 [ "$(grep -c "^  owner " <<<"$out")" = 2 ] || fail "status shows two owners"
 kill "$second"
 wait "$second" 2>/dev/null || true
 second=""
-ctl status two | grep -qE "^  owner $addr2 cpu: .* of state, unreachable \(UNAVAILABLE\)$" \
-  || fail "status shows a daemon of the job that is gone as unreachable"
+ctl status two | grep -qE "^  owner $addr2 device unknown: .* of state, unreachable \(UNAVAILABLE\)$" \
+  || fail "status shows a daemon of the job that is gone as unreachable, its device unknown"
 
 ctl drain | grep -q "draining" || fail "drain"
 ctl status | grep -q "DRAINING" || fail "status shows draining"
