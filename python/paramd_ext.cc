@@ -759,6 +759,29 @@ class PyClient {
     return out;
   }
 
+  // Where each tensor of the job lives (Client::GetLayout): one dict per piece, the job's tensors
+  // in registration order, each tensor's pieces in row order.
+  py::list Layout(const std::string& job) {
+    absl::StatusOr<v1::GetLayoutResponse> response;
+    const std::shared_ptr<Client> client = Open();
+    {
+      py::gil_scoped_release release;
+      response = client->GetLayout(job);
+    }
+    const v1::GetLayoutResponse layout = Value(std::move(response));
+    py::list out;
+    for (const v1::GetLayoutResponse::Placement& p : layout.placements()) {
+      py::dict d;
+      d["tensor"] = p.tensor();
+      d["daemon"] = p.daemon();
+      d["device"] = p.device();
+      d["row_begin"] = p.row_begin();
+      d["row_end"] = p.row_end();
+      out.append(std::move(d));
+    }
+    return out;
+  }
+
   py::dict Status(const std::string& job) {
     absl::StatusOr<v1::StatusResponse> response;
     const std::shared_ptr<Client> client = Open();
@@ -1010,6 +1033,9 @@ PYBIND11_MODULE(_paramd, m) {
            py::arg("format") = "fp32", py::arg("min_version") = 0, py::arg("timeout_s") = 60.0,
            "Several tensors in one call, in the order named (one request over shm and cuda_ipc)")
       .def("status", &PyClient::Status, py::arg("job") = "")
+      .def("layout", &PyClient::Layout, py::arg("job"),
+           "Where each tensor of the job lives: a dict per piece (tensor, daemon, device, "
+           "row_begin, row_end), in registration and row order (GetLayout).")
       .def("set_hyperparams", &PyClient::SetHyperparams, py::arg("job"),
            py::arg("lr") = std::nullopt, py::arg("weight_decay") = std::nullopt)
       .def("export_state", &PyClient::ExportState, py::arg("job"))

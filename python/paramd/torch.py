@@ -35,6 +35,14 @@ What happens when:
   push, commit and pull goes to the owners (the client does it). The result is bit-identical to
   one daemon's, and so are state_dict() (put together from every daemon's part) and
   load_state_dict() (cut into the parts). CPU parameters only for now.
+- `push_mode="pre_reduced"`: the ranks sum their gradients among themselves with
+  torch.distributed (its process group initialized first; NCCL for CUDA parameters, gloo for CPU
+  ones) and exactly one rank pushes each owner's part: at step(), each owner's rows of each
+  gradient are reduced into rank `owner mod world_size` (one reduce per piece, the job's layout
+  giving the pieces; no padding), which pushes them. Backward then pushes nothing while it runs.
+  The sum is the collective's, in its order, not the daemon's rank order: bit-identical to
+  `full` for two ranks (one addition), within rounding for more. Gradients of the rows another
+  rank pushes are left as the collective leaves them.
 - A daemon that restarts: with reconnect_timeout_s > 0 the calls wait that long for it. Once it
   answers again (its checkpoint_dir restored the job), the optimizer registers again, loads the
   version the daemon holds and goes back to the step it collects: `next_step` moves back, and the
@@ -92,17 +100,22 @@ class _Tensor:
         self.job = job
         self.pushed_step = -1
 
-    def grad_bytes(self, direct):
-        """(bytes to push, their size, what must stay alive until pushed). Where the transport
-        reads the parameter's memory (`direct`: CUDA over cuda_ipc) the bytes are the GPU
-        gradient's (address, size), read in place; else a host view (of a host copy of a GPU
-        gradient)."""
+    def grad_tensor(self):
+        """The gradient to push, in the pushed dtype (zeros where backward left none)."""
         grad = self.param.grad
         if grad is None:
-            grad = torch.zeros(self.rows * self.cols, dtype=self.grad_dtype,
+            return torch.zeros(self.rows * self.cols, dtype=self.grad_dtype,
                                device=self.param.device)
-        elif grad.dtype != self.grad_dtype:
-            grad = grad.to(self.grad_dtype)
+        if grad.dtype != self.grad_dtype:
+            return grad.to(self.grad_dtype)
+        return grad
+
+    def grad_bytes(self, direct, grad=None):
+        """(bytes to push, their size, what must stay alive until pushed) of `grad` (default: the
+        parameter's gradient, grad_tensor()). Where the transport reads the parameter's memory
+        (`direct`: CUDA over cuda_ipc) the bytes are the GPU gradient's (address, size), read in
+        place; else a host view (of a host copy of a GPU gradient)."""
+        grad = self.grad_tensor() if grad is None else grad
         if direct:
             # Few Python calls here: this runs in backward, once per parameter.
             if not grad.is_contiguous():
@@ -123,6 +136,8 @@ class _Job:
         self.group = group
         self.tensors = []
         self.registered = None  # hyper-parameters as registered (betas and eps cannot change)
+        self.pieces = {}  # pre_reduced: tensor name -> [(owner index, first row, end row)]
+        self.pushes = True  # pre_reduced: whether this rank pushes some owner's part
 
 
 class _Worker:
@@ -246,7 +261,7 @@ class AdamW(torch.optim.Optimizer):
                  module=None, rank=None, world_size=None, transport="auto", seed=0,
                  max_grad_norm=0.0, bucket_bytes=None, stream_pushes=True,
                  write_weights=True, weights_in_place=False, lend_gradients=True,
-                 timeout_s=300.0, reconnect_timeout_s=0.0, daemons=None):
+                 timeout_s=300.0, reconnect_timeout_s=0.0, daemons=None, push_mode="full"):
         groups = self._named_groups(params)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
         super().__init__([{**g, "params": [p for _, p in g["params"]]} for g in groups],
@@ -266,6 +281,13 @@ class AdamW(torch.optim.Optimizer):
         self._timeout_s = timeout_s
         self._seed = seed
         self._daemons = list(daemons or [])
+        if push_mode not in ("full", "pre_reduced"):
+            raise ValueError(f"push_mode is 'full' or 'pre_reduced', not {push_mode!r}")
+        if (push_mode == "pre_reduced" and self.world_size > 1
+                and not (dist.is_available() and dist.is_initialized())):
+            raise ValueError("push_mode='pre_reduced' reduces the gradients with "
+                             "torch.distributed: initialize its process group first")
+        self.push_mode = push_mode
         self._max_grad_norm = max_grad_norm
         self._lock = threading.Lock()
         self._bucket = {}  # job name -> [(tensor name, bytes)], filled by the grad hooks
@@ -369,7 +391,8 @@ class AdamW(torch.optim.Optimizer):
                 job=j.name, rank=self.rank, world_size=self.world_size, tensors=tensors,
                 hyperparams=j.registered, state_policy=self.state_policy,
                 serve=self.serve, seed=self._seed,
-                max_grad_norm=self._max_grad_norm, daemons=self._daemons)
+                max_grad_norm=self._max_grad_norm, daemons=self._daemons,
+                push_mode=self.push_mode)
             self.transport = reply["transport"]
             if self.restarts > 0 and reply["version"] < 0:
                 raise RuntimeError(
@@ -380,6 +403,8 @@ class AdamW(torch.optim.Optimizer):
                 paramd.upload_initial_weights(
                     j.client, j.name, {t.name: t.param.detach().cpu() for t in j.tensors})
             next_steps.add(reply["next_step"])
+            if self.push_mode == "pre_reduced":
+                self._place_owners(j)
         if len(next_steps) != 1:
             raise RuntimeError(f"the jobs of this optimizer are at different steps {next_steps}")
         step = next_steps.pop()
@@ -410,8 +435,40 @@ class AdamW(torch.optim.Optimizer):
         finally:
             self.stream_pushes = previous
 
+    def _place_owners(self, j):
+        """pre_reduced: each tensor's pieces (owner index in the job's sorted daemon list, first
+        row, end row), from the job's layout; whether this rank pushes any owner's part (rank
+        owner mod world_size pushes owner's)."""
+        listed = j.client.status(j.name)["jobs"][0]["daemons"]
+        j.pieces = {t.name: [] for t in j.tensors}
+        for p in j.client.layout(j.name):
+            owner = listed.index(p["daemon"]) if listed else 0
+            j.pieces[p["tensor"]].append((owner, p["row_begin"], p["row_end"]))
+        j.pushes = any(owner % self.world_size == self.rank
+                       for pieces in j.pieces.values() for owner, _, _ in pieces)
+
+    def _reduce_to_pushers(self):
+        """pre_reduced: sums every owner's rows of every gradient over the ranks, into the rank
+        that pushes them (torch.distributed.reduce to rank owner mod world_size), one reduce per
+        piece (an owner's rows of a tensor; no padding: the pieces are uneven), every rank in the
+        same order. Returns {tensor name: the gradient to push}."""
+        reduced, waits = {}, []
+        for j in self._jobs:
+            for t in j.tensors:
+                grad = t.grad_tensor().contiguous()
+                reduced[t.name] = grad
+                if self.world_size == 1:
+                    continue
+                rows = grad.view(t.rows, t.cols)
+                for owner, begin, end in j.pieces[t.name]:
+                    waits.append(dist.reduce(rows[begin:end], dst=owner % self.world_size,
+                                             op=dist.ReduceOp.SUM, async_op=True))
+        for w in waits:
+            w.wait()
+        return reduced
+
     def _on_grad(self, param):
-        if not self.stream_pushes or self._resumed:
+        if not self.stream_pushes or self._resumed or self.push_mode == "pre_reduced":
             return
         t = self._by_param[id(param)]
         data, nbytes, keep = t.grad_bytes(self._direct)
@@ -456,12 +513,16 @@ class AdamW(torch.optim.Optimizer):
             return loss
         started = time.perf_counter()
         try:
+            reduced = self._reduce_to_pushers() if self.push_mode == "pre_reduced" else None
             with self._lock:
                 for j in self._jobs:
                     for t in j.tensors:
+                        if reduced is not None and not j.pushes:
+                            continue  # another rank pushes every owner's part of this job
                         if t.pushed_step != self._step:
                             t.pushed_step = self._step
-                            data, _, keep = t.grad_bytes(self._direct)
+                            data, _, keep = t.grad_bytes(
+                                self._direct, None if reduced is None else reduced[t.name])
                             self._bucket.setdefault(j.name, []).append((t.name, data, keep))
                     self._flush(j)
             self._pushes.wait()

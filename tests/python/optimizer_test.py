@@ -94,6 +94,48 @@ def _two_rank_resume(rank, address, port, out_dir):
     dist.destroy_process_group()
 
 
+def _two_rank_pre_reduced(rank, single, daemons, port, out_dir):
+    """Two ranks train the same model three ways: every rank pushing its gradients (full) to one
+    daemon; the ranks reducing them with torch.distributed (gloo) and one rank pushing each
+    owner's part (pre_reduced), to one daemon and over three. With two ranks the sum is one FP32
+    addition, the same whichever rank adds, so the collective's sum is the daemon's own: the three
+    runs end bit for bit the same. Rank r writes what it found."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)
+    torch.set_num_threads(1)
+
+    def run(job, address, mode, listed):
+        torch.manual_seed(4)
+        model = nn.Sequential(nn.Linear(12, 600), nn.Tanh(), nn.Linear(600, 3))
+        opt = paramd.torch.AdamW(model.named_parameters(), lr=1e-2, address=address, job=job,
+                                 module=model, state_policy="fp8", max_grad_norm=0.5,
+                                 push_mode=mode, daemons=listed)
+        for step in range(4):
+            x, y = batch(step, rank)
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        opt.sync_weights()
+        opt.close()
+        return [p.detach().clone() for p in model.parameters()]
+
+    full = run("pre-full", single, "full", None)
+    one = run("pre-one", single, "pre_reduced", None)
+    three = run("pre-three", daemons[0], "pre_reduced", daemons)
+    torch.manual_seed(4)
+    initial = list(nn.Sequential(nn.Linear(12, 600), nn.Tanh(), nn.Linear(600, 3)).parameters())
+    found = []
+    if not all(torch.equal(a, b) for a, b in zip(full, one)):
+        found.append("pre_reduced on one daemon differs from full")
+    if not all(torch.equal(a, b) for a, b in zip(full, three)):
+        found.append("pre_reduced over three daemons differs from full")
+    if all(torch.equal(a, b) for a, b in zip(full, initial)):
+        found.append("the weights did not change")
+    with open(os.path.join(out_dir, f"rank{rank}"), "w") as f:
+        f.write("; ".join(found) or "same")
+    dist.destroy_process_group()
+
+
 class _nothing:
     def __enter__(self):
         return self
@@ -271,6 +313,26 @@ class OptimizerTest(unittest.TestCase):
                 opt2.sync_weights()
                 opt2.close()
                 self.assert_same_weights(resumed, straight, rtol=0.0)
+
+    def test_pre_reduced_ranks_push_the_collectives_sum_once_per_owner(self):
+        others = [support.daemon(step_threads=1) for _ in range(2)]
+        try:
+            daemons = sorted([self.daemon.address] + [o.address for o in others])
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            with tempfile.TemporaryDirectory() as out_dir:
+                mp.spawn(_two_rank_pre_reduced,
+                         args=(self.daemon.address, daemons, port, out_dir), nprocs=2)
+                for rank in range(2):
+                    with open(os.path.join(out_dir, f"rank{rank}")) as f:
+                        self.assertEqual(f.read(), "same", f"rank {rank}")
+        finally:
+            for o in others:
+                o.stop()
+        with self.assertRaises(ValueError):
+            paramd.torch.AdamW(make_model().named_parameters(), address=self.daemon.address,
+                               job="pre-bad", push_mode="reduced")
 
     def test_two_ranks_resume_from_a_state_dict_bit_identically(self):
         with socket.socket() as sock:
