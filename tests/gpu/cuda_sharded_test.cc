@@ -30,30 +30,15 @@ class CudaShardedTest : public ::testing::TestWithParam<Case> {
   void SetUp() override {
     std::string why;
     if (!kernels::CudaDeviceAvailable(&why)) GTEST_SKIP() << "no usable CUDA device: " << why;
-    single_ = StartDaemon(30000, "", "cpu");
-    ASSERT_NE(single_, nullptr);
-    for (int i = 0; i < 3; ++i) {
-      daemons_.push_back(StartDaemon(30000, "", "cuda:0"));
-      ASSERT_NE(daemons_.back(), nullptr);
-      names_.push_back(daemons_.back()->daemon().advertised_address());
-    }
-    std::sort(names_.begin(), names_.end());
-  }
-  void TearDown() override {
-    for (auto& d : daemons_) {
-      if (d != nullptr) d->Shutdown();
-    }
-    if (single_ != nullptr) single_->Shutdown();
+    ASSERT_TRUE(d_.Start("cpu", {{"cuda:0", 30000}, {"cuda:0", 30000}, {"cuda:0", 30000}}));
   }
 
-  std::unique_ptr<Server> single_;
-  std::vector<std::unique_ptr<Server>> daemons_;
-  std::vector<std::string> names_;
+  ShardedDaemons d_;
 };
 
 TEST_P(CudaShardedTest, EveryStepServesTheCpuDaemonsBytesInEveryFormat) {
   ExpectShardedRunMatchesOneDaemon(Spec(GetParam().master, GetParam().embed_cols),
-                                   single_->address(), daemons_[1]->address(), names_, 12,
+                                   d_.single->address(), d_.sharded[1]->address(), d_.names, 12,
                                    StatusOf);
 }
 
@@ -70,22 +55,17 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(CudaShardedMixedTest, ACpuDaemonAndTwoCudaDaemonsServeTheCpuDaemonsBytes) {
   std::string why;
   if (!kernels::CudaDeviceAvailable(&why)) GTEST_SKIP() << "no usable CUDA device: " << why;
-  std::unique_ptr<Server> single = StartDaemon(30000, "", "cpu");
-  ASSERT_NE(single, nullptr);
-  std::vector<std::unique_ptr<Server>> daemons;
-  std::vector<std::string> names;
+  ShardedDaemons d;
+  ASSERT_TRUE(d.Start("cpu", {{"cpu", 30000}, {"cuda:0", 30000}, {"cuda:0", 30000}}));
   std::map<std::string, int> devices;
-  for (const char* backend : {"cpu", "cuda:0", "cuda:0"}) {
-    daemons.push_back(StartDaemon(30000, "", backend));
-    ASSERT_NE(daemons.back(), nullptr);
-    names.push_back(daemons.back()->daemon().advertised_address());
-    devices[names.back()] = std::string(backend) == "cpu" ? -1 : 0;
+  for (const std::unique_ptr<Server>& server : d.sharded) {
+    devices[server->daemon().advertised_address()] =
+        server->daemon().config().backend() == "cpu" ? -1 : 0;
   }
-  std::sort(names.begin(), names.end());
-  ExpectShardedRunMatchesOneDaemon(Spec(v1::MASTER_TYPE_FP32, 128), single->address(),
-                                   daemons[0]->address(), names, 12, StatusOf);
-  for (const std::unique_ptr<Server>& d : daemons) {
-    std::unique_ptr<Client> client = Connect(d->address(), {}, 5);
+  ExpectShardedRunMatchesOneDaemon(Spec(v1::MASTER_TYPE_FP32, 128), d.single->address(),
+                                   d.sharded[0]->address(), d.names, 12, StatusOf);
+  for (const std::unique_ptr<Server>& server : d.sharded) {
+    std::unique_ptr<Client> client = Connect(server->address(), {}, 5);
     ASSERT_NE(client, nullptr);
     absl::StatusOr<v1::GetLayoutResponse> layout = client->GetLayout(kJob);
     ASSERT_TRUE(layout.ok()) << layout.status();
@@ -93,8 +73,6 @@ TEST(CudaShardedMixedTest, ACpuDaemonAndTwoCudaDaemonsServeTheCpuDaemonsBytes) {
       EXPECT_EQ(p.device(), devices.at(p.daemon())) << p.ShortDebugString();
     }
   }
-  for (auto& d : daemons) d->Shutdown();
-  single->Shutdown();
 }
 
 }  // namespace

@@ -31,27 +31,12 @@ using namespace sharded_run;
 
 class ShardedJobTest : public ::testing::Test {
  protected:
+  // peer_timeout_ms: a daemon that dies fails the rounds within seconds.
   void SetUp() override {
-    single_ = StartDaemon(30000);
-    ASSERT_NE(single_, nullptr);
-    // peer_timeout_ms: a daemon that dies fails the rounds within seconds.
-    for (int i = 0; i < 3; ++i) {
-      daemons_.push_back(StartDaemon(i == 0 ? 2000 : 5000));
-      ASSERT_NE(daemons_.back(), nullptr);
-      names_.push_back(daemons_.back()->daemon().advertised_address());
-    }
-    std::sort(names_.begin(), names_.end());
-  }
-  void TearDown() override {
-    for (auto& d : daemons_) {
-      if (d != nullptr) d->Shutdown();
-    }
-    if (single_ != nullptr) single_->Shutdown();
+    ASSERT_TRUE(d_.Start("cpu", {{"cpu", 2000}, {"cpu", 5000}, {"cpu", 5000}}));
   }
 
-  std::unique_ptr<Server> single_;
-  std::vector<std::unique_ptr<Server>> daemons_;
-  std::vector<std::string> names_;  // sorted: the job's daemon list
+  ShardedDaemons d_;
 };
 
 // Per master type: FP32, BF16 with int16 remainders, FP16.
@@ -59,8 +44,8 @@ class ShardedPolicyTest : public ShardedJobTest,
                           public ::testing::WithParamInterface<v1::MasterType> {};
 
 TEST_P(ShardedPolicyTest, EveryStepServesTheOneDaemonJobsBytesInEveryFormat) {
-  ExpectShardedRunMatchesOneDaemon(Spec(GetParam()), single_->address(), daemons_[1]->address(),
-                                   names_, 12, StatusOf);
+  ExpectShardedRunMatchesOneDaemon(Spec(GetParam()), d_.single->address(), d_.sharded[1]->address(),
+                                   d_.names, 12, StatusOf);
 }
 
 INSTANTIATE_TEST_SUITE_P(Masters, ShardedPolicyTest,
@@ -72,8 +57,8 @@ INSTANTIATE_TEST_SUITE_P(Masters, ShardedPolicyTest,
 
 // The split tensor 128 columns wide (the GPU kernels' tile path; cuda_sharded_test runs it there).
 TEST_F(ShardedJobTest, AWideSplitTensorServesTheOneDaemonJobsBytesInEveryFormat) {
-  ExpectShardedRunMatchesOneDaemon(Spec(v1::MASTER_TYPE_FP32, 128), single_->address(),
-                                   daemons_[0]->address(), names_, 6, StatusOf);
+  ExpectShardedRunMatchesOneDaemon(Spec(v1::MASTER_TYPE_FP32, 128), d_.single->address(),
+                                   d_.sharded[0]->address(), d_.names, 6, StatusOf);
 }
 
 // The whole fields of a state, compared one by one.
@@ -101,8 +86,8 @@ void ExpectSameState(const JobState& got, const JobState& want) {
 // job trains on bit-identically. A hyperparameter change reaches every daemon.
 TEST_F(ShardedJobTest, TheWholeStateExportsFromAndImportsIntoEveryDaemonsPart) {
   const v1::RegisterRequest spec = Spec(v1::MASTER_TYPE_BF16_REMAINDER);
-  Trainers one(spec, single_->address(), {});
-  Trainers three(spec, daemons_[1]->address(), names_);
+  Trainers one(spec, d_.single->address(), {});
+  Trainers three(spec, d_.sharded[1]->address(), d_.names);
   ASSERT_TRUE(one.ok() && three.ok());
   std::vector<std::string> weights;
   for (const std::vector<float>& w : RandomWeights(spec, 5)) weights.push_back(ToBytes(w));
@@ -124,7 +109,7 @@ TEST_F(ShardedJobTest, TheWholeStateExportsFromAndImportsIntoEveryDaemonsPart) {
   ASSERT_TRUE(one.Pull(spec.serve(0), 3).ok());
   ASSERT_TRUE(three.Pull(spec.serve(0), 3).ok());
   // Every daemon took the new learning rate.
-  for (const std::string& name : names_) {
+  for (const std::string& name : d_.names) {
     const absl::StatusOr<v1::JobStatus> status = StatusOf(name);
     ASSERT_TRUE(status.ok()) << status.status();
     EXPECT_EQ(status->hyperparams().lr(), 3e-3) << name;
@@ -180,8 +165,8 @@ TEST_F(ShardedJobTest, TheWholeStateExportsFromAndImportsIntoEveryDaemonsPart) {
 
 TEST_F(ShardedJobTest, InPlacePiecesViewEachOwnersRowsUnchangedUnderTheirLeases) {
   const v1::RegisterRequest spec = Spec();
-  Trainers one(spec, single_->address(), {});
-  Trainers three(spec, daemons_[1]->address(), names_, 20, "shm");
+  Trainers one(spec, d_.single->address(), {});
+  Trainers three(spec, d_.sharded[1]->address(), d_.names, 20, "shm");
   ASSERT_TRUE(one.ok() && three.ok());
   std::vector<std::string> weights;
   for (const std::vector<float>& w : RandomWeights(spec, 5)) weights.push_back(ToBytes(w));
@@ -316,7 +301,7 @@ TEST(ShardedJobOverANetworkTest, HundredsOfStepsMatchOneDaemonAcrossNamespaces) 
 TEST_F(ShardedJobTest, ADeadDaemonFailsTheJobOnTheOthersByTheDeadline) {
   const v1::RegisterRequest spec = Spec();
   // No retries: a call to the dead daemon fails at once.
-  Trainers three(spec, daemons_[1]->address(), names_, /*attempts=*/1);
+  Trainers three(spec, d_.sharded[1]->address(), d_.names, /*attempts=*/1);
   ASSERT_TRUE(three.ok());
   std::vector<std::string> weights;
   for (const std::vector<float>& w : RandomWeights(spec, 5)) weights.push_back(ToBytes(w));
@@ -328,17 +313,17 @@ TEST_F(ShardedJobTest, ADeadDaemonFailsTheJobOnTheOthersByTheDeadline) {
 
   // The daemon with the 2 s peer deadline stays (the third one's is 5 s); another one dies.
   size_t dead = 1;
-  const std::string dead_name = daemons_[dead]->daemon().advertised_address();
-  daemons_[dead]->Shutdown();
-  daemons_[dead].reset();
+  const std::string dead_name = d_.sharded[dead]->daemon().advertised_address();
+  d_.sharded[dead]->Shutdown();
+  d_.sharded[dead].reset();
   // Its push fails at once; the others' parts still take theirs, and the step agreement waits for
   // the dead daemon until the deadline.
   const auto started = std::chrono::steady_clock::now();
   (void)three.Step(1, RandomGradients(spec, 2));
-  size_t waiter = 0;  // daemons_[0] has peer_timeout_ms = 2000
+  size_t waiter = 0;  // d_.sharded[0] has peer_timeout_ms = 2000
   absl::Status failed;
   while (std::chrono::steady_clock::now() - started < 20s) {
-    failed = daemons_[waiter]->daemon().registry().Find(kJob).value()->CheckUsable();
+    failed = d_.sharded[waiter]->daemon().registry().Find(kJob).value()->CheckUsable();
     if (!failed.ok()) break;
     std::this_thread::sleep_for(50ms);
   }

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -81,6 +83,38 @@ inline std::unique_ptr<Server> StartDaemon(int peer_timeout_ms,
   EXPECT_TRUE(server.ok()) << server.status();
   return server.ok() ? *std::move(server) : nullptr;
 }
+
+// The daemons of a comparison: `single` for the one-daemon job, and one per (backend,
+// peer_timeout_ms) of `sharded` for the sharded job, with their advertised addresses sorted (the
+// job's daemon list); shut down when it goes.
+struct ShardedDaemons {
+  ShardedDaemons() = default;
+  ShardedDaemons(const ShardedDaemons&) = delete;
+  ShardedDaemons& operator=(const ShardedDaemons&) = delete;
+  ~ShardedDaemons() {
+    for (auto& d : sharded) {
+      if (d != nullptr) d->Shutdown();
+    }
+    if (single != nullptr) single->Shutdown();
+  }
+  // False where a daemon did not start (the failure that says why is already reported).
+  bool Start(const std::string& single_backend,
+             const std::vector<std::pair<std::string, int>>& backends) {
+    single = StartDaemon(30000, "", single_backend);
+    if (single == nullptr) return false;
+    for (const auto& [backend, peer_timeout_ms] : backends) {
+      sharded.push_back(StartDaemon(peer_timeout_ms, "", backend));
+      if (sharded.back() == nullptr) return false;
+      names.push_back(sharded.back()->daemon().advertised_address());
+    }
+    std::sort(names.begin(), names.end());
+    return true;
+  }
+
+  std::unique_ptr<Server> single;
+  std::vector<std::unique_ptr<Server>> sharded;
+  std::vector<std::string> names;
+};
 
 inline std::unique_ptr<Client> Connect(const std::string& address, std::vector<std::string> daemons,
                                        int attempts, const std::string& transport = "inline") {

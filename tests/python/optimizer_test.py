@@ -60,12 +60,23 @@ def train(model, opt, steps, micro_batches=1, first_step=0):
         sched.step()
 
 
-def _two_rank_resume(rank, address, port, out_dir):
-    """Each rank trains 3 steps, saves, trains 3 more (A); then, on a new job with other initial
-    weights, loads the saved state and trains the same 3 steps (B). Rank r writes A == B."""
+def _join_gloo(rank, port):
+    """Rank `rank` of two, over gloo on 127.0.0.1:port, one thread each."""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=2)
     torch.set_num_threads(1)
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _two_rank_resume(rank, address, port, out_dir):
+    """Each rank trains 3 steps, saves, trains 3 more (A); then, on a new job with other initial
+    weights, loads the saved state and trains the same 3 steps (B). Rank r writes A == B."""
+    _join_gloo(rank, port)
 
     def run(job, seed, saved=None):
         model = make_model(seed)
@@ -100,9 +111,7 @@ def _two_rank_pre_reduced(rank, single, daemons, port, out_dir):
     owner's part (pre_reduced), to one daemon and over three. With two ranks the sum is one FP32
     addition, the same whichever rank adds, so the collective's sum is the daemon's own: the three
     runs end bit for bit the same. Rank r writes what it found."""
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2)
-    torch.set_num_threads(1)
+    _join_gloo(rank, port)
 
     def run(job, address, mode, listed):
         torch.manual_seed(4)
@@ -318,9 +327,7 @@ class OptimizerTest(unittest.TestCase):
         others = [support.daemon(step_threads=1) for _ in range(2)]
         try:
             daemons = sorted([self.daemon.address] + [o.address for o in others])
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", 0))
-                port = sock.getsockname()[1]
+            port = _free_port()
             with tempfile.TemporaryDirectory() as out_dir:
                 mp.spawn(_two_rank_pre_reduced,
                          args=(self.daemon.address, daemons, port, out_dir), nprocs=2)
@@ -335,9 +342,7 @@ class OptimizerTest(unittest.TestCase):
                                job="pre-bad", push_mode="reduced")
 
     def test_two_ranks_resume_from_a_state_dict_bit_identically(self):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+        port = _free_port()
         with tempfile.TemporaryDirectory() as out_dir:
             mp.spawn(_two_rank_resume, args=(self.daemon.address, port, out_dir), nprocs=2)
             for rank in range(2):
