@@ -34,15 +34,22 @@ model = nn.Sequential(nn.Linear(12, 40), nn.Tanh(), nn.Linear(40, 3))
 opt = paramd.torch.AdamW(model.named_parameters(), lr=1e-2, address=address, job="crash",
                          state_policy="fp8", serve="fp32", module=model, seed=7,
                          reconnect_timeout_s=60.0, timeout_s=60.0)
+trace = []  # per iteration: (its step, its loss, restarts followed so far, whether it was dropped)
 while opt.next_step < steps:
-    g = torch.Generator().manual_seed(1000 + opt.next_step)
+    step = opt.next_step
+    g = torch.Generator().manual_seed(1000 + step)
     x, y = torch.randn(32, 12, generator=g), torch.randint(0, 3, (32,), generator=g)
-    F.cross_entropy(model(x), y).backward()
+    restarts = opt.restarts
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
     opt.step()
     opt.zero_grad()
+    # An iteration during which a restart was followed trained nothing (its forward may have run
+    # on weights of two versions): marked, so that its loss is not compared.
+    trace.append((step, loss.item(), opt.restarts, opt.restarts != restarts))
 opt.sync_weights()
 torch.save({"weights": [p.detach().clone() for p in model.parameters()],
-            "restarts": opt.restarts}, out)
+            "restarts": opt.restarts, "trace": trace}, out)
 opt.close()
 '''
 
@@ -128,21 +135,38 @@ def run(seed, kills):
         if code != 0:
             raise RuntimeError(f"the trainer exited with {code}")
         result = torch.load(out)
-        return result["weights"], result["restarts"], made
+        with open(os.path.join(root, "paramd.log"), "rb") as f:
+            restores = [line.decode(errors="replace").rstrip() for line in f
+                        if b"restored" in line or b"checkpoint of version" in line]
+        return result["weights"], result["restarts"], made, result["trace"], restores
 
 
 def main():
     import torch
     started = time.monotonic()
-    reference, _, _ = run(seed=0, kills=0)
+    reference, _, _, reference_trace, _ = run(seed=0, kills=0)
+    losses = {step: loss for step, loss, _, _ in reference_trace}
     failures = 0
     for seed in SEEDS:
-        weights, rollbacks, made = run(seed, KILLS)
+        weights, rollbacks, made, trace, restores = run(seed, KILLS)
         same = all(torch.equal(a, b) for a, b in zip(weights, reference))
         # A restart whose checkpoint is the version the trainer holds needs no rollback.
         print(f"seed {seed}: daemon killed {made} time(s), {rollbacks} rollback(s) followed; "
               f"final weights {'bit-identical to' if same else 'DIFFERENT from'} the run "
               "without crashes")
+        if not same:
+            # What the next look needs: the first iteration whose loss differs from the run
+            # without crashes (its step, and the restarts followed by then), the iterations
+            # around it, and the daemon's checkpoints and restores.
+            first = next((i for i, (step, loss, _, dropped) in enumerate(trace)
+                          if not dropped and losses[step] != loss), None)
+            print(f"  first iteration with another loss: {first} of {len(trace)}")
+            if first is not None:
+                for step, loss, restarts, dropped in trace[max(0, first - 4):first + 3]:
+                    print(f"  step {step}: loss {loss!r} (without crashes {losses[step]!r}), "
+                          f"{restarts} restart(s) followed{', dropped' if dropped else ''}")
+            for line in restores[-12:]:
+                print(f"  daemon: {line}")
         if not same or made < 1:
             failures += 1
     print(f"{len(SEEDS) - failures} of {len(SEEDS)} seeds passed in "
