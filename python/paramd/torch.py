@@ -47,7 +47,8 @@ What happens when:
   answers again (its checkpoint_dir restored the job), the optimizer registers again, loads the
   version the daemon holds and goes back to the step it collects: `next_step` moves back, and the
   iteration under way pushes nothing. A loop whose batch is a function of `opt.next_step` ends
-  bit-identical to a run without the restart. `restarts` counts them.
+  bit-identical to a run without the restart, if it checks `opt.next_step` again after its final
+  sync_weights() (a restart found there moves it back too). `restarts` counts them.
 - CUDA parameters, with the daemon on this node's GPU (`paramd --backend=cuda:N`; the automatic
   choice then picks cuda_ipc): gradients are lent, not copied. A push waits for nothing: it
   records an interprocess event on the current stream at construction (`cuda_stream`) and tells

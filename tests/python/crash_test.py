@@ -35,19 +35,23 @@ opt = paramd.torch.AdamW(model.named_parameters(), lr=1e-2, address=address, job
                          state_policy="fp8", serve="fp32", module=model, seed=7,
                          reconnect_timeout_s=60.0, timeout_s=60.0)
 trace = []  # per iteration: (its step, its loss, restarts followed so far, whether it was dropped)
-while opt.next_step < steps:
-    step = opt.next_step
-    g = torch.Generator().manual_seed(1000 + step)
-    x, y = torch.randn(32, 12, generator=g), torch.randint(0, 3, (32,), generator=g)
-    restarts = opt.restarts
-    loss = F.cross_entropy(model(x), y)
-    loss.backward()
-    opt.step()
-    opt.zero_grad()
-    # An iteration during which a restart was followed trained nothing (its forward may have run
-    # on weights of two versions): marked, so that its loss is not compared.
-    trace.append((step, loss.item(), opt.restarts, opt.restarts != restarts))
-opt.sync_weights()
+while True:
+    while opt.next_step < steps:
+        step = opt.next_step
+        g = torch.Generator().manual_seed(1000 + step)
+        x, y = torch.randn(32, 12, generator=g), torch.randint(0, 3, (32,), generator=g)
+        restarts = opt.restarts
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        # An iteration during which a restart was followed trained nothing (its forward may have
+        # run on weights of two versions): marked, so that its loss is not compared.
+        trace.append((step, loss.item(), opt.restarts, opt.restarts != restarts))
+    # The last version's weights. A restart found here moves next_step back too: train on.
+    opt.sync_weights()
+    if opt.next_step >= steps:
+        break
 torch.save({"weights": [p.detach().clone() for p in model.parameters()],
             "restarts": opt.restarts, "trace": trace}, out)
 opt.close()
