@@ -19,6 +19,7 @@
 #include "common/error_reason.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
+#include "common/owner_address.h"
 #include "common/quoted.h"
 #include "common/status_macros.h"
 #include "paramd/v1/data.grpc.pb.h"
@@ -78,8 +79,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(options.address, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::Channel> channel = OwnerChannel(options.address, args);
   if (!channel->WaitForConnected(std::chrono::system_clock::now() + options.connect_timeout)) {
     return absl::UnavailableError(absl::StrCat("no paramd answered at ", options.address,
                                                " within ", options.connect_timeout.count(),
@@ -239,8 +239,7 @@ absl::Status Client::WaitForDaemons(
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-    stubs.push_back(v1::Control::NewStub(
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+    stubs.push_back(v1::Control::NewStub(OwnerChannel(address, args)));
   }
   // The calls wait side by side (one that never answers must not use up the others' time).
   std::vector<char> answered(stubs.size(), 0);
@@ -271,6 +270,48 @@ absl::Status Client::WaitForDaemons(
       "(ClientOptions::daemons_wait). Nothing was registered"));
 }
 
+absl::StatusOr<std::vector<std::string>> Client::OwnerAddresses(
+    const std::vector<std::string>& daemons) const {
+  std::vector<std::string> owners;
+  // One Status of each daemon named without a backend (this one for an empty list).
+  auto add = [&](const std::string& daemon, v1::Control::Stub* control) -> absl::Status {
+    v1::StatusRequest request;
+    request.set_daemon_only(true);
+    v1::StatusResponse response;
+    PARAMD_RETURN_IF_ERROR(Retry([&] {
+      return Unary(NextDeadline(), [&](grpc::ClientContext* context) {
+        return control->Status(context, request, &response);
+      });
+    }));
+    if (response.backend_addresses_size() > 1) {
+      owners.insert(owners.end(), response.backend_addresses().begin(),
+                    response.backend_addresses().end());
+    } else if (!daemon.empty()) {
+      owners.push_back(daemon);
+    }
+    return absl::OkStatus();
+  };
+  if (daemons.empty()) {
+    PARAMD_RETURN_IF_ERROR(add("", control_.get()));
+    return owners;
+  }
+  for (const std::string& daemon : daemons) {
+    if (!SplitOwnerAddress(daemon).backend.empty()) {
+      owners.push_back(daemon);
+      continue;
+    }
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    const std::unique_ptr<v1::Control::Stub> control =
+        v1::Control::NewStub(OwnerChannel(daemon, args));
+    if (absl::Status s = add(daemon, control.get()); !s.ok()) {
+      return absl::Status(
+          s.code(), absl::StrCat("asking daemon ", daemon, " for its backends: ", s.message()));
+    }
+  }
+  return owners;
+}
+
 absl::StatusOr<v1::RegisterResponse> Client::Register(const v1::RegisterRequest& given) {
   v1::RegisterRequest request = given;
   if (request.daemons().empty()) {
@@ -285,6 +326,13 @@ absl::StatusOr<v1::RegisterResponse> Client::Register(const v1::RegisterRequest&
   std::sort(request.mutable_daemons()->begin(), request.mutable_daemons()->end());
   if (request.daemons_size() > 1 && options_.daemons_wait.count() > 0) {
     PARAMD_RETURN_IF_ERROR(WaitForDaemons(request.job(), request.daemons()));
+  }
+  // A daemon of several backends is an owner per backend: the job is sharded over them.
+  if (!shard_member_) {
+    PARAMD_ASSIGN_OR_RETURN(std::vector<std::string> owners,
+                            OwnerAddresses({request.daemons().begin(), request.daemons().end()}));
+    std::sort(owners.begin(), owners.end());
+    request.mutable_daemons()->Assign(owners.begin(), owners.end());
   }
   v1::RegisterResponse response;
   if (request.daemons_size() > 1 && !shard_member_) {

@@ -187,6 +187,11 @@ class Client {
   // daemons_count addresses, up to daemons_wait.
   absl::StatusOr<std::vector<std::string>> ResolveDaemons(
       const std::string& job, const std::vector<std::string>& entries) const;
+  // The job's owners (RegisterRequest.daemons): each daemon of `daemons` (this one where empty) of
+  // several backends in place of its address (StatusResponse.backend_addresses), the others as
+  // they are; empty where the job stays on this daemon alone.
+  absl::StatusOr<std::vector<std::string>> OwnerAddresses(
+      const std::vector<std::string>& daemons) const;
   // Waits (up to ClientOptions::daemons_wait) until every daemon of `daemons` answers a call.
   absl::Status WaitForDaemons(const std::string& job,
                               const google::protobuf::RepeatedPtrField<std::string>& daemons) const;

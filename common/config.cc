@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <fstream>
 #include <limits>
+#include <set>
 #include <sstream>
 #include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/logging.h"
 
 namespace paramd {
@@ -110,6 +112,49 @@ absl::StatusOr<v1::DaemonConfig> LoadConfigFile(const std::string& path) {
   return config;
 }
 
+bool IsBackendName(std::string_view name) {
+  int index = -1;
+  for (const std::string_view prefix : {"cpu:", "cuda:"}) {
+    if (name.substr(0, prefix.size()) == prefix) {
+      const std::string_view digits = name.substr(prefix.size());
+      return !digits.empty() && digits.size() <= 4 &&
+             std::all_of(digits.begin(), digits.end(),
+                         [](char d) { return d >= '0' && d <= '9'; }) &&
+             absl::SimpleAtoi(absl::string_view(digits.data(), digits.size()), &index);
+    }
+  }
+  return name == "cpu";
+}
+
+std::vector<std::string> ConfigBackends(const std::string& backend) {
+  return absl::StrSplit(backend, ',');
+}
+
+absl::Status CheckBackends(const std::string& backend) {
+  if (backend == kAllGpus) return absl::OkStatus();
+  const std::vector<std::string> names = ConfigBackends(backend);
+  if (static_cast<int>(names.size()) > kMaxBackends) {
+    return absl::InvalidArgumentError(absl::StrCat("config field backend lists ", names.size(),
+                                                   " backends; a daemon has at most ",
+                                                   kMaxBackends));
+  }
+  std::set<std::string> seen;
+  for (const std::string& name : names) {
+    if (!IsBackendName(name)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config field backend = \"", backend, "\": \"", name,
+          "\" is not \"cpu\", \"cpu:K\" or \"cuda:N\" (a list of distinct ones, comma-separated, "
+          "or \"",
+          kAllGpus, "\")"));
+    }
+    if (!seen.insert(name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config field backend = \"", backend, "\" lists \"", name, "\" twice"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 v1::DaemonConfig WithDefaults(v1::DaemonConfig c) {
   if (c.listen().empty()) c.set_listen("127.0.0.1:50051");
   if (c.backend().empty()) c.set_backend("cpu");
@@ -149,13 +194,7 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
   if (!c.advertise_address().empty()) {
     if (absl::Status s = CheckAdvertiseAddress(c.advertise_address()); !s.ok()) return s;
   }
-  int device = -1;
-  const bool cuda = c.backend().rfind("cuda:", 0) == 0 &&
-                    absl::SimpleAtoi(c.backend().substr(5), &device) && device >= 0;
-  if (c.backend() != "cpu" && !cuda) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config field backend = \"", c.backend(), "\" is not \"cpu\" or \"cuda:N\""));
-  }
+  if (absl::Status s = CheckBackends(c.backend()); !s.ok()) return s;
   for (const absl::Status& s : {
            CheckRange("step_threads", c.step_threads(), 1, 1024),
            CheckRange("max_chunk_bytes", c.max_chunk_bytes(), 4 * kKiB, 64 * kMiB),

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "paramd/v1/config.pb.h"
@@ -13,6 +15,19 @@ namespace paramd {
 
 // checkpoint_buffer_bytes's default: what a checkpoint holds without a reservation.
 inline constexpr int64_t kDefaultCheckpointBuffer = int64_t{16} << 20;
+
+// DaemonConfig.backend's value for one cuda:N backend per GPU the process sees.
+inline constexpr char kAllGpus[] = "cuda:all";
+// The most backends one daemon holds.
+inline constexpr int kMaxBackends = 64;
+
+// Whether `name` names one backend: "cpu", "cpu:K" or "cuda:N" (K, N of 1 to 4 digits).
+bool IsBackendName(std::string_view name);
+// DaemonConfig.backend's names, in order ("cuda:all" stays one name: the daemon counts its GPUs).
+std::vector<std::string> ConfigBackends(const std::string& backend);
+// INVALID_ARGUMENT unless `backend` is one backend's name, a comma-separated list of distinct
+// ones, or "cuda:all".
+absl::Status CheckBackends(const std::string& backend);
 
 // Parses a config file's text. Unknown fields and syntax errors are INVALID_ARGUMENT.
 absl::StatusOr<v1::DaemonConfig> ParseConfigText(const std::string& text);

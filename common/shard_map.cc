@@ -168,7 +168,7 @@ std::vector<TensorShape> JobTensorShapes(
 }
 
 absl::StatusOr<int> BackendDevice(std::string_view backend) {
-  if (backend == "cpu") return kCpuDevice;
+  if (backend == "cpu" || (backend.substr(0, 4) == "cpu:" && backend.size() > 4)) return kCpuDevice;
   const std::string_view index = backend.substr(std::min<size_t>(5, backend.size()));
   int device = -1;
   if (backend.substr(0, 5) == "cuda:" &&
@@ -176,7 +176,7 @@ absl::StatusOr<int> BackendDevice(std::string_view backend) {
     return device;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("backend ", Quoted(backend), " is not \"cpu\" or \"cuda:N\""));
+      absl::StrCat("backend ", Quoted(backend), " is not \"cpu\", \"cpu:K\" or \"cuda:N\""));
 }
 
 }  // namespace paramd

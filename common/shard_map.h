@@ -91,8 +91,8 @@ absl::StatusOr<ShardMap> ComputeShardMap(std::span<const TensorShape> tensors,
 std::vector<TensorShape> JobTensorShapes(
     const google::protobuf::RepeatedPtrField<v1::TensorSpec>& tensors);
 
-// The owner device of the backend named `backend`: N for "cuda:N", kCpuDevice for "cpu";
-// INVALID_ARGUMENT for any other name.
+// The owner device of the backend named `backend`: N for "cuda:N", kCpuDevice for "cpu" and
+// "cpu:K"; INVALID_ARGUMENT for any other name.
 absl::StatusOr<int> BackendDevice(std::string_view backend);
 
 }  // namespace paramd

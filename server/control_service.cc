@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
+#include "common/owner_address.h"
 #include "common/quoted.h"
 #include "common/shard_map.h"
 #include "common/status_macros.h"
@@ -270,8 +271,7 @@ absl::Status ControlService::DoRegister(const v1::RegisterRequest& request,
 
 // Another daemon's device, from its Status (its backend), within the peer deadline.
 absl::StatusOr<int> ControlService::PeerDevice(const std::string& job, const std::string& peer) {
-  const auto control =
-      v1::Control::NewStub(grpc::CreateChannel(peer, grpc::InsecureChannelCredentials()));
+  const auto control = v1::Control::NewStub(OwnerChannel(peer));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::milliseconds(daemon_->config().peer_timeout_ms()));
@@ -337,6 +337,10 @@ absl::Status ControlService::DoSetHyperparams(const v1::SetHyperparamsRequest& r
 
 absl::Status ControlService::DoStatus(const v1::StatusRequest& request,
                                       v1::StatusResponse* response) {
+  if (request.daemon_only()) {
+    *response = daemon_->Status(request.job(), /*jobs=*/false);
+    return absl::OkStatus();
+  }
   if (!request.job().empty()) {
     PARAMD_RETURN_IF_ERROR(daemon_->registry().Find(request.job()).status());
   }

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstring>
 #include <new>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -146,7 +147,7 @@ kernels::FusedStepArgs StepArgs(CpuTensorState& s, const TensorStep& t, const St
 
 }  // namespace
 
-CpuBackend::CpuBackend(int threads) : pool_(threads) {}
+CpuBackend::CpuBackend(int threads, std::string name) : name_(std::move(name)), pool_(threads) {}
 CpuBackend::~CpuBackend() = default;
 
 absl::StatusOr<std::unique_ptr<TensorState>> CpuBackend::CreateState(

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "kernels/cpu/thread_pool.h"
 #include "server/backend.h"
@@ -12,10 +13,11 @@ namespace paramd {
 
 class CpuBackend : public Backend {
  public:
-  explicit CpuBackend(int threads);
+  // `name`: "cpu", or "cpu:K" for one of a daemon's several.
+  explicit CpuBackend(int threads, std::string name = "cpu");
   ~CpuBackend() override;
 
-  std::string name() const override { return "cpu"; }
+  std::string name() const override { return name_; }
   absl::StatusOr<std::unique_ptr<TensorState>> CreateState(const TensorInfo& info,
                                                            std::span<const float> initial,
                                                            ServedTensor* out,
@@ -32,6 +34,7 @@ class CpuBackend : public Backend {
                                                            ServedTensor* out) override;
 
  private:
+  const std::string name_;
   kernels::ThreadPool pool_;
 };
 

@@ -1125,6 +1125,14 @@ class CudaBackend : public Backend {
 
 }  // namespace
 
+absl::StatusOr<int> CudaDeviceCount() {
+  std::string why;
+  if (!kernels::CudaDeviceAvailable(&why)) return absl::FailedPreconditionError(why);
+  int count = 0;
+  PARAMD_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
+  return count;
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device,
                                                          const v1::DaemonConfig& config) {
   auto backend = std::make_unique<CudaBackend>(device, config.step_threads());

@@ -12,4 +12,9 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device,
                    "CUDA toolkit); use backend \"cpu\" or rebuild with -DPARAMD_CUDA=ON"));
 }
 
+absl::StatusOr<int> CudaDeviceCount() {
+  return absl::FailedPreconditionError(
+      "this paramd was built without CUDA (the build found no CUDA toolkit)");
+}
+
 }  // namespace paramd

@@ -141,6 +141,17 @@ void Daemon::set_advertised_address(std::string address) {
   advertised_address_ = std::move(address);
 }
 
+std::vector<std::string> Daemon::backend_addresses() const {
+  std::lock_guard<std::mutex> lock(advertised_mu_);
+  if (backend_addresses_.empty()) return {advertised_address_};
+  return backend_addresses_;
+}
+
+void Daemon::set_backend_addresses(std::vector<std::string> addresses) {
+  std::lock_guard<std::mutex> lock(advertised_mu_);
+  backend_addresses_ = std::move(addresses);
+}
+
 absl::StatusOr<v1::RegisterResponse> Daemon::Register(const v1::RegisterRequest& request) {
   // One at a time: a job being remade is not found by another rank's registration meanwhile.
   std::lock_guard<std::mutex> lock(register_mu_);
@@ -380,7 +391,7 @@ void Daemon::UpdateGauges() {
   if (limit.device > 0) metrics_->SetMemoryBudget("device", limit.device, used.device);
 }
 
-v1::StatusResponse Daemon::Status(const std::string& job) const {
+v1::StatusResponse Daemon::Status(const std::string& job, bool jobs) const {
   v1::StatusResponse response;
   response.set_daemon_version(kDaemonVersion);
   response.set_backend(backend_name_);
@@ -406,10 +417,12 @@ v1::StatusResponse Daemon::Status(const std::string& job) const {
   }
   response.set_instance(instance_);
   response.set_advertise_address(advertised_address());
+  for (std::string& address : backend_addresses())
+    response.add_backend_addresses(std::move(address));
   response.set_uptime_seconds(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count());
   for (const auto& j : registry_->Jobs()) {
-    if (job.empty() || j->name() == job) {
+    if (jobs && (job.empty() || j->name() == job)) {
       v1::JobStatus* status = response.add_jobs();
       *status = j->Status();
       status->set_leases(leases_->Held(j->name()));

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "paramd/v1/config.pb.h"
@@ -82,6 +83,10 @@ class Daemon final : public TransportHost {
   // its default resolved once the port is bound).
   std::string advertised_address() const;
   void set_advertised_address(std::string address);
+  // The addresses of every backend of this daemon's process (StatusResponse.backend_addresses):
+  // this one's alone unless the server holds several.
+  std::vector<std::string> backend_addresses() const;
+  void set_backend_addresses(std::vector<std::string> addresses);
 
   // Registers a rank of a job (JobRegistry::Register). Its daemon list must name this daemon and
   // be the job's (CheckDaemonList, CheckSameDaemons). The first registration after a job was
@@ -113,7 +118,8 @@ class Daemon final : public TransportHost {
   // Blocks until no step is queued or running.
   void WaitForSteps() { executor_.WaitIdle(); }
 
-  v1::StatusResponse Status(const std::string& job) const;
+  // The daemon's figures, and those of `job` (every job where empty) unless `jobs` is false.
+  v1::StatusResponse Status(const std::string& job, bool jobs = true) const;
   // Refreshes the gauges that follow the jobs (memory, trainers and their transports, leases).
   void UpdateGauges();
 
@@ -133,7 +139,8 @@ class Daemon final : public TransportHost {
   const v1::DaemonConfig config_;
   const uint64_t instance_;
   mutable std::mutex advertised_mu_;
-  std::string advertised_address_;  // guarded by advertised_mu_
+  std::string advertised_address_;              // guarded by advertised_mu_
+  std::vector<std::string> backend_addresses_;  // guarded by advertised_mu_; empty: this one
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   // The transports' ends (their memory) outlive every buffer carved from it: destroyed last.
   // Made once the members they ask for are (the constructor's body).

@@ -3,6 +3,10 @@
 #include <grpcpp/support/status.h>
 
 #include <chrono>
+#include <iterator>
+#include <map>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -148,7 +152,46 @@ Metrics::Metrics()
 
 Metrics::~Metrics() = default;
 
-absl::StatusOr<std::string> Metrics::Serve(const std::string& address) {
+namespace {
+
+// The metrics of a daemon's several backends as one page: each backend's series get the label
+// backend="NAME", and families of one name are one family (the text format allows one TYPE line
+// per name).
+class BackendsCollectable final : public prometheus::Collectable {
+ public:
+  explicit BackendsCollectable(
+      std::vector<std::pair<std::string, std::shared_ptr<prometheus::Registry>>> backends)
+      : backends_(std::move(backends)) {}
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    std::vector<prometheus::MetricFamily> families;
+    std::map<std::string, size_t> index;
+    for (const auto& [backend, registry] : backends_) {
+      for (prometheus::MetricFamily& family : registry->Collect()) {
+        for (prometheus::ClientMetric& metric : family.metric) {
+          metric.label.push_back({"backend", backend});
+        }
+        const auto [it, added] = index.emplace(family.name, families.size());
+        if (added) {
+          families.push_back(std::move(family));
+        } else {
+          std::vector<prometheus::ClientMetric>& into = families[it->second].metric;
+          into.insert(into.end(), std::make_move_iterator(family.metric.begin()),
+                      std::make_move_iterator(family.metric.end()));
+        }
+      }
+    }
+    return families;
+  }
+
+ private:
+  const std::vector<std::pair<std::string, std::shared_ptr<prometheus::Registry>>> backends_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::string> Metrics::Serve(
+    const std::string& address, const std::vector<std::pair<std::string, Metrics*>>& backends) {
   try {
     // civetweb reports bind failures by throwing; this is the one place they are caught.
     exposer_ = std::make_unique<prometheus::Exposer>(address, /*num_threads=*/1);
@@ -156,7 +199,15 @@ absl::StatusOr<std::string> Metrics::Serve(const std::string& address) {
     return absl::UnavailableError(
         absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
   }
-  exposer_->RegisterCollectable(registry_);
+  if (backends.empty()) {
+    exposer_->RegisterCollectable(registry_);
+  } else {
+    std::vector<std::pair<std::string, std::shared_ptr<prometheus::Registry>>> registries;
+    for (const auto& [backend, metrics] : backends)
+      registries.emplace_back(backend, metrics->registry_);
+    backends_ = std::make_shared<BackendsCollectable>(std::move(registries));
+    exposer_->RegisterCollectable(backends_);
+  }
   const std::vector<int> ports = exposer_->GetListeningPorts();
   const std::string host = address.substr(0, address.rfind(':'));
   return absl::StrCat(host, ":", ports.empty() ? 0 : ports.front());

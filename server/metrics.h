@@ -13,6 +13,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -24,7 +26,11 @@ class Metrics {
   ~Metrics();
 
   // Serves /metrics on `address` ("host:port", port 0 picks one). Returns the bound address.
-  absl::StatusOr<std::string> Serve(const std::string& address);
+  // With `backends` (a daemon of several backends: each one's name and Metrics, this one's among
+  // them), the page is theirs, each series labeled backend="NAME".
+  absl::StatusOr<std::string> Serve(
+      const std::string& address,
+      const std::vector<std::pair<std::string, Metrics*>>& backends = {});
 
   void StepDone(const std::string& job, double seconds, int64_t elements, bool skipped);
   // A step the backend failed (the job failed with it).
@@ -57,6 +63,7 @@ class Metrics {
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<prometheus::Collectable> backends_;  // with Serve's `backends`
   std::unique_ptr<prometheus::Exposer> exposer_;
   prometheus::Family<prometheus::Histogram>& step_seconds_;
   prometheus::Family<prometheus::Counter>& steps_;

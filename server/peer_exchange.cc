@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/grpc_status.h"
+#include "common/owner_address.h"
 #include "common/quoted.h"
 #include "google/protobuf/util/message_differencer.h"
 
@@ -135,7 +136,7 @@ std::shared_ptr<v1::Peer::Stub> PeerExchange::StubFor(const std::string& peer) {
   absl::MutexLock lock(&mu_);
   std::shared_ptr<v1::Peer::Stub>& stub = stubs_[peer];
   if (stub == nullptr) {
-    stub = v1::Peer::NewStub(grpc::CreateChannel(peer, grpc::InsecureChannelCredentials()));
+    stub = v1::Peer::NewStub(OwnerChannel(peer));
   }
   return stub;
 }

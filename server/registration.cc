@@ -6,6 +6,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/config.h"
+#include "common/owner_address.h"
 #include "common/quoted.h"
 #include "common/status_macros.h"
 
@@ -21,8 +23,13 @@ constexpr int kMaxDaemons = 4096;
 constexpr size_t kDaemonListTextBytes = 2048;
 
 // "host:port" with a port in 1..65535 and a host of 1 to 255 bytes of a name's or an IP
-// address's characters ([A-Za-z0-9.:_%-], brackets of IPv6), so messages show lists as they are.
-bool IsDaemonAddress(const std::string& address) {
+// address's characters ([A-Za-z0-9.:_%-], brackets of IPv6), so messages show lists as they are;
+// or that with "/BACKEND" (common/owner_address.h).
+bool IsDaemonAddress(const std::string& owner) {
+  // A backend of a daemon of several: "host:port/BACKEND".
+  const OwnerAddress split = SplitOwnerAddress(owner);
+  if (owner.find('/') != std::string::npos && !IsBackendName(split.backend)) return false;
+  const std::string& address = split.daemon;
   const size_t colon = address.rfind(':');
   uint32_t port = 0;
   if (colon == std::string::npos || colon < 1 || colon > 255 ||
@@ -47,9 +54,10 @@ absl::Status ValidateDaemonList(const v1::RegisterRequest& r) {
   }
   for (int i = 0; i < r.daemons_size(); ++i) {
     if (!IsDaemonAddress(r.daemons(i))) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("daemons[", i, "] = ", Quoted(r.daemons(i)),
-                       " is not \"host:port\" with a port in 1..65535"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "daemons[", i, "] = ", Quoted(r.daemons(i)),
+          " is not \"host:port\" with a port in 1..65535, or that with \"/BACKEND\" (cpu, "
+          "cpu:K or cuda:N)"));
     }
     if (i == 0) continue;
     if (r.daemons(i) == r.daemons(i - 1)) {
@@ -325,7 +333,9 @@ absl::StatusOr<ShardMap> JobShardMap(const v1::RegisterRequest& spec, const std:
                                      int device) {
   std::vector<Owner> owners;
   for (std::string& daemon : JobDaemons(spec, advertised)) {
-    owners.push_back(Owner{std::move(daemon), device});
+    // A backend of a daemon of several says its device in its address.
+    const absl::StatusOr<int> named = BackendDevice(SplitOwnerAddress(daemon).backend);
+    owners.push_back(Owner{std::move(daemon), named.ok() ? *named : device});
   }
   return ComputeShardMap(JobTensorShapes(spec.tensors()), std::move(owners));
 }

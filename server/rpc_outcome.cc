@@ -1,8 +1,12 @@
 #include "server/rpc_outcome.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
+#include "common/owner_address.h"
+#include "common/quoted.h"
 
 namespace paramd {
 
@@ -18,6 +22,22 @@ grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context, Daem
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
+}
+
+absl::Status CheckRoute(grpc::CallbackServerContext* context, const Daemon& daemon) {
+  const grpc::string_ref authority = context->ExperimentalGetAuthority();
+  const std::string route(authority.data(), authority.size());
+  if (!absl::EndsWith(route, kBackendAuthoritySuffix) ||
+      route == BackendAuthority(daemon.backend_name())) {
+    return absl::OkStatus();
+  }
+  // The server routes a backend's authority to that backend: this one reached the daemon's first
+  // backend only because no backend of the daemon has it.
+  return absl::NotFoundError(absl::StrCat(
+      "this daemon has no backend that :authority ", Quoted(route),
+      " names (the client's owner address names a backend the daemon does not hold); its "
+      "backends are at ",
+      absl::StrJoin(daemon.backend_addresses(), ", ")));
 }
 
 absl::Status NotParsed(const std::string& type) {

@@ -23,6 +23,10 @@ void CountRpcError(Daemon* daemon, const char* method, const absl::Status& statu
 grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context, Daemon* daemon,
                                       const char* method, const absl::Status& status);
 
+// NOT_FOUND where the call's :authority routes to a backend of a daemon of several
+// (common/owner_address.h) but reached `daemon`, another one: no backend of the daemon has it.
+absl::Status CheckRoute(grpc::CallbackServerContext* context, const Daemon& daemon);
+
 // INVALID_ARGUMENT naming the message type when `raw` is not one (garbage or truncated bytes, an
 // unknown wire type, a string field that is not UTF-8).
 absl::Status NotParsed(const std::string& type);
@@ -46,15 +50,17 @@ void SerializeMessage(const Message& message, grpc::ByteBuffer* raw) {
   raw->Swap(&bytes);
 }
 
-// A unary raw method with a typed handler: parses the request, runs `handle(request, &response)`,
-// serializes the response of a call that succeeded, and finishes the call.
+// A unary raw method with a typed handler: checks its route (CheckRoute), parses the request, runs
+// `handle(request, &response)`, serializes the response of a call that succeeded, and finishes the
+// call.
 template <typename Request, typename Response, typename Handler>
 grpc::ServerUnaryReactor* ServeUnary(grpc::CallbackServerContext* context, Daemon* daemon,
                                      const char* method, const grpc::ByteBuffer* raw_request,
                                      grpc::ByteBuffer* raw_response, Handler&& handle) {
   Request request;
   Response response;
-  absl::Status status = ParseMessage(raw_request, &request);
+  absl::Status status = CheckRoute(context, *daemon);
+  if (status.ok()) status = ParseMessage(raw_request, &request);
   if (status.ok()) status = handle(request, &response);
   if (status.ok()) SerializeMessage(response, raw_response);
   return FinishUnary(context, daemon, method, status);

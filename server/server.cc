@@ -13,12 +13,16 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/config.h"
 #include "common/logging.h"
+#include "common/owner_address.h"
 #include "common/status_macros.h"
+#include "server/backends.h"
 #include "server/checkpoints.h"
 #include "server/control_service.h"
 #include "server/data_service.h"
+#include "server/memory_budget.h"
 #include "server/peer_service.h"
 
 namespace paramd {
@@ -36,6 +40,13 @@ absl::StatusOr<std::string> Advertised(const v1::DaemonConfig& config, int port)
 
 }  // namespace
 
+Server::Services::Services(Daemon* daemon)
+    : control(std::make_unique<ControlService>(daemon)),
+      data(std::make_unique<DataService>(daemon)),
+      peer(std::make_unique<PeerService>(daemon)) {}
+Server::Services::Services(Services&&) noexcept = default;
+Server::Services::~Services() = default;
+
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const v1::DaemonConfig& raw_config) {
   const v1::DaemonConfig config = WithDefaults(raw_config);
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
@@ -43,35 +54,60 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const v1::DaemonConfig& ra
   ParseLogLevel(config.log_level(), &level);
   SetLogLevel(level);
 
+  PARAMD_ASSIGN_OR_RETURN(const std::vector<std::string> backends, DaemonBackends(config));
+  // Several backends share the host budget: resolved once, each takes its share.
+  int64_t host_budget = config.memory_budget_bytes();
+  if (backends.size() > 1 && host_budget == 0) {
+    PARAMD_ASSIGN_OR_RETURN(const int64_t available, HostMemoryAvailable());
+    host_budget = static_cast<int64_t>(kDefaultBudgetShare * static_cast<double>(available));
+  }
   std::unique_ptr<Server> server(new Server());
-  absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Create(config);
-  if (!daemon.ok()) return daemon.status();
-  server->daemon_ = *std::move(daemon);
+  for (size_t i = 0; i < backends.size(); ++i) {
+    absl::StatusOr<std::unique_ptr<Daemon>> daemon =
+        Daemon::Create(BackendConfig(config, backends, i, host_budget));
+    if (!daemon.ok()) return daemon.status();
+    server->cores_.push_back(Core{*std::move(daemon), nullptr, std::nullopt});
+  }
+  // Each backend's address in jobs' daemon lists: the daemon's, with the backend's name where it
+  // has several.
+  auto advertise = [&](const std::string& advertised) {
+    std::vector<std::string> addresses;
+    for (const std::string& backend : backends) {
+      addresses.push_back(backends.size() > 1 ? JoinOwnerAddress(advertised, backend) : advertised);
+    }
+    for (size_t i = 0; i < backends.size(); ++i) {
+      server->cores_[i].daemon->set_advertised_address(addresses[i]);
+      server->cores_[i].daemon->set_backend_addresses(addresses);
+    }
+  };
   // The name in jobs' daemon lists is known before the port opens, so that no Register, and no
   // restore of a job sharded over several daemons, finds it unset; with port 0 only the bind tells
   // the port (and no client knows the address before).
   const int listen_port = std::atoi(config.listen().substr(config.listen().rfind(':') + 1).c_str());
   if (listen_port != 0) {
     PARAMD_ASSIGN_OR_RETURN(const std::string advertised, Advertised(config, listen_port));
-    server->daemon_->set_advertised_address(advertised);
+    advertise(advertised);
   }
-  // The jobs of checkpoint_dir come back before the port opens: a trainer that reconnects finds
-  // its job at the version it holds.
-  absl::StatusOr<int> restored = Checkpoints(server->daemon_.get()).RestoreAll();
-  if (!restored.ok()) return restored.status();
-  if (*restored > 0) {
-    PARAMD_LOG(INFO) << *restored << " job(s) restored from " << config.checkpoint_dir();
+  for (Core& core : server->cores_) {
+    Daemon* daemon = core.daemon.get();
+    // The jobs of checkpoint_dir come back before the port opens: a trainer that reconnects finds
+    // its job at the version it holds.
+    absl::StatusOr<int> restored = Checkpoints(daemon).RestoreAll();
+    if (!restored.ok()) return restored.status();
+    if (*restored > 0) {
+      PARAMD_LOG(INFO) << *restored << " job(s) restored from "
+                       << daemon->config().checkpoint_dir();
+    }
+    if (config.checkpoint_every_steps() > 0) {
+      core.schedule = std::make_unique<CheckpointSchedule>(daemon);
+      CheckpointSchedule* schedule = core.schedule.get();
+      daemon->set_step_listener([schedule](const std::string& job, int64_t next_step) {
+        schedule->StepRan(job, next_step);
+      });
+    }
+    if (backends.size() > 1) core.routed.emplace(daemon);
   }
-  if (config.checkpoint_every_steps() > 0) {
-    server->schedule_ = std::make_unique<CheckpointSchedule>(server->daemon_.get());
-    CheckpointSchedule* schedule = server->schedule_.get();
-    server->daemon_->set_step_listener([schedule](const std::string& job, int64_t next_step) {
-      schedule->StepRan(job, next_step);
-    });
-  }
-  server->control_ = std::make_unique<ControlService>(server->daemon_.get());
-  server->data_ = std::make_unique<DataService>(server->daemon_.get());
-  server->peer_ = std::make_unique<PeerService>(server->daemon_.get());
+  server->first_.emplace(server->cores_.front().daemon.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -84,9 +120,17 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const v1::DaemonConfig& ra
   // another serves, and the kernel would split the trainers' connections between the two. A port
   // in use is refused instead, as a launcher that picks ports expects.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.RegisterService(server->control_.get());
-  builder.RegisterService(server->data_.get());
-  builder.RegisterService(server->peer_.get());
+  for (size_t i = 0; i < server->cores_.size(); ++i) {
+    Core& core = server->cores_[i];
+    if (!core.routed.has_value()) continue;
+    const std::string authority = BackendAuthority(backends[i]);
+    builder.RegisterService(authority, core.routed->control.get());
+    builder.RegisterService(authority, core.routed->data.get());
+    builder.RegisterService(authority, core.routed->peer.get());
+  }
+  builder.RegisterService(server->first_->control.get());
+  builder.RegisterService(server->first_->data.get());
+  builder.RegisterService(server->first_->peer.get());
   server->grpc_ = builder.BuildAndStart();
   if (server->grpc_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(absl::StrCat(
@@ -96,20 +140,34 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const v1::DaemonConfig& ra
   server->address_ = absl::StrCat(host, ":", server->port_);
   if (listen_port == 0) {
     PARAMD_ASSIGN_OR_RETURN(const std::string advertised, Advertised(config, server->port_));
-    server->daemon_->set_advertised_address(advertised);
+    advertise(advertised);
   }
   grpc::HealthCheckServiceInterface* health = server->grpc_->GetHealthCheckService();
   health->SetServingStatus(true);
-  server->daemon_->set_drain_listener([health] { health->SetServingStatus(false); });
+  // A drain (Control.Drain to any backend, or a signal) drains the whole daemon.
+  for (Core& core : server->cores_) {
+    core.daemon->set_drain_listener([health, cores = &server->cores_] {
+      health->SetServingStatus(false);
+      for (Core& other : *cores) other.daemon->Drain();
+    });
+  }
 
+  Daemon& first = *server->cores_.front().daemon;
   if (!config.metrics_listen().empty()) {
-    absl::StatusOr<std::string> metrics = server->daemon_->metrics().Serve(config.metrics_listen());
+    std::vector<std::pair<std::string, Metrics*>> labeled;
+    if (backends.size() > 1) {
+      for (size_t i = 0; i < backends.size(); ++i) {
+        labeled.emplace_back(backends[i], &server->cores_[i].daemon->metrics());
+      }
+    }
+    absl::StatusOr<std::string> metrics = first.metrics().Serve(config.metrics_listen(), labeled);
     if (!metrics.ok()) return metrics.status();
     server->metrics_address_ = *metrics;
   }
   PARAMD_LOG(INFO) << "paramd serving on " << server->address_ << " (advertised as "
-                   << server->daemon_->advertised_address() << ", backend "
-                   << server->daemon_->backend_name() << ", metrics "
+                   << absl::StrJoin(first.backend_addresses(), ", ") << ", backend"
+                   << (backends.size() > 1 ? "s " : " ") << absl::StrJoin(backends, ", ")
+                   << ", metrics "
                    << (server->metrics_address_.empty()
                            ? std::string("off")
                            : "http://" + server->metrics_address_ + "/metrics")
@@ -121,16 +179,18 @@ Server::~Server() { Shutdown(); }
 
 void Server::Shutdown() {
   // A server whose Start failed half-way has nothing running to stop.
-  if (stopped_ || daemon_ == nullptr || grpc_ == nullptr) return;
+  if (stopped_ || cores_.empty() || grpc_ == nullptr) return;
   stopped_ = true;
-  daemon_->Drain();
-  daemon_->WaitForSteps();
-  // No step runs now: the schedule hears of none, and finishes the checkpoint it is writing.
-  daemon_->set_step_listener(nullptr);
-  schedule_.reset();
-  // No step runs from here on: a pull still waiting would wait for nothing, and gRPC's shutdown
-  // would cancel it without a word. It ends UNAVAILABLE, saying the daemon drains.
-  daemon_->EndWaitingPulls();
+  for (Core& core : cores_) core.daemon->Drain();
+  for (Core& core : cores_) {
+    core.daemon->WaitForSteps();
+    // No step runs now: the schedule hears of none, and finishes the checkpoint it is writing.
+    core.daemon->set_step_listener(nullptr);
+    core.schedule.reset();
+    // No step runs from here on: a pull still waiting would wait for nothing, and gRPC's shutdown
+    // would cancel it without a word. It ends UNAVAILABLE, saying the daemon drains.
+    core.daemon->EndWaitingPulls();
+  }
   // Open streams get a few seconds to finish (pulls of the last version), then are cancelled.
   grpc_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   PARAMD_LOG(INFO) << "paramd stopped";

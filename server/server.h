@@ -1,11 +1,16 @@
-// The daemon as a gRPC server: Control, Data, health and reflection on one port, metrics on
-// another. Start() returns a running server; Shutdown() drains it gracefully.
+// The daemon as a gRPC server: Control, Data, Peer, health and reflection on one port, metrics on
+// another. A daemon of several backends (DaemonConfig.backend lists them) holds one Daemon per
+// backend, each with its own services, routed by the call's :authority (common/owner_address.h);
+// a call without one reaches the first. Start() returns a running server; Shutdown() drains it
+// gracefully.
 #pragma once
 
 #include <grpcpp/server.h>
 
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "paramd/v1/config.pb.h"
@@ -29,7 +34,11 @@ class Server {
   int port() const { return port_; }
   // The bound metrics address, or "" when metrics are off.
   const std::string& metrics_address() const { return metrics_address_; }
-  Daemon& daemon() { return *daemon_; }
+  // The first backend's daemon (the only one unless the config lists several).
+  Daemon& daemon() { return *cores_.front().daemon; }
+  // Backend `index`'s daemon, in the config's order.
+  Daemon& daemon(size_t index) { return *cores_.at(index).daemon; }
+  size_t backends() const { return cores_.size(); }
 
   // New calls get UNAVAILABLE, running and queued steps complete, open calls end, the port closes.
   void Shutdown();
@@ -39,11 +48,23 @@ class Server {
  private:
   Server() = default;
 
-  std::unique_ptr<Daemon> daemon_;
-  std::unique_ptr<CheckpointSchedule> schedule_;  // with checkpoint_every_steps
-  std::unique_ptr<ControlService> control_;
-  std::unique_ptr<DataService> data_;
-  std::unique_ptr<PeerService> peer_;
+  // A daemon's gRPC services.
+  struct Services {
+    explicit Services(Daemon* daemon);
+    Services(Services&&) noexcept;
+    ~Services();
+    std::unique_ptr<ControlService> control;
+    std::unique_ptr<DataService> data;
+    std::unique_ptr<PeerService> peer;
+  };
+  // One backend: its daemon, and its services under its authority (a daemon of several).
+  struct Core {
+    std::unique_ptr<Daemon> daemon;
+    std::unique_ptr<CheckpointSchedule> schedule;  // with checkpoint_every_steps
+    std::optional<Services> routed;
+  };
+  std::vector<Core> cores_;
+  std::optional<Services> first_;  // the first backend's, for calls without a backend's authority
   std::unique_ptr<grpc::Server> grpc_;
   std::string address_;
   std::string metrics_address_;

@@ -4,6 +4,9 @@
 // tensor's amax, which its owners agree on between the step's launch and the serve launch of its
 // fp8_tensor outputs (CudaBackend::ServeSplitPerTensor); fp8_delayed keeps the whole tensor's amax
 // history. The split tensor takes the kernels' flat path (16 columns) and their tile path (128).
+// One daemon of several backends (cpu:0, cpu:1 and cuda:0) serves the same bytes, and "cuda:all"
+// holds one backend per GPU.
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "kernels/cuda_step.h"
 #include "tests/integration/sharded_run.h"
 
@@ -73,6 +77,46 @@ TEST(CudaShardedMixedTest, ACpuDaemonAndTwoCudaDaemonsServeTheCpuDaemonsBytes) {
       EXPECT_EQ(p.device(), devices.at(p.daemon())) << p.ShortDebugString();
     }
   }
+}
+
+// One daemon of three backends, two cpu ones and cuda:0 (DaemonConfig.backend), a job on its
+// address alone sharded over them: the cpu daemon's bytes again, and each owner's own device in
+// GetLayout.
+TEST(CudaShardedMixedTest, ADaemonOfCpuAndCudaBackendsServesTheCpuDaemonsBytes) {
+  std::string why;
+  if (!kernels::CudaDeviceAvailable(&why)) GTEST_SKIP() << "no usable CUDA device: " << why;
+  std::unique_ptr<Server> single = StartDaemon(30000);
+  std::unique_ptr<Server> daemon = StartDaemon(30000, "", "cpu:0,cpu:1,cuda:0");
+  ASSERT_TRUE(single != nullptr && daemon != nullptr);
+  ASSERT_EQ(daemon->backends(), 3u);
+  std::vector<std::string> names = daemon->daemon().backend_addresses();
+  std::sort(names.begin(), names.end());
+  ExpectShardedRunMatchesOneDaemon(Spec(v1::MASTER_TYPE_FP32, 128), single->address(),
+                                   daemon->address(), names, 12, StatusOf);
+  std::unique_ptr<Client> client = Connect(daemon->address(), {}, 5);
+  ASSERT_NE(client, nullptr);
+  absl::StatusOr<v1::GetLayoutResponse> layout = client->GetLayout(kJob);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  for (const v1::GetLayoutResponse::Placement& p : layout->placements()) {
+    EXPECT_EQ(p.device(), absl::EndsWith(p.daemon(), "/cuda:0") ? 0 : -1) << p.ShortDebugString();
+  }
+  daemon->Shutdown();
+  single->Shutdown();
+}
+
+// "cuda:all": one cuda:N backend per GPU the process sees.
+TEST(CudaAllGpusTest, ADaemonOfEveryGpuHoldsABackendPerGpu) {
+  std::string why;
+  if (!kernels::CudaDeviceAvailable(&why)) GTEST_SKIP() << "no usable CUDA device: " << why;
+  int count = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
+  std::unique_ptr<Server> daemon = StartDaemon(30000, "", "cuda:all");
+  ASSERT_NE(daemon, nullptr);
+  ASSERT_EQ(daemon->backends(), static_cast<size_t>(count));
+  for (int i = 0; i < count; ++i) {
+    EXPECT_EQ(daemon->daemon(static_cast<size_t>(i)).backend_name(), absl::StrCat("cuda:", i));
+  }
+  daemon->Shutdown();
 }
 
 }  // namespace

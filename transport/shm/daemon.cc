@@ -3,6 +3,7 @@
 // the probe in every Attach answer.
 #include <unistd.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "transport/shm/arena.h"
@@ -16,7 +17,7 @@ class ShmDaemonEnd final : public DaemonEnd {
   explicit ShmDaemonEnd(TransportHost& host) : host_(host) {
     // A cuda:N job's host buffers are page-locked staging for the GPU, and same-node GPU trainers
     // map its exported GPU memory instead (DESIGN.md §6).
-    if (!host.config().shared_memory() || host.backend_name() != "cpu") return;
+    if (!host.config().shared_memory() || !absl::StartsWith(host.backend_name(), "cpu")) return;
     if (const int removed = ReclaimStaleShmSegments(getuid()); removed > 0) {
       PARAMD_LOG(WARNING) << "removed " << removed
                           << " shared-memory segments left by a daemon of this user that was "

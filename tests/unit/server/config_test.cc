@@ -8,8 +8,10 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "server/backends.h"
 #include "tests/unit/server/status_assertions.h"
 
 namespace paramd {
@@ -145,6 +147,16 @@ INSTANTIATE_TEST_SUITE_P(
                  "backend"},
         BadField{"CudaBackendWithNegativeDevice",
                  [](v1::DaemonConfig& c) { c.set_backend("cuda:-1"); }, "backend"},
+        BadField{"BackendListedTwice",
+                 [](v1::DaemonConfig& c) { c.set_backend("cuda:0,cpu,cuda:0"); }, "backend"},
+        BadField{"BackendListWithAnEmptyName",
+                 [](v1::DaemonConfig& c) { c.set_backend("cpu:0,,cpu:1"); }, "backend"},
+        BadField{"BackendListWithAnUnknownName",
+                 [](v1::DaemonConfig& c) { c.set_backend("cpu:0,tpu:1"); }, "backend"},
+        BadField{"CpuBackendWithoutIndex", [](v1::DaemonConfig& c) { c.set_backend("cpu:"); },
+                 "backend"},
+        BadField{"AllGpusInAList", [](v1::DaemonConfig& c) { c.set_backend("cuda:all,cpu"); },
+                 "backend"},
         BadField{"NegativeStepThreads", [](v1::DaemonConfig& c) { c.set_step_threads(-1); },
                  "step_threads"},
         BadField{"TooManyStepThreads", [](v1::DaemonConfig& c) { c.set_step_threads(1025); },
@@ -196,6 +208,42 @@ INSTANTIATE_TEST_SUITE_P(
                  [](v1::DaemonConfig& c) { c.set_advertise_address("[::]:50051"); },
                  "advertise_address"}),
     [](const ::testing::TestParamInfo<BadField>& info) { return info.param.name; });
+
+TEST(ConfigTest, BackendListsOfDistinctNamesAreValid) {
+  for (const char* backend :
+       {"cpu", "cpu:3", "cuda:0", "cuda:all", "cuda:0,cuda:1", "cpu,cuda:0", "cpu:0,cpu:1,cpu:2"}) {
+    v1::DaemonConfig c = WithDefaults(v1::DaemonConfig());
+    c.set_backend(backend);
+    EXPECT_TRUE(ValidateConfig(c).ok()) << backend << ": " << ValidateConfig(c);
+  }
+  EXPECT_EQ(ConfigBackends("cpu:0,cuda:1"), (std::vector<std::string>{"cpu:0", "cuda:1"}));
+  // 64 backends at most.
+  std::string many = "cpu:0";
+  for (int i = 1; i <= kMaxBackends; ++i) absl::StrAppend(&many, ",cpu:", i);
+  v1::DaemonConfig c = WithDefaults(v1::DaemonConfig());
+  c.set_backend(many);
+  EXPECT_TRUE(HasStatus(ValidateConfig(c), kInvalid, "backends; a daemon has at most 64"));
+}
+
+TEST(ConfigTest, EachOfSeveralBackendsTakesItsShareAndACheckpointDirectoryOfItsOwn) {
+  v1::DaemonConfig c = WithDefaults(v1::DaemonConfig());
+  c.set_step_threads(8);
+  c.set_checkpoint_dir("/var/lib/paramd");
+  const std::vector<std::string> backends = {"cpu:0", "cpu:1", "cuda:0", "cuda:1"};
+  for (size_t i = 0; i < backends.size(); ++i) {
+    const v1::DaemonConfig one = BackendConfig(c, backends, i, int64_t{4} << 30);
+    EXPECT_EQ(one.backend(), backends[i]);
+    EXPECT_EQ(one.memory_budget_bytes(), int64_t{1} << 30);
+    // The cpu backends share the step threads; a cuda one keeps its own (its host work).
+    EXPECT_EQ(one.step_threads(), i < 2 ? 4 : 8);
+  }
+  EXPECT_EQ(BackendConfig(c, backends, 3, 0).checkpoint_dir(), "/var/lib/paramd/cuda_1");
+  // One backend: the config as it is.
+  const v1::DaemonConfig alone = BackendConfig(c, {"cpu"}, 0, int64_t{4} << 30);
+  EXPECT_EQ(alone.memory_budget_bytes(), 0);
+  EXPECT_EQ(alone.step_threads(), 8);
+  EXPECT_EQ(alone.checkpoint_dir(), "/var/lib/paramd");
+}
 
 TEST(ConfigTest, AcceptsTheEdgesOfEveryRange) {
   v1::DaemonConfig c = WithDefaults(v1::DaemonConfig());

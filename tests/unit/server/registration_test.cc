@@ -214,6 +214,13 @@ const std::vector<BadCase>& BadCases() {
        "daemons[0] = \":7000\""},
       {"DaemonWithASpace", [](R& r) { r.add_daemons("a b:7000"); }, kInvalid,
        "daemons[0] = \"a b:7000\""},
+      {"BackendOfNoKnownName", [](R& r) { r.add_daemons("a.test:7000/tpu:0"); }, kInvalid,
+       "daemons[0] = \"a.test:7000/tpu:0\" is not \"host:port\" with a port in 1..65535, or "
+       "that with \"/BACKEND\""},
+      {"BackendWithoutDaemon", [](R& r) { r.add_daemons("/cuda:0"); }, kInvalid,
+       "daemons[0] = \"/cuda:0\""},
+      {"BackendWithoutName", [](R& r) { r.add_daemons("a.test:7000/"); }, kInvalid,
+       "daemons[0] = \"a.test:7000/\""},
       {"TooManyDaemons",
        [](R& r) {
          for (int i = 0; i < 4097; ++i) r.add_daemons(absl::StrCat("d", 10000 + i, ".test:1"));
@@ -377,14 +384,28 @@ TEST(RegistrationTest, ElementBytesOfEachGradType) {
 
 TEST(RegistrationTest, AcceptsASortedDaemonListOfNamesAndAddresses) {
   v1::RegisterRequest r = Valid();
-  for (const char* d :
-       {"10.0.0.7:50051", "[fd00::1]:50051", "node-0.paramd.default.svc:50051", "node_1:65535"}) {
+  for (const char* d : {"10.0.0.7:50051", "10.0.0.8:50051/cpu:1", "10.0.0.8:50051/cuda:0",
+                        "[fd00::1]:50051", "node-0.paramd.default.svc:50051", "node_1:65535"}) {
     r.add_daemons(d);
   }
   EXPECT_TRUE(ValidateRegistration(r).ok()) << ValidateRegistration(r);
   for (int i = 0; i < 4096; ++i) r.add_daemons(absl::StrCat("z", 10000 + i, ".test:1"));
   r.mutable_daemons()->DeleteSubrange(4096, r.daemons_size() - 4096);
   EXPECT_TRUE(ValidateRegistration(r).ok()) << ValidateRegistration(r);
+}
+
+TEST(RegistrationTest, AnOwnerOfADaemonOfSeveralBackendsHasItsBackendsDevice) {
+  v1::RegisterRequest spec = Valid();
+  for (const char* d : {"a.test:1", "b.test:2/cpu:1", "b.test:2/cuda:3"}) spec.add_daemons(d);
+  const absl::StatusOr<ShardMap> map = JobShardMap(spec, "b.test:2/cuda:3", 7);
+  ASSERT_TRUE(map.ok()) << map.status();
+  ASSERT_EQ(map->owners.size(), 3u);
+  // An address without a backend takes the device given (this daemon's kind).
+  EXPECT_EQ(map->owners[0], (Owner{"a.test:1", 7}));
+  EXPECT_EQ(map->owners[1], (Owner{"b.test:2/cpu:1", kCpuDevice}));
+  EXPECT_EQ(map->owners[2], (Owner{"b.test:2/cuda:3", 3}));
+  // The pieces are those of the owners' addresses alone, whatever their devices.
+  EXPECT_EQ(map->tensors, JobShardMap(spec, "", kCpuDevice)->tensors);
 }
 
 TEST(RegistrationTest, ADaemonListMustNameTheDaemonByItsAdvertisedAddress) {
