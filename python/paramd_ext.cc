@@ -793,6 +793,8 @@ class PyClient {
     py::dict out;
     out["backend"] = r.backend();
     out["advertise_address"] = r.advertise_address();
+    out["backend_addresses"] =
+        std::vector<std::string>(r.backend_addresses().begin(), r.backend_addresses().end());
     py::list jobs;
     for (const v1::JobStatus& j : r.jobs()) {
       py::dict d;

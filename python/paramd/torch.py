@@ -34,7 +34,9 @@ What happens when:
   `address` one of them): the job is sharded over them, each daemon holding its part, and every
   push, commit and pull goes to the owners (the client does it). The result is bit-identical to
   one daemon's, and so are state_dict() (put together from every daemon's part) and
-  load_state_dict() (cut into the parts). CPU parameters only for now.
+  load_state_dict() (cut into the parts). CUDA parameters move through host copies then. A
+  daemon of several backends (paramd --backend=cuda:all, or a list) is one owner per backend: a
+  job given its address alone is sharded over them the same way.
 - `push_mode="pre_reduced"`: the ranks sum their gradients among themselves with
   torch.distributed (its process group initialized first; NCCL for CUDA parameters, gloo for CPU
   ones) and exactly one rank pushes each owner's part: at step(), each owner's rows of each

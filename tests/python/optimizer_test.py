@@ -251,6 +251,39 @@ class OptimizerTest(unittest.TestCase):
             for o in others:
                 o.stop()
 
+    def test_a_job_on_a_daemon_of_three_backends_trains_bit_identically_to_one(self):
+        # The daemon's address alone: the client shards the job over its backends.
+        def model_of():
+            torch.manual_seed(4)
+            return nn.Sequential(nn.Linear(12, 600), nn.Tanh(), nn.Linear(600, 3))
+
+        several = support.daemon(backend="cpu:0,cpu:1,cpu:2", step_threads=3)
+        try:
+            one, three = model_of(), model_of()
+            opt_one = self.paramd_adamw(one, state_policy="fp8", max_grad_norm=0.5)
+            opt_three = self.paramd_adamw(three, state_policy="fp8", max_grad_norm=0.5,
+                                          address=several.address)
+            for model, opt in ((one, opt_one), (three, opt_three)):
+                for step in range(6):
+                    x, y = batch(step)
+                    F.cross_entropy(model(x), y).backward()
+                    opt.step()
+                    opt.zero_grad()
+                opt.sync_weights()
+            for (name, p), q in zip(one.named_parameters(), three.parameters()):
+                self.assertTrue(torch.equal(p, q), name)
+            backends = paramd.connect(several.address).status()["backend_addresses"]
+            self.assertEqual(backends, [f"{several.address}/cpu:{i}" for i in range(3)])
+            name = opt_three._jobs[0].name
+            parts = [paramd.connect(a).status(name)["jobs"][0]["state_bytes"] for a in backends]
+            whole = self.daemon_client().status(opt_one._jobs[0].name)["jobs"][0]["state_bytes"]
+            self.assertTrue(all(0 < part < whole for part in parts), (parts, whole))
+            self.assertEqual(sum(parts), whole)
+            opt_one.close()
+            opt_three.close()
+        finally:
+            several.stop()
+
     def test_weights_are_written_just_before_their_module_runs(self):
         model = make_model()
         opt = self.paramd_adamw(model)
