@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # paramctl against a real daemon: status, tensors, set-lr, delete, checkpoint, restore and drain,
-# human-readable and --json, and the error path (unknown job -> NOT_FOUND, exit status 1).
+# human-readable and --json, and the error path (unknown job -> NOT_FOUND, exit status 1); a job
+# over two daemons, and over a daemon of two backends.
 # Usage: paramctl_test.sh BUILD_DIR
 set -euo pipefail
 build=$1
@@ -112,6 +113,30 @@ wait "$second" 2>/dev/null || true
 second=""
 ctl status two | grep -qE "^  owner $addr2 device unknown: .* of state, unreachable \(UNAVAILABLE\)$" \
   || fail "status shows a daemon of the job that is gone as unreachable, its device unknown"
+
+# A daemon of two backends: the example trainer given its address alone shards the job over them;
+# status at the daemon's address names both backends, and each backend's address gives its own.
+"$build/server/paramd" --listen=127.0.0.1:0 --metrics_listen= --address_file="$work/addr3" \
+  --backend=cpu:0,cpu:1 --log_level=warning &
+second=$!
+for _ in $(seq 100); do [ -s "$work/addr3" ] && break; sleep 0.1; done
+addr3=$(cat "$work/addr3")
+"$build/examples/mlp/paramd_train_mlp" --address="$addr3" --job=pair --world_size=1 --steps=2 \
+  >/dev/null 2>&1 || fail "training job on a daemon of two backends"
+out=$("$build/tools/paramctl" --address="$addr3" status pair)
+echo "$out"
+grep -q "^paramd .*  at $addr3/cpu:0  backend cpu:0 " <<<"$out" || fail "status of backend cpu:0"
+grep -q "^backends of this daemon: $addr3/cpu:0 $addr3/cpu:1 " <<<"$out" \
+  || fail "status names the daemon's backends"
+grep -qE "^  owner $addr3/cpu:1 cpu:1: [0-9]+ tensors? in [0-9]+ pieces?, .*, version 2$" <<<"$out" \
+  || fail "status shows the other backend's share of the job"
+"$build/tools/paramctl" --address="$addr3/cpu:1" status pair | grep -q "  backend cpu:1 " \
+  || fail "status at a backend's address is that backend's"
+{ "$build/tools/paramctl" --address="$addr3/cpu:5" status 2>&1 || true; } | grep -q "NOT_FOUND" \
+  || fail "a backend the daemon does not hold is NOT_FOUND"
+kill "$second"
+wait "$second" 2>/dev/null || true
+second=""
 
 ctl drain | grep -q "draining" || fail "drain"
 ctl status | grep -q "DRAINING" || fail "status shows draining"
