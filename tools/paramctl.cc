@@ -194,9 +194,10 @@ int Status(Client& client, const std::string& job) {
                                status->uptime_seconds(), status->draining() ? "  DRAINING" : "");
   if (status->backend_addresses_size() > 1) {
     // A daemon of several backends: this is one of them; each has a status of its own.
-    std::cout << absl::StrFormat("backends of this daemon: %s (paramctl --address=ADDRESS status "
-                                 "for each)\n",
-                                 absl::StrJoin(status->backend_addresses(), " "));
+    std::cout << absl::StrFormat(
+        "backends of this daemon: %s (paramctl --address=ADDRESS status "
+        "for each)\n",
+        absl::StrJoin(status->backend_addresses(), " "));
   }
   if (status->shm_segments() > 0) {
     std::cout << absl::StrFormat("shared memory: %d segments, %s reserved, %s in use\n",
