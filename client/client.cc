@@ -272,41 +272,35 @@ absl::Status Client::WaitForDaemons(
 
 absl::StatusOr<std::vector<std::string>> Client::OwnerAddresses(
     const std::vector<std::string>& daemons) const {
-  std::vector<std::string> owners;
-  // One Status of each daemon named without a backend (this one for an empty list).
-  auto add = [&](const std::string& daemon, v1::Control::Stub* control) -> absl::Status {
+  // One Status of each daemon named without a backend (this one for an empty list), asked once:
+  // a daemon that does not answer is kept as named, and its registration says why it fails.
+  auto backends = [&](v1::Control::Stub& control, bool retry) -> std::vector<std::string> {
     v1::StatusRequest request;
     request.set_daemon_only(true);
     v1::StatusResponse response;
-    PARAMD_RETURN_IF_ERROR(Retry([&] {
+    auto ask = [&] {
       return Unary(NextDeadline(), [&](grpc::ClientContext* context) {
-        return control->Status(context, request, &response);
+        return control.Status(context, request, &response);
       });
-    }));
-    if (response.backend_addresses_size() > 1) {
-      owners.insert(owners.end(), response.backend_addresses().begin(),
-                    response.backend_addresses().end());
-    } else if (!daemon.empty()) {
-      owners.push_back(daemon);
-    }
-    return absl::OkStatus();
+    };
+    const absl::Status status = retry ? Retry(ask) : ask();
+    if (!status.ok() || response.backend_addresses_size() < 2) return {};
+    return {response.backend_addresses().begin(), response.backend_addresses().end()};
   };
-  if (daemons.empty()) {
-    PARAMD_RETURN_IF_ERROR(add("", control_.get()));
-    return owners;
-  }
+  // The daemon connected to is waited for as its Register is (one restarting is found again).
+  if (daemons.empty()) return backends(*control_, /*retry=*/true);
+  std::vector<std::string> owners;
   for (const std::string& daemon : daemons) {
-    if (!SplitOwnerAddress(daemon).backend.empty()) {
-      owners.push_back(daemon);
-      continue;
+    std::vector<std::string> several;
+    if (SplitOwnerAddress(daemon).backend.empty()) {
+      grpc::ChannelArguments args;
+      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+      several = backends(*v1::Control::NewStub(OwnerChannel(daemon, args)), /*retry=*/false);
     }
-    grpc::ChannelArguments args;
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    const std::unique_ptr<v1::Control::Stub> control =
-        v1::Control::NewStub(OwnerChannel(daemon, args));
-    if (absl::Status s = add(daemon, control.get()); !s.ok()) {
-      return absl::Status(
-          s.code(), absl::StrCat("asking daemon ", daemon, " for its backends: ", s.message()));
+    if (several.empty()) {
+      owners.push_back(daemon);
+    } else {
+      owners.insert(owners.end(), several.begin(), several.end());
     }
   }
   return owners;
@@ -474,17 +468,7 @@ absl::StatusOr<std::vector<PulledView>> Client::PullInPlaceMany(const PullManyTa
                                                                 std::chrono::milliseconds timeout,
                                                                 std::chrono::milliseconds lease) {
   if (sharded_ != nullptr && sharded_->job() == target.job) {
-    std::vector<PulledView> views;
-    for (const std::string& tensor : target.tensors) {
-      absl::StatusOr<PulledView> view = sharded_->PullInPlace(
-          PullTarget{target.job, tensor, target.format, target.min_version}, timeout, lease);
-      if (!view.ok()) {
-        for (const PulledView& v : views) (void)sharded_->Release(v);
-        return view.status();
-      }
-      views.push_back(*std::move(view));
-    }
-    return views;
+    return sharded_->PullInPlaceMany(target, timeout, lease);
   }
   if (absl::Status s = NeedTransport(); !s.ok()) return s;
   const Deadline deadline = std::chrono::system_clock::now() + timeout;
@@ -496,11 +480,7 @@ absl::StatusOr<std::vector<PulledView>> Client::PullInPlaceMany(const PullManyTa
 }
 
 absl::Status Client::Release(std::span<const PulledView> views) {
-  if (sharded_ != nullptr) {
-    absl::Status status;
-    for (const PulledView& view : views) status.Update(sharded_->Release(view));
-    return status;
-  }
+  if (sharded_ != nullptr) return sharded_->Release(views);
   if (absl::Status s = NeedTransport(); !s.ok()) return s;
   std::vector<uint64_t> leases;
   for (const PulledView& view : views) leases.push_back(view.lease);

@@ -136,6 +136,8 @@ class Client {
   absl::Status PullMany(const PullManyTarget& target, std::chrono::milliseconds timeout,
                         std::vector<Pulled>* out);
   // The same in place: one view per tensor, each with its lease; end them with Release(views).
+  // A job sharded over several daemons gives a split tensor's pieces, in row order, each with its
+  // row_begin and owner (ShardedJob::PullInPlaceMany).
   absl::StatusOr<std::vector<PulledView>> PullInPlaceMany(const PullManyTarget& target,
                                                           std::chrono::milliseconds timeout,
                                                           std::chrono::milliseconds lease = {});
@@ -188,8 +190,8 @@ class Client {
   absl::StatusOr<std::vector<std::string>> ResolveDaemons(
       const std::string& job, const std::vector<std::string>& entries) const;
   // The job's owners (RegisterRequest.daemons): each daemon of `daemons` (this one where empty) of
-  // several backends in place of its address (StatusResponse.backend_addresses), the others as
-  // they are; empty where the job stays on this daemon alone.
+  // several backends in place of its address (StatusResponse.backend_addresses), the others (and
+  // any that does not answer) as they are; empty where the job stays on this daemon alone.
   absl::StatusOr<std::vector<std::string>> OwnerAddresses(
       const std::vector<std::string>& daemons) const;
   // Waits (up to ClientOptions::daemons_wait) until every daemon of `daemons` answers a call.

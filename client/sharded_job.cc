@@ -1,6 +1,7 @@
 #include "client/sharded_job.h"
 
 #include <algorithm>
+#include <set>
 #include <thread>
 #include <utility>
 
@@ -273,6 +274,7 @@ absl::StatusOr<std::vector<PulledView>> ShardedJob::PullInPlacePieces(
       PARAMD_ASSIGN_OR_RETURN(views[p], clients_[static_cast<size_t>(piece.owner)]->PullInPlace(
                                             wanted, timeout, lease));
       views[p].row_begin = piece.row_begin;
+      views[p].owner = piece.owner;
       leased[p] = true;
       return absl::OkStatus();
     });
@@ -296,6 +298,88 @@ absl::StatusOr<std::vector<PulledView>> ShardedJob::PullInPlacePieces(
     }
     wanted.min_version = newest;
   }
+}
+
+absl::StatusOr<std::vector<PulledView>> ShardedJob::PullInPlaceMany(
+    const PullManyTarget& target, std::chrono::milliseconds timeout,
+    std::chrono::milliseconds lease) {
+  // Each owner's tensors, in the target's order, and where each piece's view comes from.
+  std::vector<PullManyTarget> asks(clients_.size());
+  struct From {
+    int owner;
+    size_t index;  // in the owner's answer
+    int64_t row_begin;
+  };
+  std::vector<From> from;
+  for (const std::string& name : target.tensors) {
+    PARAMD_ASSIGN_OR_RETURN(const Tensor* t, Find(name));
+    for (const ShardPiece& piece : t->pieces) {
+      PullManyTarget& ask = asks[static_cast<size_t>(piece.owner)];
+      from.push_back({piece.owner, ask.tensors.size(), piece.row_begin});
+      ask.tensors.push_back(name);
+    }
+  }
+  int64_t min_version = target.min_version;
+  for (int attempt = 0;; ++attempt) {
+    std::vector<std::vector<PulledView>> answers(clients_.size());
+    std::vector<char> leased(clients_.size(), 0);
+    const absl::Status pulled = ForEachInParallel(clients_.size(), [&](size_t o) -> absl::Status {
+      if (asks[o].tensors.empty()) return absl::OkStatus();
+      PullManyTarget ask = asks[o];
+      ask.job = target.job;
+      ask.format = target.format;
+      ask.min_version = min_version;
+      PARAMD_ASSIGN_OR_RETURN(answers[o], clients_[o]->PullInPlaceMany(ask, timeout, lease));
+      leased[o] = 1;
+      return absl::OkStatus();
+    });
+    int64_t newest = min_version;
+    std::set<int64_t> versions;
+    for (size_t o = 0; o < answers.size(); ++o) {
+      for (const PulledView& v : answers[o]) {
+        versions.insert(v.header.version());
+        newest = std::max(newest, v.header.version());
+      }
+    }
+    if (pulled.ok() && versions.size() <= 1) {
+      std::vector<PulledView> views;
+      views.reserve(from.size());
+      for (const From& f : from) {
+        PulledView view = answers[static_cast<size_t>(f.owner)][f.index];
+        view.row_begin = f.row_begin;
+        view.owner = f.owner;
+        views.push_back(std::move(view));
+      }
+      return views;
+    }
+    // A failure, or owners at different versions (one daemon stepped on): let the leases go.
+    for (size_t o = 0; o < answers.size(); ++o) {
+      if (leased[o]) (void)clients_[o]->Release(answers[o]);
+    }
+    if (!pulled.ok()) return pulled;
+    if (attempt == 3) {
+      return absl::AbortedError(
+          absl::StrCat("the daemons of job ", Quoted(job_), " kept serving different versions (",
+                       absl::StrJoin(versions, ", "), ") after ", attempt + 1, " in-place pulls"));
+    }
+    min_version = newest;
+  }
+}
+
+absl::Status ShardedJob::Release(std::span<const PulledView> views) {
+  std::vector<std::vector<PulledView>> by_owner(clients_.size());
+  for (const PulledView& view : views) {
+    if (view.owner < 0 || view.owner >= static_cast<int>(clients_.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("a view of owner ", view.owner, "; job ",
+                                                     Quoted(job_), " has ", clients_.size()));
+    }
+    by_owner[static_cast<size_t>(view.owner)].push_back(view);
+  }
+  absl::Status status;
+  for (size_t o = 0; o < by_owner.size(); ++o) {
+    if (!by_owner[o].empty()) status.Update(clients_[o]->Release(by_owner[o]));
+  }
+  return status;
 }
 
 absl::Status ShardedJob::Release(const PulledView& view) {

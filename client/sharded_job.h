@@ -56,7 +56,16 @@ class ShardedJob {
   absl::StatusOr<std::vector<PulledView>> PullInPlacePieces(const PullTarget& target,
                                                             std::chrono::milliseconds timeout,
                                                             std::chrono::milliseconds lease);
+  // Several tensors in place, in `target.tensors`' order: a tensor held whole is one view, a
+  // split one its pieces in row order (row_begin > 0 after the first), each with its owner. One
+  // PullInPlaceMany per owner, in parallel, all of one version (asked again, a few times at
+  // most, where the owners answer different ones).
+  absl::StatusOr<std::vector<PulledView>> PullInPlaceMany(const PullManyTarget& target,
+                                                          std::chrono::milliseconds timeout,
+                                                          std::chrono::milliseconds lease);
   absl::Status Release(const PulledView& view);
+  // Ends the leases of `views`, one call per owner.
+  absl::Status Release(std::span<const PulledView> views);
   absl::StatusOr<v1::DeleteJobResponse> DeleteJob();
   // Every daemon takes the new hyperparameters (in parallel): the first daemon's answer.
   absl::StatusOr<v1::SetHyperparamsResponse> SetHyperparams(

@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "client/job_state.h"
 #include "common/element_type.h"
@@ -171,6 +172,19 @@ HeldBytes Hold(const py::object& object) {
 // Pushes [(tensor name, buffer or CUDA array)] with the GIL released while the bytes move. GPU
 // memory is read by the cuda_ipc transport alone (its copies read either memory); any other
 // transport would read it as host memory, so it is refused before anything moves.
+// Whether the client's transports ("cuda_ipc", or "addr=cuda_ipc,..." for a job sharded over
+// several daemons) all read GPU memory.
+bool ReadsGpuMemory(const std::string& transports) {
+  if (transports.empty()) return false;
+  for (const absl::string_view entry : absl::StrSplit(transports, ',')) {
+    const size_t equals = entry.rfind('=');
+    if (entry.substr(equals == absl::string_view::npos ? 0 : equals + 1) != "cuda_ipc") {
+      return false;
+    }
+  }
+  return true;
+}
+
 template <typename PushFn>
 void PushBuffers(const Client& client, const std::vector<std::pair<std::string, py::object>>& items,
                  PushFn push) {
@@ -180,7 +194,7 @@ void PushBuffers(const Client& client, const std::vector<std::pair<std::string, 
   push_items.reserve(items.size());
   for (const auto& [name, buffer] : items) {
     held.push_back(Hold(buffer));
-    if (held.back().on_device && client.transport_name() != "cuda_ipc") {
+    if (held.back().on_device && !ReadsGpuMemory(client.transport_name())) {
       throw StatusError(absl::FailedPreconditionError(
           "tensor \"" + name +
           "\" is in GPU memory, which only the cuda_ipc transport reads (this " + "client uses " +
@@ -348,9 +362,10 @@ class PyPulledBatch {
  public:
   PyPulledBatch(std::shared_ptr<Client> client, std::vector<PulledView> views)
       : leases_(std::make_shared<BatchLeases>(std::move(client), std::move(views))) {
-    // Views of one region (segment) are one allocation: the range from the lowest to the end of
-    // the highest lies in it.
+    // Views of one region (segment) of one owner's memory are one allocation: the range from the
+    // lowest to the end of the highest lies in it.
     struct Range {
+      int owner;
       int64_t segment;
       const std::byte* begin;
       const std::byte* end;
@@ -359,12 +374,13 @@ class PyPulledBatch {
     std::vector<int> block_of;
     for (const PulledView& view : leases_->views()) {
       const int64_t segment = view.header.place().segment();
-      auto it = std::find_if(ranges.begin(), ranges.end(),
-                             [&](const Range& r) { return r.segment == segment; });
+      auto it = std::find_if(ranges.begin(), ranges.end(), [&](const Range& r) {
+        return r.owner == view.owner && r.segment == segment;
+      });
       const std::byte* begin = view.data.data();
       const std::byte* end = begin + view.data.size();
       if (it == ranges.end()) {
-        ranges.push_back({segment, begin, end});
+        ranges.push_back({view.owner, segment, begin, end});
         it = ranges.end() - 1;
       } else {
         it->begin = std::min(it->begin, begin);
@@ -382,11 +398,13 @@ class PyPulledBatch {
       const PulledView& view = leases_->views()[i];
       spans_.append(py::make_tuple(block_of[i], view.data.data() - ranges[block_of[i]].begin,
                                    HeaderFields(view.header)));
+      row_begins_.append(view.row_begin);
     }
   }
 
   const py::list& blocks() const { return blocks_; }
   const py::list& spans() const { return spans_; }
+  const py::list& row_begins() const { return row_begins_; }
   bool on_device() const { return on_device_; }
   bool released() const { return leases_->released(); }
   void Release() { leases_->Release(); }
@@ -397,6 +415,7 @@ class PyPulledBatch {
   bool on_device_ = false;
   py::list blocks_;
   py::list spans_;
+  py::list row_begins_;
 };
 
 // A pull's header fields as read-only properties of `cls`; `header(const T&)` finds the header.
@@ -979,6 +998,10 @@ PYBIND11_MODULE(_paramd, m) {
       "and every block are gone")
       .def_property_readonly("blocks", &paramd::PyPulledBatch::blocks)
       .def_property_readonly("spans", &paramd::PyPulledBatch::spans)
+      .def_property_readonly("row_begins", &paramd::PyPulledBatch::row_begins,
+                             "Per span, its first row in the whole tensor: a tensor of a job "
+                             "sharded over several daemons may be split, its pieces consecutive "
+                             "spans in row order (row_begin > 0 after the first)")
       .def_property_readonly("on_device", &paramd::PyPulledBatch::on_device)
       .def_property_readonly("released", &paramd::PyPulledBatch::released)
       .def("release", &paramd::PyPulledBatch::Release,

@@ -74,6 +74,9 @@ struct PulledView {
   // A piece of a tensor split over daemons (Client::PullInPlacePieces): its first row in the
   // whole tensor (header.rows() rows from here). 0 for a whole tensor.
   int64_t row_begin = 0;
+  // A sharded job's view: the index of the owner whose memory it lies in (the job's sorted daemon
+  // list). 0 for a job on one daemon.
+  int owner = 0;
 };
 
 // The trainer's end of a transport.

@@ -137,6 +137,21 @@ def served_view(raw, fields):
     return ServedWeight(data, scale, scale_type, fmt, version, rows, cols, skipped)
 
 
+def join_pieces(parts):
+    """A tensor split over daemons as one ServedWeight, from its pieces' ServedWeights in row
+    order: their data and scales side by side along the rows (dim 1 of a transposed layout), a
+    per-tensor scale, which every owner serves alike, once. A copy (torch.cat)."""
+    first = parts[0]
+    fmt = first.format
+    dim = 1 if is_columnwise(fmt) and recipe_of(fmt) != "mxfp8" else 0
+    data = torch.cat([p.data for p in parts], dim=dim)
+    scale = first.scale
+    if scale is not None and recipe_of(fmt) not in ("fp8_tensor", "fp8_delayed"):
+        scale = torch.cat([p.scale for p in parts], dim=dim)
+    return ServedWeight(data, scale, first.scale_type, fmt, first.version,
+                        sum(p.rows for p in parts), first.cols, first.skipped)
+
+
 def _expand_blocks(scale, block_rows, block_cols, rows, cols):
     """Repeats per-block values over their blocks and cuts the partial edge blocks."""
     out = scale.repeat_interleave(block_rows, dim=0)[:rows]

@@ -34,7 +34,11 @@ What happens when:
   `address` one of them): the job is sharded over them, each daemon holding its part, and every
   push, commit and pull goes to the owners (the client does it). The result is bit-identical to
   one daemon's, and so are state_dict() (put together from every daemon's part) and
-  load_state_dict() (cut into the parts). CUDA parameters move through host copies then. A
+  load_state_dict() (cut into the parts). Where every owner is reached over cuda_ipc, CUDA
+  parameters take the GPU path as with one daemon: each owner's rows of a gradient are pushed (or
+  lent) from GPU memory, and the weights are viewed where the owners serve them, one in-place
+  pull per owner and format, a split tensor's pieces put together on the device (a copy). Over
+  any other transport they move through host copies. A
   daemon of several backends (paramd --backend=cuda:all, or a list) is one owner per backend: a
   job given its address alone is sharded over them the same way.
 - `push_mode="pre_reduced"`: the ranks sum their gradients among themselves with
@@ -205,7 +209,7 @@ class _DeviceVersion:
     are sliced from the blocks when asked for. Holding it holds the version's leases."""
 
     __slots__ = ("version", "tensors", "index", "done", "error", "batches", "blocks", "weights",
-                 "loaded", "lent")
+                 "loaded", "lent", "pieces")
 
     def __init__(self, version, tensors, index):
         self.version = version
@@ -218,19 +222,46 @@ class _DeviceVersion:
         self.weights = {}  # (name, format) -> ServedWeight, made on demand
         self.loaded = False
         self.lent = []  # gradients of the step before, lent to the daemon until this loads
+        self.pieces = {}  # format -> per tensor, its spans in the batch (several: split)
+
+    def _spans(self, fmt):
+        """Per tensor, in order, the indexes of its spans in the format's batch: a tensor of a
+        job sharded over several daemons may be split, its pieces consecutive spans in row order
+        (a span whose row_begin is not 0 continues the tensor before it)."""
+        spans = self.pieces.get(fmt)
+        if spans is None:
+            spans = []
+            for i, row in enumerate(self.batches[fmt].row_begins):
+                if row == 0 or not spans:
+                    spans.append([i])
+                else:
+                    spans[-1].append(i)
+            self.pieces[fmt] = spans
+        return spans
+
+    def _view(self, fmt, i):
+        block, offset, fields = self.batches[fmt].spans[i]
+        raw = self.blocks[fmt][block][offset:offset + fields[3] + fields[4]]
+        return _formats.served_view(raw, fields)
 
     def served(self, name, fmt):
         weight = self.weights.get((name, fmt))
         if weight is None:
-            block, offset, fields = self.batches[fmt].spans[self.index[name]]
-            raw = self.blocks[fmt][block][offset:offset + fields[3] + fields[4]]
-            weight = self.weights[(name, fmt)] = _formats.served_view(raw, fields)
+            spans = self._spans(fmt)[self.index[name]]
+            if len(spans) == 1:
+                weight = self._view(fmt, spans[0])
+            else:  # split over daemons: its pieces put together on the device
+                weight = _formats.join_pieces([self._view(fmt, i) for i in spans])
+            self.weights[(name, fmt)] = weight
         return weight
 
     def data(self, fmt, dtype):
         """Each tensor's data in `fmt`, flat, in `dtype` (a plain format's), in order: each
         block is cut at its tensors' edges by one split (a slice per tensor would cost the host
-        a few calls into torch per tensor, every step)."""
+        a few calls into torch per tensor, every step). A job with split tensors takes each
+        tensor's put together instead."""
+        if len(self.batches[fmt].spans) != len(self.tensors):
+            return [self.served(t.name, fmt).data.reshape(-1).view(dtype) for t in self.tensors]
         blocks = self.blocks[fmt]
         spans = self.batches[fmt].spans
         size = torch.empty(0, dtype=dtype).element_size()
@@ -411,8 +442,12 @@ class AdamW(torch.optim.Optimizer):
         if len(next_steps) != 1:
             raise RuntimeError(f"the jobs of this optimizer are at different steps {next_steps}")
         step = next_steps.pop()
-        # GPU memory moves directly only over cuda_ipc; other transports take host copies.
-        self._direct = self.device.type == "cuda" and self.transport == "cuda_ipc"
+        # GPU memory moves directly where every owner of the job is reached over cuda_ipc (one
+        # daemon, or "addr=cuda_ipc,..." for a sharded job): gradients are pushed, or lent, from
+        # it and weights viewed where the daemons serve them (a split tensor's pieces put
+        # together on the device).
+        self._direct = self.device.type == "cuda" and all(
+            entry.rsplit("=", 1)[-1] == "cuda_ipc" for entry in self.transport.split(","))
         if self._bucket_bytes is None:
             # A push of GPU memory waits for the stream and costs a round trip whatever its size,
             # while its copies run at device speed: few large buckets. Host pushes stream in

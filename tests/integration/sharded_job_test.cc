@@ -16,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -218,6 +219,32 @@ TEST_F(ShardedJobTest, InPlacePiecesViewEachOwnersRowsUnchangedUnderTheirLeases)
   // A split tensor is refused by PullInPlace, which gives one view.
   EXPECT_EQ(three.rank(0).PullInPlace({kJob, "embed", fp32, 3}, 20s).status().code(),
             absl::StatusCode::kFailedPrecondition);
+  // Every tensor at once (one in-place pull per owner): a whole tensor one view, "embed" its three
+  // pieces in row order, each from its owner, all of version 3, the one daemon's bytes.
+  ASSERT_TRUE(one.Step(2, RandomGradients(spec, 102)).ok());
+  absl::StatusOr<std::vector<Pulled>> want3 = one.Pull(fp32, 3);
+  ASSERT_TRUE(want3.ok()) << want3.status();
+  PullManyTarget all{kJob, {"b", "embed", "w", "v"}, fp32, 3};
+  absl::StatusOr<std::vector<PulledView>> many = three.rank(1).PullInPlaceMany(all, 20s);
+  ASSERT_TRUE(many.ok()) << many.status();
+  ASSERT_EQ(many->size(), 6u);
+  const std::vector<int> tensor_of = {3, 0, 0, 0, 1, 2};  // spec order: embed, w, v, b
+  std::set<int> embed_owners;
+  for (size_t i = 0; i < many->size(); ++i) {
+    const PulledView& v = (*many)[i];
+    const std::vector<std::byte>& of = (*want3)[static_cast<size_t>(tensor_of[i])].data;
+    EXPECT_EQ(v.header.version(), 3);
+    const int64_t row_bytes = v.header.data_bytes() / v.header.rows();
+    EXPECT_TRUE(std::memcmp(v.data.data(), of.data() + v.row_begin * row_bytes,
+                            static_cast<size_t>(v.header.data_bytes())) == 0)
+        << i;
+    if (tensor_of[i] == 0) embed_owners.insert(v.owner);
+  }
+  EXPECT_EQ((*many)[1].row_begin, 0);
+  EXPECT_GT((*many)[2].row_begin, 0);
+  EXPECT_GT((*many)[3].row_begin, (*many)[2].row_begin);
+  EXPECT_EQ(embed_owners.size(), 3u);
+  EXPECT_TRUE(three.rank(1).Release(*many).ok());
 }
 
 TEST(ShardedCheckpointTest, ACheckpointAndRestoreOfAShardedJobTakeEveryDaemonsPart) {

@@ -83,40 +83,55 @@ class CudaTest(unittest.TestCase):
 
     def test_a_sharded_job_with_cuda_parameters_trains_as_one_daemon(self):
         """CUDA parameters of a job sharded over two cuda:0 daemons (the first layer's weight split
-        between them; host copies to and from each): bit for bit the one daemon's run, fp8_tensor
-        weights included, and state_dict() put together from both parts is the one daemon's."""
+        between them; the GPU path: gradients pushed from GPU memory, lent and copied, weights
+        viewed where each daemon serves them, the split weight's pieces put together on the
+        device), and over one daemon of two backends, cuda:0 and cpu:1 (the cpu one over shm:
+        host copies both ways): bit for bit the one daemon's run, fp8_tensor weights included,
+        and state_dict() put together from the parts is the one daemon's."""
         def wide(seed):
             torch.manual_seed(seed)
             return nn.Sequential(nn.Linear(48, 600), nn.Tanh(),
                                  nn.Linear(600, 16)).to(DEVICE)
 
         other = support.daemon(backend="cuda:0")
+        several = support.daemon(backend="cuda:0,cpu:1")
         try:
             daemons = sorted([self.daemon.address, other.address])
             finals, served, states = [], [], []
-            for listed in (None, daemons):
+            runs = ((self.daemon.address, None, True), (self.daemon.address, daemons, True),
+                    (self.daemon.address, daemons, False), (several.address, None, True))
+            for address, listed, lend in runs:
                 model = wide(5)
                 opt = self.adamw(model, state_policy="fp8", serve=["bf16", "fp8_tensor"],
-                                 max_grad_norm=1.0, daemons=listed)
+                                 max_grad_norm=1.0, daemons=listed, address=address,
+                                 lend_gradients=lend)
                 if listed:
                     self.assertEqual(opt.transport, ",".join(f"{a}=cuda_ipc" for a in daemons))
+                    self.assertTrue(opt._direct)
+                if address == several.address:
+                    self.assertEqual(opt.transport, f"{several.address}/cpu:1=shm,"
+                                                    f"{several.address}/cuda:0=cuda_ipc")
+                    self.assertFalse(opt._direct)
                 train(model, opt, 5)
                 finals.append(weights(model))
                 fp8 = opt.served(model[0].weight, "fp8_tensor")
                 served.append((fp8.data.cpu().view(torch.uint8), fp8.scale.cpu()))
                 states.append(opt.state_dict())
                 opt.close()
-            for a, b in zip(*finals):
-                self.assertTrue(a.is_cuda)
-                self.assertTrue(torch.equal(a, b))
-            self.assertTrue(torch.equal(served[0][0], served[1][0]))
-            self.assertTrue(torch.equal(served[0][1], served[1][1]))
-            for index, fields in states[0]["state"].items():
-                for field, tensor in fields.items():
-                    self.assertTrue(torch.equal(states[1]["state"][index][field].view(torch.uint8),
-                                                tensor.view(torch.uint8)), (index, field))
+            for run in range(1, len(runs)):
+                for a, b in zip(finals[0], finals[run]):
+                    self.assertTrue(b.is_cuda)
+                    self.assertTrue(torch.equal(a, b), run)
+                self.assertTrue(torch.equal(served[0][0], served[run][0]), run)
+                self.assertTrue(torch.equal(served[0][1], served[run][1]), run)
+                for index, fields in states[0]["state"].items():
+                    for field, tensor in fields.items():
+                        self.assertTrue(
+                            torch.equal(states[run]["state"][index][field].view(torch.uint8),
+                                        tensor.view(torch.uint8)), (run, index, field))
         finally:
             other.__exit__(None, None, None)
+            several.__exit__(None, None, None)
 
     def test_cuda_gradients_and_views_equal_host_ones(self):
         """The same gradients pushed from GPU memory over cuda_ipc and from host memory over

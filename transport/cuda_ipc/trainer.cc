@@ -142,6 +142,17 @@ class CudaIpcTransport final : public PlacedTransport {
     PARAMD_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device_));
     PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     same_gpu_ = *daemon_gpu == device_;
+    // Another GPU's memory is read and written peer to peer (NVLink, or PCIe where the topology
+    // allows it): without a peer path the pair is left to the next transport of the table.
+    if (!same_gpu_) {
+      int peer = 0;
+      PARAMD_CUDA_RETURN_IF_ERROR(cudaDeviceCanAccessPeer(&peer, device_, *daemon_gpu));
+      if (peer == 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "this process's GPU (cuda:", device_, ") has no peer access to the daemon's (cuda:",
+            *daemon_gpu, " here): cuda_ipc reads and writes the daemon's GPU memory peer to peer"));
+      }
+    }
     PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     // Interprocess: a lent gradient's mark names it, and the daemon's step waits for it.
     PARAMD_CUDA_RETURN_IF_ERROR(
