@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/copy_bytes.h"
 #include "transport/placed.h"
 #include "transport/shm/segment.h"
 #include "transport/shm/shm.h"
@@ -64,7 +65,7 @@ class ShmTransport final : public PlacedTransport {
   absl::Status CopyAndMark(const PushPlan& plan, Marks& marks) override {
     for (size_t i = 0; i < plan.placed.size(); ++i) {
       if (plan.slots[i] == nullptr) continue;  // there already: marked again only
-      std::memcpy(plan.slots[i], plan.placed[i]->data.data(), plan.placed[i]->data.size());
+      CopyBytes(plan.slots[i], plan.placed[i]->data.data(), plan.placed[i]->data.size());
     }
     for (size_t i = 0; i < plan.placed.size(); ++i) {
       const PushItem& item = *plan.placed[i];
@@ -77,8 +78,9 @@ class ShmTransport final : public PlacedTransport {
   }
 
   absl::Status CopyOut(const uint8_t* from, size_t bytes, std::vector<std::byte>* out) override {
-    const auto* begin = reinterpret_cast<const std::byte*>(from);
-    out->assign(begin, begin + bytes);  // keeps the buffer's memory, faulted in already
+    // Keeps the buffer's memory, faulted in already: only a larger pull grows it.
+    out->resize(bytes);
+    CopyBytes(out->data(), from, bytes);
     return absl::OkStatus();
   }
 };
