@@ -13,7 +13,7 @@ namespace {
 #if defined(__x86_64__)
 // Unaligned loads, 32-byte aligned non-temporal stores (the head copied first to align them).
 __attribute__((target("avx2"))) void StreamCopyAvx2(std::byte* to, const std::byte* from,
-                                                   size_t bytes) {
+                                                    size_t bytes) {
   const size_t head = (32 - (reinterpret_cast<uintptr_t>(to) & 31)) & 31;
   std::memcpy(to, from, head);
   to += head;

@@ -32,8 +32,8 @@ void ExpectCopied(size_t bytes, size_t from_offset, size_t to_offset) {
     const bool inside = i >= to_offset && i < to_offset + bytes;
     const std::byte want = inside ? source[from_offset + i - to_offset] : before[i];
     if (target[i] != want) {
-      ADD_FAILURE() << bytes << " bytes from +" << from_offset << " to +" << to_offset
-                    << ": byte " << i << " differs";
+      ADD_FAILURE() << bytes << " bytes from +" << from_offset << " to +" << to_offset << ": byte "
+                    << i << " differs";
       return;
     }
   }
