@@ -21,6 +21,10 @@ of its own), --warmup steps then --steps timed steps, with the device synchroniz
   paramd_fp8_gemm   paramd_bf16 plus fp8_tensor weights served for every decoder linear layer,
                     whose forward GEMMs run in FP8 (torch._scaled_mm): reported apart, its
                     forward differs
+  paramd_sharded2   paramd's job sharded over two cuda:0 daemons on the same GPU (not in the
+                    default rows): the GPU path of a sharded job (each owner's gradient rows
+                    pushed from GPU memory, each owner's pieces viewed in place and a split
+                    tensor put together on the device) against one daemon's
 Peak memory is the GPU's used memory sampled every 10 ms through NVML (trainer, daemon and their
 CUDA contexts) less what was used before the row began; torch's own peak is given beside it.
 Prints a table and, with --json, writes the figures. This machine's step times swing by up to
@@ -99,7 +103,8 @@ def report_syncs(step, i):
         print(f"--- {n}x {message}\n{stack}", file=sys.stderr)
 
 
-def one_row(row, address, steps, warmup, profile=False, trace=None, sync_debug=False):
+def one_row(row, address, steps, warmup, profile=False, trace=None, sync_debug=False,
+            daemons=None):
     """Trains `row` in this process; returns its figures."""
     import torch
     torch.cuda.set_device(0)
@@ -116,8 +121,8 @@ def one_row(row, address, steps, warmup, profile=False, trace=None, sync_debug=F
             row, ["bf16"])
         opt = paramd.torch.AdamW(model.named_parameters(), lr=1e-4, weight_decay=0.1,
                                  address=address, job="llm", state_policy="fp8", serve=serve,
-                                 module=model,
-                                 weights_in_place=row != "paramd")
+                                 module=model, daemons=daemons,
+                                 weights_in_place=row not in ("paramd", "paramd_sharded2"))
         if row == "paramd_fp8_gemm":
             use_fp8_gemms(model, opt)
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -259,14 +264,17 @@ def main():
                         "debugging on and print where each host wait on the device came from")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--address", help=argparse.SUPPRESS)
+    parser.add_argument("--daemons", help=argparse.SUPPRESS)
     parser.add_argument("--switch_interval_ms", type=float,
                         help="the interpreter's thread switch interval (sys.setswitchinterval)")
     args = parser.parse_args()
     if args.switch_interval_ms:
         sys.setswitchinterval(args.switch_interval_ms / 1e3)
     if args.one:
+        daemons = args.daemons.split(",") if args.daemons else None
         print("RESULT " + json.dumps(one_row(args.one, args.address, args.steps, args.warmup,
-                                             args.profile, args.trace, args.sync_debug)))
+                                             args.profile, args.trace, args.sync_debug,
+                                             daemons)))
         return 0
 
     from paramd.daemon import Daemon
@@ -276,10 +284,15 @@ def main():
         memory = PeakMemory()
         daemon = Daemon(args.daemon, backend="cuda:0", extra_args=args.daemon_args.split()) if (
             row.startswith("paramd")) else None
+        # The sharded row's second owner: another daemon on the same GPU.
+        other = Daemon(args.daemon, backend="cuda:0", extra_args=args.daemon_args.split()) if (
+            row == "paramd_sharded2") else None
         command = [sys.executable, os.path.abspath(__file__), "--one", row,
                    "--steps", str(args.steps), "--warmup", str(args.warmup)]
         if daemon is not None:
             command += ["--address", daemon.address]
+        if other is not None:
+            command += ["--daemons", f"{daemon.address},{other.address}"]
         if args.profile:
             command.append("--profile")
         if args.trace:
@@ -289,6 +302,8 @@ def main():
         if args.switch_interval_ms:
             command.append(f"--switch_interval_ms={args.switch_interval_ms}")
         done = subprocess.run(command, capture_output=True, text=True)
+        if other is not None:
+            other.stop()
         if daemon is not None:
             daemon.stop()
             if args.daemon_log:
