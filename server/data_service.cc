@@ -108,6 +108,9 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
   void End(const absl::Status& status) {
     stream_.Reset();
+    // The job goes with the answer, not when gRPC gets round to OnDone: a DeleteJob the caller
+    // sends next finds no push holding it, and its budget back at once.
+    job_.reset();
     CountRpcError(daemon_, "Push", status);
     if (status.ok()) SerializeMessage(response_, raw_response_);
     Finish(ToGrpcStatus(status));

@@ -188,30 +188,36 @@ class OptimizerTest(unittest.TestCase):
               micro_batches=2)
         self.assert_same_weights(ours, theirs, rtol=1e-5)
 
-    def test_a_job_over_three_daemons_trains_bit_identically_to_one(self):
-        # Linear(12, 600)'s weight, 600 rows and most of the job's bytes, is split over the three;
-        # the others stay whole.
+    def train_sharded_and_one(self, **sharded):
+        """Six steps of a model whose Linear(12, 600) weight, 600 rows and most of the job's bytes,
+        is split over the owners `sharded` (paramd_adamw's arguments) gives, and of the same
+        model on this daemon alone: the weights must end bit-identical. Returns (one, sharded
+        model, their optimizers)."""
         def model_of():
             torch.manual_seed(4)
             return nn.Sequential(nn.Linear(12, 600), nn.Tanh(), nn.Linear(600, 3))
 
+        one, three = model_of(), model_of()
+        opt_one = self.paramd_adamw(one, state_policy="fp8", max_grad_norm=0.5)
+        opt_three = self.paramd_adamw(three, state_policy="fp8", max_grad_norm=0.5, **sharded)
+        for model, opt in ((one, opt_one), (three, opt_three)):
+            for step in range(6):
+                x, y = batch(step)
+                F.cross_entropy(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+            opt.sync_weights()
+        for (name, p), q in zip(one.named_parameters(), three.parameters()):
+            self.assertTrue(torch.equal(p, q), name)
+        self.assertFalse(torch.equal(make_model_weight(one), make_model_weight(model_of())))
+        return one, three, opt_one, opt_three
+
+    def test_a_job_over_three_daemons_trains_bit_identically_to_one(self):
+        # The split weight over the three daemons; the others stay whole.
         others = [support.daemon(step_threads=1) for _ in range(2)]
         try:
             daemons = sorted([self.daemon.address] + [o.address for o in others])
-            one, three = model_of(), model_of()
-            opt_one = self.paramd_adamw(one, state_policy="fp8", max_grad_norm=0.5)
-            opt_three = self.paramd_adamw(three, state_policy="fp8", max_grad_norm=0.5,
-                                          daemons=daemons)
-            for model, opt in ((one, opt_one), (three, opt_three)):
-                for step in range(6):
-                    x, y = batch(step)
-                    F.cross_entropy(model(x), y).backward()
-                    opt.step()
-                    opt.zero_grad()
-                opt.sync_weights()
-            for (name, p), q in zip(one.named_parameters(), three.parameters()):
-                self.assertTrue(torch.equal(p, q), name)
-            self.assertFalse(torch.equal(make_model_weight(one), make_model_weight(model_of())))
+            one, three, opt_one, opt_three = self.train_sharded_and_one(daemons=daemons)
             # Every daemon holds a part of the job (the split weight's rows on each), and the
             # parts' state adds up to the one daemon's.
             name = opt_three._jobs[0].name
@@ -253,25 +259,9 @@ class OptimizerTest(unittest.TestCase):
 
     def test_a_job_on_a_daemon_of_three_backends_trains_bit_identically_to_one(self):
         # The daemon's address alone: the client shards the job over its backends.
-        def model_of():
-            torch.manual_seed(4)
-            return nn.Sequential(nn.Linear(12, 600), nn.Tanh(), nn.Linear(600, 3))
-
         several = support.daemon(backend="cpu:0,cpu:1,cpu:2", step_threads=3)
         try:
-            one, three = model_of(), model_of()
-            opt_one = self.paramd_adamw(one, state_policy="fp8", max_grad_norm=0.5)
-            opt_three = self.paramd_adamw(three, state_policy="fp8", max_grad_norm=0.5,
-                                          address=several.address)
-            for model, opt in ((one, opt_one), (three, opt_three)):
-                for step in range(6):
-                    x, y = batch(step)
-                    F.cross_entropy(model(x), y).backward()
-                    opt.step()
-                    opt.zero_grad()
-                opt.sync_weights()
-            for (name, p), q in zip(one.named_parameters(), three.parameters()):
-                self.assertTrue(torch.equal(p, q), name)
+            _, _, opt_one, opt_three = self.train_sharded_and_one(address=several.address)
             backends = paramd.connect(several.address).status()["backend_addresses"]
             self.assertEqual(backends, [f"{several.address}/cpu:{i}" for i in range(3)])
             name = opt_three._jobs[0].name
