@@ -22,7 +22,7 @@ of its own), --warmup steps then --steps timed steps, with the device synchroniz
                     whose forward GEMMs run in FP8 (torch._scaled_mm): reported apart, its
                     forward differs
   paramd_sharded2   paramd's job sharded over two cuda:0 daemons on the same GPU (not in the
-                    default rows): the GPU path of a sharded job (each owner's gradient rows
+                    default rows): the GPU path of a sharded job (sharded_device_path) (each owner's gradient rows
                     pushed from GPU memory, each owner's pieces viewed in place and a split
                     tensor put together on the device) against one daemon's
 Peak memory is the GPU's used memory sampled every 10 ms through NVML (trainer, daemon and their
@@ -122,6 +122,7 @@ def one_row(row, address, steps, warmup, profile=False, trace=None, sync_debug=F
         opt = paramd.torch.AdamW(model.named_parameters(), lr=1e-4, weight_decay=0.1,
                                  address=address, job="llm", state_policy="fp8", serve=serve,
                                  module=model, daemons=daemons,
+                                 sharded_device_path=daemons is not None,
                                  weights_in_place=row not in ("paramd", "paramd_sharded2"))
         if row == "paramd_fp8_gemm":
             use_fp8_gemms(model, opt)

@@ -83,9 +83,10 @@ class CudaTest(unittest.TestCase):
 
     def test_a_sharded_job_with_cuda_parameters_trains_as_one_daemon(self):
         """CUDA parameters of a job sharded over two cuda:0 daemons (the first layer's weight split
-        between them; the GPU path: gradients pushed from GPU memory, lent and copied, weights
-        viewed where each daemon serves them, the split weight's pieces put together on the
-        device), and over one daemon of two backends, cuda:0 and cpu:1 (the cpu one over shm:
+        between them; with sharded_device_path the GPU path: gradients pushed from GPU memory,
+        lent and copied, from the push thread while backward runs too, weights viewed where each
+        daemon serves them, the split weight's pieces put together on the device; without it,
+        host copies), and over one daemon of two backends, cuda:0 and cpu:1 (the cpu one over shm:
         host copies both ways): bit for bit the one daemon's run, fp8_tensor weights included,
         and state_dict() put together from the parts is the one daemon's."""
         def wide(seed):
@@ -98,16 +99,26 @@ class CudaTest(unittest.TestCase):
         try:
             daemons = sorted([self.daemon.address, other.address])
             finals, served, states = [], [], []
-            runs = ((self.daemon.address, None, True), (self.daemon.address, daemons, True),
-                    (self.daemon.address, daemons, False), (several.address, None, True))
-            for address, listed, lend in runs:
+            # (address, daemon list, lend_gradients, bucket_bytes): the last sharded run pushes
+            # each gradient as backward makes it (a bucket of 4 KiB), from the push thread.
+            runs = ((self.daemon.address, None, True, None),
+                    (self.daemon.address, daemons, True, None),
+                    (self.daemon.address, daemons, False, None),
+                    (self.daemon.address, daemons, True, 4096),
+                    (several.address, None, True, None),
+                    (self.daemon.address, daemons, True, "host"))
+            for address, listed, lend, bucket in runs:
+                # "host": the default, sharded_device_path off (host copies both ways).
+                device_path = bucket != "host"
+                bucket = None if bucket == "host" else bucket
                 model = wide(5)
                 opt = self.adamw(model, state_policy="fp8", serve=["bf16", "fp8_tensor"],
                                  max_grad_norm=1.0, daemons=listed, address=address,
-                                 lend_gradients=lend)
+                                 lend_gradients=lend, bucket_bytes=bucket,
+                                 sharded_device_path=device_path)
                 if listed:
                     self.assertEqual(opt.transport, ",".join(f"{a}=cuda_ipc" for a in daemons))
-                    self.assertTrue(opt._direct)
+                    self.assertEqual(opt._direct, device_path)
                 if address == several.address:
                     self.assertEqual(opt.transport, f"{several.address}/cpu:1=shm,"
                                                     f"{several.address}/cuda:0=cuda_ipc")
