@@ -258,46 +258,17 @@ absl::StatusOr<PulledView> ShardedJob::PullInPlace(const PullTarget& target,
         " daemons: pull it by copy (Pull), which puts its pieces together, or its pieces in place "
         "(PullInPlacePieces)"));
   }
-  return clients_[static_cast<size_t>(t->pieces.front().owner)]->PullInPlace(target, timeout,
-                                                                             lease);
+  const int owner = t->pieces.front().owner;
+  PARAMD_ASSIGN_OR_RETURN(
+      PulledView view, clients_[static_cast<size_t>(owner)]->PullInPlace(target, timeout, lease));
+  view.owner = owner;
+  return view;
 }
 
 absl::StatusOr<std::vector<PulledView>> ShardedJob::PullInPlacePieces(
     const PullTarget& target, std::chrono::milliseconds timeout, std::chrono::milliseconds lease) {
-  PARAMD_ASSIGN_OR_RETURN(const Tensor* t, Find(target.tensor));
-  PullTarget wanted = target;
-  for (int attempt = 0;; ++attempt) {
-    std::vector<PulledView> views(t->pieces.size());
-    std::vector<bool> leased(t->pieces.size(), false);
-    const absl::Status pulled = ForEachInParallel(t->pieces.size(), [&](size_t p) -> absl::Status {
-      const ShardPiece& piece = t->pieces[p];
-      PARAMD_ASSIGN_OR_RETURN(views[p], clients_[static_cast<size_t>(piece.owner)]->PullInPlace(
-                                            wanted, timeout, lease));
-      views[p].row_begin = piece.row_begin;
-      views[p].owner = piece.owner;
-      leased[p] = true;
-      return absl::OkStatus();
-    });
-    int64_t newest = wanted.min_version;
-    bool same = true;
-    for (size_t p = 0; p < views.size(); ++p) {
-      if (!leased[p]) continue;
-      newest = std::max(newest, views[p].header.version());
-      same = same && views[p].header.version() == views.front().header.version();
-    }
-    if (pulled.ok() && same) return views;
-    // A failure, or pieces of different versions (one daemon stepped on): let the leases go.
-    for (size_t p = 0; p < views.size(); ++p) {
-      if (leased[p]) (void)Release(views[p]);
-    }
-    if (!pulled.ok()) return pulled;
-    if (attempt == 3) {
-      return absl::AbortedError(absl::StrCat("the daemons of job ", Quoted(job_),
-                                             " kept serving different versions of tensor ",
-                                             Quoted(t->name), "'s pieces"));
-    }
-    wanted.min_version = newest;
-  }
+  return PullInPlaceMany({target.job, {target.tensor}, target.format, target.min_version}, timeout,
+                         lease);
 }
 
 absl::StatusOr<std::vector<PulledView>> ShardedJob::PullInPlaceMany(
@@ -383,14 +354,7 @@ absl::Status ShardedJob::Release(std::span<const PulledView> views) {
 }
 
 absl::Status ShardedJob::Release(const PulledView& view) {
-  PARAMD_ASSIGN_OR_RETURN(const Tensor* t, Find(view.header.tensor()));
-  for (const ShardPiece& piece : t->pieces) {
-    if (piece.row_begin == view.row_begin) {
-      return clients_[static_cast<size_t>(piece.owner)]->Release(view);
-    }
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("tensor ", Quoted(t->name), " has no piece at row ", view.row_begin));
+  return Release(std::span<const PulledView>(&view, 1));
 }
 
 absl::StatusOr<v1::DeleteJobResponse> ShardedJob::DeleteJob() {

@@ -52,7 +52,7 @@ class ShardedJob {
                                          std::chrono::milliseconds timeout,
                                          std::chrono::milliseconds lease);
   // Every piece of a tensor leased where its owner serves it, in row order, one version for all
-  // (each view's row_begin and header.rows() say which rows it holds).
+  // (each view's row_begin and header.rows() say which rows it holds): PullInPlaceMany of it.
   absl::StatusOr<std::vector<PulledView>> PullInPlacePieces(const PullTarget& target,
                                                             std::chrono::milliseconds timeout,
                                                             std::chrono::milliseconds lease);
@@ -63,8 +63,8 @@ class ShardedJob {
   absl::StatusOr<std::vector<PulledView>> PullInPlaceMany(const PullManyTarget& target,
                                                           std::chrono::milliseconds timeout,
                                                           std::chrono::milliseconds lease);
+  // Ends the leases of `views` (each names its owner), one call per owner.
   absl::Status Release(const PulledView& view);
-  // Ends the leases of `views`, one call per owner.
   absl::Status Release(std::span<const PulledView> views);
   absl::StatusOr<v1::DeleteJobResponse> DeleteJob();
   // Every daemon takes the new hyperparameters (in parallel): the first daemon's answer.

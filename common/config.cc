@@ -113,14 +113,11 @@ absl::StatusOr<v1::DaemonConfig> LoadConfigFile(const std::string& path) {
 }
 
 bool IsBackendName(std::string_view name) {
-  int index = -1;
   for (const std::string_view prefix : {"cpu:", "cuda:"}) {
     if (name.substr(0, prefix.size()) == prefix) {
       const std::string_view digits = name.substr(prefix.size());
       return !digits.empty() && digits.size() <= 4 &&
-             std::all_of(digits.begin(), digits.end(),
-                         [](char d) { return d >= '0' && d <= '9'; }) &&
-             absl::SimpleAtoi(absl::string_view(digits.data(), digits.size()), &index);
+             std::all_of(digits.begin(), digits.end(), [](char d) { return d >= '0' && d <= '9'; });
     }
   }
   return name == "cpu";

@@ -8,6 +8,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/config.h"
 #include "common/logging.h"
 #include "common/quoted.h"
 
@@ -168,15 +169,16 @@ std::vector<TensorShape> JobTensorShapes(
 }
 
 absl::StatusOr<int> BackendDevice(std::string_view backend) {
-  if (backend == "cpu" || (backend.substr(0, 4) == "cpu:" && backend.size() > 4)) return kCpuDevice;
-  const std::string_view index = backend.substr(std::min<size_t>(5, backend.size()));
-  int device = -1;
-  if (backend.substr(0, 5) == "cuda:" &&
-      absl::SimpleAtoi(absl::string_view(index.data(), index.size()), &device) && device >= 0) {
-    return device;
+  if (!IsBackendName(backend)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("backend ", Quoted(backend), " is not \"cpu\", \"cpu:K\" or \"cuda:N\""));
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("backend ", Quoted(backend), " is not \"cpu\", \"cpu:K\" or \"cuda:N\""));
+  int device = kCpuDevice;
+  if (backend.substr(0, 5) == "cuda:") {
+    const std::string_view index = backend.substr(5);
+    PARAMD_CHECK(absl::SimpleAtoi(absl::string_view(index.data(), index.size()), &device));
+  }
+  return device;
 }
 
 }  // namespace paramd

@@ -4,24 +4,20 @@
 #include <filesystem>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
+#include "common/shard_map.h"
+#include "common/status_macros.h"
 #include "server/cpu_backend.h"
 
 namespace paramd {
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const v1::DaemonConfig& config) {
-  const std::string& name = config.backend();
-  if (name == "cpu" || (absl::StartsWith(name, "cpu:") && IsBackendName(name))) {
-    return std::make_unique<CpuBackend>(config.step_threads(), name);
+  PARAMD_ASSIGN_OR_RETURN(const int device, BackendDevice(config.backend()));
+  if (device == kCpuDevice) {
+    return std::make_unique<CpuBackend>(config.step_threads(), config.backend());
   }
-  int device = -1;
-  if (absl::StartsWith(name, "cuda:") && absl::SimpleAtoi(name.substr(5), &device) && device >= 0) {
-    return MakeCudaBackend(device, config);
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("backend \"", name, "\" is not \"cpu\", \"cpu:K\" or \"cuda:N\""));
+  return MakeCudaBackend(device, config);
 }
 
 absl::StatusOr<std::vector<std::string>> DaemonBackends(const v1::DaemonConfig& config) {

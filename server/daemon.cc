@@ -27,11 +27,8 @@ constexpr int64_t kMiB = int64_t{1} << 20;
 
 // The budget as configured, or its default from what the machine has now (server/memory_budget.h).
 absl::StatusOr<MemoryBytes> ResolveBudget(const v1::DaemonConfig& config, Backend& backend) {
-  MemoryBytes budget{config.memory_budget_bytes(), 0};
-  if (budget.host == 0) {
-    PARAMD_ASSIGN_OR_RETURN(const int64_t available, HostMemoryAvailable());
-    budget.host = static_cast<int64_t>(kDefaultBudgetShare * static_cast<double>(available));
-  }
+  MemoryBytes budget;
+  PARAMD_ASSIGN_OR_RETURN(budget.host, HostBudget(config.memory_budget_bytes()));
   if (backend.keeps_state_on_device()) {
     budget.device = config.device_memory_budget_bytes();
     if (budget.device == 0) {

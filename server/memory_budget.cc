@@ -110,4 +110,11 @@ absl::StatusOr<int64_t> HostMemoryAvailable() {
   return std::max<int64_t>(available, 0);
 }
 
+absl::StatusOr<int64_t> HostBudget(int64_t configured) {
+  if (configured != 0) return configured;
+  absl::StatusOr<int64_t> available = HostMemoryAvailable();
+  if (!available.ok()) return available.status();
+  return static_cast<int64_t>(kDefaultBudgetShare * static_cast<double>(*available));
+}
+
 }  // namespace paramd

@@ -66,4 +66,8 @@ absl::StatusOr<int64_t> HostMemoryAvailable();
 // formula counts (gRPC's message buffers, thread stacks, the allocator's own pages).
 inline constexpr double kDefaultBudgetShare = 0.9;
 
+// The host budget of DaemonConfig.memory_budget_bytes = `configured`: itself, or where it is 0
+// kDefaultBudgetShare of HostMemoryAvailable().
+absl::StatusOr<int64_t> HostBudget(int64_t configured);
+
 }  // namespace paramd

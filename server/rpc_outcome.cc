@@ -26,7 +26,8 @@ grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context, Daem
 
 absl::Status CheckRoute(grpc::CallbackServerContext* context, const Daemon& daemon) {
   const grpc::string_ref authority = context->ExperimentalGetAuthority();
-  const std::string route(authority.data(), authority.size());
+  const absl::string_view route(authority.data(), authority.size());
+  // A call to a daemon of one backend, or without a backend's authority, is its own (no copy).
   if (!absl::EndsWith(route, kBackendAuthoritySuffix) ||
       route == BackendAuthority(daemon.backend_name())) {
     return absl::OkStatus();
@@ -34,7 +35,7 @@ absl::Status CheckRoute(grpc::CallbackServerContext* context, const Daemon& daem
   // The server routes a backend's authority to that backend: this one reached the daemon's first
   // backend only because no backend of the daemon has it.
   return absl::NotFoundError(absl::StrCat(
-      "this daemon has no backend that :authority ", Quoted(route),
+      "this daemon has no backend that :authority ", Quoted(std::string(route)),
       " names (the client's owner address names a backend the daemon does not hold); its "
       "backends are at ",
       absl::StrJoin(daemon.backend_addresses(), ", ")));

@@ -57,9 +57,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const v1::DaemonConfig& ra
   PARAMD_ASSIGN_OR_RETURN(const std::vector<std::string> backends, DaemonBackends(config));
   // Several backends share the host budget: resolved once, each takes its share.
   int64_t host_budget = config.memory_budget_bytes();
-  if (backends.size() > 1 && host_budget == 0) {
-    PARAMD_ASSIGN_OR_RETURN(const int64_t available, HostMemoryAvailable());
-    host_budget = static_cast<int64_t>(kDefaultBudgetShare * static_cast<double>(available));
+  if (backends.size() > 1) {
+    PARAMD_ASSIGN_OR_RETURN(host_budget, HostBudget(host_budget));
   }
   std::unique_ptr<Server> server(new Server());
   for (size_t i = 0; i < backends.size(); ++i) {

@@ -355,7 +355,8 @@ TEST(ShardMapTest, ReadsTheDeviceOfABackend) {
   EXPECT_EQ(BackendDevice("cpu").value_or(-9), kCpuDevice);
   EXPECT_EQ(BackendDevice("cuda:0").value_or(-9), 0);
   EXPECT_EQ(BackendDevice("cuda:3").value_or(-9), 3);
-  for (const char* bad : {"", "gpu", "cuda:", "cuda:-1", "cuda:x"}) {
+  EXPECT_EQ(BackendDevice("cpu:2").value_or(-9), kCpuDevice);
+  for (const char* bad : {"", "gpu", "cuda:", "cuda:-1", "cuda:x", "cpu:", "cpu:x", "cuda:all"}) {
     EXPECT_EQ(BackendDevice(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
 }
