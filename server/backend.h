@@ -188,9 +188,9 @@ struct TensorStep {
   std::vector<const void*> device_slots;
   kernels::SlotType slot_type = kernels::SlotType::kFp32;
   ServedTensor* out = nullptr;  // formats already sized; the backend fills the bytes
-  // Backend::StepOnDevice only. Per rank (empty = none): the event (LentReadyEvent's) its lent
-  // gradient's reads wait for on the device. And the version this step follows, which a skipped
-  // step re-serves (alive until the step returns).
+  // Per rank (empty = none): the event (LentReadyEvent's) its lent gradient's reads wait for on
+  // the device (CheckGradients' or StepOnDevice's launches). And, StepOnDevice only, the version
+  // this step follows, which a skipped step re-serves (alive until the step returns).
   std::vector<const void*> ready_events;
   const ServedTensor* previous = nullptr;
   // Called once between the step's pass and the per-tensor pass, with the amax of the new master.

@@ -568,6 +568,25 @@ class CudaBackend : public Backend {
         "daemon and restore the jobs from their exports or checkpoints"));
   }
 
+  // The stream waits, on the device, for the events the lent gradients' marks named: the work the
+  // trainer queued before lending them (backward, writing them) runs before anything reads them.
+  absl::Status WaitForLentGradients(std::span<const TensorStep> tensors) {
+    std::vector<const void*> waited;
+    for (const TensorStep& t : tensors) {
+      for (const void* event : t.ready_events) {
+        if (event == nullptr || std::find(waited.begin(), waited.end(), event) != waited.end()) {
+          continue;
+        }
+        waited.push_back(event);
+        PARAMD_CUDA_RETURN_IF_ERROR(
+            cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(const_cast<void*>(event)), 0));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // The host-decided path's first reader of the gradients (a sharded job's): it waits for them as
+  // StepOnDeviceLocked does, and Step's launches follow it on the same stream.
   absl::StatusOr<GradientCheck> CheckGradientsLocked(std::span<TensorStep> tensors,
                                                      float grad_scale, bool norms) {
     PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
@@ -577,6 +596,7 @@ class CudaBackend : public Backend {
     const auto planned = std::chrono::steady_clock::now();
     const size_t blocks = static_cast<size_t>(plan_.num_norm_blocks());
     if (absl::Status s = CheckBuffers(norms); !s.ok()) return s;
+    if (absl::Status s = WaitForLentGradients(tensors); !s.ok()) return s;
     absl::Status st = FromKernel(kernels::GradCheckCuda(
         plan_, grad_scale, norms ? static_cast<double*>(norm_sums_.get()) : nullptr,
         static_cast<int*>(finite_.get()), stream_));
@@ -653,17 +673,7 @@ class CudaBackend : public Backend {
     }
     // Only now, every allocation made (freeing device memory synchronizes the device, which would
     // make this host wait for backward), the stream waits for the lent gradients' events.
-    std::vector<const void*> waited;
-    for (const TensorStep& t : tensors) {
-      for (const void* event : t.ready_events) {
-        if (event == nullptr || std::find(waited.begin(), waited.end(), event) != waited.end()) {
-          continue;
-        }
-        waited.push_back(event);
-        PARAMD_CUDA_RETURN_IF_ERROR(
-            cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(const_cast<void*>(event)), 0));
-      }
-    }
+    if (absl::Status s = WaitForLentGradients(tensors); !s.ok()) return s;
     auto* finite = static_cast<int*>(finite_.get());
     auto* sums = static_cast<double*>(norm_sums_.get());
     auto* clip = static_cast<float*>(clip_.get());

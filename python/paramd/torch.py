@@ -34,14 +34,12 @@ What happens when:
   `address` one of them): the job is sharded over them, each daemon holding its part, and every
   push, commit and pull goes to the owners (the client does it). The result is bit-identical to
   one daemon's, and so are state_dict() (put together from every daemon's part) and
-  load_state_dict() (cut into the parts). CUDA parameters of a sharded job move through host
-  copies. With `sharded_device_path=True` (experimental) and every owner reached over cuda_ipc,
-  they take the GPU path as with one daemon instead: each owner's rows of a gradient are pushed
+  load_state_dict() (cut into the parts). CUDA parameters of a job whose every owner is reached
+  over cuda_ipc take the GPU path as with one daemon: each owner's rows of a gradient are pushed
   (or lent) from GPU memory, and the weights are viewed where the owners serve them, one in-place
-  pull per owner and format, a split tensor's pieces put together on the device (a copy). It is
-  bit-identical to one daemon in the tests, but one benchmark run of a 1.1e9-parameter model saw
-  a sharded run's loss drift from the one daemon's, not yet explained: hence off by default. A
-  daemon of several backends (paramd --backend=cuda:all, or a list) is one owner per backend: a
+  pull per owner and format, a split tensor's pieces put together on the device (a copy).
+  `sharded_device_path=False`, or an owner reached another way, moves them through host copies
+  instead. A daemon of several backends (paramd --backend=cuda:all, or a list) is one owner per backend: a
   job given its address alone is sharded over them the same way.
 - `push_mode="pre_reduced"`: the ranks sum their gradients among themselves with
   torch.distributed (its process group initialized first; NCCL for CUDA parameters, gloo for CPU
@@ -298,7 +296,7 @@ class AdamW(torch.optim.Optimizer):
                  max_grad_norm=0.0, bucket_bytes=None, stream_pushes=True,
                  write_weights=True, weights_in_place=False, lend_gradients=True,
                  timeout_s=300.0, reconnect_timeout_s=0.0, daemons=None, push_mode="full",
-                 sharded_device_path=False):
+                 sharded_device_path=True):
         groups = self._named_groups(params)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
         super().__init__([{**g, "params": [p for _, p in g["params"]]} for g in groups],

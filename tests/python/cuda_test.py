@@ -83,7 +83,7 @@ class CudaTest(unittest.TestCase):
 
     def test_a_sharded_job_with_cuda_parameters_trains_as_one_daemon(self):
         """CUDA parameters of a job sharded over two cuda:0 daemons (the first layer's weight split
-        between them; with sharded_device_path the GPU path: gradients pushed from GPU memory,
+        between them; by default the GPU path: gradients pushed from GPU memory,
         lent and copied, from the push thread while backward runs too, weights viewed where each
         daemon serves them, the split weight's pieces put together on the device; without it,
         host copies), and over one daemon of two backends, cuda:0 and cpu:1 (the cpu one over shm:
@@ -108,14 +108,15 @@ class CudaTest(unittest.TestCase):
                     (several.address, None, True, None),
                     (self.daemon.address, daemons, True, "host"))
             for address, listed, lend, bucket in runs:
-                # "host": the default, sharded_device_path off (host copies both ways).
+                # "host": sharded_device_path=False (host copies both ways); the GPU path is the
+                # default.
                 device_path = bucket != "host"
+                extra = {} if device_path else {"sharded_device_path": False}
                 bucket = None if bucket == "host" else bucket
                 model = wide(5)
                 opt = self.adamw(model, state_policy="fp8", serve=["bf16", "fp8_tensor"],
                                  max_grad_norm=1.0, daemons=listed, address=address,
-                                 lend_gradients=lend, bucket_bytes=bucket,
-                                 sharded_device_path=device_path)
+                                 lend_gradients=lend, bucket_bytes=bucket, **extra)
                 if listed:
                     self.assertEqual(opt.transport, ",".join(f"{a}=cuda_ipc" for a in daemons))
                     self.assertEqual(opt._direct, device_path)
