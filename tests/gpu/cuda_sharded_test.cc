@@ -166,9 +166,9 @@ TEST(CudaLentGradientsTest, AStepReadsLentGradientsOnlyOnceTheTrainersStreamWrot
         ASSERT_EQ(cudaMemcpy(device[k], stale[k][0].data(), bytes.size(), cudaMemcpyHostToDevice),
                   cudaSuccess);
         std::memcpy(pinned[k], bytes.data(), bytes.size());
-        lent.push_back({spec.tensors(i).name(),
-                        std::span<const std::byte>(static_cast<const std::byte*>(device[k]),
-                                                   bytes.size())});
+        lent.push_back(
+            {spec.tensors(i).name(),
+             std::span<const std::byte>(static_cast<const std::byte*>(device[k]), bytes.size())});
         copied.push_back({spec.tensors(i).name(), AsBytes(bytes)});
       }
       // The trainer's stream writes the gradients 300 ms from now (backward, late).
@@ -177,8 +177,8 @@ TEST(CudaLentGradientsTest, AStepReadsLentGradientsOnlyOnceTheTrainersStreamWrot
                 cudaSuccess);
       for (int i = 0; i < 2; ++i) {
         const size_t k = static_cast<size_t>(i);
-        ASSERT_EQ(cudaMemcpyAsync(device[k], pinned[k], grads[k][0].size(),
-                                  cudaMemcpyHostToDevice, stream),
+        ASSERT_EQ(cudaMemcpyAsync(device[k], pinned[k], grads[k][0].size(), cudaMemcpyHostToDevice,
+                                  stream),
                   cudaSuccess);
       }
       ASSERT_TRUE((*lending)->PushGradients("late", 0, step, lent).ok());
