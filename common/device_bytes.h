@@ -47,6 +47,7 @@ struct DeviceExports {
   std::string uuid;                  // the GPU's 16-byte UUID
   std::vector<std::string> handles;  // cudaIpcMemHandle_t bytes, by Place::region
   std::vector<uint64_t> bases;       // the allocations' addresses in this process
+  std::vector<int64_t> sizes;        // and their sizes in bytes
   // An interprocess event recorded after each step's work on the device: a version is published
   // once its step is queued, and whoever reads its bytes on the GPU waits for this event first.
   std::string step_event;         // cudaIpcEventHandle_t bytes; empty: none

@@ -10,6 +10,9 @@
 #   limits  cuda_daemon_test: the GPU memory budget at Register, a step that finds the GPU full
 #           (its job fails alone), a sticky CUDA error (every job fails); SANITIZE=1 runs it and
 #           cuda_ipc_test under compute-sanitizer memcheck instead
+#   nccl    nccl_communicator_test, then nccl_transport_test: the transport conformance suite for nccl
+#           and its own tests, the daemon (the bundle's paramd) in a process of its own, on GPU 1
+#           where there are two, else on GPU 0 as another NCCL host (NCCL_HOSTID)
 #   ipc     scripts/gpu_ipc.sh: cuda_ipc_test (the conformance suite and cuda_ipc's own tests), then
 #           cuda_ipc push/pull against device and peer copies, and a whole step of 1e9 parameters
 #           by transport (cuda_ipc, inline)
@@ -98,6 +101,12 @@ for p in "${parts[@]}"; do
       done
       ;;
     ipc) part ipc "${IPC_TIMEOUT:-300}" "$root/scripts/gpu_ipc.sh" "$bundle" 4096 1000 ;;
+    nccl)
+      # The daemon runs as the bundle's paramd, in a process of its own.
+      part nccl_communicator "${NCCL_TIMEOUT:-300}" "$bundle/run.sh" nccl_communicator_test --gtest_brief=1
+      part nccl_transport "${NCCL_TIMEOUT:-300}" env PARAMD_BINARY="$bundle/bin/paramd" \
+        "$bundle/run.sh" nccl_transport_test --gtest_brief=1
+      ;;
     whole) part whole "${WHOLE_TIMEOUT:-400}" "$root/scripts/gpu_whole_step.sh" "$bundle" ;;
     daemon) part daemon "${DAEMON_TIMEOUT:-200}" "$root/scripts/gpu_daemon.sh" "$bundle" ;;
     shm)
@@ -120,7 +129,7 @@ for p in "${parts[@]}"; do
                ${LLM_ARGS:-} ;;
       esac
       ;;
-    *) echo "gpu_bundle: unknown part $p (kernels, sanitize, backend, limits, sharded, ipc, whole, daemon, shm, python, lm, llm)"; exit 2 ;;
+    *) echo "gpu_bundle: unknown part $p (kernels, sanitize, backend, limits, sharded, nccl, ipc, whole, daemon, shm, python, lm, llm)"; exit 2 ;;
   esac
 done
 

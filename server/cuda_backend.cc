@@ -166,6 +166,7 @@ class DeviceArena final : public DeviceAllocator {
     for (const Allocation& a : allocations_) {
       exports.handles.push_back(a.handle);
       exports.bases.push_back(reinterpret_cast<uint64_t>(a.base));
+      exports.sizes.push_back(a.size);
     }
     return exports;
   }

@@ -578,6 +578,7 @@ absl::Status PlacedTransport::PullMany(const PullManyTarget& target, Deadline de
 absl::Status PlacedTransport::PullInPlaceMany(const PullManyTarget& target, Deadline deadline,
                                               std::chrono::milliseconds lease,
                                               std::vector<PulledView>* out) {
+  if (absl::Status s = CanViewInPlace(); !s.ok()) return s;
   out->assign(target.tensors.size(), PulledView{});
   std::vector<uint64_t> leases;
   absl::Status status = PullPlacesEach(

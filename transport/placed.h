@@ -139,6 +139,9 @@ class PlacedTransport : public Transport {
   virtual absl::Status CheckProbe(const v1::AttachResponse& response, Deadline deadline) = 0;
   // Runs before a push reads the caller's buffers.
   virtual absl::Status BeforePush();
+  // OK where the regions are mapped in this process, so PullInPlace can give views of them; else
+  // why not (FAILED_PRECONDITION; nothing is leased).
+  virtual absl::Status CanViewInPlace() const { return absl::OkStatus(); }
   // The items of a push the daemon may read where they lie (cuda_ipc's lent gradients), in the
   // items' order, each with where it lies; the others are pushed as usual. Returns once the
   // caller's work writing the lent items has completed (their marks promise it). None by default.

@@ -1,6 +1,7 @@
 #include "absl/strings/str_cat.h"
 #include "transport/cuda_ipc/cuda_ipc.h"
 #include "transport/inline/inline.h"
+#include "transport/nccl/nccl.h"
 #include "transport/shm/shm.h"
 #include "transport/transport.h"
 
@@ -10,6 +11,8 @@ const std::vector<TransportEntry>& Transports() {
   static const std::vector<TransportEntry> kTransports = {
       // cuda_ipc or shm, whichever the daemon's backend offers (DESIGN.md §6).
       {"cuda_ipc", CudaIpcWhyNotViable, MakeCudaIpcTransport, MakeCudaIpcDaemonEnd},
+      // Another GPU of the node without peer access to the daemon's (nccl.h).
+      {"nccl", NcclWhyNotViable, MakeNcclTransport, MakeNcclDaemonEnd},
       {"shm", ShmWhyNotViable, MakeShmTransport, MakeShmDaemonEnd},
       {"inline", [](const TransportContext&) { return std::string(); },
        [](const TransportContext& context) -> absl::StatusOr<std::unique_ptr<Transport>> {

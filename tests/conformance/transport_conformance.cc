@@ -3,6 +3,7 @@
 #include <grpcpp/create_channel.h>
 
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <thread>
 
@@ -49,7 +50,38 @@ PullTarget Target(const std::string& job, const std::string& tensor, int64_t ver
 
 }  // namespace
 
+// nccl: the daemon in a process of its own, on GPU 1 where there are two (PARAMD_NCCL_TEST_BACKEND,
+// set by the nccl suite's binary), else on this process's GPU 0, each process another host to
+// NCCL (NCCL_HOSTID) so that it takes two ranks on one GPU, talking over loopback sockets.
+void TransportConformanceTest::StartDaemonProcess(const std::string& listen) {
+  const char* backend = std::getenv("PARAMD_NCCL_TEST_BACKEND");
+  const std::string on = backend != nullptr ? backend : "cuda:1";
+  std::vector<std::string> env;
+  if (on == "cuda:0") {
+    setenv("NCCL_HOSTID", "paramd-conformance-trainer", 0);
+    setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+    env = {"NCCL_HOSTID=paramd-conformance-daemon", "NCCL_SOCKET_IFNAME=lo"};
+  }
+  const std::string config = ::testing::TempDir() + "/nccl_daemon.textproto";
+  std::ofstream(config) << "max_chunk_bytes: " << kChunkBytes << "\n";
+  process_ = std::make_unique<DaemonProcess>(
+      ParamdBinary(PARAMD_BINARY), ::testing::TempDir(),
+      std::vector<std::string>{"--config=" + config, "--listen=" + listen, "--backend=" + on,
+                               "--step_threads=2"},
+      env);
+  address_ = process_->address();
+}
+
 void TransportConformanceTest::SetUp() {
+  if (GetParam() == "nccl") {
+    StartDaemonProcess("127.0.0.1:0");
+    if (address_.empty()) {
+      GTEST_SKIP() << "transport nccl needs a daemon on a cuda:N backend in a process of its own, "
+                      "which did not start here (no GPU, or no paramd binary)";
+    }
+    Connect();
+    return;
+  }
   v1::DaemonConfig config;
   config.set_listen("127.0.0.1:0");
   config.set_metrics_listen("");
@@ -66,7 +98,12 @@ void TransportConformanceTest::SetUp() {
   }
   ASSERT_TRUE(server.ok()) << server.status();
   server_ = *std::move(server);
-  channel_ = grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
+  address_ = server_->address();
+  Connect();
+}
+
+void TransportConformanceTest::Connect() {
+  channel_ = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
   control_ = v1::Control::NewStub(channel_);
   data_ = v1::Data::NewStub(channel_);
   TransportContext context{channel_, kChunkBytes};
@@ -90,9 +127,18 @@ void TransportConformanceTest::SetUp() {
 void TransportConformanceTest::TearDown() {
   transport_.reset();
   if (server_) server_->Shutdown();
+  process_.reset();
 }
 
 void TransportConformanceTest::RestartServer() {
+  if (process_ != nullptr) {
+    const std::string address = address_;
+    process_.reset();
+    StartDaemonProcess(address);
+    ASSERT_EQ(address_, address) << "the daemon did not start again at " << address;
+    ASSERT_TRUE(channel_->WaitForConnected(Soon())) << "no connection to the restarted daemon";
+    return;
+  }
   const std::string address = server_->address();
   server_->Shutdown();
   server_.reset();

@@ -13,6 +13,7 @@
 #include "paramd/v1/control.grpc.pb.h"
 #include "paramd/v1/data.grpc.pb.h"
 #include "server/server.h"
+#include "tests/integration/daemon_process.h"
 #include "transport/transport.h"
 
 namespace paramd::testing {
@@ -23,6 +24,9 @@ class TransportConformanceTest : public ::testing::TestWithParam<std::string> {
 
   void SetUp() override;
   void TearDown() override;
+  // nccl: starts the daemon's process, listening at `listen`; address_ is empty where it did not.
+  void StartDaemonProcess(const std::string& listen);
+  void Connect();  // the channel, stubs and the transport under test, to address_
 
   // Registers `job` (one rank per entry of `ranks`, world size ranks.size()).
   void Register(const std::string& job, const std::vector<v1::TensorSpec>& tensors, int world_size,
@@ -39,6 +43,9 @@ class TransportConformanceTest : public ::testing::TestWithParam<std::string> {
 
   v1::DaemonConfig config_;
   std::unique_ptr<Server> server_;
+  // nccl: the daemon runs in a process of its own (its two ends must be two processes).
+  std::unique_ptr<DaemonProcess> process_;
+  std::string address_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Control::Stub> control_;
   std::unique_ptr<v1::Data::Stub> data_;

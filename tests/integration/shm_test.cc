@@ -18,11 +18,13 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "client/client.h"
 #include "common/grpc_status.h"
 #include "paramd/v1/data.grpc.pb.h"
 #include "server/job_memory.h"
 #include "server/server.h"
+#include "tests/integration/daemon_process.h"
 
 extern char** environ;
 
@@ -336,56 +338,48 @@ TEST_F(ShmTest, StatusReportsEachRanksTransportAndWhy) {
   EXPECT_TRUE(status.shared_memory());
 }
 
-// A paramd process on a free port; its bound address from --address_file.
-class DaemonProcess {
- public:
-  explicit DaemonProcess(const std::string& dir) : address_file_(dir + "/address") {
-    std::filesystem::remove(address_file_);
-    std::vector<std::string> args = {PARAMD_BINARY, "--listen=127.0.0.1:0",
-                                     "--metrics_listen=", "--log_level=warning",
-                                     "--address_file=" + address_file_};
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    EXPECT_EQ(posix_spawn(&pid_, argv[0], nullptr, nullptr, argv.data(), environ), 0);
-    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (std::chrono::steady_clock::now() < give_up) {
-      std::ifstream in(address_file_);
-      if (in >> address_) break;
-      std::this_thread::sleep_for(milliseconds(20));
-    }
-    EXPECT_FALSE(address_.empty()) << "paramd did not start";
-  }
-  ~DaemonProcess() { Stop(SIGKILL); }
-  // Sends `signal` and waits for the exit; returns the wait status.
-  int Stop(int signal) {
-    if (pid_ <= 0) return 0;
-    kill(pid_, signal);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    pid_ = -1;
-    return status;
-  }
-  const std::string& address() const { return address_; }
-
- private:
-  const std::string address_file_;
-  pid_t pid_ = -1;
-  std::string address_;
-};
+// On a cpu backend the GPU transports are listed but not offered: nccl, named, is refused with the
+// reason, its Attach opens no session, and the automatic choice goes on to shm saying why it
+// skipped cuda_ipc and nccl.
+TEST_F(ShmTest, NcclIsNotOfferedOnACpuBackendAndTheAutomaticChoiceSaysWhy) {
+  auto channel = grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
+  TransportContext context;
+  context.channel = channel;
+  std::string reason;
+  const absl::StatusOr<std::unique_ptr<Transport>> named = ChooseTransport("nccl", context, &reason);
+  ASSERT_EQ(named.status().code(), absl::StatusCode::kFailedPrecondition) << named.status();
+  EXPECT_TRUE(absl::StrContains(named.status().message(), "cuda:N") ||
+              absl::StrContains(named.status().message(), "without NCCL"))
+      << named.status();
+  auto stub = v1::Data::NewStub(channel);
+  grpc::ClientContext call;
+  call.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::AttachRequest open;
+  open.set_transport("nccl");
+  open.mutable_nccl()->set_open(true);
+  v1::AttachResponse response;
+  const grpc::Status refused = stub->Attach(&call, open, &response);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << refused.error_message();
+  EXPECT_FALSE(response.has_nccl());
+  const absl::StatusOr<std::unique_ptr<Transport>> chosen = ChooseTransport("auto", context, &reason);
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  EXPECT_EQ((*chosen)->name(), "shm");
+  EXPECT_TRUE(absl::StrContains(reason, "cuda_ipc: ")) << reason;
+  EXPECT_TRUE(absl::StrContains(reason, "nccl: ")) << reason;
+}
 
 TEST(ShmReclaimTest, AKilledDaemonsSegmentsAreRemovedAtTheNextStartAndACleanExitRemovesItsOwn) {
   const std::string dir = ::testing::TempDir();
   std::vector<std::string> killed_names;
   {
-    DaemonProcess first(dir);
+    testing::DaemonProcess first(PARAMD_BINARY, dir);
     killed_names = SegmentNames(first.address());
     ASSERT_FALSE(killed_names.empty());
     first.Stop(SIGKILL);
   }
   for (const std::string& name : killed_names) EXPECT_TRUE(Exists(name)) << name;
 
-  DaemonProcess second(dir);
+  testing::DaemonProcess second(PARAMD_BINARY, dir);
   ASSERT_FALSE(second.address().empty());
   for (const std::string& name : killed_names) {
     EXPECT_FALSE(Exists(name)) << name << " of the killed daemon is still there";

@@ -34,6 +34,26 @@ absl::StatusOr<std::string> NewNcclUniqueId() {
 absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
     std::string_view unique_id, int nranks, int rank, int device,
     std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  absl::StatusOr<std::unique_ptr<NcclCommunicator>> comm = Start(unique_id, nranks, rank, device);
+  if (!comm.ok()) return comm.status();
+  if (absl::Status s = (*comm)->Joined(deadline); !s.ok()) return s;
+  return comm;
+}
+
+absl::Status NcclCommunicator::Joined(std::chrono::steady_clock::time_point deadline) {
+  if (joined_) return absl::OkStatus();
+  if (!usable()) return status_;
+  DeviceScope scope(device_);
+  if (!scope.status().ok()) return scope.status();
+  absl::Status s = Settle(
+      deadline, absl::StrCat("joining a communicator of ", nranks_, " ranks as rank ", rank_));
+  joined_ = s.ok();
+  return s;
+}
+
+absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Start(
+    std::string_view unique_id, int nranks, int rank, int device) {
   ncclUniqueId id;
   if (unique_id.size() != sizeof(id.internal)) {
     return absl::InvalidArgumentError(absl::StrCat("an NCCL unique id is ", sizeof(id.internal),
@@ -50,16 +70,10 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
   auto comm = std::unique_ptr<NcclCommunicator>(new NcclCommunicator(nranks, rank, device));
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // every wait is ours, against a deadline
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
   if (absl::Status s = NcclStatus(ncclCommInitRankConfig(&comm->comm_, nranks, id, rank, &config),
                                   "ncclCommInitRankConfig");
       !s.ok()) {
     return comm->Fail(s);
-  }
-  if (absl::Status s = comm->Settle(
-          deadline, absl::StrCat("joining a communicator of ", nranks, " ranks as rank ", rank));
-      !s.ok()) {
-    return s;
   }
   return comm;
 }
@@ -130,20 +144,46 @@ absl::Status NcclCommunicator::SendRecv(const void* send, size_t send_bytes, voi
   return Settle(deadline, "queueing a send/receive");
 }
 
+absl::Status NcclCommunicator::Queue(std::span<const Piece> pieces, bool send, int peer,
+                                     cudaStream_t stream) {
+  if (!usable()) return status_.ok() ? absl::FailedPreconditionError("no communicator") : status_;
+  if (peer < 0 || peer >= nranks_) {
+    return absl::InvalidArgumentError(absl::StrCat("peer ", peer, " of ", nranks_, " ranks"));
+  }
+  DeviceScope scope(device_);
+  if (!scope.status().ok()) return scope.status();
+  absl::Status status = NcclStatus(ncclGroupStart(), "ncclGroupStart");
+  for (const Piece& piece : pieces) {
+    if (!status.ok()) break;
+    if (piece.bytes == 0) continue;
+    status = send ? NcclStatus(ncclSend(piece.data, piece.bytes, ncclUint8, peer, comm_, stream),
+                               "ncclSend")
+                  : NcclStatus(ncclRecv(piece.data, piece.bytes, ncclUint8, peer, comm_, stream),
+                               "ncclRecv");
+  }
+  const absl::Status ended = NcclStatus(ncclGroupEnd(), "ncclGroupEnd");
+  if (!status.ok()) return Fail(status);
+  if (!ended.ok()) return Fail(ended);
+  // Not settled here: the group's first use connects the two ranks, which needs the peer's side
+  // queued too, and the peer may queue it only once told (Wait settles it).
+  return absl::OkStatus();
+}
+
 absl::Status NcclCommunicator::Wait(cudaStream_t stream, std::chrono::milliseconds timeout) {
   if (!usable()) return status_.ok() ? absl::FailedPreconditionError("no communicator") : status_;
   DeviceScope scope(device_);
   if (!scope.status().ok()) return scope.status();
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (true) {
-    const cudaError_t done = cudaStreamQuery(stream);
-    if (done == cudaSuccess) return absl::OkStatus();
-    if (done != cudaErrorNotReady) return Fail(CudaStatus(done, "cudaStreamQuery"));
     ncclResult_t state = ncclSuccess;
     ncclCommGetAsyncError(comm_, &state);
     if (state != ncclSuccess && state != ncclInProgress) {
       return Fail(NcclStatus(state, "a transfer on the NCCL communicator"));
     }
+    // Done once the queued group settled (Queue leaves it in progress) and the stream ran it.
+    const cudaError_t done = state == ncclSuccess ? cudaStreamQuery(stream) : cudaErrorNotReady;
+    if (done == cudaSuccess) return absl::OkStatus();
+    if (done != cudaErrorNotReady) return Fail(CudaStatus(done, "cudaStreamQuery"));
     if (std::chrono::steady_clock::now() >= deadline) {
       return Fail(absl::DeadlineExceededError(
           "a transfer on the NCCL communicator did not end by the deadline (its peer left or "

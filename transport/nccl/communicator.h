@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -37,6 +38,13 @@ class NcclCommunicator {
   static absl::StatusOr<std::unique_ptr<NcclCommunicator>> Create(
       std::string_view unique_id, int nranks, int rank, int device,
       std::chrono::milliseconds timeout);
+  // Starts joining, as Create does, without waiting: NCCL joins in the background, and Joined
+  // waits for it. The same errors, but DEADLINE_EXCEEDED only from Joined.
+  static absl::StatusOr<std::unique_ptr<NcclCommunicator>> Start(std::string_view unique_id,
+                                                                 int nranks, int rank, int device);
+  // Waits until every rank joined (OK at once once they have), or until `deadline`: then the
+  // communicator is aborted and DEADLINE_EXCEEDED returned.
+  absl::Status Joined(std::chrono::steady_clock::time_point deadline);
   ~NcclCommunicator();
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
@@ -46,6 +54,16 @@ class NcclCommunicator {
   // out). GPU memory on this communicator's device.
   absl::Status SendRecv(const void* send, size_t send_bytes, void* recv, size_t recv_bytes,
                         int peer, cudaStream_t stream);
+  // One piece of GPU memory on this communicator's device.
+  struct Piece {
+    void* data;
+    size_t bytes;
+  };
+  // Queues, in one NCCL group on `stream`, a send (`send`) or a receive of each piece to or from
+  // `peer`, in order: the peer queues the other side of the same pieces in the same order. Returns
+  // without waiting for the group to settle (its first use connects the ranks, which needs the
+  // peer's side): Wait does, and no other call of this communicator may come before it.
+  absl::Status Queue(std::span<const Piece> pieces, bool send, int peer, cudaStream_t stream);
   // Waits until `stream` ran what was queued on it, or `timeout` passed: then the communicator is
   // aborted (a peer that left takes its transfers with it) and DEADLINE_EXCEEDED is returned.
   absl::Status Wait(cudaStream_t stream, std::chrono::milliseconds timeout);
@@ -70,6 +88,7 @@ class NcclCommunicator {
   const int rank_;
   const int device_;
   ncclComm_t comm_ = nullptr;
+  bool joined_ = false;  // every rank joined (Joined)
   absl::Status status_;
 };
 

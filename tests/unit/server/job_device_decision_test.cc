@@ -101,7 +101,9 @@ TEST(JobDeviceDecisionTest, VersionsArePublishedPendingAndTheStepsMatchTheJobsOw
     EXPECT_EQ(decided->skipped, skip);
     EXPECT_EQ(decided->skipped, own->skipped);
     EXPECT_EQ(decided->clip, own->clip);
-    if (!skip) EXPECT_LT(decided->clip, 1.0f);
+    if (!skip) {
+      EXPECT_LT(decided->clip, 1.0f);
+    }
     const v1::JobStatus status = device.job().Status();
     EXPECT_EQ(status.applied_steps(), host.job().Status().applied_steps());
     EXPECT_EQ(status.skipped_steps(), skip || step > 2 ? 1 : 0);
