@@ -34,12 +34,12 @@ class DaemonProcess {
   // environment plus `env` ("NAME=value"); waits up to 30 s for its address (--address_file under
   // `dir`). address() is empty where it did not start.
   DaemonProcess(const std::string& binary, const std::string& dir,
-                const std::vector<std::string>& args = {},
-                const std::vector<std::string>& env = {})
+                const std::vector<std::string>& args = {}, const std::vector<std::string>& env = {})
       : address_file_(dir + "/address." + std::to_string(getpid())) {
     std::filesystem::remove(address_file_);
-    std::vector<std::string> all = {binary, "--listen=127.0.0.1:0", "--metrics_listen=",
-                                    "--log_level=warning", "--address_file=" + address_file_};
+    std::vector<std::string> all = {binary, "--listen=127.0.0.1:0",
+                                    "--metrics_listen=", "--log_level=warning",
+                                    "--address_file=" + address_file_};
     all.insert(all.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (std::string& a : all) argv.push_back(a.data());

@@ -346,7 +346,8 @@ TEST_F(ShmTest, NcclIsNotOfferedOnACpuBackendAndTheAutomaticChoiceSaysWhy) {
   TransportContext context;
   context.channel = channel;
   std::string reason;
-  const absl::StatusOr<std::unique_ptr<Transport>> named = ChooseTransport("nccl", context, &reason);
+  const absl::StatusOr<std::unique_ptr<Transport>> named =
+      ChooseTransport("nccl", context, &reason);
   ASSERT_EQ(named.status().code(), absl::StatusCode::kFailedPrecondition) << named.status();
   EXPECT_TRUE(absl::StrContains(named.status().message(), "cuda:N") ||
               absl::StrContains(named.status().message(), "without NCCL"))
@@ -361,7 +362,8 @@ TEST_F(ShmTest, NcclIsNotOfferedOnACpuBackendAndTheAutomaticChoiceSaysWhy) {
   const grpc::Status refused = stub->Attach(&call, open, &response);
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << refused.error_message();
   EXPECT_FALSE(response.has_nccl());
-  const absl::StatusOr<std::unique_ptr<Transport>> chosen = ChooseTransport("auto", context, &reason);
+  const absl::StatusOr<std::unique_ptr<Transport>> chosen =
+      ChooseTransport("auto", context, &reason);
   ASSERT_TRUE(chosen.ok()) << chosen.status();
   EXPECT_EQ((*chosen)->name(), "shm");
   EXPECT_TRUE(absl::StrContains(reason, "cuda_ipc: ")) << reason;
