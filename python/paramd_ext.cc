@@ -178,9 +178,8 @@ bool ReadsGpuMemory(const std::string& transports) {
   if (transports.empty()) return false;
   for (const absl::string_view entry : absl::StrSplit(transports, ',')) {
     const size_t equals = entry.rfind('=');
-    if (entry.substr(equals == absl::string_view::npos ? 0 : equals + 1) != "cuda_ipc") {
-      return false;
-    }
+    const absl::string_view name = entry.substr(equals == absl::string_view::npos ? 0 : equals + 1);
+    if (name != "cuda_ipc" && name != "nccl") return false;
   }
   return true;
 }
@@ -197,7 +196,8 @@ void PushBuffers(const Client& client, const std::vector<std::pair<std::string, 
     if (held.back().on_device && !ReadsGpuMemory(client.transport_name())) {
       throw StatusError(absl::FailedPreconditionError(
           "tensor \"" + name +
-          "\" is in GPU memory, which only the cuda_ipc transport reads (this " + "client uses " +
+          "\" is in GPU memory, which only the cuda_ipc and nccl transports read (this " +
+          "client uses " +
           (client.transport_name().empty() ? std::string("no transport yet")
                                            : client.transport_name()) +
           "); register first, run the daemon with --backend=cuda:N on this node, or copy the " +

@@ -120,8 +120,8 @@ class _Tensor:
     def grad_bytes(self, direct, grad=None):
         """(bytes to push, their size, what must stay alive until pushed) of `grad` (default: the
         parameter's gradient, grad_tensor()). Where the transport reads the parameter's memory
-        (`direct`: CUDA over cuda_ipc) the bytes are the GPU gradient's (address, size), read in
-        place; else a host view (of a host copy of a GPU gradient)."""
+        (`direct`: CUDA over cuda_ipc or nccl) the bytes are the GPU gradient's (address, size), read in
+        place (nccl sends it from there); else a host view (of a host copy of a GPU gradient)."""
         grad = self.grad_tensor() if grad is None else grad
         if direct:
             # Few Python calls here: this runs in backward, once per parameter.
@@ -452,11 +452,16 @@ class AdamW(torch.optim.Optimizer):
             entry.rsplit("=", 1)[-1] == "cuda_ipc" for entry in self.transport.split(","))
         self._direct = self.device.type == "cuda" and (
             self.transport == "cuda_ipc" or (self._sharded_device_path and every_owner_cuda_ipc))
+        # nccl (a daemon on another GPU without a peer path) sends gradients from GPU memory too,
+        # and its pulls copy the weights out (it views nothing in place).
+        self._push_device = self._direct or (self.device.type == "cuda" and all(
+            entry.rsplit("=", 1)[-1] in ("cuda_ipc", "nccl")
+            for entry in self.transport.split(",")) and "nccl" in self.transport)
         if self._bucket_bytes is None:
             # A push of GPU memory waits for the stream and costs a round trip whatever its size,
             # while its copies run at device speed: few large buckets. Host pushes stream in
             # small ones, which keep the copies in cache.
-            self._bucket_bytes = (256 << 20) if self._direct else (1 << 20)
+            self._bucket_bytes = (256 << 20) if self._push_device else (1 << 20)
         if self.weights_in_place and not self._direct:
             raise ValueError(f"weights_in_place needs CUDA parameters and the cuda_ipc transport "
                              f"(this optimizer has {self.device} parameters over "
@@ -513,7 +518,7 @@ class AdamW(torch.optim.Optimizer):
         if not self.stream_pushes or self._resumed or self.push_mode == "pre_reduced":
             return
         t = self._by_param[id(param)]
-        data, nbytes, keep = t.grad_bytes(self._direct)
+        data, nbytes, keep = t.grad_bytes(self._push_device)
         with self._lock:
             t.pushed_step = self._step
             self._bucket.setdefault(t.job.name, []).append((t.name, data, keep))
@@ -564,7 +569,7 @@ class AdamW(torch.optim.Optimizer):
                         if t.pushed_step != self._step:
                             t.pushed_step = self._step
                             data, _, keep = t.grad_bytes(
-                                self._direct, None if reduced is None else reduced[t.name])
+                                self._push_device, None if reduced is None else reduced[t.name])
                             self._bucket.setdefault(j.name, []).append((t.name, data, keep))
                     self._flush(j)
             self._pushes.wait()
