@@ -6,7 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <memory>
+#include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -17,6 +20,36 @@
 #include "transport/transport.h"
 
 namespace paramd::testing {
+
+// The suite's inputs, for the transports' own tests too.
+inline v1::TensorSpec Spec(const std::string& name, int64_t rows, int64_t cols,
+                           v1::ElementType type = v1::ELEMENT_TYPE_FP32) {
+  v1::TensorSpec spec;
+  spec.set_name(name);
+  spec.set_rows(rows);
+  spec.set_cols(cols);
+  spec.set_grad_type(type);
+  return spec;
+}
+
+inline std::vector<float> Random(size_t n, uint32_t seed, float scale) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+inline std::span<const std::byte> Bytes(const std::vector<float>& v) {
+  return std::as_bytes(std::span<const float>(v));
+}
+
+inline PullTarget Target(const std::string& job, const std::string& tensor, int64_t version,
+                         v1::Recipe recipe = v1::RECIPE_FP32) {
+  PullTarget target{job, tensor, {}, version};
+  target.format.set_recipe(recipe);
+  return target;
+}
 
 class TransportConformanceTest : public ::testing::TestWithParam<std::string> {
  protected:

@@ -29,33 +29,6 @@ const bool kBackendChosen = [] {
 
 using NcclTest = TransportConformanceTest;
 
-v1::TensorSpec Spec(const std::string& name, int64_t rows, int64_t cols) {
-  v1::TensorSpec spec;
-  spec.set_name(name);
-  spec.set_rows(rows);
-  spec.set_cols(cols);
-  spec.set_grad_type(v1::ELEMENT_TYPE_FP32);
-  return spec;
-}
-
-std::vector<float> Random(size_t n, uint32_t seed, float scale) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
-
-std::span<const std::byte> Bytes(const std::vector<float>& v) {
-  return std::as_bytes(std::span<const float>(v));
-}
-
-PullTarget Target(const std::string& job, const std::string& tensor, int64_t version) {
-  PullTarget target{job, tensor, {}, version};
-  target.format.set_recipe(v1::RECIPE_FP32);
-  return target;
-}
-
 // Gradients sent from the trainer's GPU memory where they lie, over three steps of two tensors,
 // give the steps of the same gradients from host memory (staged on the device first), bit for bit.
 TEST_P(NcclTest, GradientsFromGpuMemoryGiveTheStepsOfHostMemory) {

@@ -15,6 +15,7 @@
 #include "common/cuda_allocation.h"
 #include "common/cuda_status.h"
 #include "transport/cuda_ipc/cuda_ipc.h"
+#include "transport/gpu_items.h"
 #include "transport/placed.h"
 
 namespace paramd {
@@ -23,31 +24,6 @@ namespace {
 // A gradient is copied and marked in pieces of at most this size, so the marks' round trips run
 // while later pieces still copy (a multiple of every element size).
 constexpr int64_t kPieceBytes = int64_t{512} << 20;
-
-// The local ordinal of the GPU with this UUID, or -1.
-absl::StatusOr<int> DeviceWithUuid(const std::string& uuid) {
-  int count = 0;
-  PARAMD_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
-  for (int d = 0; d < count; ++d) {
-    cudaDeviceProp prop;
-    PARAMD_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, d));
-    if (uuid.size() == sizeof(prop.uuid.bytes) &&
-        std::memcmp(uuid.data(), prop.uuid.bytes, uuid.size()) == 0) {
-      return d;
-    }
-  }
-  return -1;
-}
-
-// Whether `p` is GPU memory (device or managed); host memory, registered or not, is not.
-bool OnDevice(const void* p) {
-  cudaPointerAttributes attributes;
-  if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
-}
 
 bool InThisProcess(uint64_t base) {
   cudaPointerAttributes attributes;
@@ -358,23 +334,10 @@ class CudaIpcTransport final : public PlacedTransport {
   // Items in GPU memory are copied down for the inline path; host items are sent as they are.
   absl::Status ToHost(std::span<const PushItem> items, std::vector<PushItem>* host,
                       std::vector<std::vector<std::byte>>* storage) override {
-    host->assign(items.begin(), items.end());
-    storage->reserve(items.size());
     const DeviceScope scope(device_);
     if (!scope.status().ok()) return scope.status();
-    bool waited = false;
-    for (PushItem& item : *host) {
-      if (item.data.empty() || !OnDevice(item.data.data())) continue;
-      if (!waited) {  // the bytes may still be being written on the trainer's stream
-        if (absl::Status s = BeforePush(); !s.ok()) return s;
-        waited = true;
-      }
-      std::vector<std::byte>& copy = storage->emplace_back(item.data.size());
-      PARAMD_CUDA_RETURN_IF_ERROR(
-          cudaMemcpyAsync(copy.data(), item.data.data(), copy.size(), cudaMemcpyDefault, stream_));
-      item.data = copy;
-    }
-    return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(stream_)");
+    return GpuItemsToHost(
+        items, stream_, [this] { return BeforePush(); }, host, storage);
   }
 
   absl::Status FinishCopies() override {

@@ -15,6 +15,7 @@
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "paramd/v1/data.grpc.pb.h"
+#include "transport/gpu_items.h"
 #include "transport/nccl/communicator.h"
 #include "transport/nccl/nccl.h"
 #include "transport/placed.h"
@@ -30,31 +31,6 @@ constexpr std::chrono::milliseconds kOpenTimeout{30000};
 
 Deadline After(std::chrono::milliseconds timeout) {
   return std::chrono::system_clock::now() + timeout;
-}
-
-// The local ordinal of the GPU with this UUID, or -1.
-absl::StatusOr<int> DeviceWithUuid(const std::string& uuid) {
-  int count = 0;
-  PARAMD_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
-  for (int d = 0; d < count; ++d) {
-    cudaDeviceProp prop;
-    PARAMD_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, d));
-    if (uuid.size() == sizeof(prop.uuid.bytes) &&
-        std::memcmp(uuid.data(), prop.uuid.bytes, uuid.size()) == 0) {
-      return d;
-    }
-  }
-  return -1;
-}
-
-// Whether `p` is GPU memory of `device`.
-bool OnDevice(const void* p, int device) {
-  cudaPointerAttributes attributes;
-  if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return attributes.type == cudaMemoryTypeDevice && attributes.device == device;
 }
 
 // One of the daemon's allocations: its address there and its size; nothing is mapped.
@@ -202,7 +178,7 @@ class NcclTransport final : public PlacedTransport {
       for (size_t i = 0; i < plan.placed.size(); ++i) {
         const PushItem& item = *plan.placed[i];
         if (plan.slots[i] != nullptr && !item.data.empty() &&
-            !OnDevice(item.data.data(), device_)) {
+            !IsGpuMemory(item.data.data(), device_)) {
           staged_bytes += item.data.size();
         }
       }
@@ -219,7 +195,7 @@ class NcclTransport final : public PlacedTransport {
         const PushItem& item = *plan.placed[i];
         if (plan.slots[i] == nullptr || item.data.empty()) continue;
         uint8_t* local = const_cast<uint8_t*>(reinterpret_cast<const uint8_t*>(item.data.data()));
-        if (!OnDevice(item.data.data(), device_)) {
+        if (!IsGpuMemory(item.data.data(), device_)) {
           if (absl::Status s =
                   CudaStatus(cudaMemcpyAsync(staged, item.data.data(), item.data.size(),
                                              cudaMemcpyDefault, stream_),
@@ -289,32 +265,15 @@ class NcclTransport final : public PlacedTransport {
   // Items in GPU memory are copied down for the inline path; host items are sent as they are.
   absl::Status ToHost(std::span<const PushItem> items, std::vector<PushItem>* host,
                       std::vector<std::vector<std::byte>>* storage) override {
-    host->assign(items.begin(), items.end());
-    storage->reserve(items.size());
-    if (device_ < 0) return absl::OkStatus();
+    if (device_ < 0) {
+      host->assign(items.begin(), items.end());
+      return absl::OkStatus();
+    }
+    PARAMD_RETURN_IF_ERROR(Ready());
     const DeviceScope scope(device_);
     if (!scope.status().ok()) return scope.status();
-    bool waited = false;
-    for (PushItem& item : *host) {
-      if (item.data.empty()) continue;
-      cudaPointerAttributes attributes;
-      if (cudaPointerGetAttributes(&attributes, item.data.data()) != cudaSuccess) {
-        cudaGetLastError();
-        continue;
-      }
-      if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged) {
-        continue;
-      }
-      if (!waited) {  // the bytes may still be being written on the trainer's stream
-        if (absl::Status s = BeforePush(); !s.ok()) return s;
-        waited = true;
-      }
-      std::vector<std::byte>& copy = storage->emplace_back(item.data.size());
-      PARAMD_CUDA_RETURN_IF_ERROR(
-          cudaMemcpyAsync(copy.data(), item.data.data(), copy.size(), cudaMemcpyDefault, stream_));
-      item.data = copy;
-    }
-    return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(stream_)");
+    return GpuItemsToHost(
+        items, stream_, [this] { return BeforePush(); }, host, storage);
   }
 
   // The stream and event, made once on the trainer's device (CheckProbe chose it).
