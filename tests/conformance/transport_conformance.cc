@@ -19,7 +19,6 @@ std::vector<float> Floats(const Pulled& pulled) {
   return v;
 }
 
-
 }  // namespace
 
 // nccl: the daemon in a process of its own, on GPU 1 where there are two (PARAMD_NCCL_TEST_BACKEND,
