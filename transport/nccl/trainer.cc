@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -234,14 +236,20 @@ class NcclTransport final : public PlacedTransport {
   // Gathered while the headers arrive; FinishCopies moves them all in one transfer.
   absl::Status CopyOut(const uint8_t* from, size_t bytes, std::vector<std::byte>* out) override {
     out->resize(bytes);
-    pending_.push_back({from, bytes, out});
+    std::lock_guard<std::mutex> lock(pending_mu_);
+    pending_[std::this_thread::get_id()].push_back({from, bytes, out});
     return absl::OkStatus();
   }
 
   absl::Status FinishCopies() override {
-    if (pending_.empty()) return absl::OkStatus();
-    std::vector<Pending> pending = std::move(pending_);
-    pending_.clear();
+    std::vector<Pending> pending;
+    {
+      std::lock_guard<std::mutex> lock(pending_mu_);
+      auto it = pending_.find(std::this_thread::get_id());
+      if (it == pending_.end()) return absl::OkStatus();
+      pending = std::move(it->second);
+      pending_.erase(it);
+    }
     const DeviceScope scope(device_);
     if (!scope.status().ok()) return scope.status();
     std::lock_guard<std::mutex> lock(session_mu_);
@@ -378,7 +386,10 @@ class NcclTransport final : public PlacedTransport {
   uint64_t session_ = 0;
   Staging push_staging_;
   Staging pull_staging_;
-  std::vector<Pending> pending_;  // copy-outs of the pull in progress
+  std::mutex pending_mu_;
+  // The copy-outs of each pull in progress, by the thread pulling (CopyOut and FinishCopies of a
+  // pull run on its caller's thread).
+  std::map<std::thread::id, std::vector<Pending>> pending_;
 };
 
 }  // namespace
