@@ -45,6 +45,17 @@ inline bool IsGpuMemory(const void* p, int device = -1) {
   return gpu && (device < 0 || attributes.device == device);
 }
 
+// Whether the `bytes` bytes at `a` and at `b` (host or GPU memory alike) are equal, both copied
+// down on `stream` (of the current device). Only a retried push asks.
+inline absl::StatusOr<bool> SameBytes(const void* a, const void* b, size_t bytes,
+                                      cudaStream_t stream) {
+  std::vector<std::byte> first(bytes), second(bytes);
+  PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(first.data(), a, bytes, cudaMemcpyDefault, stream));
+  PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(second.data(), b, bytes, cudaMemcpyDefault, stream));
+  PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return first == second;
+}
+
 // `items` with those in GPU memory copied down into `storage` on `stream` (of the current device),
 // after `before` (which orders the copies after the caller's work writing them), once.
 inline absl::Status GpuItemsToHost(std::span<const PushItem> items, cudaStream_t stream,

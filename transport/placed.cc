@@ -360,6 +360,16 @@ void Marks::Cancel() {
   writer_.reset();
 }
 
+absl::Status Marks::MarkWhole(std::span<const PushItem* const> items) {
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (!Mark(items[i]->tensor, 0, static_cast<int64_t>(items[i]->data.size()),
+              i + 1 == items.size())) {
+      break;  // the daemon ended the stream (or it was the last): Finish says why
+    }
+  }
+  return Finish();
+}
+
 absl::Status Marks::Finish() {
   if (writer_ == nullptr) return absl::OkStatus();  // nothing was marked
   absl::Status status = FromGrpcStatus(writer_->Finish());

@@ -82,6 +82,9 @@ class Marks {
   // (Finish says why).
   bool Mark(const std::string& tensor, int64_t offset, int64_t bytes, bool last,
             const v1::LentMemory* lent = nullptr);
+  // Marks every item of `items` written whole, the last closing the stream, and finishes it (the
+  // transports whose copies are done before any mark: shm, nccl).
+  absl::Status MarkWhole(std::span<const PushItem* const> items);
   // Ends the stream without a status of its own (the caller has one).
   void Cancel();
   absl::Status Finish();

@@ -448,15 +448,14 @@ class AdamW(torch.optim.Optimizer):
         # weights viewed where the daemon serves them. A job sharded over cuda_ipc owners
         # ("addr=cuda_ipc,...") does the same with sharded_device_path (a split tensor's pieces
         # put together on the device); without it, it takes host copies.
-        every_owner_cuda_ipc = all(
-            entry.rsplit("=", 1)[-1] == "cuda_ipc" for entry in self.transport.split(","))
-        self._direct = self.device.type == "cuda" and (
-            self.transport == "cuda_ipc" or (self._sharded_device_path and every_owner_cuda_ipc))
+        names = {entry.rsplit("=", 1)[-1] for entry in self.transport.split(",")}  # every owner's
+        on_gpu = self.device.type == "cuda"
+        self._direct = on_gpu and (
+            self.transport == "cuda_ipc" or (self._sharded_device_path and names == {"cuda_ipc"}))
         # nccl (a daemon on another GPU without a peer path) sends gradients from GPU memory too,
         # and its pulls copy the weights out (it views nothing in place).
-        self._push_device = self._direct or (self.device.type == "cuda" and all(
-            entry.rsplit("=", 1)[-1] in ("cuda_ipc", "nccl")
-            for entry in self.transport.split(",")) and "nccl" in self.transport)
+        self._push_device = self._direct or (
+            on_gpu and "nccl" in names and names <= {"cuda_ipc", "nccl"})
         if self._bucket_bytes is None:
             # A push of GPU memory waits for the stream and costs a round trip whatever its size,
             # while its copies run at device speed: few large buckets. Host pushes stream in

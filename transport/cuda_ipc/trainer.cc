@@ -249,13 +249,7 @@ class CudaIpcTransport final : public PlacedTransport {
   absl::StatusOr<bool> Same(const uint8_t* slot, std::span<const std::byte> data) override {
     const DeviceScope scope(device_);
     if (!scope.status().ok()) return scope.status();
-    std::vector<std::byte> theirs(data.size()), mine(data.size());
-    PARAMD_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(theirs.data(), slot, data.size(), cudaMemcpyDefault, stream_));
-    PARAMD_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(mine.data(), data.data(), data.size(), cudaMemcpyDefault, stream_));
-    PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-    return theirs == mine;
+    return SameBytes(slot, data.data(), data.size(), stream_);
   }
 
   // Each piece is marked once its copy has completed (see cuda_ipc.h); the stream is synchronized

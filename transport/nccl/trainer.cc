@@ -158,13 +158,7 @@ class NcclTransport final : public PlacedTransport {
     PARAMD_ASSIGN_OR_RETURN(uint8_t * staged, pull_staging_.Reserve(data.size()));
     const std::vector<Span> spans = {{reinterpret_cast<uint64_t>(slot), staged, data.size()}};
     PARAMD_RETURN_IF_ERROR(TransferLocked(spans, /*to_daemon=*/false, Soon()));
-    std::vector<std::byte> theirs(data.size()), mine(data.size());
-    PARAMD_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(theirs.data(), staged, data.size(), cudaMemcpyDefault, stream_));
-    PARAMD_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(mine.data(), data.data(), data.size(), cudaMemcpyDefault, stream_));
-    PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-    return theirs == mine;
+    return SameBytes(staged, data.data(), data.size(), stream_);
   }
 
   // One transfer into the slots, then the marks (whole tensors: every byte is in its slot once
@@ -223,14 +217,7 @@ class NcclTransport final : public PlacedTransport {
         return moved;
       }
     }
-    for (size_t i = 0; i < plan.placed.size(); ++i) {
-      const PushItem& item = *plan.placed[i];
-      if (!marks.Mark(item.tensor, 0, static_cast<int64_t>(item.data.size()),
-                      i + 1 == plan.placed.size())) {
-        break;  // the daemon ended the stream (or it was the last): Finish says why
-      }
-    }
-    return marks.Finish();
+    return marks.MarkWhole(plan.placed);
   }
 
   // Gathered while the headers arrive; FinishCopies moves them all in one transfer.

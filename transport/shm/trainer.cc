@@ -67,14 +67,7 @@ class ShmTransport final : public PlacedTransport {
       if (plan.slots[i] == nullptr) continue;  // there already: marked again only
       CopyBytes(plan.slots[i], plan.placed[i]->data.data(), plan.placed[i]->data.size());
     }
-    for (size_t i = 0; i < plan.placed.size(); ++i) {
-      const PushItem& item = *plan.placed[i];
-      if (!marks.Mark(item.tensor, 0, static_cast<int64_t>(item.data.size()),
-                      i + 1 == plan.placed.size())) {
-        break;  // the daemon ended the stream (or it was the last): Finish says why
-      }
-    }
-    return marks.Finish();
+    return marks.MarkWhole(plan.placed);
   }
 
   absl::Status CopyOut(const uint8_t* from, size_t bytes, std::vector<std::byte>* out) override {
