@@ -26,6 +26,7 @@
 #   python  tests/python/cuda_test.py: paramd.torch.AdamW with CUDA parameters over cuda_ipc (the
 #           bundle's Python package: scripts/bundle.sh with PARAMD_BUNDLE_PYTHON)
 #   lm      tests/python/lm_training_test.py --device cuda: examples/lm, 2 ranks on GPU 0
+#   mps     scripts/gpu_mps.sh: CUDA MPS started, cuda_test.py and Llama rows under it, MPS stopped
 #   llm     bench/python/lm_gpu_bench.py: a 1.1e9-parameter Llama's tokens/s and peak memory,
 #           paramd against torch's fused AdamW and no optimizer (LLM_ROWS: rows; LLM_DAEMON_ARGS:
 #           daemon flags; LLM_ARGS: more bench flags, e.g. "--profile --trace=$OUT/trace")
@@ -107,6 +108,7 @@ for p in "${parts[@]}"; do
       part nccl_transport "${NCCL_TIMEOUT:-300}" env PARAMD_BINARY="$bundle/bin/paramd" \
         "$bundle/run.sh" nccl_transport_test --gtest_brief=1
       ;;
+    mps) part mps "${MPS_TIMEOUT:-560}" "$root/scripts/gpu_mps.sh" "$bundle" ;;
     whole) part whole "${WHOLE_TIMEOUT:-400}" "$root/scripts/gpu_whole_step.sh" "$bundle" ;;
     daemon) part daemon "${DAEMON_TIMEOUT:-200}" "$root/scripts/gpu_daemon.sh" "$bundle" ;;
     shm)
@@ -129,7 +131,7 @@ for p in "${parts[@]}"; do
                ${LLM_ARGS:-} ;;
       esac
       ;;
-    *) echo "gpu_bundle: unknown part $p (kernels, sanitize, backend, limits, sharded, nccl, ipc, whole, daemon, shm, python, lm, llm)"; exit 2 ;;
+    *) echo "gpu_bundle: unknown part $p (kernels, sanitize, backend, limits, sharded, nccl, ipc, whole, daemon, shm, python, lm, llm, mps)"; exit 2 ;;
   esac
 done
 

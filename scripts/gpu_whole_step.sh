@@ -6,18 +6,20 @@
 #      fp8_tensor or fp8_delayed rowwise);
 #   2. torch.optim.AdamW(fused=True) on FP32 states of the same shapes (bench/gpu/peer_torch_adam.py);
 #   3. the whole step through paramd --backend=cuda:0 in another process (paramd_whole_step_bench:
-#      push + commit + pull over cuda_ipc, pulls in place and copied), the daemon logging where its
-#      step's time goes (--log_level=debug).
+#      push + commit + pull over cuda_ipc, gradients copied into slots and lent, pulls in place and
+#      copied), the daemon logging where its step's time goes (--log_level=debug).
 # Shapes: 1e9 parameters as one tensor and as 291 LLM-shaped tensors. The table last has the
 # ratios: whole step / kernel alone (target <= 1.25 in place) and / torch fused (<= 1.0 in place,
 # <= 1.15 copied).
 #   Usage: scripts/gpu_whole_step.sh BUNDLE_DIR [SETS]     (SETS default one,llm; FP8=fp8_delayed
-#          or fp8_tensor measures one FP8 format only, default both)
+#          or fp8_tensor measures one FP8 format only, default both; GRADS=copied or lent one way
+#          of pushing, default both)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bundle=$(cd "${1:?bundle dir}" && pwd)
 sets=${2:-one,llm}
 fp8=${FP8:-fp8_delayed,fp8_tensor}
+grads=${GRADS:-copied,lent}
 policies=$(echo "$fp8" | sed 's/fp8_delayed/delayed/; s/fp8_tensor/serve/')
 run="$bundle/run.sh"
 logs=${OUT:-$(mktemp -d)}
@@ -38,6 +40,7 @@ daemon=$!
 for _ in $(seq 300); do [ -s "$logs/addr" ] && break; sleep 0.1; done
 [ -s "$logs/addr" ] || { tail -20 "$logs/paramd.log"; echo "paramd did not start"; exit 1; }
 "$run" paramd_whole_step_bench --address="$(cat "$logs/addr")" --sets="$sets" --fp8="$fp8" \
+  --grads="$grads" \
   --json="$logs/whole.json" || status=1
 kill -TERM "$daemon"
 wait "$daemon"
@@ -55,14 +58,14 @@ def rows(name):
 policy = {"serve": "fp8_tensor", "delayed": "fp8_delayed"}
 kernel = {(r["set"], policy.get(r["policy"])): r for r in rows("kernel.json") if r.get("kind") == "paramd"}
 torch = {r["set"]: r for r in rows("torch.json") if r.get("kind") == "peer" and "ms" in r}
-print("\n| set | tensors | fp8 | pull | whole step ms | kernel alone ms | x kernel | torch fused ms | x torch |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+print("\n| set | tensors | fp8 | grads | pull | whole step ms | kernel alone ms | x kernel | torch fused ms | x torch |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for w in rows("whole.json"):
     k = kernel.get((w["set"], w["fp8"]), {}).get("ms")
     t = torch.get(w["set"], {}).get("ms")
     fmt = lambda x: f"{x:.2f}" if x else "-"
     ratio = lambda a, b: f"{a / b:.2f}" if a and b else "-"
-    print(f"| {w['set']} | {w['tensors']} | {w['fp8']} | {w['pull']} | {w['ms']:.2f} | {fmt(k)} | "
+    print(f"| {w['set']} | {w['tensors']} | {w['fp8']} | {w['grads']} | {w['pull']} | {w['ms']:.2f} | {fmt(k)} | "
           f"{ratio(w['ms'], k)} | {fmt(t)} | {ratio(w['ms'], t)} |")
 PY
 exit $status

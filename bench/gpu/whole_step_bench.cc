@@ -2,17 +2,24 @@
 // process (DESIGN.md §10): BF16 gradients in this process's GPU memory are pushed over cuda_ipc
 // (ordered on this process's stream), the step is committed, and the new weights are pulled, BF16
 // rowwise and one FP8 format rowwise (fp8_delayed, fp8_tensor), for every tensor. Policy: fp32
-// master, fp8 exp_avg, fp16 exp_avg_sq, one rank. Two ways to pull, each timed over the same job:
+// master, fp8 exp_avg, fp16 exp_avg_sq, one rank. Two ways to push, each a job of its own:
+//   copied    the gradients are copied into the daemon's slots (ClientOptions::lend_gradients off);
+//   lent      the daemon reads them where they lie, after the event the push recorded on this
+//             process's stream (lend_gradients: what paramd.torch does by default).
+// Two ways to pull, each timed over the same job:
 //   in_place  PullInPlaceMany per format; the views are the weights of the next step, and the
 //             previous step's views are released once the new ones are in hand;
 //   copied    the same views copied into this process's own buffers on its stream, synchronized,
 //             then released.
-// One step = push + commit + pulls (+ copies) + release, wall time; the parts are timed too, and
+// One step = push + commit + pulls (+ copies) + the trainer's stream synchronized (it waits for the
+// step on the device) + release, wall time; the parts are timed too ("copy" holds the copies and
+// that wait), and
 // the daemon's own step (Status.last_step_seconds) rides along. Prints a table, and one JSON
 // object per row with --json FILE (scripts/gpu_whole_step.sh joins it with the kernel alone and
 // torch's fused AdamW measured in the same run).
 //   paramd_whole_step_bench --address=HOST:PORT [--device=0] [--sets=one,llm] [--steps=10]
-//                           [--pulls=in_place,copied] [--fp8=fp8_delayed,fp8_tensor] [--json=FILE]
+//                           [--pulls=in_place,copied] [--grads=copied,lent]
+//                           [--fp8=fp8_delayed,fp8_tensor] [--json=FILE]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -34,6 +41,7 @@ struct Flags {
   std::string sets = "one,llm";
   int steps = 10;  // timed steps per pull mode (one more warms up)
   std::string pulls = "in_place,copied";
+  std::string grads = "copied,lent";           // how the gradients reach the daemon
   std::string fp8 = "fp8_delayed,fp8_tensor";  // the FP8 format served besides BF16
   std::string json;
 };
@@ -55,6 +63,8 @@ bool ParseFlags(int argc, char** argv) {
       flags.steps = std::stoi(value);
     } else if (key == "--pulls") {
       flags.pulls = value;
+    } else if (key == "--grads") {
+      flags.grads = value;
     } else if (key == "--fp8") {
       flags.fp8 = value;
     } else if (key == "--json") {
@@ -113,8 +123,10 @@ struct Parts {
   std::vector<double> step, push, commit, pull, copy, release, daemon;
 };
 
-// One job of `set`'s shapes, stepped `steps` + 1 times per pull mode.
-void RunSet(const std::string& set, const std::string& fp8_name, cudaStream_t stream, FILE* json) {
+// One job of `set`'s shapes, stepped `steps` + 1 times per pull mode, its gradients pushed as
+// `grad_mode` ("copied" or "lent").
+void RunSet(const std::string& set, const std::string& fp8_name, const std::string& grad_mode,
+            cudaStream_t stream, FILE* json) {
   const std::vector<bench::Shape> shapes = bench::ShapeSet(set);
   ClientOptions options;
   options.address = flags.address;
@@ -122,11 +134,12 @@ void RunSet(const std::string& set, const std::string& fp8_name, cudaStream_t st
   options.max_message_bytes = 128 << 20;
   options.rpc_timeout = std::chrono::minutes(5);
   options.cuda_stream = reinterpret_cast<uintptr_t>(stream);
+  options.lend_gradients = grad_mode == "lent";
   absl::StatusOr<std::unique_ptr<Client>> connected = Client::Connect(options);
   Check(connected.status(), "connect");
   Client& client = **connected;
 
-  const std::string job = "whole_step_" + set + "_" + fp8_name;
+  const std::string job = "whole_step_" + set + "_" + fp8_name + "_" + grad_mode;
   v1::RegisterRequest request;
   request.set_job(job);
   request.set_world_size(1);
@@ -231,6 +244,10 @@ void RunSet(const std::string& set, const std::string& fp8_name, cudaStream_t st
           fp8_at += vf.data.size();
         }
         CheckCuda(cudaStreamSynchronize(stream), "copy sync");
+      } else {
+        // The views are read on this stream, which waits for the step on the device: the step
+        // is done once the stream is (with lent gradients nothing else waits for the device).
+        CheckCuda(cudaStreamSynchronize(stream), "step sync");
       }
       const auto t4 = Clock::now();
       // Copied: these views go now. In place: the last step's go, these are kept.
@@ -253,22 +270,23 @@ void RunSet(const std::string& set, const std::string& fp8_name, cudaStream_t st
       if (status->jobs_size() > 0)
         parts.daemon.push_back(status->jobs(0).last_step_seconds() * 1e3);
     }
-    std::printf("| %s | %zu | %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
-                set.c_str(), shapes.size(), fp8_name.c_str(), mode.c_str(), Median(parts.step),
-                Median(parts.push), Median(parts.commit), Median(parts.pull), Median(parts.copy),
-                Median(parts.release), Median(parts.daemon));
+    std::printf("| %s | %zu | %s | %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+                set.c_str(), shapes.size(), fp8_name.c_str(), grad_mode.c_str(), mode.c_str(),
+                Median(parts.step), Median(parts.push), Median(parts.commit), Median(parts.pull),
+                Median(parts.copy), Median(parts.release), Median(parts.daemon));
     std::fflush(stdout);
     if (json != nullptr) {
       std::fprintf(json,
                    "{\"kind\": \"whole\", \"set\": \"%s\", \"tensors\": %zu, \"numel\": %lld, "
-                   "\"fp8\": \"%s\", \"pull\": \"%s\", \"ms\": %.4f, \"push_ms\": %.4f, "
+                   "\"fp8\": \"%s\", \"grads\": \"%s\", \"pull\": \"%s\", \"ms\": %.4f, "
+                   "\"push_ms\": %.4f, "
                    "\"commit_ms\": %.4f, "
                    "\"pull_ms\": %.4f, \"copy_ms\": %.4f, \"release_ms\": %.4f, "
                    "\"daemon_step_ms\": %.4f}\n",
                    set.c_str(), shapes.size(), static_cast<long long>(total), fp8_name.c_str(),
-                   mode.c_str(), Median(parts.step), Median(parts.push), Median(parts.commit),
-                   Median(parts.pull), Median(parts.copy), Median(parts.release),
-                   Median(parts.daemon));
+                   grad_mode.c_str(), mode.c_str(), Median(parts.step), Median(parts.push),
+                   Median(parts.commit), Median(parts.pull), Median(parts.copy),
+                   Median(parts.release), Median(parts.daemon));
       std::fflush(json);
     }
   }
@@ -287,14 +305,23 @@ int Main() {
   std::printf("whole step over cuda_ipc, trainer on GPU %d (median of %d steps, ms)\n",
               flags.device, flags.steps);
   std::printf(
-      "| set | tensors | fp8 | pull | step | push | commit | pull | copy | release | daemon's "
-      "step |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+      "| set | tensors | fp8 | grads | pull | step | push | commit | pull | copy | release | "
+      "daemon's step |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
+      "|\n");
   for (const std::string& fp8 : Split(flags.fp8)) {
     if (fp8 != "fp8_tensor" && fp8 != "fp8_delayed") {
       std::fprintf(stderr, "whole_step_bench: --fp8 takes fp8_tensor, fp8_delayed\n");
       return 2;
     }
-    for (const std::string& set : Split(flags.sets)) RunSet(set, fp8, stream, json);
+    for (const std::string& set : Split(flags.sets)) {
+      for (const std::string& grads : Split(flags.grads)) {
+        if (grads != "copied" && grads != "lent") {
+          std::fprintf(stderr, "whole_step_bench: --grads takes copied, lent\n");
+          return 2;
+        }
+        RunSet(set, fp8, grads, stream, json);
+      }
+    }
   }
   if (json != nullptr) std::fclose(json);
   cudaStreamDestroy(stream);

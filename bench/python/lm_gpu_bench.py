@@ -12,6 +12,9 @@ of its own), --warmup steps then --steps timed steps, with the device synchroniz
   none              forward + backward only: the ceiling
   none_bf16         the same with the parameters in bf16 (the ceiling of the paramd_bf16 rows)
   torch_fused       torch.optim.AdamW(fused=True) over the fp32 parameters
+  torch_bf16_master the peer of the bf16 rows (Megatron's recipe): bf16 parameters, an FP32 master
+                    copy with FP32 gradient buffers, torch.optim.AdamW(fused=True) over the master,
+                    the new master cast into the bf16 parameters after each step
   paramd            paramd fp8 policy (fp32 master, fp8 exp_avg, fp16 exp_avg_sq), bf16
                     served, fp32 parameters in the trainer (its forward is torch's)
   paramd_fp32       the same policy, fp32 served, the fp32 parameters viewing the served bytes
@@ -27,9 +30,11 @@ of its own), --warmup steps then --steps timed steps, with the device synchroniz
                     tensor put together on the device) against one daemon's
 Peak memory is the GPU's used memory sampled every 10 ms through NVML (trainer, daemon and their
 CUDA contexts) less what was used before the row began; torch's own peak is given beside it.
-Prints a table and, with --json, writes the figures. This machine's step times swing by up to
-10 % from one process to the next: --rounds N runs the rows in turn N times and gives medians, each
-ratio taken against the torch_fused run of its own round.
+Prints a table and, with --json, writes the figures. Each row is compared with its peer in the same
+round: rows with fp32 parameters with torch_fused, rows with bf16 parameters with
+torch_bf16_master (tokens/s and peak memory). This machine's step times swing by up to 10 % from
+one process to the next: --rounds N runs the rows in turn N times and gives medians, each ratio
+taken against the peer's run of its own round.
 """
 
 import argparse
@@ -41,8 +46,36 @@ import sys
 import threading
 import time
 
-ROWS = ["none", "none_bf16", "torch_fused", "paramd", "paramd_fp32", "paramd_bf16",
-        "paramd_fp8_gemm"]
+ROWS = ["none", "none_bf16", "torch_fused", "torch_bf16_master", "paramd", "paramd_fp32",
+        "paramd_bf16", "paramd_fp8_gemm"]
+BF16_ROWS = ("none_bf16", "torch_bf16_master", "paramd_bf16", "paramd_fp8_gemm")
+
+
+def peer_of(row):
+    """The in-process optimizer a row is judged against: the same parameter dtype."""
+    return "torch_bf16_master" if row in BF16_ROWS else "torch_fused"
+
+
+class Bf16MasterAdamW:
+    """bf16 parameters stepped through an FP32 master (Megatron's mixed-precision recipe, in
+    process): FP32 master weights and FP32 gradient buffers beside the bf16 parameters, torch's
+    fused AdamW over the master, the new master cast into the parameters."""
+
+    def __init__(self, params, **options):
+        import torch
+        self.params = [p for p in params if p.requires_grad]
+        with torch.no_grad():
+            self.master = [p.detach().float() for p in self.params]
+        for m in self.master:
+            m.grad = torch.zeros_like(m)
+        self.opt = torch.optim.AdamW(self.master, fused=True, **options)
+
+    def step(self):
+        import torch
+        with torch.no_grad():
+            torch._foreach_copy_([m.grad for m in self.master], [p.grad for p in self.params])
+            self.opt.step()
+            torch._foreach_copy_(self.params, self.master)
 BATCH, SEQ = 4, 1024
 
 
@@ -108,13 +141,14 @@ def one_row(row, address, steps, warmup, profile=False, trace=None, sync_debug=F
     """Trains `row` in this process; returns its figures."""
     import torch
     torch.cuda.set_device(0)
-    dtype = torch.bfloat16 if row in ("none_bf16", "paramd_bf16", "paramd_fp8_gemm") else (
-        torch.float32)
+    dtype = torch.bfloat16 if row in BF16_ROWS else torch.float32
     model = build_model(dtype)
     params = sum(p.numel() for p in model.parameters())
     opt = None
     if row == "torch_fused":
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=True)
+    elif row == "torch_bf16_master":
+        opt = Bf16MasterAdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
     elif row.startswith("paramd"):
         import paramd.torch
         serve = {"paramd_fp8_gemm": ["bf16", "fp8_tensor"], "paramd_fp32": ["fp32"]}.get(
@@ -327,24 +361,35 @@ def main():
         results.append(result)
         print(json.dumps(result), flush=True)
 
-    fused = {r["round"]: r["tokens_per_s"] for r in results
-             if r["row"] == "torch_fused" and not r.get("failed")}
+    by_round = {(r["row"], r["round"]): r for r in results if not r.get("failed")}
     print()
-    print("| row | step ms | tokens/s | x torch fused | per round | peak GPU GiB (all) | "
-          "torch peak GiB | last loss |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| row | step ms | tokens/s | x torch fused | peer | x peer | per round | peak GPU GiB "
+          "(all) | peak x peer | torch peak GiB | last loss |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for row in rows:
         runs = [r for r in results if r["row"] == row and not r.get("failed")]
         if not runs:
-            print(f"| {row} | FAILED | | | | | | |")
+            print(f"| {row} | FAILED | | | | | | | | | |")
             continue
-        ratios = [r["tokens_per_s"] / fused[r["round"]] for r in runs if r["round"] in fused]
-        ratio = f"{statistics.median(ratios):.3f}" if ratios else "-"
-        rounds = " ".join(f"{x:.3f}" for x in ratios) if len(ratios) > 1 else ""
+
+        def ratios(peer):
+            return [r["tokens_per_s"] / by_round[(peer, r["round"])]["tokens_per_s"]
+                    for r in runs if (peer, r["round"]) in by_round]
+
+        def median(values):
+            return f"{statistics.median(values):.3f}" if values else "-"
+
+        peer = peer_of(row)
+        to_peer = ratios(peer)
+        rounds = " ".join(f"{x:.3f}" for x in to_peer) if len(to_peer) > 1 else ""
+        peak = max(r["peak_gib"] for r in runs)
+        peer_peaks = [r["peak_gib"] for r in results if r["row"] == peer and not r.get("failed")]
+        peak_ratio = f"{peak / max(peer_peaks):.3f}" if peer_peaks else "-"
         step_ms = statistics.median(r["step_ms"] for r in runs)
         last = runs[-1]
-        print(f"| {row} | {step_ms:.1f} | {BATCH * SEQ / step_ms:.1f}k | {ratio} | {rounds} | "
-              f"{max(r['peak_gib'] for r in runs):.1f} | {last['torch_peak_gib']:.1f} | "
+        print(f"| {row} | {step_ms:.1f} | {BATCH * SEQ / step_ms:.1f}k | "
+              f"{median(ratios('torch_fused'))} | {peer} | {median(to_peer)} | {rounds} | "
+              f"{peak:.1f} | {peak_ratio} | {last['torch_peak_gib']:.1f} | "
               f"{last['last_loss']:.4f} |")
     if args.json:
         with open(args.json, "w") as f:

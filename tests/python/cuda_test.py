@@ -216,7 +216,8 @@ class CudaTest(unittest.TestCase):
             paramd.push_gradients(client, "inline-gpu", 0, 0,
                                   {"w": torch.ones(4, 4, device=DEVICE)})
         self.assertEqual(caught.exception.code, "FAILED_PRECONDITION")
-        self.assertIn("only the cuda_ipc transport", str(caught.exception))
+        self.assertIn("only the cuda_ipc and nccl transports read", str(caught.exception))
+        self.assertIn("this client uses inline", str(caught.exception))
         client.close()
 
     def test_fp32_policy_follows_torch_adamw_on_the_gpu(self):
