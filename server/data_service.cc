@@ -28,7 +28,8 @@ namespace {
 // Headers in one PullChunk at most (about 100 bytes each).
 constexpr int kMaxBatchedHeaders = 1024;
 
-// Reads chunks one at a time and stores each on arrival; the first bad one ends the stream.
+// Reads chunks one at a time and stores each on arrival (a chunk of marks mark by mark); the first
+// bad one ends the stream.
 class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   PushReactor(Daemon* daemon, grpc::ByteBuffer* response)
@@ -59,47 +60,68 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   void OnDone() override { delete this; }
 
  private:
+  // Stores the chunk read, or each of its marks (PushChunk.marks) as a chunk of its own.
   absl::Status Store() {
     PARAMD_RETURN_IF_ERROR(daemon_->CheckServing());
-    const int64_t limit = daemon_->config().max_chunk_bytes();
-    if (static_cast<int64_t>(chunk_.data().size()) > limit) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "chunk of ", chunk_.data().size(), " bytes exceeds this daemon's max_chunk_bytes (",
-          limit, "); split pushes into chunks of at most that size"));
+    if (!chunk_.has_marks()) return StoreOne(chunk_);
+    if (chunk_.marks().entries().empty()) {
+      return absl::InvalidArgumentError(
+          "a push chunk of marks names none; send at least one InPlaceMarks.Entry");
     }
-    if (chunk_.has_in_place() && chunk_.in_place().instance() != 0 &&
-        chunk_.in_place().instance() != daemon_->instance()) {
+    v1::PushChunk one;
+    one.set_job(chunk_.job());
+    one.set_rank(chunk_.rank());
+    one.set_step(chunk_.step());
+    one.set_kind(chunk_.kind());
+    for (v1::InPlaceMarks::Entry& entry : *chunk_.mutable_marks()->mutable_entries()) {
+      one.set_tensor(std::move(*entry.mutable_tensor()));
+      one.set_offset(entry.offset());
+      one.mutable_in_place()->Swap(entry.mutable_mark());
+      PARAMD_RETURN_IF_ERROR(StoreOne(one));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status StoreOne(const v1::PushChunk& chunk) {
+    const int64_t limit = daemon_->config().max_chunk_bytes();
+    if (static_cast<int64_t>(chunk.data().size()) > limit) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "chunk of ", chunk.data().size(), " bytes exceeds this daemon's max_chunk_bytes (", limit,
+          "); split pushes into chunks of at most that size"));
+    }
+    if (chunk.has_in_place() && chunk.in_place().instance() != 0 &&
+        chunk.in_place().instance() != daemon_->instance()) {
       return WithReason(
           absl::FailedPreconditionError(absl::StrCat(
-              "the slot place of tensor ", Quoted(chunk_.tensor()), " ", kFromAnotherDaemonStart,
+              "the slot place of tensor ", Quoted(chunk.tensor()), " ", kFromAnotherDaemonStart,
               ", whose memory this one does not see; ask Attach for the step's slot places again "
               "and "
               "write the bytes there")),
           v1::ERROR_REASON_ANOTHER_DAEMON_START);
     }
-    if (job_ == nullptr || job_->name() != chunk_.job()) {
-      absl::StatusOr<std::shared_ptr<Job>> job = daemon_->registry().Find(chunk_.job());
+    if (job_ == nullptr || job_->name() != chunk.job()) {
+      absl::StatusOr<std::shared_ptr<Job>> job = daemon_->registry().Find(chunk.job());
       if (!job.ok()) return job.status();
       job_ = *std::move(job);
     }
-    absl::StatusOr<ChunkBuffer::Stored> stored = job_->Push(chunk_);
+    absl::StatusOr<ChunkBuffer::Stored> stored = job_->Push(chunk);
     if (!stored.ok()) {
       return Reworded(stored.status(),
-                      absl::StrCat(stored.status().message(), " (tensor ", Quoted(chunk_.tensor()),
-                                   ", rank ", chunk_.rank(), ", step ", chunk_.step(), ")"));
+                      absl::StrCat(stored.status().message(), " (tensor ", Quoted(chunk.tensor()),
+                                   ", rank ", chunk.rank(), ", step ", chunk.step(), ")"));
     }
     if (*stored == ChunkBuffer::Stored::kNew) {
       response_.set_chunks_stored(response_.chunks_stored() + 1);
       // Counted under the transport whose memory the bytes were written in, or that carries
       // them in its messages.
       std::optional<Memory> memory;
-      if (chunk_.has_in_place()) {
+      if (chunk.has_in_place()) {
         memory =
-            chunk_.in_place().memory() == v1::PLACE_MEMORY_DEVICE ? Memory::kDevice : Memory::kHost;
+            chunk.in_place().memory() == v1::PLACE_MEMORY_DEVICE ? Memory::kDevice : Memory::kHost;
       }
       daemon_->metrics().Pushed(daemon_->transports().NameOf(memory),
-                                memory.has_value() ? chunk_.in_place().bytes()
-                                                   : static_cast<int64_t>(chunk_.data().size()));
+                                memory.has_value() ? chunk.in_place().bytes()
+                                                   : static_cast<int64_t>(chunk.data().size()));
     } else {
       response_.set_chunks_duplicate(response_.chunks_duplicate() + 1);
     }

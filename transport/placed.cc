@@ -320,6 +320,14 @@ class PlacedTransport::StepSlots {
   AsyncCalls async_;  // the look-ahead in flight (last: it waits first)
 };
 
+namespace {
+
+// Bytes of marks sent in one message at most: a lent mark is about 200 bytes, so thousands of
+// tensors fit one, well inside any daemon's max_message_bytes.
+constexpr int64_t kMarkMessageBytes = 1 << 20;
+
+}  // namespace
+
 Marks::Marks(v1::Data::Stub& stub, const PushTarget& target, uint64_t instance, Memory memory,
              Deadline deadline)
     : stub_(stub), deadline_(deadline) {
@@ -327,30 +335,40 @@ Marks::Marks(v1::Data::Stub& stub, const PushTarget& target, uint64_t instance, 
   chunk_.set_rank(target.rank);
   chunk_.set_step(target.step);
   chunk_.set_kind(target.kind);
-  v1::InPlaceMark* mark = chunk_.mutable_in_place();
-  mark->set_memory(memory == Memory::kDevice ? v1::PLACE_MEMORY_DEVICE : v1::PLACE_MEMORY_HOST);
-  mark->set_instance(instance);
+  mark_.set_memory(memory == Memory::kDevice ? v1::PLACE_MEMORY_DEVICE : v1::PLACE_MEMORY_HOST);
+  mark_.set_instance(instance);
 }
 
 bool Marks::Mark(const std::string& tensor, int64_t offset, int64_t bytes, bool last,
                  const v1::LentMemory* lent) {
+  v1::InPlaceMarks::Entry* entry = chunk_.mutable_marks()->add_entries();
+  entry->set_tensor(tensor);
+  entry->set_offset(offset);
+  v1::InPlaceMark* mark = entry->mutable_mark();
+  *mark = mark_;
+  mark->set_bytes(bytes);
+  if (lent != nullptr) *mark->mutable_lent() = *lent;
+  held_bytes_ += static_cast<int64_t>(entry->ByteSizeLong());
+  if (last || held_bytes_ >= kMarkMessageBytes) return Send(last);
+  return true;
+}
+
+bool Marks::Send(bool last) {
   if (writer_ == nullptr) {
     context_.set_deadline(deadline_);
     context_.set_initial_metadata_corked(true);  // sent with the first write: one batch less
     writer_ = stub_.Push(&context_, &response_);
   }
-  chunk_.set_tensor(tensor);
-  chunk_.set_offset(offset);
-  chunk_.mutable_in_place()->set_bytes(bytes);
-  if (lent != nullptr) {
-    *chunk_.mutable_in_place()->mutable_lent() = *lent;
+  held_bytes_ = 0;
+  bool open = true;
+  if (last) {
+    writer_->WriteLast(chunk_, grpc::WriteOptions());  // also closes the stream: one write less
+    open = false;
   } else {
-    chunk_.mutable_in_place()->clear_lent();
+    open = writer_->Write(chunk_, grpc::WriteOptions().set_buffer_hint());
   }
-  // The marks matter together (the commit follows the push): gRPC may batch them.
-  if (!last) return writer_->Write(chunk_, grpc::WriteOptions().set_buffer_hint());
-  writer_->WriteLast(chunk_, grpc::WriteOptions());  // also closes the stream: one write less
-  return false;
+  chunk_.mutable_marks()->clear_entries();
+  return open;
 }
 
 void Marks::Cancel() {
@@ -371,6 +389,8 @@ absl::Status Marks::MarkWhole(std::span<const PushItem* const> items) {
 }
 
 absl::Status Marks::Finish() {
+  if (!chunk_.marks().entries().empty())
+    Send(/*last=*/true);                            // the stream's status says how it went
   if (writer_ == nullptr) return absl::OkStatus();  // nothing was marked
   absl::Status status = FromGrpcStatus(writer_->Finish());
   writer_.reset();

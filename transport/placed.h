@@ -71,15 +71,16 @@ struct PushPlan {
   std::vector<PushItem> inline_items;
 };
 
-// The in-place push that marks placed bytes written: one Push stream, opened with the first mark,
-// naming the daemon start whose places they are.
+// The in-place push that marks placed bytes written: one Push stream, opened with the first
+// message, naming the daemon start whose places they are. Marks travel together
+// (PushChunk.marks): a push of many tensors is one message, or a few where they would not fit one.
 class Marks {
  public:
   Marks(v1::Data::Stub& stub, const PushTarget& target, uint64_t instance, Memory memory,
         Deadline deadline);
   // Marks [offset, offset + bytes) of `tensor` written (`lent`: where the trainer lent it, see
-  // InPlaceMark.lent); `last` also closes the stream. False when the daemon ended the stream
-  // (Finish says why).
+  // InPlaceMark.lent); `last` also sends the marks held and closes the stream. False when the
+  // daemon ended the stream (Finish says why).
   bool Mark(const std::string& tensor, int64_t offset, int64_t bytes, bool last,
             const v1::LentMemory* lent = nullptr);
   // Marks every item of `items` written whole, the last closing the stream, and finishes it (the
@@ -90,12 +91,17 @@ class Marks {
   absl::Status Finish();
 
  private:
+  // Sends the marks held (the last message also closes the stream); false as Mark.
+  bool Send(bool last);
+
   v1::Data::Stub& stub_;
   const Deadline deadline_;
   grpc::ClientContext context_;
   v1::PushResponse response_;
   std::unique_ptr<grpc::ClientWriter<v1::PushChunk>> writer_;
-  v1::PushChunk chunk_;
+  v1::PushChunk chunk_;   // the marks held, not sent yet
+  v1::InPlaceMark mark_;  // what every mark of this push shares
+  int64_t held_bytes_ = 0;
 };
 
 class AsyncCalls;

@@ -293,6 +293,75 @@ TEST_F(ShmTest, TheNextStepsSlotsAreSetAsideEarly) {
   EXPECT_EQ(later.slots(0).offset(), ahead.slots(0).offset());
 }
 
+// A chunk of marks (PushChunk.marks, what the placed transports send) is taken mark by mark, as the
+// same marks in chunks of their own would be: counted each, a repeat acknowledged as a duplicate,
+// and the first one refused ends the stream with its status while those before it stand.
+TEST_F(ShmTest, AChunkOfMarksIsTakenMarkByMarkAndTheFirstRefusedEndsTheStream) {
+  StartJob();
+  auto channel = grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Data::NewStub(channel);
+  v1::AttachResponse places;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::AttachRequest request;
+    request.set_job("j");
+    request.set_rank(0);
+    request.set_transport("shm");
+    request.set_step(0);
+    ASSERT_TRUE(stub->Attach(&context, request, &places).ok());
+  }
+  ASSERT_EQ(places.slots_size(), 1);
+  const int64_t bytes = places.slots(0).bytes();
+  ASSERT_EQ(bytes, 64 * 64 * 4);
+  auto push = [&](const v1::PushChunk& chunk, v1::PushResponse* response) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    auto writer = stub->Push(&context, response);
+    writer->WriteLast(chunk, grpc::WriteOptions());
+    return FromGrpcStatus(writer->Finish());
+  };
+  v1::PushChunk chunk;
+  chunk.set_job("j");
+  chunk.set_rank(0);
+  chunk.set_step(0);
+  chunk.set_kind(v1::PUSH_KIND_GRADIENT);
+  chunk.mutable_marks();  // none
+  v1::PushResponse response;
+  absl::Status empty = push(chunk, &response);
+  EXPECT_EQ(empty.code(), absl::StatusCode::kInvalidArgument) << empty;
+  EXPECT_TRUE(absl::StrContains(empty.message(), "names none")) << empty;
+
+  auto add = [&](const std::string& tensor, int64_t offset, int64_t length) {
+    v1::InPlaceMarks::Entry* entry = chunk.mutable_marks()->add_entries();
+    entry->set_tensor(tensor);
+    entry->set_offset(offset);
+    entry->mutable_mark()->set_bytes(length);
+    entry->mutable_mark()->set_memory(v1::PLACE_MEMORY_HOST);
+    entry->mutable_mark()->set_instance(places.instance());
+  };
+  // The first half, the first half again (a duplicate), then a tensor the job lacks.
+  add("w", 0, bytes / 2);
+  add("w", 0, bytes / 2);
+  add("nope", 0, bytes / 2);
+  add("w", bytes / 2, bytes / 2);  // never reached
+  response.Clear();
+  absl::Status refused = push(chunk, &response);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kNotFound) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "nope")) << refused;
+  EXPECT_EQ(JobStatus().tensors(0).version(), 0);
+  // The first half stood, the second did not: marking both now stores the second alone.
+  chunk.mutable_marks()->clear_entries();
+  add("w", 0, bytes / 2);
+  add("w", bytes / 2, bytes / 2);
+  response.Clear();
+  ASSERT_TRUE(push(chunk, &response).ok());
+  EXPECT_EQ(response.chunks_stored(), 1);
+  EXPECT_EQ(response.chunks_duplicate(), 1);
+  const absl::StatusOr<v1::CommitResponse> committed = client_->Commit("j", 0, 0);
+  ASSERT_TRUE(committed.ok()) << committed.status();
+}
+
 // A daemon restarted at the same address has new segments (the old ones are gone with it): the
 // trainer's transport must notice, whatever it cached (mappings, slot places asked ahead), and
 // neither write gradients into nor read weights from the old daemon's memory.
