@@ -230,12 +230,20 @@ void Metrics::StepFailed(const std::string& job) {
   steps_.Add({{"training_job", job}, {"outcome", "failed"}}).Increment();
 }
 
+prometheus::Counter& Metrics::ByTransport(prometheus::Family<prometheus::Counter>& family,
+                                          const std::string& transport) {
+  std::lock_guard<std::mutex> lock(by_transport_mu_);
+  auto [it, added] = by_transport_.try_emplace({&family, transport}, nullptr);
+  if (added) it->second = &family.Add({{"transport", transport}});
+  return *it->second;
+}
+
 void Metrics::Pushed(const std::string& transport, int64_t bytes) {
-  pushed_bytes_.Add({{"transport", transport}}).Increment(static_cast<double>(bytes));
+  ByTransport(pushed_bytes_, transport).Increment(static_cast<double>(bytes));
 }
 
 void Metrics::Pulled(const std::string& transport, int64_t bytes) {
-  pulled_bytes_.Add({{"transport", transport}}).Increment(static_cast<double>(bytes));
+  ByTransport(pulled_bytes_, transport).Increment(static_cast<double>(bytes));
 }
 
 void Metrics::RpcError(const std::string& method, int code) {

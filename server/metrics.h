@@ -91,6 +91,12 @@ class Metrics {
   std::map<std::string, prometheus::Gauge*> job_versions_;  // the series set, by job
   std::mutex transport_bytes_mu_;
   std::map<std::string, prometheus::Family<prometheus::Gauge>*> transport_bytes_;
+  // The pushed and pulled byte counters by transport, looked up once: a step of many tensors
+  // counts every tensor's mark and pull header, and a family's Add builds a label set each time.
+  prometheus::Counter& ByTransport(prometheus::Family<prometheus::Counter>& family,
+                                   const std::string& transport);
+  std::mutex by_transport_mu_;
+  std::map<std::pair<const void*, std::string>, prometheus::Counter*> by_transport_;
 };
 
 }  // namespace paramd

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <grpcpp/create_channel.h>
 #include <gtest/gtest.h>
+#include <prometheus/text_serializer.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/mman.h>
@@ -358,6 +359,13 @@ TEST_F(ShmTest, AChunkOfMarksIsTakenMarkByMarkAndTheFirstRefusedEndsTheStream) {
   ASSERT_TRUE(push(chunk, &response).ok());
   EXPECT_EQ(response.chunks_stored(), 1);
   EXPECT_EQ(response.chunks_duplicate(), 1);
+  // Each mark stored counts its bytes once, under the transport whose memory they were written in.
+  const std::string text =
+      prometheus::TextSerializer().Serialize(server_->daemon().metrics().registry().Collect());
+  const std::string series = "paramd_pushed_bytes_total{transport=\"shm\"} ";
+  const size_t at = text.find(series);
+  ASSERT_NE(at, std::string::npos) << text;
+  EXPECT_EQ(std::stod(text.substr(at + series.size())), static_cast<double>(bytes));
   const absl::StatusOr<v1::CommitResponse> committed = client_->Commit("j", 0, 0);
   ASSERT_TRUE(committed.ok()) << committed.status();
 }
