@@ -11,13 +11,13 @@
 # Shapes: 1e9 parameters as one tensor and as 291 LLM-shaped tensors. The table last has the
 # ratios: whole step / kernel alone (target <= 1.25 in place) and / torch fused (<= 1.0 in place,
 # <= 1.15 copied).
-#   Usage: scripts/gpu_whole_step.sh BUNDLE_DIR [SETS]     (SETS default one,llm; FP8=fp8_delayed
+#   Usage: scripts/gpu_whole_step.sh BUNDLE_DIR [SETS]     (SETS, or $SETS, default one,llm; FP8=fp8_delayed
 #          or fp8_tensor measures one FP8 format only, default both; GRADS=copied or lent one way
 #          of pushing, default both)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bundle=$(cd "${1:?bundle dir}" && pwd)
-sets=${2:-one,llm}
+sets=${2:-${SETS:-one,llm}}
 fp8=${FP8:-fp8_delayed,fp8_tensor}
 grads=${GRADS:-copied,lent}
 policies=$(echo "$fp8" | sed 's/fp8_delayed/delayed/; s/fp8_tensor/serve/')
