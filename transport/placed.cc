@@ -322,15 +322,17 @@ class PlacedTransport::StepSlots {
 
 namespace {
 
-// Bytes of marks sent in one message at most: a lent mark is about 200 bytes, so thousands of
-// tensors fit one, well inside any daemon's max_message_bytes.
+// Bytes of marks sent in one message at most (and at most the daemon's max_chunk_bytes): a lent
+// mark is about 200 bytes, so thousands of tensors fit one.
 constexpr int64_t kMarkMessageBytes = 1 << 20;
 
 }  // namespace
 
 Marks::Marks(v1::Data::Stub& stub, const PushTarget& target, uint64_t instance, Memory memory,
-             Deadline deadline)
-    : stub_(stub), deadline_(deadline) {
+             Deadline deadline, int64_t max_bytes)
+    : stub_(stub),
+      deadline_(deadline),
+      max_bytes_(std::min(kMarkMessageBytes, std::max<int64_t>(max_bytes, 1024))) {
   chunk_.set_job(target.job);
   chunk_.set_rank(target.rank);
   chunk_.set_step(target.step);
@@ -348,8 +350,8 @@ bool Marks::Mark(const std::string& tensor, int64_t offset, int64_t bytes, bool 
   *mark = mark_;
   mark->set_bytes(bytes);
   if (lent != nullptr) *mark->mutable_lent() = *lent;
-  held_bytes_ += static_cast<int64_t>(entry->ByteSizeLong());
-  if (last || held_bytes_ >= kMarkMessageBytes) return Send(last);
+  held_bytes_ += static_cast<int64_t>(entry->ByteSizeLong()) + 8;  // with its framing
+  if (last || held_bytes_ >= max_bytes_ - 1024) return Send(last);
   return true;
 }
 
@@ -468,7 +470,8 @@ absl::Status PlacedTransport::PushLending(const PushTarget& target, std::span<co
   if (!lent.ok()) return lent.status();
   if (!lent->empty()) {
     // Lent memory is the trainer's, whichever daemon start reads it: the marks name none.
-    Marks marks(*stub_, target, /*instance=*/0, Memory::kDevice, deadline);
+    Marks marks(*stub_, target, /*instance=*/0, Memory::kDevice, deadline,
+                context_.max_chunk_bytes);
     for (size_t i = 0; i < lent->size(); ++i) {
       const Lent& l = (*lent)[i];
       if (!marks.Mark(l.item->tensor, 0, static_cast<int64_t>(l.item->data.size()),
@@ -498,7 +501,7 @@ absl::Status PlacedTransport::PushPlaced(const PushTarget& target, std::span<con
   absl::StatusOr<PushPlan> plan = PlanPush(**slots, target, items, deadline);
   if (!plan.ok()) return plan.status();
   if (!plan->placed.empty()) {
-    Marks marks(*stub_, target, (*slots)->instance, memory_, deadline);
+    Marks marks(*stub_, target, (*slots)->instance, memory_, deadline, context_.max_chunk_bytes);
     if (absl::Status s = CopyAndMark(*plan, marks); !s.ok()) return s;
     slots_->MarkReceived(**slots, plan->placed);
     slots_->LookAhead(target);

@@ -73,11 +73,12 @@ struct PushPlan {
 
 // The in-place push that marks placed bytes written: one Push stream, opened with the first
 // message, naming the daemon start whose places they are. Marks travel together
-// (PushChunk.marks): a push of many tensors is one message, or a few where they would not fit one.
+// (PushChunk.marks): a push of many tensors is one message, or a few where they would not fit one
+// of at most `max_bytes` (the daemon's max_chunk_bytes, below its largest message).
 class Marks {
  public:
   Marks(v1::Data::Stub& stub, const PushTarget& target, uint64_t instance, Memory memory,
-        Deadline deadline);
+        Deadline deadline, int64_t max_bytes);
   // Marks [offset, offset + bytes) of `tensor` written (`lent`: where the trainer lent it, see
   // InPlaceMark.lent); `last` also sends the marks held and closes the stream. False when the
   // daemon ended the stream (Finish says why).
@@ -101,6 +102,7 @@ class Marks {
   std::unique_ptr<grpc::ClientWriter<v1::PushChunk>> writer_;
   v1::PushChunk chunk_;   // the marks held, not sent yet
   v1::InPlaceMark mark_;  // what every mark of this push shares
+  const int64_t max_bytes_;
   int64_t held_bytes_ = 0;
 };
 

@@ -370,6 +370,63 @@ TEST_F(ShmTest, AChunkOfMarksIsTakenMarkByMarkAndTheFirstRefusedEndsTheStream) {
   ASSERT_TRUE(committed.ok()) << committed.status();
 }
 
+// A push's marks fill as many messages as the daemon's max_chunk_bytes allows (its largest
+// message is 64 KiB larger): the marks of 4000 tensors, about 100 KB, against a daemon of 4 KiB
+// chunks, which refuses any message over 68 KiB.
+TEST_F(ShmTest, MarksOfManyTensorsTravelInMessagesTheDaemonTakes) {
+  client_.reset();
+  server_->Shutdown();
+  v1::DaemonConfig config;
+  config.set_listen("127.0.0.1:0");
+  config.set_metrics_listen("");
+  config.set_step_threads(2);
+  config.set_log_level("warning");
+  config.set_max_chunk_bytes(4096);
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(config);
+  ASSERT_TRUE(server.ok()) << server.status();
+  server_ = *std::move(server);
+  ClientOptions options;
+  options.address = server_->address();
+  options.transport = "shm";
+  client_ = Client::Connect(options).value();
+  v1::RegisterRequest request;
+  request.set_job("many");
+  request.set_world_size(1);
+  constexpr int kTensors = 4000;
+  for (int i = 0; i < kTensors; ++i) {
+    v1::TensorSpec* t = request.add_tensors();
+    t->set_name("t" + std::to_string(i));
+    t->set_rows(1);
+    t->set_cols(64);
+    t->set_grad_type(v1::ELEMENT_TYPE_FP32);
+  }
+  request.mutable_hyperparams()->set_lr(1e-2);
+  request.mutable_hyperparams()->set_beta1(0.9);
+  request.mutable_hyperparams()->set_beta2(0.999);
+  request.mutable_hyperparams()->set_eps(1e-8);
+  ASSERT_TRUE(client_->Register(request).ok());
+  ASSERT_EQ(client_->transport_name(), "shm");
+  const std::vector<float> ones(64, 1.0f);
+  std::vector<PushItem> items;
+  for (const v1::TensorSpec& t : request.tensors()) {
+    items.push_back({t.name(), std::as_bytes(std::span<const float>(ones))});
+  }
+  ASSERT_TRUE(client_->UploadInitialWeights("many", items).ok());
+  const absl::Status pushed = client_->PushGradients("many", 0, 0, items);
+  ASSERT_TRUE(pushed.ok()) << pushed;
+  ASSERT_TRUE(client_->Commit("many", 0, 0).ok());
+  Pulled pulled;
+  const PullTarget last{"many", request.tensors(kTensors - 1).name(), {}, 1};
+  ASSERT_TRUE(client_->Pull(last, std::chrono::seconds(20), &pulled).ok());
+  EXPECT_EQ(pulled.header.version(), 1);
+  const std::string text =
+      prometheus::TextSerializer().Serialize(server_->daemon().metrics().registry().Collect());
+  const std::string series = "paramd_pushed_bytes_total{transport=\"shm\"} ";
+  const size_t at = text.find(series);
+  ASSERT_NE(at, std::string::npos) << text;
+  EXPECT_EQ(std::stod(text.substr(at + series.size())), kTensors * 64 * 4.0);
+}
+
 // A daemon restarted at the same address has new segments (the old ones are gone with it): the
 // trainer's transport must notice, whatever it cached (mappings, slot places asked ahead), and
 // neither write gradients into nor read weights from the old daemon's memory.
