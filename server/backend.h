@@ -306,9 +306,6 @@ class Backend {
   virtual absl::Status ReadyHostBytes(const ServedTensor& served) { return absl::OkStatus(); }
   // Versions copied down so far by ReadyHostBytes (a test counts them).
   virtual int64_t host_copies() const { return 0; }
-  // Step plans made so far (a backend that keeps its steps' plans, cuda:N, makes one only for a
-  // step whose tensors' buffers it has not seen in a recent step; a test counts them).
-  virtual int64_t plans_made() const { return 0; }
 
   // True where the state and served formats live in GPU memory (cuda:N), which the daemon's
   // device memory budget then covers (server/job_memory.h).
