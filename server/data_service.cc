@@ -285,8 +285,12 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     return absl::OkStatus();
   }
 
+  // Once `i`'s waiter fired, this call may end on another thread (a write in flight takes `i` into
+  // its batch and finishes the call): the decision to write is taken under the same lock that
+  // queued `i`, and nothing of this reactor is touched after it unless this thread writes.
   void OnReady(size_t i) {
     bool end = false;
+    std::optional<std::pair<size_t, bool>> next;
     {
       std::lock_guard<std::mutex> lock(mu_);
       waiters_.erase(i);
@@ -295,28 +299,34 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
         end = waiters_.empty();  // the last callback on its way finishes the call
       } else {
         ready_.push_back(i);
+        next = StartWriteLocked();
       }
     }
     if (end) {
       End(absl::CancelledError("pull cancelled while waiting"));
       return;
     }
-    Pump();
+    if (next.has_value()) Begin(tensors_[next->first], next->second);
   }
 
   // Starts writing the next published tensor, unless a write is under way or none is ready.
   void Pump() {
-    size_t i = 0;
-    bool last = false;
+    std::optional<std::pair<size_t, bool>> next;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (writing_ || cancelled_ || ending_ || ready_.empty()) return;
-      i = ready_.front();
-      ready_.pop_front();
-      writing_ = true;
-      last = ++begun_ == tensors_.size();
+      next = StartWriteLocked();
     }
-    Begin(tensors_[i], last);
+    if (next.has_value()) Begin(tensors_[next->first], next->second);
+  }
+
+  // The next published tensor to write (its tensors_ index, and whether it is the call's last),
+  // marking a write under way; none while one is, or none is ready, or the call ends.
+  std::optional<std::pair<size_t, bool>> StartWriteLocked() {
+    if (writing_ || cancelled_ || ending_ || ready_.empty()) return std::nullopt;
+    const size_t i = ready_.front();
+    ready_.pop_front();
+    writing_ = true;
+    return std::make_pair(i, ++begun_ == tensors_.size());
   }
 
   // The next published tensor not begun (its tensors_ index, and whether it is the call's last),
