@@ -322,17 +322,19 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // The next published tensor to write (its tensors_ index, and whether it is the call's last),
   // marking a write under way; none while one is, or none is ready, or the call ends.
   std::optional<std::pair<size_t, bool>> StartWriteLocked() {
-    if (writing_ || cancelled_ || ending_ || ready_.empty()) return std::nullopt;
-    const size_t i = ready_.front();
-    ready_.pop_front();
-    writing_ = true;
-    return std::make_pair(i, ++begun_ == tensors_.size());
+    if (writing_) return std::nullopt;
+    std::optional<std::pair<size_t, bool>> next = TakeReadyLocked();
+    writing_ = next.has_value();
+    return next;
   }
 
   // The next published tensor not begun (its tensors_ index, and whether it is the call's last),
   // unless none is or the call ends.
   std::optional<std::pair<size_t, bool>> TakeReady() {
     std::lock_guard<std::mutex> lock(mu_);
+    return TakeReadyLocked();
+  }
+  std::optional<std::pair<size_t, bool>> TakeReadyLocked() {
     if (cancelled_ || ending_ || ready_.empty()) return std::nullopt;
     const size_t i = ready_.front();
     ready_.pop_front();

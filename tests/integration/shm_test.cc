@@ -127,6 +127,27 @@ class ShmTest : public ::testing::Test {
     return true;
   }
 
+  // Job "j"'s rank 0 slot places of `step`, asked over `stub`.
+  static absl::Status AttachStep(v1::Data::Stub& stub, int64_t step, v1::AttachResponse* response) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::AttachRequest request;
+    request.set_job("j");
+    request.set_rank(0);
+    request.set_transport("shm");
+    request.set_step(step);
+    return FromGrpcStatus(stub.Attach(&context, request, response));
+  }
+
+  // paramd_pushed_bytes_total{transport="shm"} as the daemon exports it; -1 where it has none.
+  double ShmPushedBytes() {
+    const std::string text =
+        prometheus::TextSerializer().Serialize(server_->daemon().metrics().registry().Collect());
+    const std::string series = "paramd_pushed_bytes_total{transport=\"shm\"} ";
+    const size_t at = text.find(series);
+    return at == std::string::npos ? -1 : std::stod(text.substr(at + series.size()));
+  }
+
   std::unique_ptr<Server> server_;
   std::unique_ptr<Client> client_;
   std::vector<float> weights_;
@@ -267,14 +288,7 @@ TEST_F(ShmTest, TheNextStepsSlotsAreSetAsideEarly) {
   auto channel = grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
   auto stub = v1::Data::NewStub(channel);
   auto attach = [&](int64_t step, v1::AttachResponse* response) {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    v1::AttachRequest request;
-    request.set_job("j");
-    request.set_rank(0);
-    request.set_transport("shm");
-    request.set_step(step);
-    return FromGrpcStatus(stub->Attach(&context, request, response));
+    return AttachStep(*stub, step, response);
   };
   v1::AttachResponse now, ahead, too_far, later;
   ASSERT_TRUE(attach(0, &now).ok());
@@ -302,16 +316,7 @@ TEST_F(ShmTest, AChunkOfMarksIsTakenMarkByMarkAndTheFirstRefusedEndsTheStream) {
   auto channel = grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
   auto stub = v1::Data::NewStub(channel);
   v1::AttachResponse places;
-  {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    v1::AttachRequest request;
-    request.set_job("j");
-    request.set_rank(0);
-    request.set_transport("shm");
-    request.set_step(0);
-    ASSERT_TRUE(stub->Attach(&context, request, &places).ok());
-  }
+  ASSERT_TRUE(AttachStep(*stub, 0, &places).ok());
   ASSERT_EQ(places.slots_size(), 1);
   const int64_t bytes = places.slots(0).bytes();
   ASSERT_EQ(bytes, 64 * 64 * 4);
@@ -360,12 +365,7 @@ TEST_F(ShmTest, AChunkOfMarksIsTakenMarkByMarkAndTheFirstRefusedEndsTheStream) {
   EXPECT_EQ(response.chunks_stored(), 1);
   EXPECT_EQ(response.chunks_duplicate(), 1);
   // Each mark stored counts its bytes once, under the transport whose memory they were written in.
-  const std::string text =
-      prometheus::TextSerializer().Serialize(server_->daemon().metrics().registry().Collect());
-  const std::string series = "paramd_pushed_bytes_total{transport=\"shm\"} ";
-  const size_t at = text.find(series);
-  ASSERT_NE(at, std::string::npos) << text;
-  EXPECT_EQ(std::stod(text.substr(at + series.size())), static_cast<double>(bytes));
+  EXPECT_EQ(ShmPushedBytes(), static_cast<double>(bytes));
   const absl::StatusOr<v1::CommitResponse> committed = client_->Commit("j", 0, 0);
   ASSERT_TRUE(committed.ok()) << committed.status();
 }
@@ -419,12 +419,7 @@ TEST_F(ShmTest, MarksOfManyTensorsTravelInMessagesTheDaemonTakes) {
   const PullTarget last{"many", request.tensors(kTensors - 1).name(), {}, 1};
   ASSERT_TRUE(client_->Pull(last, std::chrono::seconds(20), &pulled).ok());
   EXPECT_EQ(pulled.header.version(), 1);
-  const std::string text =
-      prometheus::TextSerializer().Serialize(server_->daemon().metrics().registry().Collect());
-  const std::string series = "paramd_pushed_bytes_total{transport=\"shm\"} ";
-  const size_t at = text.find(series);
-  ASSERT_NE(at, std::string::npos) << text;
-  EXPECT_EQ(std::stod(text.substr(at + series.size())), kTensors * 64 * 4.0);
+  EXPECT_EQ(ShmPushedBytes(), kTensors * 64 * 4.0);
 }
 
 // A daemon restarted at the same address has new segments (the old ones are gone with it): the
