@@ -21,8 +21,9 @@ iperf_gbps=$(iperf3 -c 127.0.0.1 -p "$port" -t 5 -P 1 -J |
 "$build/server/paramd" --listen=127.0.0.1:0 --metrics_listen= --address_file="$work/addr" \
   2>"$work/log" &
 pids+=($!)
-for _ in $(seq 100); do [ -s "$work/addr" ] && break; sleep 0.1; done
-"$build/bench/paramd_inline_bench" --address="$(cat "$work/addr")" | tee "$work/out"
+addr=$("$build/tools/paramctl" wait "$work/addr" "${pids[-1]}") ||
+  { cat "$work/log"; echo "paramd did not start"; exit 1; }
+"$build/bench/paramd_inline_bench" --address="$addr" | tee "$work/out"
 result=$(grep '^RESULT' "$work/out")
 python3 - "$iperf_gbps" "$result" <<'PY'
 import sys

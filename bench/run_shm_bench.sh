@@ -17,9 +17,11 @@ trap cleanup EXIT
 # From the build tree, or through a bundle's run.sh (which execs, so $! is the daemon itself).
 if [ -x "$build/run.sh" ]; then
   daemon=("$build/run.sh" paramd)
+  ctl=("$build/run.sh" paramctl)
   bench=("$build/run.sh" paramd_shm_bench)
 else
   daemon=("$build/server/paramd")
+  ctl=("$build/tools/paramctl")
   bench=("$build/bench/paramd_shm_bench")
 fi
 
@@ -31,8 +33,10 @@ phase() {
   "${daemon[@]}" --listen=127.0.0.1:0 --metrics_listen= --address_file="$work/addr" \
     2>"$work/log.$name" &
   pid=$!
-  for _ in $(seq 100); do [ -s "$work/addr" ] && break; sleep 0.1; done
-  "${bench[@]}" --address="$(cat "$work/addr")" "$@" | tee "$work/out.$name"
+  local addr
+  addr=$("${ctl[@]}" wait "$work/addr" "$pid") ||
+    { cat "$work/log.$name"; echo "paramd did not start"; exit 1; }
+  "${bench[@]}" --address="$addr" "$@" | tee "$work/out.$name"
   kill "$pid"
   wait "$pid" 2>/dev/null || true
   pid=""

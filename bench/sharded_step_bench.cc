@@ -31,7 +31,7 @@
 #include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "common/flags_help.h"
-#include "server/server.h"
+#include "server/rpc/server.h"
 
 ABSL_FLAG(int64_t, params, 200000000, "FP32 parameters of the job");
 ABSL_FLAG(int, tensors, 16, "Tensors of the job (equal, cols 4096)");

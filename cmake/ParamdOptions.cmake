@@ -5,10 +5,13 @@ target_compile_options(paramd_numerics INTERFACE
   $<$<COMPILE_LANGUAGE:CXX>:-ffp-contract=off -fno-fast-math>
   $<$<COMPILE_LANGUAGE:CUDA>:--fmad=false -ftz=false -prec-div=true -prec-sqrt=true>)
 
-# Warnings for the project's own targets.
+# Warnings for the project's own targets. Under clang (scripts/fuzz.sh's build), the locks'
+# annotations (ABSL_GUARDED_BY, ABSL_EXCLUSIVE_LOCKS_REQUIRED on absl::Mutex) are checked, and a
+# breach stops the build.
 add_library(paramd_warnings INTERFACE)
 target_compile_options(paramd_warnings INTERFACE
-  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>)
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>
+  $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CXX_COMPILER_ID:Clang>>:-Wthread-safety -Werror=thread-safety>)
 
 if(PARAMD_SANITIZE)
   add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)

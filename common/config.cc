@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/logging.h"
+#include "common/owner_address.h"
 
 namespace paramd {
 namespace {
@@ -183,8 +184,26 @@ v1::DaemonConfig WithDefaults(v1::DaemonConfig c) {
   return c;
 }
 
+namespace {
+
+// listen = "unix:PATH": a socket path the kernel takes (sun_path holds 107 bytes and a NUL).
+absl::Status CheckUnixListen(const std::string& value) {
+  const std::string path = UnixSocketPath(value);
+  if (path.empty() || path.size() > 107) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config field listen = \"", value, "\" names no Unix socket path of 1 to 107 bytes"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ValidateConfig(const v1::DaemonConfig& c) {
-  if (absl::Status s = CheckHostPort("listen", c.listen()); !s.ok()) return s;
+  if (absl::Status s = IsUnixAddress(c.listen()) ? CheckUnixListen(c.listen())
+                                                 : CheckHostPort("listen", c.listen());
+      !s.ok()) {
+    return s;
+  }
   if (!c.metrics_listen().empty()) {
     if (absl::Status s = CheckHostPort("metrics_listen", c.metrics_listen()); !s.ok()) return s;
   }
@@ -243,6 +262,7 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
 std::string AdvertisedAddress(const v1::DaemonConfig& config, int port,
                               const std::string& hostname) {
   if (!config.advertise_address().empty()) return config.advertise_address();
+  if (IsUnixAddress(config.listen())) return config.listen();
   const std::string host = config.listen().substr(0, config.listen().rfind(':'));
   return absl::StrCat(IsWildcardHost(host) ? hostname : host, ":", port);
 }

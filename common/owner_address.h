@@ -20,7 +20,16 @@ struct OwnerAddress {
   std::string backend;  // "" where the address names the daemon alone
 };
 
-// Splits "host:port/BACKEND" at its '/'; an address without one is the daemon alone.
+// A daemon listening on a Unix socket is named "unix:PATH" (gRPC's form), its backends
+// "unix:PATH/BACKEND".
+inline constexpr char kUnixPrefix[] = "unix:";
+bool IsUnixAddress(std::string_view address);
+// The socket's path of a "unix:PATH" address ("unix:///abs" and "unix:/abs" name /abs).
+std::string UnixSocketPath(std::string_view address);
+
+// Splits "host:port/BACKEND" at its '/' (a Unix socket's address at its last '/' where a
+// backend's name, "cpu" or "cpu:N" or "cuda:N", follows); an address without one is the daemon
+// alone.
 OwnerAddress SplitOwnerAddress(std::string_view address);
 // "host:port/BACKEND", or `daemon` alone where `backend` is empty.
 std::string JoinOwnerAddress(std::string_view daemon, std::string_view backend);

@@ -1,6 +1,6 @@
 // One tensor's whole step on the CPU, composed once for everyone who runs it: the daemon's cpu
-// backend (server/cpu_backend.cc) and the kernel benchmark (bench/kernels) call this, so the
-// benchmark measures what the daemon runs.
+// backend (server/backend/cpu_backend.cc) and the kernel benchmark (bench/kernels) call this, so
+// the benchmark measures what the daemon runs.
 //
 // The composition (DESIGN.md §10):
 //   1. the fused step (FusedStepCpu) over 128-row panels, spread over the pool's threads; each

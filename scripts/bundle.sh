@@ -23,9 +23,11 @@ bins=(server/paramd tools/paramctl examples/mlp/paramd_train_mlp
       tests/gpu/fused_step_cuda_test tests/gpu/step_rules_cuda_test tests/gpu/serve_cuda_test
       bench/gpu/paramd_cuda_ipc_bench bench/gpu/paramd_whole_step_bench bench/gpu/paramd_gpu_step_bench
       bench/paramd_sharded_step_bench)
-# PARAMD_BUNDLE_ONLY="paramd cuda_sharded_test ...": only these programs (a carry holds 64 MiB).
+# PARAMD_BUNDLE_ONLY="cuda_sharded_test ...": only these programs (a carry holds 64 MiB), besides
+# the daemon and paramctl, which starts it and waits until it serves (`paramctl wait`).
 for b in "${bins[@]}"; do
-  if [ -n "${PARAMD_BUNDLE_ONLY:-}" ] && [[ " $PARAMD_BUNDLE_ONLY " != *" $(basename "$b") "* ]]; then
+  if [ -n "${PARAMD_BUNDLE_ONLY:-}" ] &&
+    [[ " paramd paramctl $PARAMD_BUNDLE_ONLY " != *" $(basename "$b") "* ]]; then
     continue
   fi
   [ -x "$build/$b" ] && cp "$build/$b" "$out/bin/"

@@ -28,7 +28,9 @@ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=None "-DCMAKE_CXX_FLAGS
   "-DCMAKE_C_FLAGS=-O1 -g1" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_C_COMPILER="$cc" -DPARAMD_FUZZ=ON \
   -DPARAMD_CUDA=OFF -DPARAMD_NCCL=OFF -DPARAMD_UCX=OFF \
   | grep -E "paramd|Error|error|Warning" || true
-cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
+# The daemon's RPC room too (paramd_server): every server/ file is compiled by clang here, which
+# checks the locks' annotations (-Wthread-safety, cmake/ParamdOptions.cmake).
+cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" paramd_server
 built=$(date +%s)
 
 export ASAN_OPTIONS=halt_on_error=1:detect_leaks=1:print_stacktrace=1

@@ -17,13 +17,12 @@ start_daemon() {
   "$run" paramd --backend=cuda:0 --listen=127.0.0.1:0 --metrics_listen= \
     --address_file="$work/addr" "$@" 2>>"$work/paramd.log" &
   daemon=$!
-  for _ in $(seq 200); do [ -s "$work/addr" ] && break; sleep 0.1; done
-  [ -s "$work/addr" ] || { cat "$work/paramd.log"; echo "paramd --backend=cuda:0 did not start"; exit 1; }
+  addr=$("$run" paramctl wait "$work/addr" "$daemon") ||
+    { cat "$work/paramd.log"; echo "paramd --backend=cuda:0 did not start"; exit 1; }
 }
 stop_daemon() { kill -TERM "$daemon"; wait "$daemon"; daemon=""; }
 
 start_daemon
-addr=$(cat "$work/addr")
 "$run" paramd_train_mlp --address="$addr" --rank=1 --world_size=2 --steps=300 >"$work/r1.log" 2>&1 &
 r1=$!
 "$run" paramd_train_mlp --address="$addr" --rank=0 --world_size=2 --steps=300 --check \

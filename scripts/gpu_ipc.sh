@@ -23,9 +23,8 @@ status=0
 "$run" paramd --backend=cuda:0 --listen=127.0.0.1:0 --metrics_listen= \
   --address_file="$work/addr" 2>>"$work/paramd.log" &
 daemon=$!
-for _ in $(seq 200); do [ -s "$work/addr" ] && break; sleep 0.1; done
-[ -s "$work/addr" ] || { cat "$work/paramd.log"; echo "paramd --backend=cuda:0 did not start"; exit 1; }
-addr=$(cat "$work/addr")
+addr=$("$run" paramctl wait "$work/addr" "$daemon") ||
+  { cat "$work/paramd.log"; echo "paramd --backend=cuda:0 did not start"; exit 1; }
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 for dev in $(seq 0 $((gpus > 1 ? 1 : 0))); do
   step=0

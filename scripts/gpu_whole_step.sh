@@ -37,9 +37,9 @@ python3 "$root/bench/gpu/peer_torch_adam.py" --sets "$sets" --peers torch_fused 
 "$run" paramd --backend=cuda:0 --listen=127.0.0.1:0 --metrics_listen= --log_level=debug \
   --address_file="$logs/addr" 2>"$logs/paramd.log" &
 daemon=$!
-for _ in $(seq 300); do [ -s "$logs/addr" ] && break; sleep 0.1; done
-[ -s "$logs/addr" ] || { tail -20 "$logs/paramd.log"; echo "paramd did not start"; exit 1; }
-"$run" paramd_whole_step_bench --address="$(cat "$logs/addr")" --sets="$sets" --fp8="$fp8" \
+addr=$("$run" paramctl wait "$logs/addr" "$daemon") ||
+  { tail -20 "$logs/paramd.log"; echo "paramd did not start"; exit 1; }
+"$run" paramd_whole_step_bench --address="$addr" --sets="$sets" --fp8="$fp8" \
   --grads="$grads" \
   --json="$logs/whole.json" || status=1
 kill -TERM "$daemon"

@@ -21,9 +21,8 @@ trap cleanup EXIT
 "$build/server/paramd" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 \
   --address_file="$work/address" 2>"$work/paramd.log" &
 daemon_pid=$!
-for _ in $(seq 100); do [ -s "$work/address" ] && break; sleep 0.1; done
-[ -s "$work/address" ] || { cat "$work/paramd.log"; echo "paramd did not start"; exit 1; }
-address=$(cat "$work/address")
+address=$("$build/tools/paramctl" wait "$work/address" "$daemon_pid") ||
+  { cat "$work/paramd.log"; echo "paramd did not start"; exit 1; }
 metrics=$(grep -o 'http://[^ )]*/metrics' "$work/paramd.log" | head -1)
 echo "paramd is serving on $address (metrics $metrics)"
 

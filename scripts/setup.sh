@@ -1,15 +1,28 @@
 #!/usr/bin/env bash
 # Installs what paramd needs on Debian 12 (apt), only what is missing. Safe to run again.
+#   scripts/setup.sh        everything the build, the tests, the benchmarks and the bindings use
+#   scripts/setup.sh main   what the main job's build uses (scripts/run_main_job.sh): a compiler,
+#                           CMake, gRPC, protobuf, Abseil, prometheus-cpp and curl; no Python
 set -euo pipefail
 
-packages=(
-  build-essential cmake ninja-build pkg-config git curl ca-certificates
-  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev grpc-proto
-  libucx-dev ucx-utils prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
-  clang-format iperf3 prometheus python3
-  pybind11-dev python3-dev python3-venv python3-yaml
-  clang-14 libclang-rt-14-dev patchelf
+# The main job: the daemon, paramctl and the example trainer, CPU-only, and curl for /metrics.
+main_packages=(
+  build-essential cmake ninja-build pkg-config ca-certificates curl
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
+  prometheus-cpp-dev
 )
+if [ "${1:-}" = main ]; then
+  packages=("${main_packages[@]}")
+  PARAMD_SETUP_PYTHON=0
+else
+  packages=(
+    "${main_packages[@]}" git grpc-proto
+    libucx-dev ucx-utils libgtest-dev libgmock-dev libbenchmark-dev
+    clang-format iperf3 prometheus python3
+    pybind11-dev python3-dev python3-venv python3-yaml
+    clang-14 libclang-rt-14-dev patchelf
+  )
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -15,10 +15,10 @@
 #include "common/logging.h"
 #include "common/quoted.h"
 #include "common/status_macros.h"
-#include "server/checkpoint.h"
-#include "server/checkpoint_progress.h"
 #include "server/registration.h"
-#include "server/state_transfer.h"
+#include "server/state/checkpoint.h"
+#include "server/state/checkpoint_progress.h"
+#include "server/state/state_transfer.h"
 
 namespace paramd {
 namespace {
@@ -98,11 +98,11 @@ absl::StatusOr<v1::CheckpointResponse> Checkpoints::WriteNow(const std::string& 
   Daemon* daemon = daemon_;
   // Steps committed after the call wait until the state is in the writer's buffer (the export
   // holds them), then go back to the step executor while the disk catches up.
-  PARAMD_ASSIGN_OR_RETURN(std::unique_ptr<StateExport> exported,
-                          StateExport::BeginAndWait(job, daemon_->config().max_chunk_bytes(),
-                                                    [daemon, job](const StepWork& held) {
-                                                      daemon->StartStep(job, held);
-                                                    }));
+  PARAMD_ASSIGN_OR_RETURN(
+      std::unique_ptr<StateExport> exported,
+      StateExport::BeginAndWait(
+          ExportOf(job, [daemon, job](const StepWork& held) { daemon->StartStep(job, held); }),
+          daemon_->config().max_chunk_bytes()));
   MemoryBudget::Reservation held;
   const int64_t buffer = WriteBuffer(name, state_bytes, &held);
   PARAMD_ASSIGN_OR_RETURN(
@@ -282,29 +282,28 @@ CheckpointSchedule::CheckpointSchedule(Daemon* daemon)
 
 CheckpointSchedule::~CheckpointSchedule() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);  // its release wakes Run
     stop_ = true;
   }
-  wake_.notify_all();
   thread_.join();
 }
 
 void CheckpointSchedule::StepRan(const std::string& job, int64_t next_step) {
   if (every_ <= 0 || next_step % every_ != 0) return;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (std::find(queue_.begin(), queue_.end(), job) != queue_.end()) return;
-    queue_.push_back(job);
-  }
-  wake_.notify_all();
+  absl::MutexLock lock(&mu_);  // its release wakes Run
+  if (std::find(queue_.begin(), queue_.end(), job) != queue_.end()) return;
+  queue_.push_back(job);
 }
 
 void CheckpointSchedule::Run() {
   while (true) {
     std::string job;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      wake_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      absl::MutexLock lock(&mu_);
+      const auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || !queue_.empty();
+      };
+      mu_.Await(absl::Condition(&woken));
       if (stop_) return;
       job = queue_.front();
       queue_.pop_front();

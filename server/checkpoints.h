@@ -1,16 +1,16 @@
 // The daemon's checkpoints (Control.Checkpoint and Control.Restore, and the restore at start):
-// a job's state exported into server/checkpoint.h's layout under DaemonConfig.checkpoint_dir, and
-// read back into the job, registering it from the manifest where it does not exist. Plain C++:
+// a job's state exported into server/state/checkpoint.h's layout under DaemonConfig.checkpoint_dir,
+// and read back into the job, registering it from the manifest where it does not exist. Plain C++:
 // the Control service and main.cc call it.
 #pragma once
 
-#include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "paramd/v1/control.pb.h"
 #include "server/daemon.h"
 
@@ -70,10 +70,9 @@ class CheckpointSchedule {
 
   Checkpoints checkpoints_;
   const int64_t every_;
-  std::mutex mu_;
-  std::condition_variable wake_;
-  std::deque<std::string> queue_;
-  bool stop_ = false;
+  absl::Mutex mu_;
+  std::deque<std::string> queue_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

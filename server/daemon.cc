@@ -11,15 +11,14 @@
 #include "common/logging.h"
 #include "common/quoted.h"
 #include "common/status_macros.h"
+#include "common/version.h"
 #include "google/protobuf/util/message_differencer.h"
-#include "server/backends.h"
+#include "server/backend/backends.h"
 #include "server/registration.h"
-#include "server/state_fields.h"
-#include "server/state_transfer.h"
+#include "server/state/state_fields.h"
+#include "server/state/state_transfer.h"
 
 namespace paramd {
-
-inline constexpr char kDaemonVersion[] = "0.1.0";
 
 namespace {
 
@@ -128,30 +127,30 @@ absl::Status Daemon::CheckServing() const {
 }
 
 std::string Daemon::advertised_address() const {
-  std::lock_guard<std::mutex> lock(advertised_mu_);
+  absl::MutexLock lock(&advertised_mu_);
   return advertised_address_;
 }
 
 void Daemon::set_advertised_address(std::string address) {
   peers_->SetSelf(address);
-  std::lock_guard<std::mutex> lock(advertised_mu_);
+  absl::MutexLock lock(&advertised_mu_);
   advertised_address_ = std::move(address);
 }
 
 std::vector<std::string> Daemon::backend_addresses() const {
-  std::lock_guard<std::mutex> lock(advertised_mu_);
+  absl::MutexLock lock(&advertised_mu_);
   if (backend_addresses_.empty()) return {advertised_address_};
   return backend_addresses_;
 }
 
 void Daemon::set_backend_addresses(std::vector<std::string> addresses) {
-  std::lock_guard<std::mutex> lock(advertised_mu_);
+  absl::MutexLock lock(&advertised_mu_);
   backend_addresses_ = std::move(addresses);
 }
 
 absl::StatusOr<v1::RegisterResponse> Daemon::Register(const v1::RegisterRequest& request) {
   // One at a time: a job being remade is not found by another rank's registration meanwhile.
-  std::lock_guard<std::mutex> lock(register_mu_);
+  absl::MutexLock lock(&register_mu_);
   PARAMD_RETURN_IF_ERROR(CheckDaemonList(request, advertised_address()));
   // The list is compared before the rest of the description, to show both lists whole.
   if (absl::StatusOr<std::shared_ptr<Job>> job = registry_->Find(request.job()); job.ok()) {
@@ -162,7 +161,7 @@ absl::StatusOr<v1::RegisterResponse> Daemon::Register(const v1::RegisterRequest&
 
 absl::StatusOr<v1::RegisterResponse> Daemon::RegisterFromManifest(
     const v1::RegisterRequest& request) {
-  std::lock_guard<std::mutex> lock(register_mu_);
+  absl::MutexLock lock(&register_mu_);
   return RegisterLocked(request);
 }
 
@@ -236,9 +235,9 @@ std::optional<absl::StatusOr<v1::RegisterResponse>> Daemon::RegisterReshaped(
   // The restored state, whole (the job is idle: nothing was pushed since the restore).
   std::vector<v1::StateChunk> chunks;
   {
-    absl::StatusOr<std::unique_ptr<StateExport>> exported =
-        StateExport::BeginAndWait(old, config_.max_chunk_bytes(),
-                                  [this, old](const StepWork& held) { StartStep(old, held); });
+    absl::StatusOr<std::unique_ptr<StateExport>> exported = StateExport::BeginAndWait(
+        ExportOf(old, [this, old](const StepWork& held) { StartStep(old, held); }),
+        config_.max_chunk_bytes());
     if (!exported.ok()) return exported.status();
     while (true) {
       v1::StateChunk chunk;
@@ -390,7 +389,7 @@ void Daemon::UpdateGauges() {
 
 v1::StatusResponse Daemon::Status(const std::string& job, bool jobs) const {
   v1::StatusResponse response;
-  response.set_daemon_version(kDaemonVersion);
+  response.set_daemon_version(std::string(Version()));
   response.set_backend(backend_name_);
   // The table's order (DESIGN.md §6): those this daemon offers.
   for (const DaemonEnds::End& t : transports_.all()) {

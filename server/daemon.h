@@ -7,22 +7,23 @@
 #include <chrono>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "paramd/v1/config.pb.h"
 #include "paramd/v1/control.pb.h"
-#include "server/backend.h"
-#include "server/checkpoint_progress.h"
+#include "server/backend/backend.h"
 #include "server/counted_limit.h"
 #include "server/lease_table.h"
 #include "server/memory_budget.h"
 #include "server/metrics.h"
-#include "server/peer_exchange.h"
 #include "server/registry.h"
+#include "server/shard/peer_exchange.h"
+#include "server/state/checkpoint_progress.h"
 #include "server/step_executor.h"
 #include "transport/daemon_end.h"
 
@@ -128,9 +129,10 @@ class Daemon final : public TransportHost {
   // where the job is not such a job or `request` differs in more than those.
   std::optional<absl::StatusOr<v1::RegisterResponse>> RegisterReshaped(
       const v1::RegisterRequest& request);
-  // Register's work once its daemon list is checked; register_mu_ held.
-  absl::StatusOr<v1::RegisterResponse> RegisterLocked(const v1::RegisterRequest& request);
-  std::mutex register_mu_;  // Register, one at a time
+  // Register's work once its daemon list is checked.
+  absl::StatusOr<v1::RegisterResponse> RegisterLocked(const v1::RegisterRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
+  absl::Mutex register_mu_;  // Register, one at a time
   Daemon(const v1::DaemonConfig& config, std::unique_ptr<Backend> backend, uint64_t instance,
          MemoryBytes budget);
   // After a job's step failed: when the backend itself is unusable, every job of it fails too.
@@ -138,9 +140,9 @@ class Daemon final : public TransportHost {
 
   const v1::DaemonConfig config_;
   const uint64_t instance_;
-  mutable std::mutex advertised_mu_;
-  std::string advertised_address_;              // guarded by advertised_mu_
-  std::vector<std::string> backend_addresses_;  // guarded by advertised_mu_; empty: this one
+  mutable absl::Mutex advertised_mu_;
+  std::string advertised_address_ ABSL_GUARDED_BY(advertised_mu_);
+  std::vector<std::string> backend_addresses_ ABSL_GUARDED_BY(advertised_mu_);  // empty: this one
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   // The transports' ends (their memory) outlive every buffer carved from it: destroyed last.
   // Made once the members they ask for are (the constructor's body).

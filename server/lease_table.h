@@ -14,7 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "server/backend.h"
+#include "server/backend/backend.h"
 
 namespace paramd {
 

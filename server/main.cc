@@ -14,7 +14,7 @@
 #include "common/config.h"
 #include "common/flags_help.h"
 #include "common/logging.h"
-#include "server/server.h"
+#include "server/rpc/server.h"
 
 ABSL_FLAG(std::string, config, "", "Config file: text format of paramd.v1.DaemonConfig");
 ABSL_FLAG(std::string, listen, "", "gRPC address host:port (overrides the config)");

@@ -1,5 +1,5 @@
 // What the daemon may hold for its jobs, in host memory and (cuda:N) GPU memory. A job reserves
-// every byte it may ever use when it is first registered (server/job_memory.h counts them); the
+// every byte it may ever use when it is first registered (server/job/job_memory.h counts them); the
 // reservation returns when the job is deleted. A Register that does not fit is refused with
 // RESOURCE_EXHAUSTED, so no later request can make the daemon allocate past its budget.
 #pragma once

@@ -232,7 +232,7 @@ void Metrics::StepFailed(const std::string& job) {
 
 prometheus::Counter& Metrics::ByTransport(prometheus::Family<prometheus::Counter>& family,
                                           const std::string& transport) {
-  std::lock_guard<std::mutex> lock(by_transport_mu_);
+  absl::MutexLock lock(&by_transport_mu_);
   auto [it, added] = by_transport_.try_emplace({&family, transport}, nullptr);
   if (added) it->second = &family.Add({{"transport", transport}});
   return *it->second;
@@ -266,7 +266,7 @@ void Metrics::SetLeases(int64_t held, int64_t expired) {
 void Metrics::SetTransportBytes(const std::string& transport, int64_t reserved, int64_t used) {
   prometheus::Family<prometheus::Gauge>* family = nullptr;
   {
-    std::lock_guard<std::mutex> lock(transport_bytes_mu_);
+    absl::MutexLock lock(&transport_bytes_mu_);
     auto it = transport_bytes_.find(transport);
     if (it == transport_bytes_.end()) {
       it = transport_bytes_
@@ -298,7 +298,7 @@ void Metrics::SetStreams(int64_t open, int64_t waiting_pulls) {
 }
 
 void Metrics::SetJobVersions(const std::map<std::string, int64_t>& versions) {
-  std::lock_guard<std::mutex> lock(job_version_mu_);
+  absl::MutexLock lock(&job_version_mu_);
   for (auto it = job_versions_.begin(); it != job_versions_.end();) {
     if (versions.count(it->first) == 0) {
       job_version_.Remove(it->second);

@@ -11,12 +11,13 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 
 namespace paramd {
 
@@ -87,16 +88,19 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& checkpoint_time_;
   prometheus::Family<prometheus::Histogram>& peer_round_seconds_;
   prometheus::Family<prometheus::Counter>& peer_rounds_;
-  std::mutex job_version_mu_;
-  std::map<std::string, prometheus::Gauge*> job_versions_;  // the series set, by job
-  std::mutex transport_bytes_mu_;
-  std::map<std::string, prometheus::Family<prometheus::Gauge>*> transport_bytes_;
+  absl::Mutex job_version_mu_;
+  // The series set, by job.
+  std::map<std::string, prometheus::Gauge*> job_versions_ ABSL_GUARDED_BY(job_version_mu_);
+  absl::Mutex transport_bytes_mu_;
+  std::map<std::string, prometheus::Family<prometheus::Gauge>*> transport_bytes_
+      ABSL_GUARDED_BY(transport_bytes_mu_);
   // The pushed and pulled byte counters by transport, looked up once: a step of many tensors
   // counts every tensor's mark and pull header, and a family's Add builds a label set each time.
   prometheus::Counter& ByTransport(prometheus::Family<prometheus::Counter>& family,
                                    const std::string& transport);
-  std::mutex by_transport_mu_;
-  std::map<std::pair<const void*, std::string>, prometheus::Counter*> by_transport_;
+  absl::Mutex by_transport_mu_;
+  std::map<std::pair<const void*, std::string>, prometheus::Counter*> by_transport_
+      ABSL_GUARDED_BY(by_transport_mu_);
 };
 
 }  // namespace paramd

@@ -10,7 +10,7 @@
 #include "absl/status/statusor.h"
 #include "common/shard_map.h"
 #include "paramd/v1/control.pb.h"
-#include "server/backend.h"
+#include "server/backend/backend.h"
 
 namespace paramd {
 

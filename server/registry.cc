@@ -5,9 +5,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/error_reason.h"
 #include "common/quoted.h"
-#include "server/job_memory.h"
-#include "server/peer_exchange.h"
+#include "server/job/job_memory.h"
 #include "server/registration.h"
+#include "server/shard/peer_exchange.h"
 
 namespace paramd {
 

@@ -8,7 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "server/job.h"
+#include "server/job/job.h"
 #include "server/memory_budget.h"
 
 namespace paramd {
@@ -29,9 +29,9 @@ class JobRegistry {
       : backend_(backend), limits_(limits), buffers_(buffers), budget_(budget) {}
 
   // Validates the request, creates the job on its first registration (reserving its footprint,
-  // server/job_memory.h), registers the rank. A job whose list names several daemons is sharded:
-  // the job holds this daemon's part of it (DaemonPart, for `peers.self`), reserves that part's
-  // footprint, and takes part in `peers.exchange`'s agreement.
+  // server/job/job_memory.h), registers the rank. A job whose list names several daemons is
+  // sharded: the job holds this daemon's part of it (DaemonPart, for `peers.self`), reserves that
+  // part's footprint, and takes part in `peers.exchange`'s agreement.
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request,
                                                 const JobPeers& peers = {});
   // The job, or NOT_FOUND naming it.

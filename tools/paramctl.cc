@@ -6,14 +6,18 @@
 //   paramctl [--address=HOST:PORT] [--json] checkpoint JOB
 //   paramctl [--address=HOST:PORT] [--json] restore JOB [DIR]
 //   paramctl [--address=HOST:PORT] [--json] drain
+//   paramctl [--wait_s=S] wait ADDRESS_FILE [PID]
 // checkpoint and restore draw a progress bar on stderr while they run, where it is a terminal.
 #include <google/protobuf/util/json_util.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -38,6 +42,7 @@
 ABSL_FLAG(std::string, address, "127.0.0.1:50051", "Daemon address host:port");
 ABSL_FLAG(bool, json, false, "Print the daemon's answer as JSON");
 ABSL_FLAG(int, timeout_ms, 10000, "Deadline of each call, milliseconds");
+ABSL_FLAG(double, wait_s, 60, "wait: how long a daemon may take to serve, seconds");
 
 namespace paramd {
 namespace {
@@ -52,7 +57,10 @@ constexpr char kUsage[] =
     "  checkpoint JOB   write a checkpoint of the job under the daemon's checkpoint_dir\n"
     "  restore JOB [DIR]  restore the job from checkpoint DIR (default: its newest)\n"
     "                   (both draw a progress bar on stderr where it is a terminal)\n"
-    "  drain            refuse new work; running steps complete\n";
+    "  drain            refuse new work; running steps complete\n"
+    "  wait FILE [PID]  wait until the daemon started with --address_file=FILE serves (the file\n"
+    "                   holds its address and its Control service answers), print the address;\n"
+    "                   fail at once where process PID ends first, or after --wait_s\n";
 
 std::string Bytes(int64_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -411,6 +419,59 @@ int Drain(Client& client) {
   return 0;
 }
 
+// Whether process `pid` has ended: gone, or a zombie its parent has not reaped yet.
+bool Ended(int pid) {
+  if (kill(pid, 0) != 0) return errno == ESRCH;
+  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t close = line.rfind(')');  // the state follows "pid (comm) "
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z';
+}
+
+// `paramctl wait FILE [PID]`: the one way a script starts a daemon and waits until it serves
+// (paramd writes FILE atomically once it listens). Prints the address on stdout.
+int Wait(const std::string& file, const std::string& pid_text) {
+  int pid = 0;
+  if (!pid_text.empty() && (!absl::SimpleAtoi(pid_text, &pid) || pid <= 0)) {
+    std::cerr << "paramctl wait: PID must be a process id, not \"" << pid_text << "\"\n";
+    return 2;
+  }
+  const double wait_s = absl::GetFlag(FLAGS_wait_s);
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(std::max(0.0, wait_s)));
+  std::string why = absl::StrCat("it wrote no address to ", file);
+  while (true) {
+    std::ifstream in(file);
+    std::string address;
+    if (in && std::getline(in, address) && !address.empty()) {
+      ClientOptions options;
+      options.address = address;
+      options.rpc_timeout = std::chrono::milliseconds(2000);
+      options.connect_timeout = options.rpc_timeout;
+      options.max_attempts = 1;
+      absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+      const absl::Status answer = client.ok() ? (*client)->Status().status() : client.status();
+      if (answer.ok()) {
+        std::cout << address << "\n";
+        return 0;
+      }
+      why = absl::StrCat("its address ", address, " does not answer (", answer.message(), ")");
+    }
+    if (pid > 0 && Ended(pid)) {
+      std::cerr << "paramctl wait: process " << pid << " ended before the daemon served: " << why
+                << " (its log says why)\n";
+      return 1;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      std::cerr << "paramctl wait: no daemon served within " << wait_s << " s: " << why << "\n";
+      return 1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 int Run(const std::vector<char*>& args) {
   if (args.size() < 2) {
     std::cerr << kUsage;
@@ -418,6 +479,13 @@ int Run(const std::vector<char*>& args) {
   }
   const std::string command = args[1];
   auto arg = [&](size_t i) { return i < args.size() ? std::string(args[i]) : std::string(); };
+  if (command == "wait") {
+    if (args.size() < 3 || args.size() > 4) {
+      std::cerr << kUsage;
+      return 2;
+    }
+    return Wait(arg(2), arg(3));
+  }
   const size_t wanted = command == "status" || command == "drain" ? 0
                         : command == "tensors" || command == "delete" || command == "checkpoint" ||
                                 command == "restore"

@@ -6,8 +6,9 @@
 #include <vector>
 
 #include "kernels/recipes.h"
+#include "server/job/job.h"
 #include "server/registration.h"
-#include "server/state_transfer.h"
+#include "server/state/state_transfer.h"
 #include "tests/unit/server/policy_cases.h"
 #include "tests/unit/server/policy_reference_job.h"
 #include "tests/unit/server/reference_job.h"
@@ -71,7 +72,7 @@ std::vector<PolicyCase> ConformancePolicies() {
 // The whole state of a job, as ExportState streams it.
 std::vector<v1::StateChunk> Export(const std::shared_ptr<Job>& job) {
   absl::StatusOr<std::unique_ptr<StateExport>> exporting =
-      StateExport::BeginAndWait(job, 4096, [](const StepWork&) {});
+      StateExport::BeginAndWait(ExportOf(job, [](const StepWork&) {}), 4096);
   EXPECT_TRUE(exporting.ok()) << exporting.status();
   std::vector<v1::StateChunk> chunks;
   if (!exporting.ok()) return chunks;

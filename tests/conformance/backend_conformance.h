@@ -1,6 +1,6 @@
-// The behaviour every backend shares (server/backend.h), written once and instantiated per backend
-// in a few lines (cpu_backend_test.cc; tests/gpu/cuda_backend_conformance_test.cc on the GPU
-// machine): a job registered on the backend serves every format of every version bit for bit as
+// The behaviour every backend shares (server/backend/backend.h), written once and instantiated per
+// backend in a few lines (cpu_backend_test.cc; tests/gpu/cuda_backend_conformance_test.cc on the
+// GPU machine): a job registered on the backend serves every format of every version bit for bit as
 // the independent scalar model (paramd_reference), for state policies of every kind; skipped and
 // clipped steps follow DESIGN.md §2; an export imported into a second job continues bit for bit;
 // a bad read of the state is a status; a tensor split in row ranges over backends equals the whole
@@ -14,7 +14,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "server/backend.h"
+#include "server/backend/backend.h"
 
 namespace paramd::testing {
 

@@ -1,5 +1,5 @@
 // The backend conformance suite on the cpu backend.
-#include "server/cpu_backend.h"
+#include "server/backend/cpu_backend.h"
 
 #include "tests/conformance/backend_conformance.h"
 

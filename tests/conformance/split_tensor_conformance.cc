@@ -22,7 +22,7 @@
 #include "client/served_pieces.h"
 #include "kernels/formats.h"
 #include "kernels/step_rules.h"
-#include "server/state_fields.h"
+#include "server/state/state_fields.h"
 #include "tests/conformance/backend_conformance.h"
 
 namespace paramd::testing {

@@ -15,7 +15,7 @@
 
 #include "paramd/v1/control.grpc.pb.h"
 #include "paramd/v1/data.grpc.pb.h"
-#include "server/server.h"
+#include "server/rpc/server.h"
 #include "tests/integration/daemon_process.h"
 #include "transport/transport.h"
 

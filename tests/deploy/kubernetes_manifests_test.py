@@ -178,6 +178,15 @@ class KubernetesManifestsTest(unittest.TestCase):
         self.assertTrue(context["runAsNonRoot"])
         self.assertEqual(self.daemonset["spec"]["updateStrategy"]["type"], "OnDelete")
 
+    def test_the_image_tags_carry_the_projects_one_version(self):
+        with open(os.path.join(ROOT, "CMakeLists.txt")) as f:
+            version = re.search(r"^project\(paramd VERSION ([0-9.]+) ", f.read(), re.M).group(1)
+        self.assertEqual(self.container["image"].split(":")[1].split("-")[0], version)
+        with open(os.path.join(ROOT, "docker", "README.md")) as f:
+            tags = re.findall(r"paramd:([0-9.]+)-(?:cpu|cuda)", f.read())
+        self.assertTrue(tags)
+        self.assertEqual(set(tags), {version})
+
     def test_the_daemon_starts_with_the_configmaps_config_and_advertise_flag(self):
         if not PARAMD_BINARY:
             self.skipTest("no daemon binary given")

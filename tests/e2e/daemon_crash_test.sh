@@ -37,8 +37,8 @@ start_daemon() {
   "$build/server/paramd" --config="$1/paramd.textproto" --listen="$2" --address_file="$1/address" \
     >>"$1/paramd.log" 2>&1 &
   daemon_pid=$!
-  for _ in $(seq 300); do [ -s "$1/address" ] && return 0; sleep 0.05; done
-  fail "paramd did not start at $2"
+  "$build/tools/paramctl" --wait_s=15 wait "$1/address" "$daemon_pid" >/dev/null ||
+    fail "paramd did not start at $2"
 }
 
 # The version of the newest checkpoint of the job (0 before the first).

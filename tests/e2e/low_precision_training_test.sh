@@ -23,13 +23,8 @@ trap cleanup EXIT
 "$build/server/paramd" --listen=127.0.0.1:0 --metrics_listen= --address_file="$work/address" \
   2>"$work/paramd.log" &
 daemon_pid=$!
-for _ in $(seq 100); do [ -s "$work/address" ] && break; sleep 0.1; done
-if [ ! -s "$work/address" ]; then
-  cat "$work/paramd.log"
-  echo "paramd did not start"
-  exit 1
-fi
-address=$(cat "$work/address")
+address=$("$build/tools/paramctl" wait "$work/address" "$daemon_pid") ||
+  { cat "$work/paramd.log"; echo "paramd did not start"; exit 1; }
 echo "paramd is serving on $address"
 
 status=0

@@ -24,9 +24,7 @@ fail() {
 "$build/server/paramd" --listen=127.0.0.1:0 --metrics_listen= --address_file="$work/address" \
   2>"$work/paramd.log" &
 daemon_pid=$!
-for _ in $(seq 100); do [ -s "$work/address" ] && break; sleep 0.1; done
-[ -s "$work/address" ] || fail "paramd did not start"
-address=$(cat "$work/address")
+address=$("$build/tools/paramctl" wait "$work/address" "$daemon_pid") || fail "paramd did not start"
 train=("$build/examples/mlp/paramd_train_mlp" --address="$address" --world_size=2 --steps=$steps
        --transport=shm --in_place)
 status() { "$build/tools/paramctl" --address="$address" status; }

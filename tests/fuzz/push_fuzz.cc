@@ -1,7 +1,7 @@
 // Fuzzes the data path of one small job: the bytes are a spec choice and then a sequence of
 // operations (Register a rank, PushChunk of gradients or initial weights, Commit) applied to a Job
 // the way the services apply them, with the step run when the last commit hands it over.
-// Invariants (README.md, "Bad input gets a specific status and changes nothing"):
+// Invariants (docs/protocol.md, "Bad input gets a specific status and changes nothing"):
 //   - nothing crashes (ASan, UBSan);
 //   - every error is one of the documented codes of its call;
 //   - a rejected call changes nothing: the job's status and every served byte are as before;
@@ -21,7 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
-#include "server/cpu_backend.h"
+#include "server/backend/cpu_backend.h"
 #include "server/registration.h"
 #include "server/registry.h"
 
@@ -202,7 +202,7 @@ std::string OpText(const Op& op) {
                       op.grad_scale ? absl::StrCat(*op.grad_scale) : "-");
 }
 
-// The documented codes of each call (README.md, data.proto; a registry validates the rank).
+// The documented codes of each call (docs/protocol.md, data.proto; a registry validates the rank).
 bool Documented(OpKind kind, absl::StatusCode code) {
   switch (kind) {
     case OpKind::kPushGradient:

@@ -13,7 +13,7 @@
 #include <string>
 
 #include "common/logging.h"
-#include "server/cpu_backend.h"
+#include "server/backend/cpu_backend.h"
 #include "server/registration.h"
 #include "server/registry.h"
 

@@ -1,7 +1,7 @@
 // The backend conformance suite on cuda:0 (label gpu): the same bits as the independent reference,
 // so the same as the cpu backend. Skips with the reason where no GPU can be used.
 #include "common/config.h"
-#include "server/backends.h"
+#include "server/backend/backends.h"
 #include "tests/conformance/backend_conformance.h"
 
 namespace paramd::testing {

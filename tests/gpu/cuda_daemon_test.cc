@@ -12,7 +12,7 @@
 #include "common/config.h"
 #include "kernels/cuda_step.h"
 #include "server/daemon.h"
-#include "server/job_memory.h"
+#include "server/job/job_memory.h"
 #include "tests/gpu/sticky_fault.h"
 #include "tests/unit/server/reference_job.h"
 #include "tests/unit/server/status_assertions.h"

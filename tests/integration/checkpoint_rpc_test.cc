@@ -29,7 +29,7 @@
 #include "client/client.h"
 #include "common/grpc_status.h"
 #include "paramd/v1/control.grpc.pb.h"
-#include "server/server.h"
+#include "server/rpc/server.h"
 #include "tests/unit/server/reference_job.h"
 
 namespace paramd {

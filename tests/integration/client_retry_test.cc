@@ -11,7 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
-#include "server/server.h"
+#include "server/rpc/server.h"
 
 namespace paramd {
 namespace {

@@ -30,7 +30,7 @@
 #include "common/grpc_status.h"
 #include "common/shard_map.h"
 #include "paramd/v1/control.grpc.pb.h"
-#include "server/server.h"
+#include "server/rpc/server.h"
 #include "tests/unit/server/reference_job.h"
 
 namespace paramd {

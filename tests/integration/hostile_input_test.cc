@@ -22,7 +22,7 @@
 #include "common/grpc_status.h"
 #include "paramd/v1/control.grpc.pb.h"
 #include "paramd/v1/data.grpc.pb.h"
-#include "server/server.h"
+#include "server/rpc/server.h"
 #include "tests/unit/server/reference_job.h"
 #include "tests/unit/server/status_assertions.h"
 

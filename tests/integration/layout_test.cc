@@ -12,7 +12,7 @@
 
 #include "client/client.h"
 #include "common/shard_map.h"
-#include "server/server.h"
+#include "server/rpc/server.h"
 #include "tests/unit/server/reference_job.h"
 
 namespace paramd {

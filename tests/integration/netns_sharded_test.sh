@@ -71,8 +71,8 @@ for i in 0 1 2 3; do
   pids+=("$!")
 done
 for i in 0 1 2 3; do
-  for _ in $(seq 200); do [ -s "$work/addr.$i" ] && break; sleep 0.1; done
-  [ -s "$work/addr.$i" ] || fail "the daemon in namespace $tag-$i did not start"
+  ip netns exec "$tag-$i" "$build/tools/paramctl" --wait_s=20 wait "$work/addr.$i" "${pids[$i]}" \
+    >/dev/null || fail "the daemon in namespace $tag-$i did not start: $(cat "$work/paramd.$i.log")"
 done
 # The trainers' namespace reaches each daemon only over the bridge.
 for i in 0 1 2 3; do

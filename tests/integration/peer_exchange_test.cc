@@ -20,7 +20,7 @@
 #include "common/config.h"
 #include "common/grpc_status.h"
 #include "paramd/v1/peer.grpc.pb.h"
-#include "server/server.h"
+#include "server/rpc/server.h"
 
 namespace paramd {
 namespace {

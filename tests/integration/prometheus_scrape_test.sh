@@ -79,13 +79,8 @@ for s in r["data"]["result"]:
 "$paramd" --config="$config" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --address_file="$work/address" \
   2>"$work/paramd.log" &
 paramd_pid=$!
-for _ in $(seq 100); do
-  [ -s "$work/address" ] && break
-  kill -0 "$paramd_pid" 2>/dev/null || fail "paramd exited at start"
-  sleep 0.1
-done
-[ -s "$work/address" ] || fail "paramd did not write its address within 10 s"
-address=$(cat "$work/address")
+address=$("$build/tools/paramctl" --wait_s=10 wait "$work/address" "$paramd_pid") ||
+  fail "paramd did not serve within 10 s: $(cat "$work/paramd.log")"
 metrics_url=$(grep -o 'metrics http://[^ )]*/metrics' "$work/paramd.log" | head -1 | cut -d' ' -f2)
 [ -n "$metrics_url" ] || fail "paramd's log has no 'metrics http://HOST:PORT/metrics' line"
 metrics_target=${metrics_url#http://}

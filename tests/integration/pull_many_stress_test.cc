@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "client/client.h"
-#include "server/server.h"
+#include "server/rpc/server.h"
 
 namespace paramd {
 namespace {

@@ -21,8 +21,8 @@
 #include "client/client.h"
 #include "kernels/recipes.h"
 #include "paramd/v1/data.grpc.pb.h"
-#include "server/backend.h"
-#include "server/server.h"
+#include "server/backend/backend.h"
+#include "server/rpc/server.h"
 #include "tests/unit/server/policy_reference_job.h"
 #include "tests/unit/server/reference_job.h"
 

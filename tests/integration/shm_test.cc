@@ -23,8 +23,8 @@
 #include "client/client.h"
 #include "common/grpc_status.h"
 #include "paramd/v1/data.grpc.pb.h"
-#include "server/job_memory.h"
-#include "server/server.h"
+#include "server/job/job_memory.h"
+#include "server/rpc/server.h"
 #include "tests/integration/daemon_process.h"
 
 extern char** environ;

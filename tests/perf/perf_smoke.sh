@@ -28,9 +28,10 @@ phase() {
     --log_level=warning 2>"$work/log.$name" &
   local pid=$!
   pids+=("$pid")
-  for _ in $(seq 200); do [ -s "$work/addr" ] && break; sleep 0.05; done
-  [ -s "$work/addr" ] || { echo "perf_smoke: the daemon did not start"; cat "$work/log.$name"; exit 1; }
-  "$@" --address="$(cat "$work/addr")" >"$work/out.$name"
+  local addr
+  addr=$("$build/tools/paramctl" wait "$work/addr" "$pid") ||
+    { echo "perf_smoke: the daemon did not start"; cat "$work/log.$name"; exit 1; }
+  "$@" --address="$addr" >"$work/out.$name"
   kill "$pid"
   wait "$pid" 2>/dev/null || true
 }

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# `--help` of every program paramd builds prints its usage and its own flags, and exits 0.
+# `--help` of every program paramd builds prints its usage and its own flags, and exits 0;
+# `--version` prints its name and the project's one version (CMakeLists.txt), and exits 0.
 # Usage: tests/tools/help_test.sh BUILD_DIR
 set -euo pipefail
 build=$1
+root=$(cd "$(dirname "$0")/../.." && pwd)
+version=$(sed -nE 's/^project\(paramd VERSION ([0-9.]+) .*/\1/p' "$root/CMakeLists.txt")
+[ -n "$version" ] || { echo "help_test: no version in CMakeLists.txt's project()"; exit 1; }
 check() {
   local program=$1 flag=$2
   local out
@@ -16,6 +20,10 @@ check() {
     echo "help_test: $program --help found no flags"; exit 1
   fi
   echo "help_test: $program --help lists its flags ($(grep -c -- '^  --' <<<"$out"))"
+  if ! out=$("$build/$program" --version 2>&1) || [ "$out" != "$(basename "$program") $version" ]; then
+    echo "help_test: $program --version says \"$out\", not \"$(basename "$program") $version\""
+    exit 1
+  fi
 }
 check server/paramd backend
 check tools/paramctl address

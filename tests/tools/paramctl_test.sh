@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # paramctl against a real daemon: status, tensors, set-lr, delete, checkpoint, restore and drain,
 # human-readable and --json, and the error path (unknown job -> NOT_FOUND, exit status 1); a job
-# over two daemons, and over a daemon of two backends.
+# over two daemons, and over a daemon of two backends; `wait` for a daemon that serves, one that
+# exits before it serves, an address nobody answers and no address at all.
 # Usage: paramctl_test.sh BUILD_DIR
 set -euo pipefail
 build=$1
@@ -20,9 +21,35 @@ echo "checkpoint_dir: \"$work/checkpoints\"" >"$work/paramd.textproto"
 "$build/server/paramd" --config="$work/paramd.textproto" --listen=127.0.0.1:0 --metrics_listen= \
   --address_file="$work/addr" --log_level=warning &
 daemon=$!
-for _ in $(seq 100); do [ -s "$work/addr" ] && break; sleep 0.1; done
-addr=$(cat "$work/addr")
+addr=$("$build/tools/paramctl" wait "$work/addr" "$daemon") || fail "paramd did not serve"
 ctl() { "$build/tools/paramctl" --address="$addr" "$@"; }
+
+# wait: a daemon that exits before serving fails it at once, naming the process; an address nobody
+# answers and a file never written fail it after --wait_s, saying which.
+"$build/server/paramd" --listen=127.0.0.1:99999 --metrics_listen= --address_file="$work/never" \
+  2>/dev/null &
+doomed=$!
+start=$SECONDS
+if "$build/tools/paramctl" --wait_s=30 wait "$work/never" "$doomed" 2>"$work/err"; then
+  fail "wait succeeded for a daemon that exited"
+fi
+[ $((SECONDS - start)) -lt 10 ] || fail "wait for a daemon that exited took $((SECONDS - start)) s"
+grep -q "paramctl wait: process $doomed ended before the daemon served" "$work/err" ||
+  fail "wait names the process that ended: $(cat "$work/err")"
+wait "$doomed" 2>/dev/null || true
+echo "127.0.0.1:1" >"$work/stale"
+if "$build/tools/paramctl" --wait_s=0.5 wait "$work/stale" 2>"$work/err"; then
+  fail "wait succeeded for an address nobody answers"
+fi
+grep -q "no daemon served within 0.5 s: its address 127.0.0.1:1 does not answer" "$work/err" ||
+  fail "wait says the address does not answer: $(cat "$work/err")"
+if "$build/tools/paramctl" --wait_s=0.2 wait "$work/absent" 2>"$work/err"; then
+  fail "wait succeeded without an address file"
+fi
+grep -q "no daemon served within 0.2 s: it wrote no address to $work/absent" "$work/err" ||
+  fail "wait says no address was written: $(cat "$work/err")"
+[ "$("$build/tools/paramctl" wait "$work/addr" "$daemon")" = "$addr" ] ||
+  fail "wait prints a serving daemon's address"
 
 ctl status | grep -q "no jobs" || fail "status of an empty daemon"
 "$build/examples/mlp/paramd_train_mlp" --address="$addr" --job=ctl --world_size=1 --steps=5 \
@@ -97,8 +124,7 @@ assert "checkpoint_progress" not in json.load(sys.stdin)["jobs"][0]
 "$build/server/paramd" --listen=127.0.0.1:0 --metrics_listen= --address_file="$work/addr2" \
   --log_level=warning &
 second=$!
-for _ in $(seq 100); do [ -s "$work/addr2" ] && break; sleep 0.1; done
-addr2=$(cat "$work/addr2")
+addr2=$("$build/tools/paramctl" wait "$work/addr2" "$second") || fail "the second paramd did not serve"
 "$build/examples/mlp/paramd_train_mlp" --address="$addr" --job=two --world_size=1 --steps=2 \
   --daemons="$addr2,$addr" >/dev/null 2>&1 || fail "training job over two daemons"
 out=$(ctl status two)
@@ -119,8 +145,7 @@ ctl status two | grep -qE "^  owner $addr2 device unknown: .* of state, unreacha
 "$build/server/paramd" --listen=127.0.0.1:0 --metrics_listen= --address_file="$work/addr3" \
   --backend=cpu:0,cpu:1 --log_level=warning &
 second=$!
-for _ in $(seq 100); do [ -s "$work/addr3" ] && break; sleep 0.1; done
-addr3=$(cat "$work/addr3")
+addr3=$("$build/tools/paramctl" wait "$work/addr3" "$second") || fail "the third paramd did not serve"
 "$build/examples/mlp/paramd_train_mlp" --address="$addr3" --job=pair --world_size=1 --steps=2 \
   >/dev/null 2>&1 || fail "training job on a daemon of two backends"
 out=$("$build/tools/paramctl" --address="$addr3" status pair)

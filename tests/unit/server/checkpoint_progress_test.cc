@@ -1,7 +1,7 @@
 // CheckpointProgress on its own, with an injected clock: what Status reports of a checkpoint
 // being written or restored (JobStatus.checkpoint_progress), per job, for as long as its Tracked
 // lives.
-#include "server/checkpoint_progress.h"
+#include "server/state/checkpoint_progress.h"
 
 #include <gtest/gtest.h>
 

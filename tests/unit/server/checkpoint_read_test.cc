@@ -1,5 +1,5 @@
-// ReadCheckpoint (server/checkpoint.h) on its own: a checkpoint's records come back whole and in
-// order through read buffers they do not line up with, with O_DIRECT on a disk, through the page
+// ReadCheckpoint (server/state/checkpoint.h) on its own: a checkpoint's records come back whole and
+// in order through read buffers they do not line up with, with O_DIRECT on a disk, through the page
 // cache, and on tmpfs; their data is handed on as a view; a file cut inside a record, a record of
 // impossible length, a record that does not parse and a flipped bit are refused naming the file.
 #include <fcntl.h>
@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "common/crc32c.h"
-#include "server/checkpoint.h"
+#include "server/state/checkpoint.h"
 
 namespace paramd {
 namespace {

@@ -1,9 +1,9 @@
-// server/checkpoint.h: a job's state written to a checkpoint directory and read back continues
-// bit for bit; the writing runs ahead of the disk by its buffer and no further, so steps go on
-// while a buffered checkpoint of their version is written; only complete checkpoints are listed; a
-// truncated, altered or missing file is refused naming it, and the checkpoint before it stays
-// usable.
-#include "server/checkpoint.h"
+// server/state/checkpoint.h: a job's state written to a checkpoint directory and read back
+// continues bit for bit; the writing runs ahead of the disk by its buffer and no further, so steps
+// go on while a buffered checkpoint of their version is written; only complete checkpoints are
+// listed; a truncated, altered or missing file is refused naming it, and the checkpoint before it
+// stays usable.
+#include "server/state/checkpoint.h"
 
 #include <gtest/gtest.h>
 #include <sys/resource.h>
@@ -22,7 +22,8 @@
 #include <vector>
 
 #include "common/crc32c.h"
-#include "server/state_transfer.h"
+#include "server/job/job.h"
+#include "server/state/state_transfer.h"
 #include "tests/unit/server/policy_cases.h"
 #include "tests/unit/server/reference_job.h"
 #include "tests/unit/server/registry_job_harness.h"
@@ -64,7 +65,7 @@ class CheckpointTest : public ::testing::Test {
   // Writes `h`'s state as a checkpoint, in files of `file_bytes`.
   absl::StatusOr<std::string> Write(RegistryJobHarness& h, int64_t file_bytes) {
     absl::StatusOr<std::unique_ptr<StateExport>> exporting =
-        StateExport::BeginAndWait(h.shared(), kChunkBytes, [](const StepWork&) {});
+        StateExport::BeginAndWait(ExportOf(h.shared(), [](const StepWork&) {}), kChunkBytes);
     if (!exporting.ok()) return exporting.status();
     absl::StatusOr<std::unique_ptr<CheckpointWriter>> writer =
         CheckpointWriter::Start(root_, h.job().spec(), file_bytes, kBufferBytes);
@@ -186,7 +187,7 @@ TEST_F(CheckpointTest, StepsGoOnWhileABufferedCheckpointOfTheirVersionIsWritten)
     ASSERT_TRUE(stopped.RunStep(step, grads).ok());
   }
   absl::StatusOr<std::unique_ptr<StateExport>> exporting =
-      StateExport::BeginAndWait(a.shared(), kChunkBytes, [](const StepWork&) {});
+      StateExport::BeginAndWait(ExportOf(a.shared(), [](const StepWork&) {}), kChunkBytes);
   ASSERT_TRUE(exporting.ok()) << exporting.status();
   absl::StatusOr<std::unique_ptr<CheckpointWriter>> writer =
       CheckpointWriter::Start(root_, spec, 16 << 10, int64_t{64} << 20);
@@ -231,7 +232,7 @@ TEST_F(CheckpointTest, TheWriterRunsAheadOfTheDiskByItsBufferOnly) {
   RegistryJobHarness a(spec);
   ASSERT_TRUE(a.Start(PolicyWeights(spec)).ok());
   absl::StatusOr<std::unique_ptr<StateExport>> exporting =
-      StateExport::BeginAndWait(a.shared(), kChunkBytes, [](const StepWork&) {});
+      StateExport::BeginAndWait(ExportOf(a.shared(), [](const StepWork&) {}), kChunkBytes);
   ASSERT_TRUE(exporting.ok()) << exporting.status();
   absl::StatusOr<std::unique_ptr<CheckpointWriter>> writer =
       CheckpointWriter::Start(root_, spec, 1 << 20, kChunkBytes);

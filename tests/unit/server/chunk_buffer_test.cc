@@ -1,6 +1,6 @@
 // ChunkBuffer: chunks of one tensor's bytes arriving in any order, idempotent re-sends, refused
 // conflicts and overlaps (DESIGN.md §2, idempotent pushes).
-#include "server/chunk_buffer.h"
+#include "server/job/chunk_buffer.h"
 
 #include <gtest/gtest.h>
 

@@ -11,7 +11,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "server/backends.h"
+#include "common/owner_address.h"
+#include "server/backend/backends.h"
 #include "tests/unit/server/status_assertions.h"
 
 namespace paramd {
@@ -277,6 +278,7 @@ TEST(ConfigTest, TheAdvertisedAddressDefaultsToTheListenAddressOrTheHostname) {
            Case{":::50051", "", "node-7:43121"},
            Case{"[::]:0", "", "node-7:43121"},
            Case{"0.0.0.0:50051", "node-7.cluster.local:50051", "node-7.cluster.local:50051"},
+           Case{"unix:/run/paramd/paramd.sock", "", "unix:/run/paramd/paramd.sock"},
        }) {
     v1::DaemonConfig config;
     config.set_listen(c.listen);
@@ -284,6 +286,31 @@ TEST(ConfigTest, TheAdvertisedAddressDefaultsToTheListenAddressOrTheHostname) {
     ASSERT_TRUE(ValidateConfig(WithDefaults(config)).ok()) << c.listen;
     EXPECT_EQ(AdvertisedAddress(config, 43121, "node-7"), c.advertised) << c.listen;
   }
+}
+
+// A Unix socket's address: a path the kernel takes (1 to 107 bytes); its backends' addresses end
+// in a backend's name after the path.
+TEST(ConfigTest, AUnixSocketListensOnAPathOfAtMost107Bytes) {
+  v1::DaemonConfig c = WithDefaults(v1::DaemonConfig());
+  c.set_listen("unix:/run/paramd.sock");
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+  c.set_listen("unix:///run/paramd.sock");
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+  EXPECT_EQ(UnixSocketPath(c.listen()), "/run/paramd.sock");
+  c.set_listen("unix:" + std::string(107, 'p'));
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+  for (const std::string bad : {std::string("unix:"), "unix:" + std::string(108, 'p')}) {
+    c.set_listen(bad);
+    EXPECT_TRUE(HasStatus(ValidateConfig(c), kInvalid, "names no Unix socket path of 1 to 107"))
+        << bad;
+  }
+  EXPECT_EQ(SplitOwnerAddress("unix:/run/p.sock").daemon, "unix:/run/p.sock");
+  EXPECT_EQ(SplitOwnerAddress("unix:/run/p.sock").backend, "");
+  EXPECT_EQ(SplitOwnerAddress("unix:/run/cpu:1/p.sock").backend, "");
+  EXPECT_EQ(SplitOwnerAddress("unix:/run/p.sock/cuda:1").daemon, "unix:/run/p.sock");
+  EXPECT_EQ(SplitOwnerAddress("unix:/run/p.sock/cuda:1").backend, "cuda:1");
+  EXPECT_EQ(SplitOwnerAddress("unix:/run/p.sock/cpu").backend, "cpu");
+  EXPECT_EQ(SplitOwnerAddress("node1:50051/cuda:1").backend, "cuda:1");
 }
 
 TEST(ConfigTest, TheExampleConfigParsesAndValidates) {

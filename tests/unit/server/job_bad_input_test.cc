@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "server/job.h"
+#include "server/job/job.h"
 #include "tests/unit/server/job_harness.h"
 #include "tests/unit/server/reference_job.h"
 

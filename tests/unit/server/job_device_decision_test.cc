@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "kernels/step_rules.h"
-#include "server/cpu_backend.h"
+#include "server/backend/cpu_backend.h"
 #include "tests/unit/server/policy_cases.h"
 #include "tests/unit/server/reference_job.h"
 #include "tests/unit/server/registry_job_harness.h"

@@ -13,7 +13,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/config.h"
 #include "common/error_reason.h"
-#include "server/cpu_backend.h"
+#include "server/backend/cpu_backend.h"
 #include "server/daemon.h"
 #include "tests/unit/server/reference_job.h"
 #include "tests/unit/server/status_assertions.h"

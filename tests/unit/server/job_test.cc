@@ -1,7 +1,7 @@
 // The step coordinator (Job) on a real CpuBackend: pushes in any order give bit-identical weights
 // equal to the independent reference (DESIGN.md §2: rank-ordered sums), hyper-parameters,
 // idempotent retries, waiting pulls, version 0 and Status.
-#include "server/job.h"
+#include "server/job/job.h"
 
 #include <gtest/gtest.h>
 
@@ -247,6 +247,32 @@ TEST_F(JobTest, CommitLrOverridesTheJobLrAndSetHyperparamsSetsTheDefault) {
   StepBoth(2, std::nullopt, 5e-3);  // the new default
   StepBoth(3, 2e-3, 2e-3);          // a commit lr still wins
   StepBoth(4, std::nullopt, 5e-3, 0.25);
+}
+
+// A step runs with the hyperparameters the job had when its last rank committed: a SetHyperparams
+// that arrives while the step waits for the executor changes the next step, not this one (so the
+// daemons of a sharded job, whose executors run at their own pace, step with the same values).
+TEST_F(JobTest, ASetHyperparamsWhileAStepWaitsToRunChangesOnlyLaterSteps) {
+  const StepGradients grads = RandomGradients(spec_, GradSeed(0));
+  for (int r = 0; r < spec_.world_size(); ++r) ASSERT_TRUE(h_.PushGradients(r, 0, grads).ok());
+  std::optional<StepWork> taken;
+  for (int r = 0; r < spec_.world_size(); ++r) {
+    absl::StatusOr<CommitOutcome> outcome = h_.Commit(r, 0, std::nullopt, std::nullopt);
+    ASSERT_TRUE(outcome.ok()) << outcome.status();
+    if (outcome->work) taken = outcome->work;
+  }
+  ASSERT_TRUE(taken.has_value());
+  v1::SetHyperparamsRequest set;
+  set.set_job("job");
+  set.set_lr(5e-3);
+  set.set_weight_decay(0.1);
+  ASSERT_TRUE(h_.job().SetHyperparams(set).ok());
+  RunTakenStep(h_.job(), *taken);
+  reference_.Step(grads, 1e-3, 1.0);  // the registered lr and weight decay
+  ExpectMatchesReference();
+  reference_.hyper().set_lr(5e-3);
+  reference_.hyper().set_weight_decay(0.1);
+  StepBoth(1, std::nullopt, 5e-3);
 }
 
 TEST_F(JobTest, DuplicatePushIsAcknowledgedWithoutEffect) {

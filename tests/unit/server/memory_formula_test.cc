@@ -22,9 +22,9 @@
 
 #include "kernels/fused_step.h"
 #include "kernels/recipes.h"
-#include "server/backend.h"
-#include "server/cpu_backend.h"
-#include "server/job.h"
+#include "server/backend/backend.h"
+#include "server/backend/cpu_backend.h"
+#include "server/job/job.h"
 #include "server/registration.h"
 #include "server/registry.h"
 #include "tests/unit/server/reference_job.h"

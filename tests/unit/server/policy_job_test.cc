@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "kernels/recipes.h"
-#include "server/backend.h"
+#include "server/backend/backend.h"
 #include "server/registration.h"
 #include "server/registry.h"
 #include "tests/unit/server/policy_cases.h"

@@ -10,8 +10,8 @@
 #include <string_view>
 #include <vector>
 
-#include "server/cpu_backend.h"
-#include "server/job.h"
+#include "server/backend/cpu_backend.h"
+#include "server/job/job.h"
 #include "server/registry.h"
 #include "tests/unit/server/reference_job.h"
 #include "tests/unit/server/run_taken_step.h"

@@ -7,7 +7,7 @@
 #include <functional>
 #include <string>
 
-#include "server/cpu_backend.h"
+#include "server/backend/cpu_backend.h"
 #include "tests/unit/server/job_harness.h"
 #include "tests/unit/server/reference_job.h"
 

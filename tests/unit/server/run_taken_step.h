@@ -7,7 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "server/job.h"
+#include "server/job/job.h"
 
 namespace paramd::testing {
 

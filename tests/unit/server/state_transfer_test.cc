@@ -1,10 +1,10 @@
-// State export and import at the job level (server/state_transfer.h) on a real CpuBackend:
+// State export and import at the job level (server/state/state_transfer.h) on a real CpuBackend:
 // export -> import into a fresh job -> continue is bit-identical to uninterrupted training for
 // every served format (fp8_tensor and fp8_delayed included) under the fp32 policy and fp8 states
 // with stochastic rounding; refused imports (a step collecting or queued, any mismatch) change
 // nothing; an export holds steps back without blocking the step executor. And the step publishes
 // tensor by tensor: a pull of tensor 0 completes while the last tensor is not yet published.
-#include "server/state_transfer.h"
+#include "server/state/state_transfer.h"
 
 #include <gtest/gtest.h>
 
@@ -19,8 +19,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "server/cpu_backend.h"
-#include "server/job.h"
+#include "server/backend/cpu_backend.h"
+#include "server/job/job.h"
 #include "tests/unit/server/reference_job.h"
 #include "tests/unit/server/run_taken_step.h"
 
@@ -190,7 +190,7 @@ class Driver {
 
   absl::StatusOr<std::vector<v1::StateChunk>> Export(int64_t max_chunk_bytes) {
     absl::StatusOr<std::unique_ptr<StateExport>> exporter =
-        StateExport::BeginAndWait(job_, max_chunk_bytes, nullptr);
+        StateExport::BeginAndWait(ExportOf(job_, nullptr), max_chunk_bytes);
     if (!exporter.ok()) return exporter.status();
     std::vector<v1::StateChunk> chunks;
     v1::StateChunk chunk;
@@ -532,7 +532,7 @@ TEST_F(StateImportRefusalTest, AnImportIsRefusedWhileAStepIsCollectedQueuedOrExp
   // While an export streams.
   {
     absl::StatusOr<std::unique_ptr<StateExport>> exporting =
-        StateExport::BeginAndWait(target_.shared(), 4096, nullptr);
+        StateExport::BeginAndWait(ExportOf(target_.shared(), nullptr), 4096);
     ASSERT_TRUE(exporting.ok());
     ExpectRefused(state_, kPrecondition, {"an export of its state is streaming"});
   }
@@ -579,8 +579,8 @@ class ExportHoldTest : public ::testing::Test {
 
 TEST_F(ExportHoldTest, StepsWaitForAnExportAndRunInOrderOnceItEnds) {
   std::vector<StepWork> resumed;
-  absl::StatusOr<std::unique_ptr<StateExport>> exporting =
-      StateExport::BeginAndWait(d.shared(), 4096, [&](const StepWork& w) { resumed.push_back(w); });
+  absl::StatusOr<std::unique_ptr<StateExport>> exporting = StateExport::BeginAndWait(
+      ExportOf(d.shared(), [&](const StepWork& w) { resumed.push_back(w); }), 4096);
   ASSERT_TRUE(exporting.ok()) << exporting.status();
   v1::StateChunk first;
   ASSERT_TRUE(*(*exporting)->Next(&first));
@@ -629,12 +629,11 @@ TEST_F(ExportHoldTest, AnExportIsTheStateAfterEveryStepCommittedBeforeIt) {
   std::vector<StepWork> resumed;
   bool started = false;
   absl::StatusOr<std::unique_ptr<StateExport>> exporting;
-  StateExport::Begin(
-      d.shared(), 4096, [&](const StepWork& w) { resumed.push_back(w); },
-      [&](absl::StatusOr<std::unique_ptr<StateExport>> e) {
-        exporting = std::move(e);
-        started = true;
-      });
+  StateExport::Begin(ExportOf(d.shared(), [&](const StepWork& w) { resumed.push_back(w); }), 4096,
+                     [&](absl::StatusOr<std::unique_ptr<StateExport>> e) {
+                       exporting = std::move(e);
+                       started = true;
+                     });
   EXPECT_FALSE(started) << "the export began before the step committed ahead of it ran";
   // Step 1, committed while the export waits, is held; step 0's tick runs step 0 alone.
   const StepGradients g1 = RandomGradients(spec, 301);
@@ -670,7 +669,7 @@ TEST_F(ExportHoldTest, OverlappingExportsLoseNoHeldStep) {
   std::vector<StepWork> resumed;
   auto resume = [&](const StepWork& w) { resumed.push_back(w); };
   absl::StatusOr<std::unique_ptr<StateExport>> a =
-      StateExport::BeginAndWait(d.shared(), 4096, resume);
+      StateExport::BeginAndWait(ExportOf(d.shared(), resume), 4096);
   ASSERT_TRUE(a.ok()) << a.status();
   const StepGradients g0 = RandomGradients(spec, 400);
   absl::StatusOr<StepWork> step0 = d.PushAndCommit(0, g0, std::nullopt);
@@ -679,10 +678,11 @@ TEST_F(ExportHoldTest, OverlappingExportsLoseNoHeldStep) {
 
   bool b_started = false;
   absl::StatusOr<std::unique_ptr<StateExport>> b;
-  StateExport::Begin(d.shared(), 4096, resume, [&](absl::StatusOr<std::unique_ptr<StateExport>> e) {
-    b = std::move(e);
-    b_started = true;
-  });
+  StateExport::Begin(ExportOf(d.shared(), resume), 4096,
+                     [&](absl::StatusOr<std::unique_ptr<StateExport>> e) {
+                       b = std::move(e);
+                       b_started = true;
+                     });
   EXPECT_FALSE(b_started) << "B began before step 0, committed ahead of it, ran";
   const StepGradients g1 = RandomGradients(spec, 401);
   absl::StatusOr<StepWork> step1 = d.PushAndCommit(1, g1, std::nullopt);

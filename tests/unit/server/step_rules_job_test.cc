@@ -16,7 +16,7 @@
 #include <tuple>
 #include <vector>
 
-#include "server/backend.h"
+#include "server/backend/backend.h"
 #include "tests/unit/server/policy_reference_job.h"
 #include "tests/unit/server/reference_job.h"
 #include "tests/unit/server/registry_job_harness.h"

@@ -1,7 +1,7 @@
 // StepSequence on its own, with no job or backend: commits taking a step, steps run one at a time
 // in step order whatever order their ticks come in, and exports that wait for the steps committed
 // before them and hold back the steps committed after.
-#include "server/step_sequence.h"
+#include "server/job/step_sequence.h"
 
 #include <gtest/gtest.h>
 

@@ -1,0 +1,106 @@
+#include "server/backend/backend.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace paramd {
+
+std::string FormatName(const FormatKey& format) {
+  return absl::StrCat(kernels::RecipeName(KernelRecipe(format.recipe)),
+                      format.direction == v1::DIRECTION_COLUMNWISE ? "/columnwise" : "");
+}
+
+FormatKey FormatKeyOf(const v1::ServeFormat& format) {
+  // A pull that names no recipe gets the FP32 master, which every job serves. (Registration
+  // refuses an unnamed recipe before this is reached.)
+  return {
+      format.recipe() == v1::RECIPE_UNSPECIFIED ? v1::RECIPE_FP32 : format.recipe(),
+      format.direction() == v1::DIRECTION_UNSPECIFIED ? v1::DIRECTION_ROWWISE : format.direction()};
+}
+
+kernels::ServeArgs ServeArgsOf(const TensorInfo& info, const float* fp32,
+                               const uint16_t* bf16_halves, float tensor_scale, ServedFormat& f) {
+  kernels::ServeArgs args;
+  args.master = fp32;
+  args.rows = info.rows;
+  args.cols = info.cols;
+  args.recipe = KernelRecipe(f.key.recipe);
+  args.direction = KernelDirection(f.key.direction);
+  args.tensor_scale = tensor_scale;
+  args.data = f.data();
+  args.scales = f.layout.scale_bytes > 0 ? f.scales() : nullptr;
+  if (f.key.recipe == v1::RECIPE_BF16) args.bf16_halves = bf16_halves;
+  return args;
+}
+
+bool WrittenInTheStepsPass(const FormatKey& format) {
+  return format.direction == v1::DIRECTION_ROWWISE &&
+         (format.recipe == v1::RECIPE_FP32 || format.recipe == v1::RECIPE_BF16 ||
+          format.recipe == v1::RECIPE_FP16);
+}
+
+int64_t CpuWorkingBytes(const TensorInfo& info, std::span<const FormatKey> formats) {
+  bool serves_fp32 = false;
+  bool cuts = false;
+  for (const FormatKey& f : formats) {
+    serves_fp32 = serves_fp32 || f == FormatKey{v1::RECIPE_FP32, v1::DIRECTION_ROWWISE};
+    cuts = cuts || !WrittenInTheStepsPass(f);
+  }
+  const bool needed = info.policy.master != kernels::MasterType::kFp32 && !serves_fp32 && cuts;
+  return needed ? 4 * info.rows * info.cols : 0;
+}
+
+StateBytes PolicyStateBytes(const TensorInfo& info) {
+  const int64_t n = info.rows * info.cols;
+  auto moment = [n](kernels::MomentType type) {
+    switch (type) {
+      case kernels::MomentType::kFp32:
+        return 4 * n;
+      case kernels::MomentType::kBf16:
+      case kernels::MomentType::kFp16:
+        return 2 * n;
+      case kernels::MomentType::kFp8:
+        return n;
+    }
+    return 4 * n;
+  };
+  auto scales = [n](kernels::MomentType type) {
+    return kernels::HasChunkScales(type) ? 4 * kernels::NumChunks(n) : 0;
+  };
+  StateBytes bytes;
+  bytes.master = info.policy.master == kernels::MasterType::kFp16 ? 2 * n : 4 * n;
+  bytes.exp_avg = moment(info.policy.exp_avg);
+  bytes.exp_avg_sq = moment(info.policy.exp_avg_sq);
+  bytes.moment_scales = scales(info.policy.exp_avg) + scales(info.policy.exp_avg_sq);
+  return bytes;
+}
+
+void ServedTensor::SetOutcomePending() {
+  absl::MutexLock lock(&outcome_mu_);
+  outcome_pending_ = true;
+}
+
+void ServedTensor::ResolveOutcome(bool was_skipped) {
+  absl::MutexLock lock(&outcome_mu_);
+  skipped = was_skipped;
+  outcome_pending_ = false;
+}
+
+bool ServedTensor::outcome_pending() const {
+  absl::MutexLock lock(&outcome_mu_);
+  return outcome_pending_;
+}
+
+const ServedFormat* ServedTensor::Find(const FormatKey& format) const {
+  for (const ServedFormat& f : formats) {
+    if (f.key == format) return &f;
+  }
+  return nullptr;
+}
+
+int64_t ServedTensor::bytes() const {
+  int64_t total = 0;
+  for (const ServedFormat& f : formats) total += static_cast<int64_t>(f.bytes.size());
+  return total;
+}
+
+}  // namespace paramd

@@ -1,0 +1,322 @@
+// Where a job's state lives and its step runs. `cpu` keeps it in host memory; `cuda:N` (later) on a
+// GPU. The coordinator hands a backend whole steps; the backend owns the state buffers.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/device_bytes.h"
+#include "common/host_buffer.h"
+#include "common/kernel_formats.h"
+#include "kernels/fused_step.h"
+#include "kernels/recipes.h"
+#include "paramd/v1/control.pb.h"
+#include "paramd/v1/data.pb.h"
+#include "paramd/v1/types.pb.h"
+
+namespace paramd {
+
+// A serve format as a small value (recipe x direction), usable as a key.
+struct FormatKey {
+  v1::Recipe recipe = v1::RECIPE_FP32;
+  v1::Direction direction = v1::DIRECTION_ROWWISE;
+  friend bool operator==(const FormatKey&, const FormatKey&) = default;
+};
+std::string FormatName(const FormatKey& format);
+// The key of a format as the protocol spells it (DIRECTION_UNSPECIFIED means rowwise).
+FormatKey FormatKeyOf(const v1::ServeFormat& format);
+
+// One served format of one version: its bytes (data, then scales) and how they are laid out.
+struct ServedFormat {
+  FormatKey key;
+  kernels::ServeBufferLayout layout;
+  HostBuffer bytes;  // layout.data_bytes + layout.scale_bytes
+  // The same bytes in the backend's exported GPU memory (trainers on the node read them in place);
+  // empty where the backend exports none. The backend fills both.
+  DeviceBytes device;
+
+  uint8_t* data() { return bytes.data(); }
+  uint8_t* scales() { return bytes.data() + layout.data_bytes; }
+};
+
+// The served bytes of one version of one tensor. Immutable once published: a reader holding the
+// pointer holds a lease on that version; the next step writes other buffers. Device bytes may be
+// published while their step still runs on the GPU: readers wait for DeviceExports::step_event.
+struct ServedTensor {
+  int64_t version = -1;
+  std::atomic<bool> skipped{false};
+  std::vector<ServedFormat> formats;  // the job's formats in order (ServedFormats)
+  // True while the host bytes of the formats that also lie in GPU memory are not copied down yet:
+  // a cuda:N step leaves them on the GPU, and a host reader (a pull of streamed bytes) asks the
+  // backend for them once per version (Backend::ReadyHostBytes).
+  mutable std::mutex host_mu;
+  mutable bool host_stale = false;
+
+ private:
+  mutable absl::Mutex outcome_mu_;
+  bool outcome_pending_ ABSL_GUARDED_BY(outcome_mu_) = false;
+
+ public:
+  // A step decided on the device (Backend::StepOnDevice) publishes its versions before it knows
+  // whether it was skipped: the outcome is pending from publication until the step has run, then
+  // `skipped` holds it.
+  void SetOutcomePending();
+  void ResolveOutcome(bool was_skipped);
+  bool outcome_pending() const;
+  // Where the backend copies the step's found-inf flag to host memory (0: skipped), readable once
+  // the step has run; a host reader that waited for the step resolves the outcome from it
+  // (Backend::ReadyHostBytes) before the job does. Null where no outcome is pending.
+  const int* decision_flag = nullptr;
+
+  const ServedFormat* Find(const FormatKey& format) const;
+  // The FP32 rowwise bytes, or null where the job does not serve FP32.
+  float* Fp32() {
+    for (ServedFormat& f : formats) {
+      if (f.key == FormatKey{v1::RECIPE_FP32, v1::DIRECTION_ROWWISE}) {
+        return reinterpret_cast<float*>(f.data());
+      }
+    }
+    return nullptr;
+  }
+  int64_t bytes() const;
+};
+
+// A row range of a tensor split over owners (TensorInfo::row_offset), served in a per-tensor recipe
+// (fp8_tensor, fp8_delayed): given the amax of the range's stored master, returns the whole
+// tensor's, every owner's combined (DESIGN.md §3). Its error fails the call that asked. Null for a
+// whole tensor.
+using WholeAmax = std::function<absl::StatusOr<float>(float range_amax)>;
+
+// What a backend needs to know about one tensor of a job.
+struct TensorInfo {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  uint32_t index = 0;  // registration index in the job (stochastic rounding's counter)
+  // A row range [row_offset, row_offset + rows) of a tensor split over owners (DESIGN.md §7): its
+  // first row in the whole tensor, a multiple of 128, so that its moment chunks, norm blocks and
+  // 128-row serve blocks are the whole tensor's and its random bits those of the same elements
+  // (kernels::RngStream::index_offset). 0 for a whole tensor.
+  int64_t row_offset = 0;
+  // The index in the whole tensor of the range's first element (RngStream::index_offset).
+  uint64_t first_element() const { return static_cast<uint64_t>(row_offset * cols); }
+  kernels::StatePolicy policy;
+  int delayed_history = 16;  // fp8_delayed: amax history length
+  int delayed_margin = 0;    // fp8_delayed: margin
+};
+
+// Bytes of state by kind (proto StateBytes).
+struct StateBytes {
+  int64_t master = 0;
+  int64_t exp_avg = 0;
+  int64_t exp_avg_sq = 0;
+  int64_t moment_scales = 0;
+  int64_t total() const { return master + exp_avg + exp_avg_sq + moment_scales; }
+};
+
+// The bytes a tensor's state takes under its policy (DESIGN.md §10's formula: master, moments and
+// their per-chunk scales). Every backend allocates exactly this.
+StateBytes PolicyStateBytes(const TensorInfo& info);
+
+// Whether a format is a rowwise plain cast (FP32, BF16, FP16), which the step writes in its own
+// pass; the block and per-tensor formats and the columnwise ones are cut from FP32 values after it.
+bool WrittenInTheStepsPass(const FormatKey& format);
+
+// The kernel's arguments for one served format of a tensor (kernels/recipes.h), cut from `fp32`
+// (its FP32 values) with `tensor_scale` for a per-tensor recipe; a bf16 format of a bf16+remainder
+// master passes that master's halves, which it serves as they are.
+kernels::ServeArgs ServeArgsOf(const TensorInfo& info, const float* fp32,
+                               const uint16_t* bf16_halves, float tensor_scale, ServedFormat& f);
+
+// The FP32 values the cpu backend keeps beside a tensor's master to cut its other formats from:
+// 4 B per element where the job does not serve FP32 rowwise, the master is 16-bit, and a format
+// is cut after the step; else 0 (the served FP32 bytes or an FP32 master are those values).
+int64_t CpuWorkingBytes(const TensorInfo& info, std::span<const FormatKey> formats);
+
+// One tensor's optimizer state on a backend.
+class TensorState {
+ public:
+  virtual ~TensorState() = default;
+  virtual StateBytes state_bytes() const = 0;
+};
+
+// The arrays of a tensor's state (exported and imported in their stored dtypes, see
+// server/state/state_fields.h for their names, types and shapes).
+enum class StateArray {
+  kMaster,            // FP32, FP16 codes, or the served BF16 halves of a bf16+remainder master
+  kMasterRemainder,   // int16 remainders (bf16+remainder only)
+  kExpAvg,            // codes of the policy's exp_avg type
+  kExpAvgScaleInv,    // FP32 1/s per 128-element chunk (fp16 and fp8 exp_avg only)
+  kExpAvgSq,          // codes of the policy's exp_avg_sq type
+  kExpAvgSqScaleInv,  // likewise for exp_avg_sq
+};
+
+// The scalars a tensor's next step depends on besides its arrays.
+struct TensorScalars {
+  float fp8_tensor_scale = 1.0f;       // fp8_tensor: the scale of the served version
+  float fp8_delayed_scale = 1.0f;      // fp8_delayed: likewise
+  std::vector<float> delayed_history;  // fp8_delayed: amax history, oldest first
+};
+
+// A tensor's whole state on the host, as imported (checked against the tensor's TensorInfo: every
+// array has its policy's size, unused ones are empty; the history holds at most
+// info.delayed_history entries).
+struct HostTensorState {
+  std::vector<uint8_t> master;
+  std::vector<int16_t> remainder;
+  std::vector<uint8_t> exp_avg;
+  std::vector<float> exp_avg_scale_inv;
+  std::vector<uint8_t> exp_avg_sq;
+  std::vector<float> exp_avg_sq_scale_inv;
+  TensorScalars scalars;
+};
+
+// The inputs of one tensor's step.
+struct TensorStep {
+  TensorState* state = nullptr;
+  std::vector<const void*> slots;  // one gradient buffer per rank, rank order
+  // Per rank (empty = none): a gradient a trainer wrote into the backend's exported GPU memory;
+  // where set, the step reads it there and slots[r] is not read.
+  std::vector<const void*> device_slots;
+  kernels::SlotType slot_type = kernels::SlotType::kFp32;
+  ServedTensor* out = nullptr;  // formats already sized; the backend fills the bytes
+  // Per rank (empty = none): the event (LentReadyEvent's) its lent gradient's reads wait for on
+  // the device (CheckGradients' or StepOnDevice's launches). And, StepOnDevice only, the version
+  // this step follows, which a skipped step re-serves (alive until the step returns).
+  std::vector<const void*> ready_events;
+  const ServedTensor* previous = nullptr;
+  // Called once between the step's pass and the per-tensor pass, with the amax of the new master.
+  WholeAmax whole_amax;
+};
+
+// What a step decided on the device came to (Backend::StepOnDevice).
+struct StepOutcome {
+  bool skipped = false;
+  float clip = 1.0f;
+};
+
+// The job-wide scalars of one step.
+struct StepScalars {
+  kernels::AdamwScalars adamw{};
+  float grad_scale = 1.0f;
+  float clip = 1.0f;
+  uint64_t seed = 0;  // the job's seed (stochastic rounding)
+  int64_t k = 1;      // applied steps including this one
+};
+
+// The job-wide checks of a step's gradients (DESIGN.md §2): all finite, and the FP64 sums of
+// squares per 128-row block of each tensor, in tensor order then block order.
+struct GradientCheck {
+  bool finite = true;
+  std::vector<std::vector<double>> block_sums;  // [tensor][block]
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  // Creates a tensor's state from its initial FP32 weights and fills `out` (version 0's bytes);
+  // `whole_amax` gives a split tensor's fp8_tensor scale the whole tensor's amax.
+  virtual absl::StatusOr<std::unique_ptr<TensorState>> CreateState(const TensorInfo& info,
+                                                                   std::span<const float> initial,
+                                                                   ServedTensor* out,
+                                                                   const WholeAmax& whole_amax) = 0;
+  // Finiteness of the tensors' gradients (g0 * grad_scale and its square), and with `norms` their
+  // per-block sums of squares.
+  virtual absl::StatusOr<GradientCheck> CheckGradients(std::span<TensorStep> tensors,
+                                                       float grad_scale, bool norms) = 0;
+  // Runs one step over the tensors, in order, after CheckGradients of the same tensors (the job
+  // always checks first; a backend may prepare the step there). `tensor_done(i)`, when set, is
+  // called once tensor i's state and served bytes are final (tensors[i].out complete), so the job
+  // can publish it while later tensors are still being stepped; every tensor is reported before
+  // Step returns OK. A backend whose served bytes lie in GPU memory may report them once their
+  // writes are queued, with its step event recorded after them (DeviceExports); the state is final
+  // when Step returns.
+  virtual absl::Status Step(std::span<TensorStep> tensors, const StepScalars& scalars,
+                            const std::function<void(size_t)>& tensor_done = nullptr) = 0;
+
+  // True where the step rules run where the gradients lie and the host never waits for them
+  // (cuda:N): the job then calls StepOnDevice instead of CheckGradients and Step.
+  virtual bool DecidesOnDevice() const { return false; }
+  // The gradient check, the decision (skip where a gradient is not finite; the clip from the block
+  // sums when max_grad_norm > 0) and the step, queued together: `tensor_done(i)` is called as in
+  // Step once the work is queued, before the outcome is known, and the outcome is returned once
+  // the step has run. `scalars.clip` is not read and `scalars.k` counts this step as applied. A
+  // skipped step leaves the state as it is and re-serves each tensor's `previous` bytes.
+  virtual absl::StatusOr<StepOutcome> StepOnDevice(std::span<TensorStep> tensors,
+                                                   const StepScalars& scalars, double max_grad_norm,
+                                                   const std::function<void(size_t)>& tensor_done) {
+    return absl::UnimplementedError("backend " + name() + " does not decide steps on the device");
+  }
+  // The event a lent gradient's mark names (LentMemory.ready_event), opened here and kept while the
+  // backend lives; null where the mark names none (the trainer's work had completed).
+  virtual absl::StatusOr<const void*> LentReadyEvent(const v1::LentMemory& lent) {
+    return static_cast<const void*>(nullptr);
+  }
+
+  // State export and import (Control.ExportState / ImportState). The job guarantees that no step
+  // of the tensor runs meanwhile.
+  // Copies bytes [offset, offset + out.size()) of one array of `state` to host memory `out`.
+  virtual absl::Status ReadStateArray(const TensorState& state, StateArray array, int64_t offset,
+                                      std::span<uint8_t> out) = 0;
+  virtual absl::StatusOr<TensorScalars> ReadStateScalars(const TensorState& state) = 0;
+  // Creates a tensor's state from an imported one (taking its buffers where it can) and fills
+  // every format of `out` (sized by the job) from the imported master, with the imported per-tensor
+  // scales: the served bytes of the version the state was exported at.
+  virtual absl::StatusOr<std::unique_ptr<TensorState>> ImportState(const TensorInfo& info,
+                                                                   HostTensorState state,
+                                                                   ServedTensor* out) = 0;
+
+  // Host memory for jobs' gradient slots and served bytes when the backend wants its own (cuda:N:
+  // page-locked, so the copies to and from the GPU run at the link's speed); null leaves the
+  // choice to the daemon (shared memory, or the heap). It lives as long as the process.
+  virtual BufferAllocator* HostAllocator() { return nullptr; }
+
+  // GPU memory trainers on this node map (DESIGN.md §6). A backend without it (cpu)
+  // exports none, and the job keeps every buffer in host memory.
+  virtual std::optional<DeviceExports> Exports() const { return std::nullopt; }
+  // `bytes` of exported GPU memory (contents undefined).
+  virtual absl::StatusOr<DeviceBytes> AllocateExported(int64_t bytes) {
+    return absl::FailedPreconditionError("backend " + name() + " exports no GPU memory");
+  }
+  // `bytes` of GPU memory a trainer lent for a step's gradient (cuda_ipc: InPlaceMark.lent), mapped
+  // where the step reads them: valid while the result lives (server/backend/cuda/lent_memory.h).
+  virtual absl::StatusOr<std::shared_ptr<const void>> MapLent(const v1::LentMemory& lent,
+                                                              int64_t bytes) {
+    return absl::FailedPreconditionError(
+        "backend " + name() + " reads no trainer's GPU memory; push the gradient's bytes");
+  }
+  // A skipped step re-serves the previous version: copies the device bytes of `from`'s formats
+  // into `to`'s (the host bytes the job copies itself).
+  virtual absl::Status CopyServedOnDevice(const ServedTensor& from, ServedTensor* to) {
+    return absl::OkStatus();
+  }
+
+  // Makes `served`'s host bytes current for a host reader: a copy down from GPU memory, once per
+  // version, where the step left them there (ServedTensor::host_stale); OK at once elsewhere. A
+  // version whose outcome is pending (StepOnDevice) is waited for, and its outcome resolved.
+  virtual absl::Status ReadyHostBytes(const ServedTensor& served) { return absl::OkStatus(); }
+  // Versions copied down so far by ReadyHostBytes (a test counts them).
+  virtual int64_t host_copies() const { return 0; }
+
+  // True where the state and served formats live in GPU memory (cuda:N), which the daemon's
+  // device memory budget then covers (server/job/job_memory.h).
+  virtual bool keeps_state_on_device() const { return false; }
+  // Free GPU memory now, bytes; 0 for a backend without one.
+  virtual absl::StatusOr<int64_t> FreeDeviceMemory() { return int64_t{0}; }
+  // OK while the backend can step; once it cannot (a sticky CUDA error poisons the context), the
+  // reason, and every job of it fails with it. Asked after a step failed.
+  virtual absl::Status Health() { return absl::OkStatus(); }
+};
+
+}  // namespace paramd

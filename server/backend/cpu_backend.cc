@@ -1,0 +1,316 @@
+#include "server/backend/cpu_backend.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <new>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "kernels/cpu_step.h"
+#include "kernels/formats.h"
+#include "kernels/step_rules.h"
+#include "server/backend/initial_state.h"
+#include "server/backend/kernel_status.h"
+
+namespace paramd {
+namespace {
+
+// Elements per parallel block of the gradient check: a multiple of the 128-element chunk.
+constexpr int64_t kGrain = kernels::kDefaultGrain;
+
+// The scales of a moment of type `t` over `n` elements: one per chunk, or none.
+size_t ChunkScales(kernels::MomentType t, int64_t n) {
+  return kernels::HasChunkScales(t) ? static_cast<size_t>(kernels::NumChunks(n)) : 0;
+}
+
+class CpuTensorState : public TensorState {
+ public:
+  // A new tensor's state: moments zero, their scales one (the master is the caller's).
+  explicit CpuTensorState(const TensorInfo& info) : info(info), n(info.rows * info.cols) {
+    const StateBytes bytes = PolicyStateBytes(info);
+    exp_avg.assign(static_cast<size_t>(bytes.exp_avg), 0);
+    exp_avg_sq.assign(static_cast<size_t>(bytes.exp_avg_sq), 0);
+    exp_avg_scale_inv.assign(ChunkScales(info.policy.exp_avg, n), 1.0f);
+    exp_avg_sq_scale_inv.assign(ChunkScales(info.policy.exp_avg_sq, n), 1.0f);
+  }
+  // An imported state, its arrays moved in (not sized and overwritten: that would touch the
+  // moments' memory twice). A state is checked whole against the policy before it gets here.
+  CpuTensorState(const TensorInfo& info, HostTensorState&& state)
+      : info(info),
+        n(info.rows * info.cols),
+        master(std::move(state.master)),
+        remainder(std::move(state.remainder)),
+        exp_avg(std::move(state.exp_avg)),
+        exp_avg_sq(std::move(state.exp_avg_sq)),
+        exp_avg_scale_inv(std::move(state.exp_avg_scale_inv)),
+        exp_avg_sq_scale_inv(std::move(state.exp_avg_sq_scale_inv)),
+        tensor_scale(state.scalars.fp8_tensor_scale),
+        delayed_scale(state.scalars.fp8_delayed_scale),
+        history(info.delayed_history) {
+    const StateBytes bytes = PolicyStateBytes(info);
+    PARAMD_CHECK(static_cast<int64_t>(exp_avg.size()) == bytes.exp_avg &&
+                 static_cast<int64_t>(exp_avg_sq.size()) == bytes.exp_avg_sq &&
+                 exp_avg_scale_inv.size() == ChunkScales(info.policy.exp_avg, n) &&
+                 exp_avg_sq_scale_inv.size() == ChunkScales(info.policy.exp_avg_sq, n));
+    history.Restore(state.scalars.delayed_history);
+  }
+
+  StateBytes state_bytes() const override { return PolicyStateBytes(info); }
+
+  const TensorInfo info;
+  const int64_t n;
+  std::vector<uint8_t> master;     // FP32, FP16 codes, or the served BF16 halves
+  std::vector<int16_t> remainder;  // bf16+remainder only
+  std::vector<uint8_t> exp_avg;
+  std::vector<uint8_t> exp_avg_sq;
+  std::vector<float> exp_avg_scale_inv;
+  std::vector<float> exp_avg_sq_scale_inv;
+  // The step's FP32 values, which the block and per-tensor formats are cut from, where the job
+  // does not serve FP32 and the master is not FP32 itself (empty otherwise).
+  std::vector<float> working;
+  float tensor_scale = 1.0f;   // fp8_tensor: the previous step's scale
+  float delayed_scale = 1.0f;  // fp8_delayed: likewise
+  kernels::AmaxHistory history{16};
+};
+
+bool IsElementwise(const ServedFormat& f) { return WrittenInTheStepsPass(f.key); }
+
+bool IsPerTensor(const ServedFormat& f) {
+  return f.key.recipe == v1::RECIPE_FP8_TENSOR || f.key.recipe == v1::RECIPE_FP8_DELAYED;
+}
+
+// The state's buffers are std::vectors: the one place an allocation can throw, turned into the
+// status of the request that asked for it (the daemon's budget makes it rare: the machine's
+// memory went to another process).
+absl::Status OutOfHostMemory(const TensorInfo& info) {
+  return absl::ResourceExhaustedError(
+      absl::StrCat("no host memory for the state of a ", info.rows, "x", info.cols, " tensor"));
+}
+
+// The FP32 values this step's formats are cut from: the served FP32 bytes, an FP32 master itself,
+// or the tensor's working copy.
+const float* Fp32Source(const CpuTensorState& s, ServedTensor* out) {
+  if (const float* fp32 = out->Fp32(); fp32 != nullptr) return fp32;
+  if (s.info.policy.master == kernels::MasterType::kFp32) {
+    return reinterpret_cast<const float*>(s.master.data());
+  }
+  return s.working.data();
+}
+
+// Sizes the working copy where the tensor needs one (see CpuTensorState::working).
+void SizeWorking(CpuTensorState& s, const ServedTensor& out) {
+  std::vector<FormatKey> keys;
+  for (const ServedFormat& f : out.formats) keys.push_back(f.key);
+  s.working.resize(static_cast<size_t>(CpuWorkingBytes(s.info, keys) / 4));
+}
+
+// The kernel's arguments for format `f` of this step, cut from the step's FP32 values.
+kernels::ServeArgs ServeArgsFor(const CpuTensorState& s, ServedTensor* out, ServedFormat& f,
+                                float tensor_scale) {
+  const bool split = s.info.policy.master == kernels::MasterType::kBf16Remainder;
+  return ServeArgsOf(s.info, Fp32Source(s, out),
+                     split ? reinterpret_cast<const uint16_t*>(s.master.data()) : nullptr,
+                     tensor_scale, f);
+}
+
+kernels::FusedStepArgs StepArgs(CpuTensorState& s, const TensorStep& t, const StepScalars& k) {
+  kernels::FusedStepArgs args;
+  args.slots = t.slots.data();
+  args.num_slots = static_cast<int>(t.slots.size());
+  args.slot_type = t.slot_type;
+  args.grad_scale = k.grad_scale;
+  args.clip = k.clip;
+  args.scalars = k.adamw;
+  args.policy = s.info.policy;
+  args.rng = {k.seed, static_cast<uint32_t>(k.k), s.info.index, s.info.first_element()};
+  args.numel = s.n;
+  args.master = s.master.data();
+  args.master_remainder = s.remainder.empty() ? nullptr : s.remainder.data();
+  args.exp_avg = s.exp_avg.data();
+  args.exp_avg_scale_inv = s.exp_avg_scale_inv.empty() ? nullptr : s.exp_avg_scale_inv.data();
+  args.exp_avg_sq = s.exp_avg_sq.data();
+  args.exp_avg_sq_scale_inv =
+      s.exp_avg_sq_scale_inv.empty() ? nullptr : s.exp_avg_sq_scale_inv.data();
+  if (!s.working.empty()) args.out_fp32 = s.working.data();
+  for (ServedFormat& f : t.out->formats) {
+    if (!IsElementwise(f)) continue;
+    if (f.key.recipe == v1::RECIPE_FP32) args.out_fp32 = reinterpret_cast<float*>(f.data());
+    if (f.key.recipe == v1::RECIPE_BF16) args.out_bf16 = reinterpret_cast<uint16_t*>(f.data());
+    if (f.key.recipe == v1::RECIPE_FP16) args.out_fp16 = reinterpret_cast<uint16_t*>(f.data());
+  }
+  return args;
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend(int threads, std::string name) : name_(std::move(name)), pool_(threads) {}
+CpuBackend::~CpuBackend() = default;
+
+absl::StatusOr<std::unique_ptr<TensorState>> CpuBackend::CreateState(
+    const TensorInfo& info, std::span<const float> initial, ServedTensor* out,
+    const WholeAmax& whole_amax) try {
+  InitialState initial_state;
+  absl::Status status = MakeInitialState(info, initial, pool_, &initial_state, out, whole_amax);
+  if (!status.ok()) return status;
+  auto state = std::make_unique<CpuTensorState>(info);
+  state->master = std::move(initial_state.master);
+  state->remainder = std::move(initial_state.remainder);
+  state->tensor_scale = initial_state.fp8_tensor_scale;
+  state->delayed_scale = initial_state.delayed_scale;
+  state->history = kernels::AmaxHistory(info.delayed_history);
+  SizeWorking(*state, *out);
+  return state;
+} catch (const std::bad_alloc&) {
+  return OutOfHostMemory(info);
+}
+
+absl::Status CpuBackend::Step(std::span<TensorStep> tensors, const StepScalars& scalars,
+                              const std::function<void(size_t)>& tensor_done) {
+  // Tensor by tensor, each with every thread, and each reported as soon as it is done: the job
+  // publishes it while the next ones are stepped. A small tensor is one ParallelFor of few
+  // blocks; grouping small tensors would save little next to the publish it would delay.
+  std::vector<kernels::ServeArgs> cut, per_tensor;
+  for (size_t index = 0; index < tensors.size(); ++index) {
+    TensorStep& t = tensors[index];
+    auto& s = *static_cast<CpuTensorState*>(t.state);
+    // fp8_delayed's scale comes from earlier steps' amaxes: known now.
+    const float delayed = s.history.NextScale(s.info.delayed_margin, s.delayed_scale).scale;
+    cut.clear();
+    per_tensor.clear();
+    for (ServedFormat& f : t.out->formats) {
+      if (IsElementwise(f)) continue;  // written by the step's own pass
+      if (IsPerTensor(f)) {
+        per_tensor.push_back(ServeArgsFor(s, t.out, f, delayed));
+      } else {
+        cut.push_back(ServeArgsFor(s, t.out, f, 1.0f));
+      }
+    }
+    kernels::CpuTensorStepArgs args;
+    args.step = StepArgs(s, t, scalars);
+    args.rows = s.info.rows;
+    args.cols = s.info.cols;
+    args.cut = cut;
+    args.per_tensor = per_tensor;
+    args.previous_tensor_scale = s.tensor_scale;
+    absl::Status combined;  // the amax exchange's own status, kept with its code
+    if (t.whole_amax) {
+      args.whole_amax = [&t, &combined](float range_amax, float* whole) {
+        absl::StatusOr<float> amax = t.whole_amax(range_amax);
+        if (!amax.ok()) {
+          combined = amax.status();
+          return kernels::KStatus(kernels::Code::kInternal, combined.ToString());
+        }
+        *whole = *amax;
+        return kernels::KStatus::Ok();
+      };
+    }
+    kernels::CpuTensorStepResult result;
+    const kernels::KStatus stepped = kernels::CpuTensorStep(args, pool_, &result);
+    PARAMD_RETURN_IF_ERROR(combined);
+    PARAMD_RETURN_IF_ERROR(FromKernel(stepped));
+    s.tensor_scale = result.tensor_scale;
+    s.delayed_scale = delayed;
+    s.history.Append(result.amax);  // after the cast; a skipped step appends nothing
+    if (tensor_done) tensor_done(index);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::ReadStateArray(const TensorState& state, StateArray array, int64_t offset,
+                                        std::span<uint8_t> out) {
+  const auto& s = static_cast<const CpuTensorState&>(state);
+  std::span<const uint8_t> bytes;
+  auto view = [](const auto& v) {
+    return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(v.data()),
+                                    v.size() * sizeof(v[0]));
+  };
+  switch (array) {
+    case StateArray::kMaster:
+      bytes = view(s.master);
+      break;
+    case StateArray::kMasterRemainder:
+      bytes = view(s.remainder);
+      break;
+    case StateArray::kExpAvg:
+      bytes = view(s.exp_avg);
+      break;
+    case StateArray::kExpAvgScaleInv:
+      bytes = view(s.exp_avg_scale_inv);
+      break;
+    case StateArray::kExpAvgSq:
+      bytes = view(s.exp_avg_sq);
+      break;
+    case StateArray::kExpAvgSqScaleInv:
+      bytes = view(s.exp_avg_sq_scale_inv);
+      break;
+  }
+  if (offset < 0 ||
+      offset + static_cast<int64_t>(out.size()) > static_cast<int64_t>(bytes.size())) {
+    return absl::InternalError(absl::StrCat("state read [", offset, ", +", out.size(),
+                                            ") outside an array of ", bytes.size(), " bytes"));
+  }
+  std::memcpy(out.data(), bytes.data() + offset, out.size());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TensorScalars> CpuBackend::ReadStateScalars(const TensorState& state) {
+  const auto& s = static_cast<const CpuTensorState&>(state);
+  return TensorScalars{s.tensor_scale, s.delayed_scale, s.history.Entries()};
+}
+
+absl::StatusOr<std::unique_ptr<TensorState>> CpuBackend::ImportState(const TensorInfo& info,
+                                                                     HostTensorState state,
+                                                                     ServedTensor* out) try {
+  PARAMD_RETURN_IF_ERROR(ServeImportedMaster(info, state, pool_, out));
+  auto imported = std::make_unique<CpuTensorState>(info, std::move(state));
+  SizeWorking(*imported, *out);
+  return imported;
+} catch (const std::bad_alloc&) {
+  return OutOfHostMemory(info);
+}
+
+absl::StatusOr<GradientCheck> CpuBackend::CheckGradients(std::span<TensorStep> tensors,
+                                                         float grad_scale, bool norms) {
+  GradientCheck check;
+  std::atomic<bool> finite{true};
+  absl::Status status;
+  absl::Mutex mu;
+  auto run = [&](kernels::KStatus st, bool block_finite) {
+    if (!block_finite) finite.store(false, std::memory_order_relaxed);
+    if (!st.ok()) {
+      absl::MutexLock lock(&mu);
+      if (status.ok()) status = FromKernel(st);
+    }
+  };
+  for (TensorStep& t : tensors) {
+    const auto& s = *static_cast<const CpuTensorState*>(t.state);
+    const kernels::GradSlots grad{t.slots.data(), static_cast<int>(t.slots.size()), t.slot_type,
+                                  grad_scale};
+    std::vector<double>& sums = check.block_sums.emplace_back();
+    if (norms) {
+      sums.assign(static_cast<size_t>(kernels::NumNormBlocks(s.info.rows)), 0.0);
+      pool_.ParallelFor(static_cast<int64_t>(sums.size()), 1, [&](int64_t b0, int64_t b1) {
+        // The kernel's status first: it writes block_finite, which `run` reads.
+        bool block_finite = true;
+        const kernels::KStatus st = kernels::GradBlockSumsCpu(grad, s.info.rows, s.info.cols, b0,
+                                                              b1, sums.data() + b0, &block_finite);
+        run(st, block_finite);
+      });
+    } else {
+      pool_.ParallelFor(s.n, kGrain, [&](int64_t begin, int64_t end) {
+        bool block_finite = true;
+        const kernels::KStatus st = kernels::GradFiniteCpu(grad, begin, end, &block_finite);
+        run(st, block_finite);
+      });
+    }
+    if (!status.ok()) return status;
+  }
+  check.finite = finite.load();
+  return check;
+}
+
+}  // namespace paramd

@@ -1,0 +1,41 @@
+// The `cpu` backend: master weights and moments in host memory in the job's state policy; the
+// fused step runs on a pool of threads, 128-row panel by panel, quantizing the block serve formats
+// of each panel right after updating it, while it is in cache.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "kernels/cpu/thread_pool.h"
+#include "server/backend/backend.h"
+
+namespace paramd {
+
+class CpuBackend : public Backend {
+ public:
+  // `name`: "cpu", or "cpu:K" for one of a daemon's several.
+  explicit CpuBackend(int threads, std::string name = "cpu");
+  ~CpuBackend() override;
+
+  std::string name() const override { return name_; }
+  absl::StatusOr<std::unique_ptr<TensorState>> CreateState(const TensorInfo& info,
+                                                           std::span<const float> initial,
+                                                           ServedTensor* out,
+                                                           const WholeAmax& whole_amax) override;
+  absl::StatusOr<GradientCheck> CheckGradients(std::span<TensorStep> tensors, float grad_scale,
+                                               bool norms) override;
+  absl::Status Step(std::span<TensorStep> tensors, const StepScalars& scalars,
+                    const std::function<void(size_t)>& tensor_done = nullptr) override;
+  absl::Status ReadStateArray(const TensorState& state, StateArray array, int64_t offset,
+                              std::span<uint8_t> out) override;
+  absl::StatusOr<TensorScalars> ReadStateScalars(const TensorState& state) override;
+  absl::StatusOr<std::unique_ptr<TensorState>> ImportState(const TensorInfo& info,
+                                                           HostTensorState state,
+                                                           ServedTensor* out) override;
+
+ private:
+  const std::string name_;
+  kernels::ThreadPool pool_;
+};
+
+}  // namespace paramd

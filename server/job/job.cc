@@ -1,0 +1,1129 @@
+#include "server/job/job.h"
+
+#include <google/protobuf/util/message_differencer.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/error_reason.h"
+#include "common/logging.h"
+#include "common/quoted.h"
+#include "common/status_macros.h"
+#include "kernels/step_rules.h"
+#include "server/job/job_memory.h"
+#include "server/registration.h"
+#include "server/shard/peer_exchange.h"
+
+namespace paramd {
+namespace {
+
+// Initial weights must be finite and below 2^127 in magnitude (DESIGN.md §3).
+constexpr float kMaxInitialMagnitude = 1.7014118346046923e38f;  // 2^127
+
+absl::Status CheckInitialWeights(const std::string& tensor, int64_t offset, std::string_view data) {
+  const size_t n = data.size() / sizeof(float);
+  for (size_t i = 0; i < n; ++i) {
+    float x;
+    std::memcpy(&x, data.data() + i * sizeof(float), sizeof(float));
+    if (!(std::fabs(x) < kMaxInitialMagnitude)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "initial weight ", offset / 4 + static_cast<int64_t>(i), " of tensor \"", tensor,
+          "\" is ", x, "; initial weights must be finite and below 2^127 in magnitude"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Job::Job(const v1::RegisterRequest& spec, Backend* backend, BufferAllocator* buffers,
+         std::optional<v1::RegisterRequest> part, JobPeers peers)
+    : name_(spec.job()),
+      world_size_(spec.world_size()),
+      pre_reduced_(spec.push_mode() == v1::PUSH_MODE_PRE_REDUCED),
+      registration_(NormalizedSpec(spec)),
+      spec_(part.has_value() ? NormalizedSpec(*part) : registration_),
+      peers_(std::move(peers)),
+      formats_(ServedFormats(spec_)),
+      backend_(backend),
+      buffers_(buffers),
+      sequence_(name_, world_size_),
+      slots_(static_cast<size_t>(spec_.tensors_size()), world_size_),
+      served_(static_cast<size_t>(spec_.tensors_size())) {
+  hyper_ = spec_.hyperparams();
+  tensors_.resize(static_cast<size_t>(spec_.tensors_size()));
+  for (int i = 0; i < spec_.tensors_size(); ++i) {
+    Tensor& t = tensors_[static_cast<size_t>(i)];
+    t.spec = spec_.tensors(i);
+    t.elements = t.spec.rows() * t.spec.cols();
+    t.info = TensorInfoOf(spec_, i);
+    t.grad_bytes = t.elements * ElementBytes(t.spec.grad_type());
+    tensor_index_.emplace(t.spec.name(), i);
+  }
+  amax_among_.resize(tensors_.size());
+  if (sharded()) {
+    // The owners of each split tensor this daemon holds rows of: its amax rounds' daemons.
+    const absl::StatusOr<ShardMap> map = JobShardMap(registration_, peers_.self, kCpuDevice);
+    PARAMD_CHECK(map.ok()) << map.status();  // DaemonPart computed the same map
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      const v1::TensorSpec& t = spec_.tensors(static_cast<int>(i));
+      if (t.whole_rows() == 0) continue;
+      for (const ShardPiece& piece : map->tensors[static_cast<size_t>(t.job_index())]) {
+        amax_among_[i].push_back(piece.owner);  // owner i is daemon i of the sorted list
+      }
+      std::sort(amax_among_[i].begin(), amax_among_[i].end());
+    }
+  }
+}
+
+Job::~Job() {
+  std::vector<std::thread> threads;
+  bool open = false;  // still in the Peer exchange: a job that failed (or was deleted) left it
+  {
+    absl::MutexLock lock(&mu_);
+    threads.swap(initial_threads_);
+    open = failed_.ok();
+  }
+  // A round still waiting ends now.
+  if (sharded() && open && !threads.empty()) {
+    peers_.exchange->CloseJob(name_, absl::CancelledError("the daemon stopped"));
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+void Job::CreateSplitState(int index, WholeAmax whole_amax) {
+  Tensor* t = nullptr;
+  absl::StatusOr<std::shared_ptr<ServedTensor>> served;
+  {
+    absl::MutexLock lock(&mu_);
+    t = &tensors_[static_cast<size_t>(index)];
+    served = FreshServed(index);
+  }
+  // The upload stays complete and unchanged while `creating` is set: no lock is needed to read it.
+  absl::StatusOr<std::unique_ptr<TensorState>> state = absl::UnknownError("not made");
+  if (!served.ok()) {
+    state = served.status();
+  } else {
+    (*served)->version = 0;
+    state = backend_->CreateState(
+        t->info,
+        std::span<const float>(reinterpret_cast<const float*>(t->upload->data()),
+                               static_cast<size_t>(t->elements)),
+        served->get(), whole_amax);
+  }
+  std::vector<std::function<void()>> wake;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!state.ok()) {
+      FailLocked(absl::Status(state.status().code(),
+                              absl::StrCat("job ", Quoted(name_), ": version 0 of tensor ",
+                                           Quoted(t->spec.name()), ": ", state.status().message())),
+                 &wake);
+    } else {
+      t->state = std::move(*state);
+      ++initialized_tensors_;
+      served_.Publish(index, *std::move(served), &wake);
+    }
+  }
+  for (auto& w : wake) w();
+}
+
+absl::StatusOr<v1::RegisterResponse> Job::Register(const v1::RegisterRequest& request,
+                                                   int64_t max_chunk_bytes) {
+  const v1::RegisterRequest normalized = NormalizedSpec(request);
+  google::protobuf::util::MessageDifferencer differ;
+  std::string diff;
+  differ.ReportDifferencesToString(&diff);
+  if (!differ.Compare(registration_, normalized)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job \"", name_,
+                     "\" is already registered with a different description; "
+                     "every rank must register the same job (differences, registered -> this "
+                     "request): ",
+                     diff));
+  }
+  absl::MutexLock lock(&mu_);
+  PARAMD_RETURN_IF_ERROR(failed_);
+  registered_.insert(request.rank());
+  reshapable_ = false;  // a rank took the restored job as it is
+  v1::RegisterResponse response;
+  response.set_next_step(sequence_.next_step());
+  // The version every tensor has published: a step taken but still running has not published yet.
+  response.set_version(served_.published());
+  response.set_max_chunk_bytes(max_chunk_bytes);
+  return response;
+}
+
+void Job::SetOwnerIndex(int index) {
+  absl::MutexLock lock(&mu_);
+  pusher_ = index % world_size_;
+}
+
+void Job::MarkRestored() {
+  absl::MutexLock lock(&mu_);
+  reshapable_ = true;
+}
+
+bool Job::reshapable() const {
+  absl::MutexLock lock(&mu_);
+  return reshapable_ && failed_.ok();
+}
+
+absl::StatusOr<int> Job::TensorIndex(const std::string& name) const {
+  auto it = tensor_index_.find(name);
+  if (it == tensor_index_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("job ", Quoted(name_), " has no tensor ", Quoted(name)));
+  }
+  return it->second;
+}
+
+absl::Status Job::CheckServes(const v1::ServeFormat& format) const {
+  if (!v1::Recipe_IsValid(format.recipe()) || !v1::Direction_IsValid(format.direction())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "format recipe ", format.recipe(), " direction ", format.direction(),
+        " is not a Recipe and a Direction of paramd.v1 (RECIPE_FP32 ..., DIRECTION_ROWWISE ...)"));
+  }
+  const FormatKey key = FormatKeyOf(format);
+  for (const FormatKey& f : formats_) {
+    if (f == key) return absl::OkStatus();
+  }
+  std::vector<std::string> names;
+  for (const FormatKey& f : formats_) names.push_back(FormatName(f));
+  return absl::InvalidArgumentError(
+      absl::StrCat("job \"", name_, "\" does not serve ", FormatName(key), "; it serves ",
+                   absl::StrJoin(names, ", "), " (formats are chosen at Register)"));
+}
+
+absl::Status Job::CheckRank(int32_t rank) const {
+  if (rank < 0 || rank >= world_size_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " is outside [0, ", world_size_, ") of job \"", name_, "\""));
+  }
+  if (!registered_.contains(rank)) {
+    return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " has not registered job \"",
+                                                      name_, "\"; call Register first"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ChunkBuffer::Stored> Job::Push(const v1::PushChunk& chunk) {
+  std::vector<std::function<void()>> wake;
+  absl::StatusOr<ChunkBuffer::Stored> stored;
+  {
+    absl::MutexLock lock(&mu_);
+    stored = PushLocked(chunk, &wake);
+  }
+  for (auto& w : wake) w();
+  return stored;
+}
+
+absl::StatusOr<ChunkBuffer::Stored> Job::PushLocked(const v1::PushChunk& chunk,
+                                                    std::vector<std::function<void()>>* wake) {
+  PARAMD_RETURN_IF_ERROR(failed_);
+  if (!v1::PushKind_IsValid(chunk.kind())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("push kind ", chunk.kind(),
+                     " is not a PushKind (PUSH_KIND_GRADIENT or PUSH_KIND_INITIAL_WEIGHTS)"));
+  }
+  absl::StatusOr<int> index = TensorIndex(chunk.tensor());
+  if (!index.ok()) return index.status();
+  if (absl::Status s = CheckRank(chunk.rank()); !s.ok()) return s;
+  Tensor& t = tensors_[static_cast<size_t>(*index)];
+  const bool weights = chunk.kind() == v1::PUSH_KIND_INITIAL_WEIGHTS;
+  const int64_t total = weights ? t.elements * 4 : t.grad_bytes;
+  const int64_t element = weights ? 4 : ElementBytes(t.spec.grad_type());
+  const bool in_place = chunk.has_in_place();
+  if (in_place && (weights || chunk.in_place().bytes() <= 0 ||
+                   chunk.in_place().memory() == v1::PLACE_MEMORY_UNSPECIFIED)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "in-place mark of ", chunk.in_place().bytes(), " bytes in ",
+        v1::PlaceMemory_Name(chunk.in_place().memory()), " for tensor \"", t.spec.name(),
+        "\": a mark names > 0 gradient bytes written in PLACE_MEMORY_HOST or PLACE_MEMORY_DEVICE "
+        "(initial weights travel in data chunks)"));
+  }
+  const int64_t length =
+      in_place ? chunk.in_place().bytes() : static_cast<int64_t>(chunk.data().size());
+  if (length == 0 || chunk.offset() < 0 || chunk.offset() % element != 0 || length % element != 0 ||
+      chunk.offset() > total - length) {
+    // A client's offset can be anything: its end, only printed here, saturates (no overflow).
+    int64_t end;
+    if (__builtin_add_overflow(chunk.offset(), length, &end)) {
+      end = std::numeric_limits<int64_t>::max();
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk [", chunk.offset(), ", ", end, ") does not fit tensor \"", t.spec.name(), "\" of ",
+        total, " bytes (", t.spec.rows(), "x", t.spec.cols(), " ",
+        weights ? "fp32 weights" : v1::ElementType_Name(t.spec.grad_type()),
+        "); offsets and sizes must be multiples of ", element, " bytes inside the tensor"));
+  }
+  return weights ? PushWeights(t, chunk, wake) : PushGradient(t, chunk);
+}
+
+absl::StatusOr<ChunkBuffer::Stored> Job::PushWeights(Tensor& t, const v1::PushChunk& chunk,
+                                                     std::vector<std::function<void()>>* wake) {
+  const int index = static_cast<int>(&t - tensors_.data());
+  if (chunk.rank() != 0 || chunk.step() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("initial weights come from rank 0 at step 0; got rank ", chunk.rank(),
+                     " step ", chunk.step()));
+  }
+  if (t.state != nullptr) {
+    // Identical bytes before the first step are a retry of the upload: compared with the bytes as
+    // uploaded, not with the served FP32 (the master, which a narrower master type rounds).
+    // Anything else would overwrite the state.
+    if (t.upload != nullptr && sequence_.next_step() == 0 &&
+        std::memcmp(t.upload->data() + chunk.offset(), chunk.data().data(), chunk.data().size()) ==
+            0) {
+      return ChunkBuffer::Stored::kDuplicate;
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "initial weights of tensor \"", t.spec.name(),
+        "\" were already uploaded (published version ", served_.newest(index)->version,
+        "); the daemon keeps its state, restart the job under a new name to reset it"));
+  }
+  if (absl::Status s = CheckInitialWeights(t.spec.name(), chunk.offset(), chunk.data()); !s.ok()) {
+    return s;
+  }
+  if (t.upload == nullptr) {
+    // Arrives in data chunks: no transport reads it in place.
+    absl::StatusOr<HostBuffer> buffer = HeapAllocator()->Allocate(t.elements * 4);
+    if (!buffer.ok()) return buffer.status();
+    t.upload = std::make_unique<ChunkBuffer>();
+    t.upload->Reset(*std::move(buffer));
+  }
+  if (t.creating) {
+    // Its version 0 is being made: the same bytes again are a retry.
+    if (std::memcmp(t.upload->data() + chunk.offset(), chunk.data().data(), chunk.data().size()) ==
+        0) {
+      return ChunkBuffer::Stored::kDuplicate;
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "initial weights of tensor \"", t.spec.name(),
+        "\" were already uploaded; the daemon keeps its state, restart the job under a new name "
+        "to reset it"));
+  }
+  absl::StatusOr<ChunkBuffer::Stored> stored = t.upload->Store(chunk.offset(), chunk.data());
+  if (!stored.ok() || !t.upload->complete()) return stored;
+  if (WholeAmax whole_amax = WholeAmaxOf(static_cast<size_t>(index), 0, "initial-amax")) {
+    // A split tensor's version 0 waits for its other owners' amax: not on this RPC's thread.
+    t.creating = true;
+    initial_threads_.emplace_back(
+        [this, index, whole_amax = std::move(whole_amax)] { CreateSplitState(index, whole_amax); });
+    return stored;
+  }
+
+  PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<ServedTensor> served, FreshServed(index));
+  served->version = 0;
+  absl::StatusOr<std::unique_ptr<TensorState>> state =
+      backend_->CreateState(t.info,
+                            std::span<const float>(reinterpret_cast<const float*>(t.upload->data()),
+                                                   static_cast<size_t>(t.elements)),
+                            served.get(), /*whole_amax=*/nullptr);
+  if (!state.ok()) return state.status();
+  t.state = std::move(*state);  // the upload stays until the first step, for retries
+  ++initialized_tensors_;
+  served_.Publish(index, std::move(served), wake);
+  return stored;
+}
+
+namespace {
+
+// UNAVAILABLE while `t`'s version 0 is being made (Job::CreateSplitState), else OK.
+absl::Status MakingVersionZero(const v1::TensorSpec& spec, bool creating, bool made) {
+  if (!creating || made) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(
+      "tensor \"", spec.name(),
+      "\" is making version 0 from its initial weights with the job's other daemons; call again "
+      "once it is published (a pull of version 0 waits for it)"));
+}
+
+}  // namespace
+
+absl::Status Job::MakingVersionZeroLocked() const {
+  for (const Tensor& t : tensors_) {
+    PARAMD_RETURN_IF_ERROR(MakingVersionZero(t.spec, t.creating, t.state != nullptr));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ChunkBuffer::Stored> Job::PushGradient(Tensor& t, const v1::PushChunk& chunk) {
+  PARAMD_RETURN_IF_ERROR(MakingVersionZero(t.spec, t.creating, t.state != nullptr));
+  if (t.state == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "tensor \"", t.spec.name(),
+        "\" has no initial weights yet; rank 0 uploads them (PUSH_KIND_INITIAL_WEIGHTS) first"));
+  }
+  if (pre_reduced_ && chunk.rank() != pusher_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", Quoted(name_), " takes pre-reduced gradients (PUSH_MODE_PRE_REDUCED): rank ",
+        pusher_, " pushes this daemon's part, reduced over the ranks; rank ", chunk.rank(),
+        " pushes nothing here and only commits"));
+  }
+  const int64_t next_step = sequence_.next_step();
+  if (chunk.step() < next_step) {
+    return absl::FailedPreconditionError(absl::StrCat("step ", chunk.step(), " of job \"", name_,
+                                                      "\" is stale: the job collects step ",
+                                                      next_step, " now"));
+  }
+  if (chunk.step() > next_step) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", chunk.step(), " of job \"", name_, "\" is ahead of the step it collects (",
+        next_step, "); every rank commits step ", next_step, " first"));
+  }
+  const bool committed = sequence_.committed(chunk.rank());
+  const size_t index = static_cast<size_t>(&t - tensors_.data());
+  PARAMD_RETURN_IF_ERROR(MakeCollectingLocked());
+  ChunkBuffer& slot = slots_.collecting()[index][static_cast<size_t>(chunk.rank())];
+  DeviceSlot* device = slots_.collecting().FindDevice(index, chunk.rank());
+  // Marks were checked by Push: bytes > 0, a known memory.
+  const bool marked = chunk.has_in_place();
+  const int64_t marked_bytes = chunk.in_place().bytes();
+  if (marked && chunk.in_place().has_lent()) return MarkLent(t, index, chunk, slot);
+  if (device != nullptr && device->lent_this_step) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("tensor \"", t.spec.name(), "\" of step ", chunk.step(),
+                     " was lent in the trainer's GPU memory; a gradient is pushed one way"));
+  }
+  if (marked && chunk.in_place().memory() == v1::PLACE_MEMORY_DEVICE && !committed) {
+    // A slot's bytes lie wholly in host memory or wholly in GPU memory: the step reads one.
+    if (device == nullptr || device->bytes.size() != t.grad_bytes) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "an in-place device push of tensor \"", t.spec.name(),
+          "\" names a GPU slot the daemon did not hand out; ask Attach for the step's slot places "
+          "in GPU memory first, or push its bytes in data chunks"));
+    }
+    PARAMD_RETURN_IF_ERROR(SizeSlot(slot, index));
+    if (slot.received() > 0 && !device->written) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("tensor \"", t.spec.name(), "\" has ", slot.received(), " bytes of step ",
+                       chunk.step(), " pushed in data chunks; finish it in data chunks"));
+    }
+    absl::StatusOr<ChunkBuffer::Stored> stored = slot.MarkWritten(chunk.offset(), marked_bytes);
+    if (stored.ok()) device->written = true;
+    return stored;
+  }
+  if (device != nullptr && device->written && !committed && !marked) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("tensor \"", t.spec.name(), "\" has ", slot.received(), " bytes of step ",
+                     chunk.step(), " written in GPU memory; finish it in place"));
+  }
+  if (committed) {
+    // The rank's slots are complete, so a chunk is either an identical re-send (a retry, or a
+    // restarted trainer pushing again: acknowledged) or a change to committed gradients.
+    absl::StatusOr<ChunkBuffer::Stored> stored =
+        marked ? slot.MarkWritten(chunk.offset(), marked_bytes)
+               : slot.Store(chunk.offset(), chunk.data());
+    if (stored.ok()) {
+      PARAMD_CHECK(*stored == ChunkBuffer::Stored::kDuplicate);
+      return stored;
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", chunk.rank(), " already committed step ", chunk.step(),
+                     "; its gradients are final: ", stored.status().message()));
+  }
+  if (marked) {
+    // Checked before the slot is sized: a slot Attach did not place has no place yet, and a mark
+    // for it is refused without allocating one.
+    if (slot.place() == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("an in-place push of tensor \"", t.spec.name(),
+                       "\" names a slot that is not in shared memory; push its bytes in data "
+                       "chunks, or ask Attach "
+                       "for the step's slot places first"));
+    }
+    return slot.MarkWritten(chunk.offset(), marked_bytes);
+  }
+  PARAMD_RETURN_IF_ERROR(SizeSlot(slot, index));
+  return slot.Store(chunk.offset(), chunk.data());
+}
+
+absl::StatusOr<ChunkBuffer::Stored> Job::MarkLent(Tensor& t, size_t index,
+                                                  const v1::PushChunk& chunk, ChunkBuffer& slot) {
+  const v1::InPlaceMark& mark = chunk.in_place();
+  if (mark.memory() != v1::PLACE_MEMORY_DEVICE || chunk.offset() != 0 ||
+      mark.bytes() != t.grad_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a lent gradient is marked whole, in PLACE_MEMORY_DEVICE: offset 0 and ", t.grad_bytes,
+        " bytes for tensor \"", t.spec.name(), "\"; got offset ", chunk.offset(), ", ",
+        mark.bytes(), " bytes in ", v1::PlaceMemory_Name(mark.memory())));
+  }
+  // Where the bytes lie: the same memory lent again is a retry.
+  const std::string from =
+      mark.lent().pid() == 0 || mark.lent().ipc_handle().empty()
+          ? absl::StrCat("address ", mark.lent().address(), " of process ", mark.lent().pid())
+          : absl::StrCat(mark.lent().ipc_handle(), "+", mark.lent().offset());
+  DeviceSlot& device = slots_.collecting().Device(index, chunk.rank());
+  if (slot.received() > 0) {
+    if (device.lent_this_step && device.lent_from == from) return ChunkBuffer::Stored::kDuplicate;
+    return absl::FailedPreconditionError(
+        absl::StrCat("tensor \"", t.spec.name(), "\" already has ", slot.received(),
+                     " bytes of step ", chunk.step(), " from rank ", chunk.rank(),
+                     device.lent_this_step ? " lent in other GPU memory" : " pushed another way",
+                     "; pushes are idempotent only for identical bytes"));
+  }
+  absl::StatusOr<std::shared_ptr<const void>> lent = backend_->MapLent(mark.lent(), t.grad_bytes);
+  if (!lent.ok()) return lent.status();
+  absl::StatusOr<const void*> ready = backend_->LentReadyEvent(mark.lent());
+  if (!ready.ok()) return ready.status();
+  if (slot.holds_memory() || slot.size() != t.grad_bytes) slot.ResetCounting(t.grad_bytes);
+  absl::StatusOr<ChunkBuffer::Stored> stored = slot.MarkWritten(0, t.grad_bytes);
+  if (!stored.ok()) return stored;
+  device.lent = *std::move(lent);
+  device.lent_from = from;
+  device.lent_this_step = true;
+  device.ready = *ready;
+  device.written = true;
+  return stored;
+}
+
+absl::StatusOr<CommitOutcome> Job::Commit(const v1::CommitRequest& request) {
+  if (request.has_lr() && !(std::isfinite(request.lr()) && request.lr() > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lr = ", request.lr(), " must be finite and > 0"));
+  }
+  if (request.has_grad_scale() &&
+      !(std::isfinite(request.grad_scale()) && request.grad_scale() > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("grad_scale = ", request.grad_scale(), " must be finite and > 0"));
+  }
+  RankCommit mine;
+  if (request.has_lr()) mine.lr = request.lr();
+  mine.grad_scale = request.has_grad_scale() ? request.grad_scale() : 1.0;
+
+  absl::MutexLock lock(&mu_);
+  PARAMD_RETURN_IF_ERROR(failed_);
+  const int32_t rank = request.rank();
+  if (absl::Status s = CheckRank(rank); !s.ok()) return s;
+  PARAMD_ASSIGN_OR_RETURN(const StepSequence::CommitKind kind,
+                          sequence_.CheckCommitStep(rank, request.step()));
+  if (kind == StepSequence::CommitKind::kRetry) {
+    return CommitOutcome{world_size_, false, std::nullopt};  // a retry of a commit that landed
+  }
+  if (initialized_tensors_ != static_cast<int64_t>(tensors_.size())) {
+    PARAMD_RETURN_IF_ERROR(MakingVersionZeroLocked());
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job \"", name_, "\" has initial weights for ", initialized_tensors_, " of ",
+        tensors_.size(), " tensors; rank 0 uploads all of them before the first commit"));
+  }
+  const SlotSet& collecting = slots_.collecting();
+  // Pre-reduced: the other ranks push nothing, and their commits only count.
+  for (size_t i = 0; i < tensors_.size() && !(pre_reduced_ && rank != pusher_); ++i) {
+    const ChunkBuffer* slot =
+        collecting.made() ? &collecting[i][static_cast<size_t>(rank)] : nullptr;
+    const int64_t received =
+        slot != nullptr && slot->size() == tensors_[i].grad_bytes ? slot->received() : 0;
+    if (received != tensors_[i].grad_bytes) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("rank ", rank, " commits step ", request.step(), " but tensor \"",
+                       tensors_[i].spec.name(), "\" has ", received, " of ", tensors_[i].grad_bytes,
+                       " gradient bytes; push every chunk of every tensor before committing"));
+    }
+  }
+  PARAMD_ASSIGN_OR_RETURN(CommitOutcome outcome, sequence_.Commit(rank, mine));
+  if (!outcome.work.has_value()) return outcome;
+  // The last rank: the step's slots are handed over with it, and the hyperparameters it runs with.
+  slots_.Take(outcome.work->step);
+  if (!outcome.work->lr.has_value()) outcome.work->lr = hyper_.lr();
+  outcome.work->weight_decay = hyper_.weight_decay();
+  if (outcome.work->step == 0) {
+    for (Tensor& t : tensors_) t.upload.reset();  // no retry of the initial weights from now on
+  }
+  return outcome;
+}
+
+absl::StatusOr<HostBuffer> Job::NewBuffer(int64_t bytes) const {
+  absl::StatusOr<HostBuffer> buffer = buffers_->Allocate(bytes);
+  if (buffer.ok()) return buffer;
+  if (!warned_heap_fallback_.exchange(true)) {
+    PARAMD_LOG(WARNING)
+        << "job " << name_ << ": " << buffer.status() << "; buffers that do not fit go to the heap"
+        << (buffers_->shared()
+                ? ", and trainers move their bytes in data chunks (raise /dev/shm's size "
+                  "to keep them in shared memory)"
+                : " (pageable memory: slower copies to and from the GPU)");
+  }
+  return HeapAllocator()->Allocate(bytes);
+}
+
+absl::Status Job::SizeSlot(ChunkBuffer& slot, size_t i) const {
+  if (slot.holds_memory() && slot.size() == tensors_[i].grad_bytes) return absl::OkStatus();
+  PARAMD_ASSIGN_OR_RETURN(HostBuffer buffer, NewBuffer(tensors_[i].grad_bytes));
+  slot.Reset(std::move(buffer));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SlotPlaces> Job::SlotsForStep(int32_t rank, int64_t step, Memory memory) {
+  absl::MutexLock lock(&mu_);
+  return SlotPlacesLocked(rank, step, memory);
+}
+
+absl::Status Job::SlotSetsFull() const {
+  const int64_t steps_run = sequence_.steps_run();
+  const int64_t next_step = sequence_.next_step();
+  return WithReason(
+      absl::UnavailableError(absl::StrCat(
+          "job ", Quoted(name_), " holds ", slots_.held(), " gradient slot sets (steps ", steps_run,
+          " to ", next_step - 1, " wait to run, and the step collected): its slots for step ",
+          next_step + (slots_.collecting().made() ? 1 : 0), " come free once step ", steps_run,
+          " has run; pull its weights first, or retry")),
+      v1::ERROR_REASON_SLOT_SETS_FULL);
+}
+
+absl::Status Job::MakeCollectingLocked() {
+  return slots_.MakeCollecting() ? absl::OkStatus() : SlotSetsFull();
+}
+
+Place Job::DeviceSlotPlace(SlotSet& set, size_t tensor, int32_t rank) {
+  const int64_t bytes = tensors_[tensor].grad_bytes;
+  DeviceSlot& slot = set.Device(tensor, rank);
+  if (slot.bytes.size() != bytes) {
+    slot = DeviceSlot();
+    absl::StatusOr<DeviceBytes> allocated = backend_->AllocateExported(bytes);
+    if (!allocated.ok()) {
+      if (!warned_device_fallback_.exchange(true)) {
+        PARAMD_LOG(WARNING)
+            << "job " << name_ << ": " << allocated.status()
+            << "; gradients that do not fit in GPU memory are pushed in data chunks";
+      }
+      return Place{};
+    }
+    slot.bytes = *std::move(allocated);
+  }
+  return slot.bytes.place();
+}
+
+absl::StatusOr<SlotPlaces> Job::SlotPlacesLocked(int32_t rank, int64_t step, Memory memory) {
+  const bool device = memory == Memory::kDevice;
+  PARAMD_RETURN_IF_ERROR(failed_);
+  PARAMD_RETURN_IF_ERROR(CheckRank(rank));
+  const int64_t next_step = sequence_.next_step();
+  if (step < next_step) {
+    return absl::FailedPreconditionError(absl::StrCat("step ", step, " of job \"", name_,
+                                                      "\" is stale: the job collects step ",
+                                                      next_step, " now"));
+  }
+  const bool lookahead = step == next_step + 1;
+  if (step > next_step && !lookahead) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("step ", step, " of job \"", name_, "\" is ahead of the step it collects (",
+                     next_step, "); every rank commits step ", next_step, " first"));
+  }
+  if (initialized_tensors_ != static_cast<int64_t>(tensors_.size())) {
+    PARAMD_RETURN_IF_ERROR(MakingVersionZeroLocked());
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job \"", name_, "\" has initial weights for ", initialized_tensors_, " of ",
+        tensors_.size(), " tensors; rank 0 uploads all of them before gradients are pushed"));
+  }
+  if (lookahead) {
+    // No step reads this set (a spare one's step has run), so the trainer may write it already;
+    // its pushes are accepted once the job collects `step`.
+    SlotSet* next = slots_.Lookahead();
+    if (next == nullptr) return SlotSetsFull();
+    SlotSet& set = *next;
+    SlotPlaces out;
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      ChunkBuffer& slot = set[i][static_cast<size_t>(rank)];
+      PARAMD_RETURN_IF_ERROR(SizeSlot(slot, i));
+      if (device) {
+        out.places.push_back(DeviceSlotPlace(set, i, rank));
+      } else {
+        out.places.push_back(slot.place() != nullptr ? *slot.place() : Place{});
+      }
+      out.bytes.push_back(tensors_[i].grad_bytes);
+      out.received.push_back(0);  // the set is cleared when it starts collecting
+      out.tensors.push_back(tensors_[i].spec.name());
+    }
+    return out;
+  }
+  PARAMD_RETURN_IF_ERROR(MakeCollectingLocked());
+  SlotSet& collecting = slots_.collecting();
+  SlotPlaces out;
+  out.committed = sequence_.committed(rank);
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    ChunkBuffer& slot = collecting[i][static_cast<size_t>(rank)];
+    PARAMD_RETURN_IF_ERROR(SizeSlot(slot, i));
+    if (device) {
+      out.places.push_back(DeviceSlotPlace(collecting, i, rank));
+    } else {
+      out.places.push_back(slot.place() != nullptr ? *slot.place() : Place{});
+    }
+    out.bytes.push_back(tensors_[i].grad_bytes);
+    out.received.push_back(slot.received());
+    out.tensors.push_back(tensors_[i].spec.name());
+  }
+  return out;
+}
+
+void Job::SetTrainerTransport(int32_t rank, const std::string& transport,
+                              const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  v1::TrainerTransport& t = trainer_transports_[rank];
+  t.set_rank(rank);
+  t.set_transport(transport);
+  t.set_reason(reason);
+}
+
+absl::StatusOr<std::shared_ptr<ServedTensor>> Job::FreshServed(int tensor) {
+  return served_.Fresh(tensor, [this, tensor]() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // mu_ held
+    return NewServed(tensor);
+  });
+}
+
+absl::StatusOr<std::shared_ptr<ServedTensor>> Job::NewServed(int tensor) const {
+  const Tensor& t = tensors_[static_cast<size_t>(tensor)];
+  auto served = std::make_shared<ServedTensor>();
+  for (const FormatKey& f : formats_) {
+    ServedFormat& format = served->formats.emplace_back();
+    format.key = f;
+    format.layout = kernels::ServeLayout(KernelRecipe(f.recipe), KernelDirection(f.direction),
+                                         t.spec.rows(), t.spec.cols());
+    PARAMD_ASSIGN_OR_RETURN(format.bytes,
+                            NewBuffer(format.layout.data_bytes + format.layout.scale_bytes));
+    if (backend_->Exports().has_value()) {
+      absl::StatusOr<DeviceBytes> device = backend_->AllocateExported(format.bytes.size());
+      if (device.ok()) {
+        format.device = *std::move(device);
+      } else if (!warned_device_fallback_.exchange(true)) {
+        PARAMD_LOG(WARNING) << "job " << name_ << ": " << device.status()
+                            << "; served bytes that do not fit are pulled from host memory";
+      }
+    }
+  }
+  return served;
+}
+
+std::vector<StepReport> Job::RunOrHoldStep(const StepWork& work) {
+  std::vector<StepWork> run;
+  {
+    absl::MutexLock lock(&mu_);
+    // A failed job runs no step again; its taken slots go.
+    if (!failed_.ok()) {
+      slots_.Drop(work.step);
+      sequence_.DropHeld();
+      return {};
+    }
+    // A step an import discarded; one that already ran is the sequence's to ignore.
+    if (!slots_.IsTaken(work.step)) return {};
+    run = sequence_.ClaimRunnable(work);
+    if (run.empty()) return {};
+  }
+  std::vector<StepReport> reports;
+  for (const StepWork& w : run) {
+    reports.push_back(StepNow(w));
+    if (!reports.back().failed.ok()) break;  // the job failed: the later steps do not run
+  }
+  EndStepsRunning();
+  return reports;
+}
+
+void Job::EndStepsRunning() {
+  std::vector<std::function<void()>> started;
+  {
+    absl::MutexLock lock(&mu_);
+    sequence_.EndRunning();
+    started = StartCaughtUpExportsLocked();
+  }
+  for (auto& s : started) s();
+}
+
+void Job::Fail(const absl::Status& why) {
+  std::vector<std::function<void()>> wake;
+  {
+    absl::MutexLock lock(&mu_);
+    FailLocked(why, &wake);
+  }
+  for (auto& w : wake) w();
+}
+
+void Job::FailLocked(const absl::Status& why, std::vector<std::function<void()>>* wake) {
+  if (!failed_.ok()) return;
+  failed_ = why;
+  // A round waiting on the other daemons ends with it; theirs end at their deadline, failing the
+  // job there too.
+  if (sharded()) peers_.exchange->CloseJob(name_, why);
+  // Their pulls ask again, find no version (Served) and end with the job's status.
+  served_.TakeAllWaiters(wake);
+}
+
+absl::Status Job::CheckUsable() const {
+  absl::MutexLock lock(&mu_);
+  return failed_;
+}
+
+absl::Status Job::FreshServedForStep(int64_t step,
+                                     std::vector<std::shared_ptr<ServedTensor>>* out) {
+  const auto started = std::chrono::steady_clock::now();
+  bool warned = false;
+  for (int i = 0; i < static_cast<int>(tensors_.size()); ++i) {
+    const Tensor& t = tensors_[static_cast<size_t>(i)];
+    for (;;) {
+      PARAMD_RETURN_IF_ERROR(failed_);  // deleted while it waited
+      PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<ServedTensor> served, FreshServed(i));
+      if (served != nullptr) {
+        out->push_back(std::move(served));
+        break;
+      }
+      // A reader still leases the retired version: its lease ends with Release or at its expiry.
+      const auto free = [this, i]() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // mu_ held
+        return served_.AnyFree(i);
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&free), absl::Milliseconds(20));
+      if (!warned && std::chrono::steady_clock::now() - started > std::chrono::seconds(1)) {
+        warned = true;
+        PARAMD_LOG(WARNING) << "job " << name_ << ": step " << step << " waits for readers of "
+                            << "tensor " << t.spec.name() << " to release one of its "
+                            << kServedVersions << " served versions (or for a lease to expire)";
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Job::AgreeOnCheck(int64_t step, const GradientCheck& local,
+                                       std::vector<double>* blocks) {
+  v1::PeerOffer offer;
+  offer.set_job(name_);
+  offer.set_step(step);
+  offer.set_round("check");
+  offer.set_finite(local.finite);
+  for (size_t i = 0; i < local.block_sums.size(); ++i) {
+    const v1::TensorSpec& t = spec_.tensors(static_cast<int>(i));
+    v1::PeerBlockSums* sums = offer.add_block_sums();
+    sums->set_tensor(t.job_index());
+    sums->set_first_block(t.row_offset() / kernels::kNormBlockRows);
+    sums->mutable_sums()->Add(local.block_sums[i].begin(), local.block_sums[i].end());
+  }
+  PARAMD_ASSIGN_OR_RETURN(const std::vector<v1::PeerOffer> offers,
+                          peers_.exchange->Exchange(std::move(offer)));
+  bool finite = true;
+  std::vector<const v1::PeerBlockSums*> all;
+  for (const v1::PeerOffer& o : offers) {
+    finite = finite && o.finite();
+    for (const v1::PeerBlockSums& sums : o.block_sums()) all.push_back(&sums);
+  }
+  std::sort(all.begin(), all.end(), [](const v1::PeerBlockSums* a, const v1::PeerBlockSums* b) {
+    return std::pair(a->tensor(), a->first_block()) < std::pair(b->tensor(), b->first_block());
+  });
+  blocks->clear();
+  for (const v1::PeerBlockSums* sums : all) {
+    blocks->insert(blocks->end(), sums->sums().begin(), sums->sums().end());
+  }
+  return finite;
+}
+
+WholeAmax Job::WholeAmaxOf(size_t index, int64_t step, const std::string& round) {
+  if (!sharded() || amax_among_[index].empty()) return nullptr;
+  const v1::TensorSpec& t = spec_.tensors(static_cast<int>(index));
+  return [this, among = amax_among_[index], step, name = absl::StrCat(round, "/", t.job_index())](
+             float range_amax) -> absl::StatusOr<float> {
+    v1::PeerOffer offer;
+    offer.set_job(name_);
+    offer.set_step(step);
+    offer.set_round(name);
+    offer.set_amax(range_amax);
+    absl::StatusOr<std::vector<v1::PeerOffer>> offers =
+        peers_.exchange->Exchange(std::move(offer), among);
+    if (!offers.ok()) {
+      return absl::AbortedError(
+          absl::StrCat("the owners of tensor ", Quoted(name),
+                       " did not agree on its amax: ", offers.status().ToString()));
+    }
+    // The max of non-negative floats is exact in any order; a NaN stays NaN (as one daemon's).
+    float whole = 0.0f;
+    for (const v1::PeerOffer& o : *offers) {
+      whole = std::isnan(whole) || std::isnan(o.amax()) ? std::numeric_limits<float>::quiet_NaN()
+                                                        : std::max(whole, o.amax());
+    }
+    return whole;
+  };
+}
+
+StepReport Job::FailStep(const StepWork& work, const absl::Status& why) {
+  // A step that fails fails the job: its state may be half-updated, which no retry could repair.
+  StepReport report{work.step, 0, 0, false, 1.0f, absl::OkStatus()};
+  report.failed = WithReason(
+      absl::Status(
+          why.code(),
+          absl::StrCat("job ", Quoted(name_), " failed at step ", work.step, ": ", why.message(),
+                       "; it runs no more steps: delete it (DeleteJob, paramctl delete) "
+                       "and register it again from an export or checkpoint")),
+      v1::ERROR_REASON_JOB_FAILED);
+  std::vector<std::function<void()>> wake;
+  {
+    absl::MutexLock lock(&mu_);
+    FailLocked(report.failed, &wake);
+    slots_.Drop(work.step);
+  }
+  for (auto& w : wake) w();
+  return report;
+}
+
+StepReport Job::StepOnDevice(const StepWork& work, std::span<TensorStep> steps,
+                             std::vector<std::shared_ptr<ServedTensor>>& outputs,
+                             const StepScalars& scalars,
+                             std::chrono::steady_clock::time_point start) {
+  // Each version is published once its step is queued, its outcome pending until the step ran.
+  std::vector<ServedTensor*> published;
+  auto publish = [&](size_t i) {
+    PARAMD_CHECK(i < outputs.size() && outputs[i] != nullptr)
+        << "job " << name_ << ": tensor " << i << " of step " << work.step << " reported twice";
+    std::vector<std::function<void()>> wake;
+    {
+      absl::MutexLock lock(&mu_);
+      outputs[i]->version = work.step + 1;
+      outputs[i]->SetOutcomePending();
+      published.push_back(outputs[i].get());
+      served_.Publish(static_cast<int>(i), std::move(outputs[i]), &wake);
+    }
+    for (auto& w : wake) w();
+  };
+  absl::StatusOr<StepOutcome> outcome =
+      backend_->StepOnDevice(steps, scalars, spec_.max_grad_norm(), publish);
+  // Readers waiting for an outcome learn it (a failed step's versions are never read again).
+  for (ServedTensor* served : published) served->ResolveOutcome(outcome.ok() && outcome->skipped);
+  if (!outcome.ok()) return FailStep(work, outcome.status());
+  PARAMD_CHECK(published.size() == outputs.size())
+      << "job " << name_ << ": the backend reported " << published.size() << " of "
+      << outputs.size() << " tensors of step " << work.step;
+  const auto stepped = std::chrono::steady_clock::now();
+  StepReport report{work.step, 0, 0, outcome->skipped, outcome->clip, absl::OkStatus()};
+  report.seconds = std::chrono::duration<double>(stepped - start).count();
+  PARAMD_LOG(DEBUG) << "job " << name_ << " step " << work.step << ": " << report.seconds * 1e3
+                    << " ms, decided on the device (" << (outcome->skipped ? "skipped" : "applied")
+                    << ", clip " << outcome->clip << ")";
+  absl::MutexLock lock(&mu_);
+  if (outcome->skipped) {
+    ++skipped_steps_;
+  } else {
+    ++applied_steps_;
+  }
+  sequence_.StepRan(work.step);
+  last_step_seconds_ = report.seconds;
+  last_clip_ = outcome->clip;
+  for (const Tensor& t : tensors_) report.elements += t.elements;
+  slots_.Return(work.step);
+  return report;
+}
+
+StepReport Job::StepNow(const StepWork& work) {
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<TensorStep> steps;
+  std::vector<std::shared_ptr<ServedTensor>> outputs;
+  std::vector<const ServedTensor*> previous;
+  StepScalars scalars;
+  StepReport report{work.step, 0, 0, false, 1.0f, absl::OkStatus()};
+  auto fail = [&](const absl::Status& why) { return FailStep(work, why); };
+  absl::Status prepared;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!failed_.ok()) {
+      slots_.Drop(work.step);
+      report.failed = failed_;
+      return report;
+    }
+    prepared = FreshServedForStep(work.step, &outputs);
+  }
+  if (!prepared.ok()) return fail(prepared);
+  const auto versions_ready = std::chrono::steady_clock::now();
+  {
+    absl::MutexLock lock(&mu_);
+    SlotSet& slots = slots_.Taken(work.step);
+    kernels::AdamwHyper hyper{work.lr.value_or(hyper_.lr()), hyper_.beta1(), hyper_.beta2(),
+                              hyper_.eps(), work.weight_decay.value_or(hyper_.weight_decay())};
+    scalars.k = applied_steps_ + 1;
+    scalars.adamw = kernels::MakeAdamwScalars(hyper, scalars.k);
+    scalars.grad_scale = static_cast<float>(work.grad_scale);
+    scalars.seed = spec_.seed();
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      Tensor& t = tensors_[i];
+      // Stays alive (published, then retired) while read.
+      previous.push_back(served_.newest(static_cast<int>(i)).get());
+      TensorStep step;
+      step.state = t.state.get();
+      step.slot_type = t.spec.grad_type() == v1::ELEMENT_TYPE_BF16 ? kernels::SlotType::kBf16
+                                                                   : kernels::SlotType::kFp32;
+      // The ranks' gradients in rank order; pre-reduced, the pushing rank's sum alone.
+      const size_t first = pre_reduced_ ? static_cast<size_t>(pusher_) : 0;
+      const size_t count = pre_reduced_ ? 1 : slots[i].size();
+      for (size_t r = first; r < first + count; ++r) step.slots.push_back(slots[i][r].data());
+      if (i < slots.device.size()) {
+        for (size_t r = first; r < first + count && r < slots.device[i].size(); ++r) {
+          const DeviceSlot& device = slots.device[i][r];
+          step.device_slots.push_back(device.gradient());
+          step.ready_events.push_back(device.lent_this_step ? device.ready : nullptr);
+        }
+      }
+      step.previous = previous.back();
+      step.whole_amax = WholeAmaxOf(i, work.step, "amax");
+      step.out = outputs[i].get();
+      steps.push_back(std::move(step));
+    }
+  }
+  // The state and the taken slots belong to this step alone while it runs.
+  const std::span<TensorStep> all(steps);
+  const bool clipping = spec_.max_grad_norm() > 0;
+  // A sharded job decides on the host: its daemons agree on the decision first.
+  if (backend_->DecidesOnDevice() && !steps.empty() && !sharded()) {
+    return StepOnDevice(work, all, outputs, scalars, start);
+  }
+  absl::StatusOr<GradientCheck> check = backend_->CheckGradients(all, scalars.grad_scale, clipping);
+  if (!check.ok()) return fail(check.status());
+  // Block sums one after another in registration order, then block order (DESIGN.md §2).
+  std::vector<double> blocks;
+  bool finite = check->finite;
+  if (sharded()) {
+    absl::StatusOr<bool> agreed = AgreeOnCheck(work.step, *check, &blocks);
+    if (!agreed.ok()) {
+      // ABORTED, not the round's UNAVAILABLE or DEADLINE_EXCEEDED: no retry of a trainer's call
+      // helps; the job is restored and run again.
+      return fail(absl::AbortedError(
+          absl::StrCat("the job's daemons did not agree on the step: ", agreed.status().ToString(),
+                       "; this daemon holds version ", work.step, " of its part")));
+    }
+    finite = *agreed;
+  } else if (clipping) {
+    for (const std::vector<double>& tensor : check->block_sums) {
+      blocks.insert(blocks.end(), tensor.begin(), tensor.end());
+    }
+  }
+  const auto checked = std::chrono::steady_clock::now();
+  const bool skipped = !finite;
+  // The step counts as run with its last tensor, before that tensor's pullers wake: a trainer
+  // that pulled every tensor sees the step in Status and may import or export at once.
+  double seconds = 0;
+  auto count_step = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // mu_ held
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (skipped) {
+      ++skipped_steps_;
+    } else {
+      ++applied_steps_;
+    }
+    sequence_.StepRan(work.step);
+    last_step_seconds_ = seconds;
+    last_clip_ = scalars.clip;
+  };
+  // Publishes tensor i's new version and wakes its pullers (DESIGN.md §2: the next forward starts
+  // on the first layers while later ones are still being stepped).
+  size_t published = 0;
+  auto publish = [&](size_t i) {
+    PARAMD_CHECK(i < outputs.size() && outputs[i] != nullptr)
+        << "job " << name_ << ": tensor " << i << " of step " << work.step << " reported twice";
+    std::vector<std::function<void()>> wake;
+    {
+      absl::MutexLock lock(&mu_);
+      outputs[i]->version = work.step + 1;
+      outputs[i]->skipped = skipped;
+      served_.Publish(static_cast<int>(i), std::move(outputs[i]), &wake);
+      if (++published == outputs.size()) count_step();
+    }
+    for (auto& w : wake) w();
+  };
+  if (skipped) {
+    // The state stays as it is on every backend; the new version re-serves the previous bytes.
+    for (size_t i = 0; i < steps.size(); ++i) {
+      // The previous version's host bytes, where its step left them in GPU memory.
+      if (const absl::Status ready = backend_->ReadyHostBytes(*previous[i]); !ready.ok()) {
+        return fail(ready);
+      }
+      {
+        std::lock_guard<std::mutex> host_lock(outputs[i]->host_mu);
+        outputs[i]->host_stale = false;
+      }
+      for (size_t f = 0; f < outputs[i]->formats.size(); ++f) {
+        std::memcpy(outputs[i]->formats[f].bytes.data(), previous[i]->formats[f].bytes.data(),
+                    static_cast<size_t>(previous[i]->formats[f].bytes.size()));
+      }
+      const absl::Status copied = backend_->CopyServedOnDevice(*previous[i], outputs[i].get());
+      if (!copied.ok()) return fail(copied);
+      publish(i);
+    }
+  } else {
+    if (clipping) {
+      scalars.clip = kernels::ClipFactor(
+          kernels::SumInOrder(blocks.data(), static_cast<int64_t>(blocks.size())),
+          spec_.max_grad_norm());
+    }
+    const absl::Status status = backend_->Step(all, scalars, publish);
+    if (!status.ok()) return fail(status);
+  }
+  PARAMD_CHECK(published == outputs.size())
+      << "job " << name_ << ": the backend reported " << published << " of " << outputs.size()
+      << " tensors of step " << work.step;
+  // Where a step's time goes, for whoever tunes a backend (--log_level=debug).
+  const auto ms = [](auto from, auto to) {
+    return std::chrono::duration<double, std::milli>(to - from).count();
+  };
+  const auto stepped = std::chrono::steady_clock::now();
+  PARAMD_LOG(DEBUG) << "job " << name_ << " step " << work.step << ": " << ms(start, stepped)
+                    << " ms (free versions " << ms(start, versions_ready) << ", gradient check "
+                    << ms(versions_ready, checked) << ", step and publish " << ms(checked, stepped)
+                    << ")";
+  absl::MutexLock lock(&mu_);
+  if (outputs.empty()) count_step();
+  // A backend may publish before its step's device work is done (cuda: the step is queued): the
+  // step's seconds run to here.
+  seconds = std::chrono::duration<double>(stepped - start).count();
+  last_step_seconds_ = seconds;
+  report.seconds = seconds;
+  report.skipped = skipped;
+  report.clip = scalars.clip;
+  for (const Tensor& t : tensors_) report.elements += t.elements;
+  slots_.Return(work.step);
+  return report;
+}
+
+std::shared_ptr<const ServedTensor> Job::Served(int tensor, int64_t min_version) const {
+  absl::MutexLock lock(&mu_);
+  const auto& served = served_.newest(tensor);
+  if (failed_.ok() && served != nullptr && served->version >= min_version) return served;
+  return nullptr;
+}
+
+uint64_t Job::AddWaiter(int tensor, int64_t min_version, std::function<void()> wake) {
+  absl::MutexLock lock(&mu_);
+  if (!failed_.ok()) return 0;
+  return served_.AddWaiter(tensor, min_version, std::move(wake));
+}
+
+bool Job::RemoveWaiter(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  return served_.RemoveWaiter(id);
+}
+
+void Job::StopWaiting() {
+  std::vector<std::function<void()>> wake;
+  {
+    absl::MutexLock lock(&mu_);
+    served_.StopWaiting(&wake);
+  }
+  for (auto& w : wake) w();
+}
+
+absl::StatusOr<v1::AdamwHyperparams> Job::SetHyperparams(const v1::SetHyperparamsRequest& request) {
+  if (request.has_lr() && !(std::isfinite(request.lr()) && request.lr() > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lr = ", request.lr(), " must be finite and > 0"));
+  }
+  if (request.has_weight_decay() &&
+      !(std::isfinite(request.weight_decay()) && request.weight_decay() >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weight_decay = ", request.weight_decay(), " must be finite and >= 0"));
+  }
+  absl::MutexLock lock(&mu_);
+  PARAMD_RETURN_IF_ERROR(failed_);
+  if (request.has_lr()) hyper_.set_lr(request.lr());
+  if (request.has_weight_decay()) hyper_.set_weight_decay(request.weight_decay());
+  return hyper_;
+}
+
+int Job::registered_ranks() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(registered_.size());
+}
+
+}  // namespace paramd

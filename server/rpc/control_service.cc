@@ -1,0 +1,359 @@
+#include "server/rpc/control_service.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/logging.h"
+#include "common/owner_address.h"
+#include "common/quoted.h"
+#include "common/shard_map.h"
+#include "common/status_macros.h"
+#include "grpcpp/grpcpp.h"
+#include "server/registration.h"
+#include "server/rpc/rpc_outcome.h"
+#include "server/state/state_transfer.h"
+
+namespace paramd {
+namespace {
+
+// Streams a job's state chunk by chunk (server/state/state_transfer.h). The export starts once the
+// steps committed before it ran, without holding a thread meanwhile, and holds the job's later
+// steps back until End, which releases it before the call finishes.
+class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  ExportReactor(Daemon* daemon, const grpc::ByteBuffer* raw) : daemon_(daemon) {
+    v1::ExportStateRequest request;
+    absl::Status status = ParseMessage(raw, &request);
+    if (status.ok()) status = Begin(request);
+    if (!status.ok()) End(status);
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      End(absl::CancelledError("the export's reader went away"));
+      return;
+    }
+    WriteNext();
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status Begin(const v1::ExportStateRequest& request) {
+    PARAMD_RETURN_IF_ERROR(daemon_->CheckServing());
+    PARAMD_ASSIGN_OR_RETURN(stream_, daemon_->OpenStream("ExportState"));
+    const int64_t limit = daemon_->config().max_chunk_bytes();
+    if (request.max_chunk_bytes() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("max_chunk_bytes = ", request.max_chunk_bytes(), " must be >= 0"));
+    }
+    const int64_t chunk =
+        request.max_chunk_bytes() == 0 ? limit : std::min(limit, request.max_chunk_bytes());
+    PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, daemon_->registry().Find(request.job()));
+    Daemon* daemon = daemon_;
+    // A step held back while the export streamed goes back to the step executor at its end.
+    StateExport::Begin(
+        ExportOf(job, [daemon, job](const StepWork& held) { daemon->StartStep(job, held); }), chunk,
+        [this](absl::StatusOr<std::unique_ptr<StateExport>> started) {
+          if (!started.ok()) {
+            End(started.status());
+            return;
+          }
+          export_ = *std::move(started);
+          WriteNext();
+        });
+    return absl::OkStatus();
+  }
+
+  void WriteNext() {
+    absl::StatusOr<bool> more = export_->Next(&chunk_);
+    if (!more.ok()) {
+      End(more.status());
+    } else if (!*more) {
+      End(absl::OkStatus());
+    } else {
+      SerializeMessage(chunk_, &buffer_);
+      StartWrite(&buffer_);
+    }
+  }
+
+  void End(const absl::Status& status) {
+    export_.reset();
+    stream_.Reset();
+    CountRpcError(daemon_, "ExportState", status);
+    Finish(ToGrpcStatus(status));
+  }
+
+  Daemon* const daemon_;
+  CountedLimit::Ticket stream_;
+  std::unique_ptr<StateExport> export_;
+  v1::StateChunk chunk_;
+  grpc::ByteBuffer buffer_;  // chunk_, serialized
+};
+
+// Stages an import stream (the job named by its header) and applies it once it ended whole.
+class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+ public:
+  ImportReactor(Daemon* daemon, grpc::ByteBuffer* response)
+      : daemon_(daemon), raw_response_(response) {
+    absl::StatusOr<CountedLimit::Ticket> stream = daemon_->OpenStream("ImportState");
+    if (!stream.ok()) {
+      End(stream.status());
+      return;
+    }
+    stream_ = *std::move(stream);
+    StartRead(&buffer_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client finished writing (or the call ended)
+      End(Apply());
+      return;
+    }
+    absl::Status status = ParseMessage(&buffer_, &chunk_);
+    if (status.ok()) status = Take();
+    if (!status.ok()) {
+      End(status);
+      return;
+    }
+    StartRead(&buffer_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status Take() {
+    if (import_ == nullptr) {
+      PARAMD_RETURN_IF_ERROR(daemon_->CheckServing());
+      if (!chunk_.has_header()) {
+        return absl::InvalidArgumentError(
+            "the first chunk of a state stream must carry the StateHeader");
+      }
+      PARAMD_ASSIGN_OR_RETURN(job_, daemon_->registry().Find(chunk_.header().job()));
+      import_ = std::make_unique<StateImport>(job_->spec(), daemon_->config().max_chunk_bytes());
+    }
+    return import_->Add(chunk_);
+  }
+
+  absl::Status Apply() {
+    if (import_ == nullptr) {
+      return absl::InvalidArgumentError(
+          "the state stream is empty; it starts with a chunk carrying the StateHeader");
+    }
+    PARAMD_ASSIGN_OR_RETURN(StagedState staged, import_->Finish());
+    import_.reset();
+    PARAMD_ASSIGN_OR_RETURN(v1::ImportStateResponse response, job_->Import(std::move(staged)));
+    PARAMD_LOG(INFO) << "job " << job_->name() << ": imported state at step "
+                     << response.next_step() << " (" << response.fields() << " fields, "
+                     << response.bytes() << " bytes)";
+    SerializeMessage(response, raw_response_);
+    return absl::OkStatus();
+  }
+
+  void End(const absl::Status& status) {
+    import_.reset();  // the staged bytes go now, not when the call is done
+    stream_.Reset();
+    CountRpcError(daemon_, "ImportState", status);
+    Finish(ToGrpcStatus(status));
+  }
+
+  Daemon* const daemon_;
+  grpc::ByteBuffer* const raw_response_;
+  CountedLimit::Ticket stream_;
+  grpc::ByteBuffer buffer_;  // the chunk as read
+  v1::StateChunk chunk_;
+  std::shared_ptr<Job> job_;
+  std::unique_ptr<StateImport> import_;
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* ControlService::Register(grpc::CallbackServerContext* context,
+                                                   const grpc::ByteBuffer* request,
+                                                   grpc::ByteBuffer* response) {
+  return ServeUnary<v1::RegisterRequest, v1::RegisterResponse>(
+      context, daemon_, "Register", request, response,
+      [this](const auto& r, auto* out) { return DoRegister(r, out); });
+}
+
+grpc::ServerUnaryReactor* ControlService::GetLayout(grpc::CallbackServerContext* context,
+                                                    const grpc::ByteBuffer* request,
+                                                    grpc::ByteBuffer* response) {
+  return ServeUnary<v1::GetLayoutRequest, v1::GetLayoutResponse>(
+      context, daemon_, "GetLayout", request, response,
+      [this](const auto& r, auto* out) { return DoGetLayout(r, out); });
+}
+
+grpc::ServerUnaryReactor* ControlService::SetHyperparams(grpc::CallbackServerContext* context,
+                                                         const grpc::ByteBuffer* request,
+                                                         grpc::ByteBuffer* response) {
+  return ServeUnary<v1::SetHyperparamsRequest, v1::SetHyperparamsResponse>(
+      context, daemon_, "SetHyperparams", request, response,
+      [this](const auto& r, auto* out) { return DoSetHyperparams(r, out); });
+}
+
+grpc::ServerUnaryReactor* ControlService::Status(grpc::CallbackServerContext* context,
+                                                 const grpc::ByteBuffer* request,
+                                                 grpc::ByteBuffer* response) {
+  return ServeUnary<v1::StatusRequest, v1::StatusResponse>(
+      context, daemon_, "Status", request, response,
+      [this](const auto& r, auto* out) { return DoStatus(r, out); });
+}
+
+grpc::ServerUnaryReactor* ControlService::Drain(grpc::CallbackServerContext* context,
+                                                const grpc::ByteBuffer* request,
+                                                grpc::ByteBuffer* response) {
+  return ServeUnary<v1::DrainRequest, v1::DrainResponse>(
+      context, daemon_, "Drain", request, response,
+      [this](const v1::DrainRequest&, v1::DrainResponse* out) {
+        daemon_->Drain();
+        out->set_running_steps(daemon_->pending_steps());
+        return absl::OkStatus();
+      });
+}
+
+grpc::ServerUnaryReactor* ControlService::DeleteJob(grpc::CallbackServerContext* context,
+                                                    const grpc::ByteBuffer* request,
+                                                    grpc::ByteBuffer* response) {
+  return ServeUnary<v1::DeleteJobRequest, v1::DeleteJobResponse>(
+      context, daemon_, "DeleteJob", request, response,
+      [this](const auto& r, auto* out) { return DoDeleteJob(r, out); });
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* ControlService::ExportState(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+  return new ExportReactor(daemon_, request);
+}
+
+grpc::ServerReadReactor<grpc::ByteBuffer>* ControlService::ImportState(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
+  return new ImportReactor(daemon_, response);
+}
+
+// A checkpoint or restore takes as long as its bytes take to move: it runs on the callback
+// thread (the state's size bounds it, and other RPCs have threads of their own).
+grpc::ServerUnaryReactor* ControlService::Checkpoint(grpc::CallbackServerContext* context,
+                                                     const grpc::ByteBuffer* request,
+                                                     grpc::ByteBuffer* response) {
+  return ServeUnary<v1::CheckpointRequest, v1::CheckpointResponse>(
+      context, daemon_, "Checkpoint", request, response,
+      [this](const v1::CheckpointRequest& r, v1::CheckpointResponse* out) -> absl::Status {
+        PARAMD_RETURN_IF_ERROR(daemon_->CheckServing());
+        PARAMD_ASSIGN_OR_RETURN(*out, checkpoints_.Write(r.job()));
+        return absl::OkStatus();
+      });
+}
+
+grpc::ServerUnaryReactor* ControlService::Restore(grpc::CallbackServerContext* context,
+                                                  const grpc::ByteBuffer* request,
+                                                  grpc::ByteBuffer* response) {
+  return ServeUnary<v1::RestoreRequest, v1::RestoreResponse>(
+      context, daemon_, "Restore", request, response,
+      [this](const v1::RestoreRequest& r, v1::RestoreResponse* out) -> absl::Status {
+        PARAMD_RETURN_IF_ERROR(daemon_->CheckServing());
+        PARAMD_ASSIGN_OR_RETURN(*out, checkpoints_.Restore(r.job(), r.path()));
+        return absl::OkStatus();
+      });
+}
+
+absl::Status ControlService::DoRegister(const v1::RegisterRequest& request,
+                                        v1::RegisterResponse* response) {
+  PARAMD_RETURN_IF_ERROR(daemon_->CheckServing());
+  PARAMD_ASSIGN_OR_RETURN(*response, daemon_->Register(request));
+  return absl::OkStatus();
+}
+
+// Another daemon's device, from its Status (its backend), within the peer deadline.
+absl::StatusOr<int> ControlService::PeerDevice(const std::string& job, const std::string& peer) {
+  const auto control = v1::Control::NewStub(OwnerChannel(peer));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::milliseconds(daemon_->config().peer_timeout_ms()));
+  v1::StatusRequest request;
+  request.set_job(job);
+  v1::StatusResponse response;
+  const absl::Status status = FromGrpcStatus(control->Status(&context, request, &response));
+  if (!status.ok()) {
+    return absl::UnavailableError(absl::StrCat("daemon ", peer, " of job ", Quoted(job),
+                                               " did not give its device within peer_timeout_ms (",
+                                               daemon_->config().peer_timeout_ms(),
+                                               " ms): ", status.ToString()));
+  }
+  return BackendDevice(response.backend());
+}
+
+absl::Status ControlService::DoGetLayout(const v1::GetLayoutRequest& request,
+                                         v1::GetLayoutResponse* response) {
+  PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, daemon_->registry().Find(request.job()));
+  PARAMD_RETURN_IF_ERROR(job->CheckUsable());
+  // The pieces do not depend on the owners' devices, so every daemon of the job answers the same
+  // pieces; each other daemon's device comes from that daemon (asked side by side would save
+  // deadlines only where several are down; GetLayout is an operator's call).
+  PARAMD_ASSIGN_OR_RETURN(const int device, BackendDevice(daemon_->config().backend()));
+  const v1::RegisterRequest& spec = job->registration();
+  const std::string& self = daemon_->advertised_address();
+  std::map<std::string, int> devices = {{self, device}};
+  for (const std::string& peer : spec.daemons()) {
+    if (peer == self) continue;
+    // A daemon that does not answer keeps its pieces; its device is unknown.
+    absl::StatusOr<int> peer_device = PeerDevice(job->name(), peer);
+    if (!peer_device.ok()) {
+      PARAMD_LOG(WARNING) << "GetLayout of job " << Quoted(job->name()) << ": "
+                          << peer_device.status().message();
+    }
+    devices[peer] = peer_device.ok() ? *peer_device : kUnknownDevice;
+  }
+  const auto& tensors = spec.tensors();
+  PARAMD_ASSIGN_OR_RETURN(const ShardMap map, JobShardMap(spec, self, device));
+  for (int i = 0; i < tensors.size(); ++i) {
+    for (const ShardPiece& piece : map.tensors[static_cast<size_t>(i)]) {
+      const Owner& owner = map.owners[piece.owner];
+      v1::GetLayoutResponse::Placement* p = response->add_placements();
+      p->set_tensor(tensors[i].name());
+      p->set_daemon(owner.daemon);
+      p->set_device(devices.at(owner.daemon));
+      p->set_row_begin(piece.row_begin);
+      p->set_row_end(piece.row_end);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ControlService::DoSetHyperparams(const v1::SetHyperparamsRequest& request,
+                                              v1::SetHyperparamsResponse* response) {
+  PARAMD_RETURN_IF_ERROR(daemon_->CheckServing());
+  PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, daemon_->registry().Find(request.job()));
+  PARAMD_ASSIGN_OR_RETURN(*response->mutable_hyperparams(), job->SetHyperparams(request));
+  PARAMD_LOG(INFO) << "job " << job->name() << ": hyperparams now "
+                   << response->hyperparams().ShortDebugString();
+  return absl::OkStatus();
+}
+
+absl::Status ControlService::DoStatus(const v1::StatusRequest& request,
+                                      v1::StatusResponse* response) {
+  if (request.daemon_only()) {
+    *response = daemon_->Status(request.job(), /*jobs=*/false);
+    return absl::OkStatus();
+  }
+  if (!request.job().empty()) {
+    PARAMD_RETURN_IF_ERROR(daemon_->registry().Find(request.job()).status());
+  }
+  *response = daemon_->Status(request.job());
+  return absl::OkStatus();
+}
+
+absl::Status ControlService::DoDeleteJob(const v1::DeleteJobRequest& request,
+                                         v1::DeleteJobResponse* response) {
+  PARAMD_ASSIGN_OR_RETURN(const MemoryBytes released, daemon_->DeleteJob(request.job()));
+  response->set_released_host_bytes(released.host);
+  response->set_released_device_bytes(released.device);
+  return absl::OkStatus();
+}
+
+}  // namespace paramd

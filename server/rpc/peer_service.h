@@ -1,0 +1,23 @@
+// gRPC Peer service (proto/paramd/v1/peer.proto): another daemon's offer of a round of a sharded
+// job's agreement, stored in this daemon's PeerExchange (server/shard/peer_exchange.h). Raw, as the
+// other services (server/rpc/rpc_outcome.h).
+#pragma once
+
+#include "paramd/v1/peer.grpc.pb.h"
+#include "server/daemon.h"
+
+namespace paramd {
+
+class PeerService final : public v1::Peer::WithRawCallbackMethod_Offer<v1::Peer::Service> {
+ public:
+  explicit PeerService(Daemon* daemon) : daemon_(daemon) {}
+
+  grpc::ServerUnaryReactor* Offer(grpc::CallbackServerContext* context,
+                                  const grpc::ByteBuffer* request,
+                                  grpc::ByteBuffer* response) override;
+
+ private:
+  Daemon* const daemon_;
+};
+
+}  // namespace paramd
