@@ -54,10 +54,11 @@ void ServedVersions::Publish(int tensor, std::shared_ptr<const ServedTensor> ser
                              std::vector<std::function<void()>>* wake) {
   Tensor& t = tensors_[static_cast<size_t>(tensor)];
   t.newest = std::move(served);
-  for (auto it = waiters_.begin(); it != waiters_.end();) {
-    if (it->second.tensor == tensor && it->second.min_version <= t.newest->version) {
+  for (auto it = t.waiters.begin(); it != t.waiters.end();) {
+    if (it->second.min_version <= t.newest->version) {
       wake->push_back(std::move(it->second.wake));
-      it = waiters_.erase(it);
+      waiting_.erase(it->first);
+      it = t.waiters.erase(it);
     } else {
       ++it;
     }
@@ -65,18 +66,28 @@ void ServedVersions::Publish(int tensor, std::shared_ptr<const ServedTensor> ser
 }
 
 uint64_t ServedVersions::AddWaiter(int tensor, int64_t min_version, std::function<void()> wake) {
-  const auto& newest = tensors_[static_cast<size_t>(tensor)].newest;
-  if (stop_waiting_ || (newest != nullptr && newest->version >= min_version)) return 0;
+  Tensor& t = tensors_[static_cast<size_t>(tensor)];
+  if (stop_waiting_ || (t.newest != nullptr && t.newest->version >= min_version)) return 0;
   const uint64_t id = next_waiter_++;
-  waiters_.emplace(id, Waiter{tensor, min_version, std::move(wake)});
+  t.waiters.emplace(id, Waiter{min_version, std::move(wake)});
+  waiting_.emplace(id, tensor);
   return id;
 }
 
-bool ServedVersions::RemoveWaiter(uint64_t id) { return waiters_.erase(id) > 0; }
+bool ServedVersions::RemoveWaiter(uint64_t id) {
+  auto it = waiting_.find(id);
+  if (it == waiting_.end()) return false;
+  tensors_[static_cast<size_t>(it->second)].waiters.erase(id);
+  waiting_.erase(it);
+  return true;
+}
 
 void ServedVersions::TakeAllWaiters(std::vector<std::function<void()>>* wake) {
-  for (auto& [id, waiter] : waiters_) wake->push_back(std::move(waiter.wake));
-  waiters_.clear();
+  for (Tensor& t : tensors_) {
+    for (auto& [id, waiter] : t.waiters) wake->push_back(std::move(waiter.wake));
+    t.waiters.clear();
+  }
+  waiting_.clear();
 }
 
 void ServedVersions::StopWaiting(std::vector<std::function<void()>>* wake) {

@@ -55,19 +55,21 @@ class ServedVersions {
   void StopWaiting(std::vector<std::function<void()>>* wake);
 
  private:
+  struct Waiter {
+    int64_t min_version;
+    std::function<void()> wake;
+  };
   struct Tensor {
     std::shared_ptr<const ServedTensor> newest;
     // Every version's buffers: the newest and the retired ones.
     std::vector<std::shared_ptr<ServedTensor>> versions;
-  };
-  struct Waiter {
-    int tensor;
-    int64_t min_version;
-    std::function<void()> wake;
+    // The pulls waiting for a newer version, by id: a publish looks at its own tensor's only (a
+    // pull of a model's tensors waits on each of them).
+    std::map<uint64_t, Waiter> waiters;
   };
 
   std::vector<Tensor> tensors_;
-  std::map<uint64_t, Waiter> waiters_;
+  std::map<uint64_t, int> waiting_;  // every waiter's id -> its tensor
   uint64_t next_waiter_ = 1;
   bool stop_waiting_ = false;
 };
