@@ -364,6 +364,7 @@ bool Marks::Send(bool last) {
   held_bytes_ = 0;
   bool open = true;
   if (last) {
+    chunk_.set_last(true);
     writer_->WriteLast(chunk_, grpc::WriteOptions());  // also closes the stream: one write less
     open = false;
   } else {

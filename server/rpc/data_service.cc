@@ -45,11 +45,19 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
   void OnReadDone(bool ok) override {
     if (!ok) {  // the client finished writing (or the call ended)
-      End(absl::OkStatus());
+      End(ended_ ? absl::OkStatus() : CutOff());
       return;
     }
     absl::Status status = ParseMessage(&buffer_, &chunk_);
-    if (status.ok()) status = Store();
+    if (status.ok() && ended_) {
+      status = absl::InvalidArgumentError(
+          "a push chunk after the stream's last one (PushChunk.last is set on the last chunk "
+          "only)");
+    }
+    if (status.ok()) {
+      ended_ = chunk_.last();
+      status = Store();
+    }
     if (!status.ok()) {
       End(status);
       return;
@@ -60,6 +68,15 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   void OnDone() override { delete this; }
 
  private:
+  // A stream that ended before its last chunk (PushChunk.last): what arrived whole stands.
+  absl::Status CutOff() const {
+    return absl::DataLossError(absl::StrCat(
+        "the push stream ended before its last chunk (PushChunk.last), after ",
+        response_.chunks_stored() + response_.chunks_duplicate(),
+        " whole chunks: it was cut off (or the client predates PushChunk.last); the chunks that "
+        "arrived whole are kept, and pushing again is safe (they are acknowledged as duplicates)"));
+  }
+
   // Stores the chunk read, or each of its marks (PushChunk.marks) as a chunk of its own.
   absl::Status Store() {
     PARAMD_RETURN_IF_ERROR(daemon_->CheckServing());
@@ -145,6 +162,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   v1::PushChunk chunk_;
   v1::PushResponse response_;
   std::shared_ptr<Job> job_;
+  bool ended_ = false;  // the last chunk (PushChunk.last) was read
 };
 
 // Waits for the versions (without holding a thread), then streams, tensor by tensor in the order
@@ -167,9 +185,9 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     bool refused = false;
     {
       absl::MutexLock lock(&mu_);
-      for (size_t i = 0; i < tensors_.size(); ++i) {
+      for (size_t i = 0; i < ask_.tensors.size(); ++i) {
         const uint64_t id =
-            job_->AddWaiter(tensors_[i], ask_.min_version, [this, i] { OnReady(i); });
+            ask_.job->AddWaiter(ask_.tensors[i], ask_.min_version, [this, i] { OnReady(i); });
         if (id == 0) {
           ready_.push_back(i);
         } else {
@@ -219,7 +237,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     {
       absl::MutexLock lock(&mu_);
       writing_ = false;
-      all = begun_ == tensors_.size();
+      all = begun_ == ask_.tensors.size();
       // A cancel that came during this write left the call's end to it (OnCancel saw writing_).
       cancelled = cancelled_;
     }
@@ -242,8 +260,6 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     PARAMD_ASSIGN_OR_RETURN(stream_, daemon_->OpenStream("Pull"));
     PARAMD_ASSIGN_OR_RETURN(PullAsk ask, CheckPull(*daemon_, request));
     ask_ = std::move(ask);
-    job_ = ask_.job;
-    tensors_ = ask_.tensors;
     return absl::OkStatus();
   }
 
@@ -268,7 +284,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       End(absl::CancelledError("pull cancelled while waiting"));
       return;
     }
-    if (next.has_value()) Begin(tensors_[next->first], next->second);
+    if (next.has_value()) Begin(ask_.tensors[next->first], next->second);
   }
 
   // Starts writing the next published tensor, unless a write is under way or none is ready.
@@ -278,10 +294,10 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       absl::MutexLock lock(&mu_);
       next = StartWriteLocked();
     }
-    if (next.has_value()) Begin(tensors_[next->first], next->second);
+    if (next.has_value()) Begin(ask_.tensors[next->first], next->second);
   }
 
-  // The next published tensor to write (its tensors_ index, and whether it is the call's last),
+  // The next published tensor to write (its ask_.tensors index, and whether it is the call's last),
   // marking a write under way; none while one is, or none is ready, or the call ends.
   std::optional<std::pair<size_t, bool>> StartWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (writing_) return std::nullopt;
@@ -290,8 +306,8 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     return next;
   }
 
-  // The next published tensor not begun (its tensors_ index, and whether it is the call's last),
-  // unless none is or the call ends.
+  // The next published tensor not begun (its ask_.tensors index, and whether it is the call's
+  // last), unless none is or the call ends.
   std::optional<std::pair<size_t, bool>> TakeReady() {
     absl::MutexLock lock(&mu_);
     return TakeReadyLocked();
@@ -300,7 +316,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     if (cancelled_ || ending_ || ready_.empty()) return std::nullopt;
     const size_t i = ready_.front();
     ready_.pop_front();
-    return std::make_pair(i, ++begun_ == tensors_.size());
+    return std::make_pair(i, ++begun_ == ask_.tensors.size());
   }
 
   // Writes `tensor`'s header (and, where it is not placed, its bytes after it). A puller that
@@ -317,7 +333,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
         *message.mutable_headers()->add_headers() = std::move(first);
       }
       last = next->second;
-      if (!MakeHeader(tensors_[next->first], message.mutable_headers()->add_headers())) return;
+      if (!MakeHeader(ask_.tensors[next->first], message.mutable_headers()->add_headers())) return;
     }
     bool own_buffer = false;
     buffer_.Clear();  // the previous tensor's last message is written
@@ -377,7 +393,7 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
         end_status_ = status;
       }
       for (auto it = waiters_.begin(); it != waiters_.end();) {
-        it = job_->RemoveWaiter(it->second) ? waiters_.erase(it) : std::next(it);
+        it = ask_.job->RemoveWaiter(it->second) ? waiters_.erase(it) : std::next(it);
       }
       if (!waiters_.empty()) return;
       finished_ = true;
@@ -395,12 +411,10 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   Daemon* const daemon_;
   CountedLimit::Ticket stream_;   // among max_open_streams
   CountedLimit::Ticket waiting_;  // among max_waiting_pulls, while the call waits for versions
-  PullAsk ask_;                   // what the request asks, checked
-  std::shared_ptr<Job> job_;      // ask_'s, once checked
-  std::vector<int> tensors_;      // ask_'s: job tensor indices, as named
+  PullAsk ask_;                   // what the request asks, checked (its job, its tensors)
 
   absl::Mutex mu_;
-  // tensors_ index -> the job's waiter, not fired yet
+  // ask_.tensors index -> the job's waiter, not fired yet
   std::map<size_t, uint64_t> waiters_ ABSL_GUARDED_BY(mu_);
   std::deque<size_t> ready_ ABSL_GUARDED_BY(mu_);  // published, not begun
   size_t begun_ ABSL_GUARDED_BY(mu_) = 0;

@@ -169,13 +169,15 @@ class BadInputTest : public ::testing::Test {
   // The gradients every rank pushes at `step`.
   StepGradients Grads(int64_t step) const { return RandomGradients(spec_, 900 + step); }
 
-  // Pushes the chunks on one stream, as a raw stub does.
+  // Pushes the chunks on one stream, as a raw stub does, the last one marked so (PushChunk.last).
   grpc::Status RawPush(const std::vector<v1::PushChunk>& chunks, v1::PushResponse* out = nullptr) {
     grpc::ClientContext context;
     context.set_deadline(In(20s));
     v1::PushResponse response;
     std::unique_ptr<grpc::ClientWriter<v1::PushChunk>> writer = data_->Push(&context, &response);
-    for (const v1::PushChunk& chunk : chunks) {
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      v1::PushChunk chunk = chunks[i];
+      chunk.set_last(i + 1 == chunks.size());
       if (!writer->Write(chunk)) break;  // the daemon ended the stream; Finish says why
     }
     writer->WritesDone();

@@ -146,12 +146,13 @@ class HostileInputTest : public ::testing::Test {
     return at == std::string::npos ? 0 : std::stod(text.substr(at + series.size()));
   }
 
-  // One chunk on a push stream of its own.
-  grpc::Status PushOne(const v1::PushChunk& chunk, v1::PushResponse* response = nullptr) {
+  // One chunk on a push stream of its own (its last: PushChunk.last).
+  grpc::Status PushOne(v1::PushChunk chunk, v1::PushResponse* response = nullptr) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + 20s);
     v1::PushResponse ignored;
     auto writer = data_->Push(&context, response != nullptr ? response : &ignored);
+    chunk.set_last(true);
     writer->Write(chunk);
     writer->WritesDone();
     return writer->Finish();
@@ -259,6 +260,43 @@ TEST_F(HostileInputTest, UndefinedEnumValuesAreInvalidArgument) {
   request.mutable_format()->set_recipe(static_cast<v1::Recipe>(77));
   EXPECT_TRUE(HasStatus(pull(request), grpc::StatusCode::INVALID_ARGUMENT,
                         "format recipe 77 direction 0 is not a Recipe"));
+  ExpectStillServing();
+}
+
+// A push stream says where it ends (PushChunk.last): one that ends without it, as a cut
+// connection does, is DATA_LOSS, never OK; its whole chunks stand (the same chunk pushed again is
+// a duplicate). A chunk after the last is INVALID_ARGUMENT. Cuts inside gRPC's own framing are
+// tests/integration/truncated_push_test.sh.
+TEST_F(HostileInputTest, APushStreamThatEndsWithoutItsLastChunkIsDataLossAndItsChunksStand) {
+  v1::PushChunk chunk;
+  chunk.set_job(kJob);
+  chunk.set_tensor("w");
+  chunk.set_kind(v1::PUSH_KIND_GRADIENT);
+  chunk.set_data(std::string(4 * 8 * sizeof(float), '\0'));
+  auto stream = [&](const std::vector<v1::PushChunk>& chunks, v1::PushResponse* response) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + 20s);
+    auto writer = data_->Push(&context, response);
+    for (const v1::PushChunk& c : chunks) {
+      if (!writer->Write(c)) break;
+    }
+    writer->WritesDone();
+    return writer->Finish();
+  };
+  v1::PushResponse response;
+  const grpc::Status cut = stream({chunk}, &response);
+  EXPECT_EQ(cut.error_code(), grpc::StatusCode::DATA_LOSS) << cut.error_message();
+  EXPECT_NE(cut.error_message().find("ended before its last chunk"), std::string::npos);
+  EXPECT_EQ(RpcErrors("Push", "DATA_LOSS"), 1);
+  v1::PushChunk last = chunk;
+  last.set_last(true);
+  const grpc::Status after = stream({last, chunk}, &response);
+  EXPECT_EQ(after.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << after.error_message();
+  EXPECT_NE(after.error_message().find("after the stream's last one"), std::string::npos);
+  v1::PushResponse again;
+  ASSERT_TRUE(PushOne(chunk, &again).ok());
+  EXPECT_EQ(again.chunks_stored(), 0);
+  EXPECT_EQ(again.chunks_duplicate(), 1) << "the chunk of the cut stream was not kept";
   ExpectStillServing();
 }
 

@@ -320,10 +320,11 @@ TEST_F(ShmTest, AChunkOfMarksIsTakenMarkByMarkAndTheFirstRefusedEndsTheStream) {
   ASSERT_EQ(places.slots_size(), 1);
   const int64_t bytes = places.slots(0).bytes();
   ASSERT_EQ(bytes, 64 * 64 * 4);
-  auto push = [&](const v1::PushChunk& chunk, v1::PushResponse* response) {
+  auto push = [&](v1::PushChunk chunk, v1::PushResponse* response) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     auto writer = stub->Push(&context, response);
+    chunk.set_last(true);
     writer->WriteLast(chunk, grpc::WriteOptions());
     return FromGrpcStatus(writer->Finish());
   };

@@ -29,11 +29,13 @@ class InlineTransport final : public Transport {
 
   absl::Status Push(const PushTarget& target, std::span<const PushItem> items,
                     Deadline deadline) override {
+    // No bytes, no stream (a stream says where it ends with its last chunk, and has none).
+    if (std::all_of(items.begin(), items.end(), [](const PushItem& i) { return i.data.empty(); })) {
+      return absl::OkStatus();
+    }
     grpc::ClientContext context;
     context.set_deadline(deadline);
-    // The initial metadata goes with the first chunk where there is one: one batch less.
-    context.set_initial_metadata_corked(
-        std::any_of(items.begin(), items.end(), [](const PushItem& i) { return !i.data.empty(); }));
+    context.set_initial_metadata_corked(true);  // sent with the first chunk: one batch less
     v1::PushResponse response;
     std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
         grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel_.get(), push_method_,
@@ -43,26 +45,29 @@ class InlineTransport final : public Transport {
     chunk.set_rank(target.rank);
     chunk.set_step(target.step);
     chunk.set_kind(target.kind);
-    // Each chunk is written once the next one exists, so the last goes with the stream's close.
+    // The last chunk (PushChunk.last) goes with the stream's close.
+    const PushItem* last_item = nullptr;
+    for (const PushItem& item : items) {
+      if (!item.data.empty()) last_item = &item;
+    }
     bool open = true;
-    std::optional<grpc::ByteBuffer> pending;
     for (const PushItem& item : items) {
       chunk.set_tensor(item.tensor);
       const int64_t size = static_cast<int64_t>(item.data.size());
       for (int64_t offset = 0; open && offset < size; offset += max_chunk_bytes_) {
         const int64_t length = std::min(max_chunk_bytes_, size - offset);
+        const bool last = &item == last_item && offset + length == size;
         chunk.set_offset(offset);
-        // A failed write means the daemon ended the stream; Finish says why.
-        if (pending.has_value()) open = writer->Write(*pending);
+        chunk.set_last(last);
         // The payload (field 7) is a slice over the caller's memory, which outlives the call.
-        pending = WithBorrowedBytesField(chunk.SerializeAsString(), 7, item.data.data() + offset,
-                                         static_cast<size_t>(length));
+        const grpc::ByteBuffer message = WithBorrowedBytesField(
+            chunk.SerializeAsString(), 7, item.data.data() + offset, static_cast<size_t>(length));
+        if (last) {
+          writer->WriteLast(message, grpc::WriteOptions());
+        } else {
+          open = writer->Write(message);  // false: the daemon ended the stream; Finish says why
+        }
       }
-    }
-    if (open && pending.has_value()) {
-      writer->WriteLast(*pending, grpc::WriteOptions());
-    } else if (open) {
-      writer->WritesDone();
     }
     return FromGrpcStatus(writer->Finish());
   }
