@@ -2,8 +2,10 @@
 
 #include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/text_format.h>
+#include <grp.h>
 
 #include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <set>
@@ -198,11 +200,33 @@ absl::Status CheckUnixListen(const std::string& value) {
 
 }  // namespace
 
+absl::StatusOr<gid_t> GroupId(const std::string& name) {
+  std::vector<char> buffer(16384);
+  group entry;
+  group* found = nullptr;
+  const int error = getgrnam_r(name.c_str(), &entry, buffer.data(), buffer.size(), &found);
+  if (error != 0 || found == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config field listen_group = \"", name, "\" names no group of this host",
+        error != 0 ? absl::StrCat(" (", std::strerror(error), ")") : std::string()));
+  }
+  return found->gr_gid;
+}
+
 absl::Status ValidateConfig(const v1::DaemonConfig& c) {
   if (absl::Status s = IsUnixAddress(c.listen()) ? CheckUnixListen(c.listen())
                                                  : CheckHostPort("listen", c.listen());
       !s.ok()) {
     return s;
+  }
+  if (!c.listen_group().empty() && !IsUnixAddress(c.listen())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config field listen_group = \"", c.listen_group(),
+                     "\" is for a Unix socket (listen = \"unix:PATH\"), not listen = \"",
+                     c.listen(), "\""));
+  }
+  if (!c.listen_group().empty() && !GroupId(c.listen_group()).ok()) {
+    return GroupId(c.listen_group()).status();
   }
   if (!c.metrics_listen().empty()) {
     if (absl::Status s = CheckHostPort("metrics_listen", c.metrics_listen()); !s.ok()) return s;

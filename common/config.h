@@ -3,6 +3,8 @@
 // present but invalid -> an error naming the field.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -40,6 +42,10 @@ v1::DaemonConfig WithDefaults(v1::DaemonConfig config);
 
 // Checks a config with defaults applied. INVALID_ARGUMENT names the offending field.
 absl::Status ValidateConfig(const v1::DaemonConfig& config);
+
+// The id of the group `name` of this host (DaemonConfig.listen_group); INVALID_ARGUMENT where there
+// is none.
+absl::StatusOr<gid_t> GroupId(const std::string& name);
 
 // The address a daemon of (valid) `config` is known by in daemon lists: advertise_address when
 // set, else the listen host with `port` (the bound one) where that host is no wildcard, else

@@ -25,6 +25,9 @@ ABSL_FLAG(int, step_threads, 0, "Threads of the cpu backend's step (overrides th
 ABSL_FLAG(std::string, log_level, "", "debug, info, warning or error (overrides the config)");
 ABSL_FLAG(std::string, address_file, "",
           "Write the bound gRPC address here once serving (overrides the config)");
+ABSL_FLAG(std::string, listen_group, "",
+          "With --listen=unix:PATH, a group whose members may connect too (socket mode 0660); "
+          "default: the daemon's user alone (0600) (overrides the config)");
 ABSL_FLAG(std::string, advertise_address, "",
           "host:port this daemon is known by in jobs' daemon lists; default: the listen address, "
           "or this machine's hostname where it listens on a wildcard (overrides the config)");
@@ -91,6 +94,9 @@ int main(int argc, char** argv) {
   }
   if (!absl::GetFlag(FLAGS_advertise_address).empty()) {
     config.set_advertise_address(absl::GetFlag(FLAGS_advertise_address));
+  }
+  if (!absl::GetFlag(FLAGS_listen_group).empty()) {
+    config.set_listen_group(absl::GetFlag(FLAGS_listen_group));
   }
 
   // Signals are taken synchronously by this thread; every other thread inherits the mask.

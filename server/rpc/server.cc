@@ -172,10 +172,22 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const v1::DaemonConfig& ra
         "cannot listen on ", config.listen(), " (address in use, or not an address of this host)"));
   }
   if (unix_socket) {
-    // Only the daemon's user may connect (connecting to a socket takes write permission on it).
+    // Only the daemon's user may connect (connecting to a socket takes write permission on it),
+    // and the members of listen_group where one is named.
     const std::string path = UnixSocketPath(config.listen());
-    if (chmod(path.c_str(), 0600) != 0) {
-      return absl::InternalError(absl::StrCat("chmod 0600 ", path, ": ", std::strerror(errno)));
+    mode_t mode = 0600;
+    if (!config.listen_group().empty()) {
+      PARAMD_ASSIGN_OR_RETURN(const gid_t group, GroupId(config.listen_group()));
+      if (chown(path.c_str(), static_cast<uid_t>(-1), group) != 0) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            "cannot give the socket ", path, " to group ", config.listen_group(), ": ",
+            std::strerror(errno), " (the daemon's user must be a member of that group)"));
+      }
+      mode = 0660;
+    }
+    if (chmod(path.c_str(), mode) != 0) {
+      return absl::InternalError(
+          absl::StrCat("chmod ", mode == 0600 ? "0600 " : "0660 ", path, ": ", std::strerror(errno)));
     }
     server->address_ = config.listen();
   } else {

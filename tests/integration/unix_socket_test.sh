@@ -2,7 +2,8 @@
 # A daemon on a Unix socket (--listen=unix:PATH): the socket is mode 0600, a training job and
 # paramctl reach it by its address, user nobody cannot connect (and can once the mode is opened,
 # so the mode is what stops it), a second daemon on the same path is refused, and the socket is
-# gone after the daemon stops. The nobody part needs root (runuser) and says so where it is not.
+# gone after the daemon stops. With --listen_group the socket is that group's, mode 0660, and a
+# member connects. The nobody part needs root (runuser) and says so where it is not.
 # Usage: unix_socket_test.sh BUILD_DIR
 set -euo pipefail
 build=$1
@@ -66,4 +67,30 @@ wait "$daemon" 2>/dev/null || true
 daemon=$!
 "$build/tools/paramctl" wait "$work/addr3" "$daemon" >/dev/null ||
   fail "a daemon did not start on the path a killed daemon left"
+kill -TERM "$daemon"
+wait "$daemon" || fail "paramd exited non-zero after SIGTERM"
+daemon=""
+
+# --listen_group: the socket is that group's, mode 0660, and its members connect. As root the group
+# is user nobody's own, and nobody connects; else the test user's own group.
+if [ "$(id -u)" = 0 ] && command -v runuser >/dev/null; then
+  group=$(id -gn nobody)
+else
+  group=$(id -gn)
+fi
+"$build/server/paramd" --listen="unix:$socket" --listen_group="$group" --metrics_listen= \
+  --address_file="$work/addr4" 2>"$work/log" &
+daemon=$!
+"$build/tools/paramctl" wait "$work/addr4" "$daemon" >/dev/null ||
+  fail "paramd did not serve with --listen_group=$group"
+[ "$(stat -c %a "$socket")" = 660 ] || fail "the socket's mode is $(stat -c %a "$socket"), not 660"
+[ "$(stat -c %G "$socket")" = "$group" ] || fail "the socket's group is $(stat -c %G "$socket"), not $group"
+if [ "$(id -u)" = 0 ] && command -v runuser >/dev/null; then
+  runuser -u nobody -- "$build/tools/paramctl" --address="unix:$socket" --timeout_ms=2000 status \
+    >/dev/null 2>&1 || fail "user nobody, of group $group, could not connect"
+  echo "unix_socket_test: a member of the socket's group connects"
+fi
+out=$("$build/server/paramd" --listen=127.0.0.1:0 --listen_group="$group" --metrics_listen= 2>&1) &&
+  fail "a daemon took --listen_group with a host:port address"
+grep -q "is for a Unix socket" <<<"$out" || fail "the daemon says: $out"
 echo "unix_socket_test: passed"

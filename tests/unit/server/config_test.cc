@@ -313,6 +313,21 @@ TEST(ConfigTest, AUnixSocketListensOnAPathOfAtMost107Bytes) {
   EXPECT_EQ(SplitOwnerAddress("node1:50051/cuda:1").backend, "cuda:1");
 }
 
+// listen_group: a group of this host, for a Unix socket only.
+TEST(ConfigTest, AListenGroupIsAGroupOfThisHostForAUnixSocketOnly) {
+  v1::DaemonConfig c = WithDefaults(v1::DaemonConfig());
+  c.set_listen("unix:/run/paramd.sock");
+  c.set_listen_group("root");  // group 0 exists on every host
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+  ASSERT_TRUE(GroupId("root").ok());
+  EXPECT_EQ(*GroupId("root"), 0u);
+  c.set_listen_group("no-such-group-of-paramd");
+  EXPECT_TRUE(HasStatus(ValidateConfig(c), kInvalid, "names no group of this host"));
+  c.set_listen_group("root");
+  c.set_listen("127.0.0.1:50051");
+  EXPECT_TRUE(HasStatus(ValidateConfig(c), kInvalid, "is for a Unix socket"));
+}
+
 TEST(ConfigTest, TheExampleConfigParsesAndValidates) {
   const std::filesystem::path path =
       std::filesystem::path(PARAMD_SOURCE_DIR) / "deploy" / "paramd.example.textproto";
