@@ -22,6 +22,7 @@
 #include "common/owner_address.h"
 #include "common/quoted.h"
 #include "common/status_macros.h"
+#include "common/token_file.h"
 #include "paramd/v1/data.grpc.pb.h"
 
 namespace paramd {
@@ -70,7 +71,11 @@ bool NamesADnsEntry(const std::vector<std::string>& entries) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& given) {
+  ClientOptions options = given;
+  if (!options.token_file.empty()) {
+    PARAMD_ASSIGN_OR_RETURN(options.token, ReadClientToken(options.token_file));
+  }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
@@ -79,7 +84,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  std::shared_ptr<grpc::Channel> channel = OwnerChannel(options.address, args);
+  std::shared_ptr<grpc::Channel> channel = OwnerChannel(options.address, args, options.token);
   if (!channel->WaitForConnected(std::chrono::system_clock::now() + options.connect_timeout)) {
     return absl::UnavailableError(absl::StrCat("no paramd answered at ", options.address,
                                                " within ", options.connect_timeout.count(),
@@ -239,7 +244,7 @@ absl::Status Client::WaitForDaemons(
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-    stubs.push_back(v1::Control::NewStub(OwnerChannel(address, args)));
+    stubs.push_back(v1::Control::NewStub(OwnerChannel(address, args, options_.token)));
   }
   // The calls wait side by side (one that never answers must not use up the others' time).
   std::vector<char> answered(stubs.size(), 0);
@@ -295,7 +300,8 @@ absl::StatusOr<std::vector<std::string>> Client::OwnerAddresses(
     if (SplitOwnerAddress(daemon).backend.empty()) {
       grpc::ChannelArguments args;
       args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-      several = backends(*v1::Control::NewStub(OwnerChannel(daemon, args)), /*retry=*/false);
+      several = backends(*v1::Control::NewStub(OwnerChannel(daemon, args, options_.token)),
+                         /*retry=*/false);
     }
     if (several.empty()) {
       owners.push_back(daemon);

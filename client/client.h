@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "client/job_state.h"
+#include "common/token_file.h"
 #include "paramd/v1/control.grpc.pb.h"
 #include "paramd/v1/data.grpc.pb.h"
 #include "transport/transport.h"
@@ -92,6 +93,12 @@ struct ClientOptions {
   // there, which the daemon's step waits for on the GPU. Gradients elsewhere (host memory, another
   // GPU, an allocation CUDA cannot share) are copied as without it.
   bool lend_gradients = false;
+  // A file holding the bearer token every call carries, where the daemon takes tokens
+  // (DaemonConfig.token_file; the file holds the token alone, mode 0600: common/token_file.h).
+  // Default: $PARAMD_TOKEN_FILE, none where it is unset.
+  std::string token_file = TokenFileFromEnvironment();
+  // The token itself, where no file holds it (token_file, when set, is read instead).
+  std::string token;
 };
 
 class Client {

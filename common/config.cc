@@ -206,9 +206,9 @@ absl::StatusOr<gid_t> GroupId(const std::string& name) {
   group* found = nullptr;
   const int error = getgrnam_r(name.c_str(), &entry, buffer.data(), buffer.size(), &found);
   if (error != 0 || found == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config field listen_group = \"", name, "\" names no group of this host",
-        error != 0 ? absl::StrCat(" (", std::strerror(error), ")") : std::string()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config field listen_group = \"", name, "\" names no group of this host",
+                     error != 0 ? absl::StrCat(" (", std::strerror(error), ")") : std::string()));
   }
   return found->gr_gid;
 }
@@ -220,10 +220,9 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
     return s;
   }
   if (!c.listen_group().empty() && !IsUnixAddress(c.listen())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config field listen_group = \"", c.listen_group(),
-                     "\" is for a Unix socket (listen = \"unix:PATH\"), not listen = \"",
-                     c.listen(), "\""));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config field listen_group = \"", c.listen_group(),
+        "\" is for a Unix socket (listen = \"unix:PATH\"), not listen = \"", c.listen(), "\""));
   }
   if (!c.listen_group().empty() && !GroupId(c.listen_group()).ok()) {
     return GroupId(c.listen_group()).status();

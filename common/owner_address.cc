@@ -2,8 +2,11 @@
 
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
+#include <grpcpp/support/client_interceptor.h>
 
 #include <algorithm>
+#include <memory>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -57,13 +60,53 @@ std::string BackendAuthority(std::string_view backend) {
   return absl::StrCat(host, kBackendAuthoritySuffix);
 }
 
-std::shared_ptr<grpc::Channel> OwnerChannel(const std::string& address,
-                                            grpc::ChannelArguments args) {
+namespace {
+
+// Adds the bearer token to every call's initial metadata. (gRPC sends no call credentials over an
+// insecure channel, so the token travels as plain metadata: a Unix socket or a network the
+// deployment trusts carries it.)
+class BearerToken final : public grpc::experimental::Interceptor {
+ public:
+  explicit BearerToken(const std::string* header) : header_(header) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->emplace("authorization", *header_);
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string* const header_;
+};
+
+class BearerTokens final : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit BearerTokens(const std::string& token) : header_(absl::StrCat("Bearer ", token)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo*) override {
+    return new BearerToken(&header_);
+  }
+
+ private:
+  const std::string header_;
+};
+
+}  // namespace
+
+std::shared_ptr<grpc::Channel> OwnerChannel(const std::string& address, grpc::ChannelArguments args,
+                                            const std::string& token) {
   const OwnerAddress owner = SplitOwnerAddress(address);
   if (!owner.backend.empty()) {
     args.SetString(GRPC_ARG_DEFAULT_AUTHORITY, BackendAuthority(owner.backend));
   }
-  return grpc::CreateCustomChannel(owner.daemon, grpc::InsecureChannelCredentials(), args);
+  if (token.empty()) {
+    return grpc::CreateCustomChannel(owner.daemon, grpc::InsecureChannelCredentials(), args);
+  }
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<BearerTokens>(token));
+  return grpc::experimental::CreateCustomChannelWithInterceptors(
+      owner.daemon, grpc::InsecureChannelCredentials(), args, std::move(interceptors));
 }
 
 }  // namespace paramd

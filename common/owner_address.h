@@ -38,7 +38,10 @@ std::string BackendAuthority(std::string_view backend);
 // What every such authority ends with.
 inline constexpr char kBackendAuthoritySuffix[] = ".backend.paramd";
 // A channel to `address`'s daemon whose calls reach its backend (insecure credentials).
+// With `token`, every call of the channel carries it (`authorization: Bearer TOKEN`,
+// common/token_file.h).
 std::shared_ptr<grpc::Channel> OwnerChannel(const std::string& address,
-                                            grpc::ChannelArguments args = {});
+                                            grpc::ChannelArguments args = {},
+                                            const std::string& token = "");
 
 }  // namespace paramd

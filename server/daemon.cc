@@ -11,6 +11,7 @@
 #include "common/logging.h"
 #include "common/quoted.h"
 #include "common/status_macros.h"
+#include "common/token_file.h"
 #include "common/version.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "server/backend/backends.h"
@@ -58,7 +59,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::CreateWithBackend(const v1::Daem
   // This start's identity (the transports' ends tag what they hand out with it).
   std::random_device random;
   const uint64_t instance = (uint64_t{random()} << 32) | random();
-  return std::unique_ptr<Daemon>(new Daemon(config, *std::move(backend), instance, budget));
+  PARAMD_ASSIGN_OR_RETURN(std::string peer_token, PeerToken(config.token_file()));
+  auto daemon = std::unique_ptr<Daemon>(new Daemon(config, *std::move(backend), instance, budget));
+  daemon->peer_token_ = peer_token;
+  daemon->peers_->set_token(std::move(peer_token));
+  return daemon;
 }
 
 Daemon::Daemon(const v1::DaemonConfig& config, std::unique_ptr<Backend> backend, uint64_t instance,

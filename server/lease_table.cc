@@ -34,12 +34,13 @@ absl::StatusOr<uint64_t> LeaseTable::Take(const std::string& job,
   return id;
 }
 
-int LeaseTable::Release(std::span<const uint64_t> ids) {
+int LeaseTable::Release(std::span<const uint64_t> ids,
+                        const std::function<bool(const std::string&)>& may) {
   std::vector<std::shared_ptr<const ServedTensor>> ended;  // dropped outside the lock
   absl::MutexLock lock(&mu_);
   for (uint64_t id : ids) {
     auto it = leases_.find(id);
-    if (it == leases_.end()) continue;
+    if (it == leases_.end() || (may && !may(it->second.job))) continue;
     ended.push_back(std::move(it->second.served));
     leases_.erase(it);
   }

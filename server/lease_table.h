@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -30,8 +31,10 @@ class LeaseTable {
   // RESOURCE_EXHAUSTED when max_leases are held.
   absl::StatusOr<uint64_t> Take(const std::string& job, std::shared_ptr<const ServedTensor> served,
                                 Clock::time_point expires);
-  // Ends the leases among `ids` that are held; returns how many.
-  int Release(std::span<const uint64_t> ids);
+  // Ends the leases among `ids` that are held, of jobs `may(job)` allows where it is given; returns
+  // how many.
+  int Release(std::span<const uint64_t> ids,
+              const std::function<bool(const std::string&)>& may = nullptr);
   // Ends every lease on a job's bytes (the job was deleted); returns how many.
   int ReleaseJob(const std::string& job);
   // Leases held over all jobs.

@@ -28,6 +28,9 @@ ABSL_FLAG(std::string, address_file, "",
 ABSL_FLAG(std::string, listen_group, "",
           "With --listen=unix:PATH, a group whose members may connect too (socket mode 0660); "
           "default: the daemon's user alone (0600) (overrides the config)");
+ABSL_FLAG(std::string, token_file, "",
+          "File of bearer tokens every call must carry one of (trainer TOKEN JOB..., admin TOKEN, "
+          "peer TOKEN; mode 0600); SIGHUP reads it again (overrides the config)");
 ABSL_FLAG(std::string, advertise_address, "",
           "host:port this daemon is known by in jobs' daemon lists; default: the listen address, "
           "or this machine's hostname where it listens on a wildcard (overrides the config)");
@@ -95,6 +98,9 @@ int main(int argc, char** argv) {
   if (!absl::GetFlag(FLAGS_advertise_address).empty()) {
     config.set_advertise_address(absl::GetFlag(FLAGS_advertise_address));
   }
+  if (!absl::GetFlag(FLAGS_token_file).empty()) {
+    config.set_token_file(absl::GetFlag(FLAGS_token_file));
+  }
   if (!absl::GetFlag(FLAGS_listen_group).empty()) {
     config.set_listen_group(absl::GetFlag(FLAGS_listen_group));
   }
@@ -104,6 +110,7 @@ int main(int argc, char** argv) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   absl::StatusOr<std::unique_ptr<paramd::Server>> server = paramd::Server::Start(config);
@@ -117,7 +124,14 @@ int main(int argc, char** argv) {
     std::rename(tmp.c_str(), config.address_file().c_str());
   }
   int signal = 0;
-  sigwait(&signals, &signal);
+  for (sigwait(&signals, &signal); signal == SIGHUP; sigwait(&signals, &signal)) {
+    const absl::Status reloaded = (*server)->ReloadTokens();
+    if (reloaded.ok()) {
+      PARAMD_LOG(INFO) << "SIGHUP: the token file was read again";
+    } else {
+      PARAMD_LOG(ERROR) << "SIGHUP: " << reloaded << "; the tokens stay as they were";
+    }
+  }
   PARAMD_LOG(INFO) << "signal " << signal << ": finishing the running step, then stopping";
   (*server)->Shutdown();
   return 0;

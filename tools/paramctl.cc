@@ -42,6 +42,9 @@
 ABSL_FLAG(std::string, address, "127.0.0.1:50051", "Daemon address host:port");
 ABSL_FLAG(bool, json, false, "Print the daemon's answer as JSON");
 ABSL_FLAG(int, timeout_ms, 10000, "Deadline of each call, milliseconds");
+ABSL_FLAG(std::string, token_file, "",
+          "File holding the token calls carry where the daemon takes tokens (mode 0600); default "
+          "$PARAMD_TOKEN_FILE");
 ABSL_FLAG(double, wait_s, 60, "wait: how long a daemon may take to serve, seconds");
 
 namespace paramd {
@@ -105,8 +108,16 @@ struct DaemonView {
   int64_t state_bytes = -1;  // of its part of the job; -1 where unknown
 };
 
-DaemonView AskDaemon(const std::string& address, const std::string& job) {
+// A client's options with this command's token file (--token_file, else $PARAMD_TOKEN_FILE).
+ClientOptions CommandOptions() {
   ClientOptions options;
+  if (!absl::GetFlag(FLAGS_token_file).empty())
+    options.token_file = absl::GetFlag(FLAGS_token_file);
+  return options;
+}
+
+DaemonView AskDaemon(const std::string& address, const std::string& job) {
+  ClientOptions options = CommandOptions();
   options.address = address;
   options.rpc_timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_timeout_ms));
   options.connect_timeout = std::min(options.rpc_timeout, std::chrono::milliseconds(3000));
@@ -446,14 +457,15 @@ int Wait(const std::string& file, const std::string& pid_text) {
     std::ifstream in(file);
     std::string address;
     if (in && std::getline(in, address) && !address.empty()) {
-      ClientOptions options;
+      ClientOptions options = CommandOptions();
       options.address = address;
       options.rpc_timeout = std::chrono::milliseconds(2000);
       options.connect_timeout = options.rpc_timeout;
       options.max_attempts = 1;
       absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
       const absl::Status answer = client.ok() ? (*client)->Status().status() : client.status();
-      if (answer.ok()) {
+      // A daemon that asks for another token than this one's (or none) serves all the same.
+      if (answer.ok() || absl::IsUnauthenticated(answer) || absl::IsPermissionDenied(answer)) {
         std::cout << address << "\n";
         return 0;
       }
@@ -499,7 +511,7 @@ int Run(const std::vector<char*>& args) {
     std::cerr << kUsage;
     return 2;
   }
-  ClientOptions options;
+  ClientOptions options = CommandOptions();
   options.address = absl::GetFlag(FLAGS_address);
   options.rpc_timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_timeout_ms));
   options.connect_timeout = options.rpc_timeout;

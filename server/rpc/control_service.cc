@@ -27,9 +27,12 @@ namespace {
 // steps back until End, which releases it before the call finishes.
 class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  ExportReactor(Daemon* daemon, const grpc::ByteBuffer* raw) : daemon_(daemon) {
+  ExportReactor(Daemon* daemon, const absl::StatusOr<Caller>& caller, const grpc::ByteBuffer* raw)
+      : daemon_(daemon) {
     v1::ExportStateRequest request;
-    absl::Status status = ParseMessage(raw, &request);
+    absl::Status status = caller.status();
+    if (status.ok()) status = ParseMessage(raw, &request);
+    if (status.ok()) status = caller->MayUseJob(request.job());
     if (status.ok()) status = Begin(request);
     if (!status.ok()) End(status);
   }
@@ -100,8 +103,13 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 // Stages an import stream (the job named by its header) and applies it once it ended whole.
 class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  ImportReactor(Daemon* daemon, grpc::ByteBuffer* response)
+  ImportReactor(Daemon* daemon, absl::StatusOr<Caller> caller, grpc::ByteBuffer* response)
       : daemon_(daemon), raw_response_(response) {
+    if (!caller.ok()) {
+      End(caller.status());
+      return;
+    }
+    caller_ = *std::move(caller);
     absl::StatusOr<CountedLimit::Ticket> stream = daemon_->OpenStream("ImportState");
     if (!stream.ok()) {
       End(stream.status());
@@ -135,6 +143,7 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
         return absl::InvalidArgumentError(
             "the first chunk of a state stream must carry the StateHeader");
       }
+      PARAMD_RETURN_IF_ERROR(caller_.MayUseJob(chunk_.header().job()));
       PARAMD_ASSIGN_OR_RETURN(job_, daemon_->registry().Find(chunk_.header().job()));
       import_ = std::make_unique<StateImport>(job_->spec(), daemon_->config().max_chunk_bytes());
     }
@@ -170,6 +179,7 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   v1::StateChunk chunk_;
   std::shared_ptr<Job> job_;
   std::unique_ptr<StateImport> import_;
+  Caller caller_;  // whose token the call carries
 };
 
 }  // namespace
@@ -178,7 +188,8 @@ grpc::ServerUnaryReactor* ControlService::Register(grpc::CallbackServerContext* 
                                                    const grpc::ByteBuffer* request,
                                                    grpc::ByteBuffer* response) {
   return ServeUnary<v1::RegisterRequest, v1::RegisterResponse>(
-      context, daemon_, "Register", request, response,
+      context, daemon_, *access_, "Register", request, response,
+      [](const Caller& caller, const auto& r) { return caller.MayUseJob(r.job()); },
       [this](const auto& r, auto* out) { return DoRegister(r, out); });
 }
 
@@ -186,7 +197,8 @@ grpc::ServerUnaryReactor* ControlService::GetLayout(grpc::CallbackServerContext*
                                                     const grpc::ByteBuffer* request,
                                                     grpc::ByteBuffer* response) {
   return ServeUnary<v1::GetLayoutRequest, v1::GetLayoutResponse>(
-      context, daemon_, "GetLayout", request, response,
+      context, daemon_, *access_, "GetLayout", request, response,
+      [](const Caller& caller, const auto& r) { return caller.MayUseJob(r.job()); },
       [this](const auto& r, auto* out) { return DoGetLayout(r, out); });
 }
 
@@ -194,7 +206,8 @@ grpc::ServerUnaryReactor* ControlService::SetHyperparams(grpc::CallbackServerCon
                                                          const grpc::ByteBuffer* request,
                                                          grpc::ByteBuffer* response) {
   return ServeUnary<v1::SetHyperparamsRequest, v1::SetHyperparamsResponse>(
-      context, daemon_, "SetHyperparams", request, response,
+      context, daemon_, *access_, "SetHyperparams", request, response,
+      [](const Caller& caller, const auto& r) { return caller.MayUseJob(r.job()); },
       [this](const auto& r, auto* out) { return DoSetHyperparams(r, out); });
 }
 
@@ -202,7 +215,10 @@ grpc::ServerUnaryReactor* ControlService::Status(grpc::CallbackServerContext* co
                                                  const grpc::ByteBuffer* request,
                                                  grpc::ByteBuffer* response) {
   return ServeUnary<v1::StatusRequest, v1::StatusResponse>(
-      context, daemon_, "Status", request, response,
+      context, daemon_, *access_, "Status", request, response,
+      [](const Caller& caller, const v1::StatusRequest& r) {
+        return r.job().empty() ? caller.MayRunDaemon("list every job") : caller.MayReadJob(r.job());
+      },
       [this](const auto& r, auto* out) { return DoStatus(r, out); });
 }
 
@@ -210,7 +226,10 @@ grpc::ServerUnaryReactor* ControlService::Drain(grpc::CallbackServerContext* con
                                                 const grpc::ByteBuffer* request,
                                                 grpc::ByteBuffer* response) {
   return ServeUnary<v1::DrainRequest, v1::DrainResponse>(
-      context, daemon_, "Drain", request, response,
+      context, daemon_, *access_, "Drain", request, response,
+      [](const Caller& caller, const v1::DrainRequest&) {
+        return caller.MayRunDaemon("drain the daemon");
+      },
       [this](const v1::DrainRequest&, v1::DrainResponse* out) {
         daemon_->Drain();
         out->set_running_steps(daemon_->pending_steps());
@@ -222,18 +241,19 @@ grpc::ServerUnaryReactor* ControlService::DeleteJob(grpc::CallbackServerContext*
                                                     const grpc::ByteBuffer* request,
                                                     grpc::ByteBuffer* response) {
   return ServeUnary<v1::DeleteJobRequest, v1::DeleteJobResponse>(
-      context, daemon_, "DeleteJob", request, response,
+      context, daemon_, *access_, "DeleteJob", request, response,
+      [](const Caller& caller, const auto& r) { return caller.MayUseJob(r.job()); },
       [this](const auto& r, auto* out) { return DoDeleteJob(r, out); });
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ControlService::ExportState(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
-  return new ExportReactor(daemon_, request);
+  return new ExportReactor(daemon_, access_->Identify(*context), request);
 }
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* ControlService::ImportState(
     grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
-  return new ImportReactor(daemon_, response);
+  return new ImportReactor(daemon_, access_->Identify(*context), response);
 }
 
 // A checkpoint or restore takes as long as its bytes take to move: it runs on the callback
@@ -242,7 +262,11 @@ grpc::ServerUnaryReactor* ControlService::Checkpoint(grpc::CallbackServerContext
                                                      const grpc::ByteBuffer* request,
                                                      grpc::ByteBuffer* response) {
   return ServeUnary<v1::CheckpointRequest, v1::CheckpointResponse>(
-      context, daemon_, "Checkpoint", request, response,
+      context, daemon_, *access_, "Checkpoint", request, response,
+      [](const Caller& caller, const v1::CheckpointRequest& r) {
+        return r.job().empty() ? caller.MayRunDaemon("checkpoint every job")
+                               : caller.MayUseJob(r.job());
+      },
       [this](const v1::CheckpointRequest& r, v1::CheckpointResponse* out) -> absl::Status {
         PARAMD_RETURN_IF_ERROR(daemon_->CheckServing());
         PARAMD_ASSIGN_OR_RETURN(*out, checkpoints_.Write(r.job()));
@@ -254,7 +278,11 @@ grpc::ServerUnaryReactor* ControlService::Restore(grpc::CallbackServerContext* c
                                                   const grpc::ByteBuffer* request,
                                                   grpc::ByteBuffer* response) {
   return ServeUnary<v1::RestoreRequest, v1::RestoreResponse>(
-      context, daemon_, "Restore", request, response,
+      context, daemon_, *access_, "Restore", request, response,
+      [](const Caller& caller, const v1::RestoreRequest& r) {
+        return r.job().empty() ? caller.MayRunDaemon("restore every job")
+                               : caller.MayUseJob(r.job());
+      },
       [this](const v1::RestoreRequest& r, v1::RestoreResponse* out) -> absl::Status {
         PARAMD_RETURN_IF_ERROR(daemon_->CheckServing());
         PARAMD_ASSIGN_OR_RETURN(*out, checkpoints_.Restore(r.job(), r.path()));
@@ -271,7 +299,7 @@ absl::Status ControlService::DoRegister(const v1::RegisterRequest& request,
 
 // Another daemon's device, from its Status (its backend), within the peer deadline.
 absl::StatusOr<int> ControlService::PeerDevice(const std::string& job, const std::string& peer) {
-  const auto control = v1::Control::NewStub(OwnerChannel(peer));
+  const auto control = v1::Control::NewStub(OwnerChannel(peer, {}, daemon_->peer_token()));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::milliseconds(daemon_->config().peer_timeout_ms()));

@@ -6,6 +6,7 @@
 #include "paramd/v1/control.grpc.pb.h"
 #include "server/checkpoints.h"
 #include "server/daemon.h"
+#include "server/rpc/access.h"
 
 namespace paramd {
 
@@ -21,7 +22,8 @@ using RawControlService =
 
 class ControlService final : public RawControlService {
  public:
-  explicit ControlService(Daemon* daemon) : daemon_(daemon), checkpoints_(daemon) {}
+  ControlService(Daemon* daemon, const AccessControl* access)
+      : daemon_(daemon), access_(access), checkpoints_(daemon) {}
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const grpc::ByteBuffer* request,
@@ -62,6 +64,7 @@ class ControlService final : public RawControlService {
   absl::Status DoDeleteJob(const v1::DeleteJobRequest& request, v1::DeleteJobResponse* response);
 
   Daemon* const daemon_;
+  const AccessControl* const access_;
   Checkpoints checkpoints_;
 };
 

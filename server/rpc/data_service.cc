@@ -32,8 +32,13 @@ constexpr int kMaxBatchedHeaders = 1024;
 // bad one ends the stream.
 class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  PushReactor(Daemon* daemon, grpc::ByteBuffer* response)
+  PushReactor(Daemon* daemon, absl::StatusOr<Caller> caller, grpc::ByteBuffer* response)
       : daemon_(daemon), raw_response_(response) {
+    if (!caller.ok()) {
+      End(caller.status());
+      return;
+    }
+    caller_ = *std::move(caller);
     absl::StatusOr<CountedLimit::Ticket> stream = daemon_->OpenStream("Push");
     if (!stream.ok()) {
       End(stream.status());
@@ -117,6 +122,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
           v1::ERROR_REASON_ANOTHER_DAEMON_START);
     }
     if (job_ == nullptr || job_->name() != chunk.job()) {
+      PARAMD_RETURN_IF_ERROR(caller_.MayUseJob(chunk.job()));
       absl::StatusOr<std::shared_ptr<Job>> job = daemon_->registry().Find(chunk.job());
       if (!job.ok()) return job.status();
       job_ = *std::move(job);
@@ -162,6 +168,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   v1::PushChunk chunk_;
   v1::PushResponse response_;
   std::shared_ptr<Job> job_;
+  Caller caller_;       // whose token the call carries
   bool ended_ = false;  // the last chunk (PushChunk.last) was read
 };
 
@@ -171,9 +178,12 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 // header are built apart (server/rpc/pull_header.h); this is the waiting and the writing.
 class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  PullReactor(Daemon* daemon, const grpc::ByteBuffer* raw) : daemon_(daemon) {
+  PullReactor(Daemon* daemon, const absl::StatusOr<Caller>& caller, const grpc::ByteBuffer* raw)
+      : daemon_(daemon) {
     v1::PullRequest request;
-    absl::Status status = ParseMessage(raw, &request);
+    absl::Status status = caller.status();
+    if (status.ok()) status = ParseMessage(raw, &request);
+    if (status.ok()) status = caller->MayUseJob(request.job());
     if (status.ok()) status = Prepare(request);
     if (!status.ok()) {
       End(status);
@@ -438,14 +448,15 @@ class PullReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* DataService::Push(grpc::CallbackServerContext* context,
                                                              grpc::ByteBuffer* response) {
-  return new PushReactor(daemon_, response);
+  return new PushReactor(daemon_, access_->Identify(*context), response);
 }
 
 grpc::ServerUnaryReactor* DataService::Commit(grpc::CallbackServerContext* context,
                                               const grpc::ByteBuffer* request,
                                               grpc::ByteBuffer* response) {
   return ServeUnary<v1::CommitRequest, v1::CommitResponse>(
-      context, daemon_, "Commit", request, response,
+      context, daemon_, *access_, "Commit", request, response,
+      [](const Caller& caller, const auto& r) { return caller.MayUseJob(r.job()); },
       [this](const auto& r, auto* out) { return DoCommit(r, out); });
 }
 
@@ -453,7 +464,10 @@ grpc::ServerUnaryReactor* DataService::Attach(grpc::CallbackServerContext* conte
                                               const grpc::ByteBuffer* request,
                                               grpc::ByteBuffer* response) {
   return ServeUnary<v1::AttachRequest, v1::AttachResponse>(
-      context, daemon_, "Attach", request, response,
+      context, daemon_, *access_, "Attach", request, response,
+      [](const Caller& caller, const v1::AttachRequest& r) {
+        return r.job().empty() ? caller.MayProbe() : caller.MayUseJob(r.job());
+      },
       [this](const v1::AttachRequest& r, v1::AttachResponse* out) {
         const absl::Status status = DoAttach(r, out);
         out->set_instance(daemon_->instance());
@@ -464,18 +478,25 @@ grpc::ServerUnaryReactor* DataService::Attach(grpc::CallbackServerContext* conte
 grpc::ServerUnaryReactor* DataService::Release(grpc::CallbackServerContext* context,
                                                const grpc::ByteBuffer* request,
                                                grpc::ByteBuffer* response) {
+  Caller caller;
   return ServeUnary<v1::ReleaseRequest, v1::ReleaseResponse>(
-      context, daemon_, "Release", request, response,
-      [this](const v1::ReleaseRequest& r, v1::ReleaseResponse* out) {
-        out->set_released(
-            daemon_->leases().Release(std::vector<uint64_t>(r.leases().begin(), r.leases().end())));
+      context, daemon_, *access_, "Release", request, response,
+      [&caller](const Caller& identified, const v1::ReleaseRequest&) {
+        caller = identified;
+        return caller.MayProbe();
+      },
+      [this, &caller](const v1::ReleaseRequest& r, v1::ReleaseResponse* out) {
+        // A lease of a job the caller may not use is left as it is, as an unknown one would be.
+        out->set_released(daemon_->leases().Release(
+            std::vector<uint64_t>(r.leases().begin(), r.leases().end()),
+            [&caller](const std::string& job) { return caller.MayUseJob(job).ok(); }));
         return absl::OkStatus();
       });
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* DataService::Pull(grpc::CallbackServerContext* context,
                                                               const grpc::ByteBuffer* request) {
-  return new PullReactor(daemon_, request);
+  return new PullReactor(daemon_, access_->Identify(*context), request);
 }
 
 absl::Status DataService::DoCommit(const v1::CommitRequest& request, v1::CommitResponse* response) {

@@ -6,6 +6,7 @@
 
 #include "paramd/v1/data.grpc.pb.h"
 #include "server/daemon.h"
+#include "server/rpc/access.h"
 
 namespace paramd {
 
@@ -18,7 +19,7 @@ using RawDataService = v1::Data::WithRawCallbackMethod_Push<v1::Data::WithRawCal
 
 class DataService final : public RawDataService {
  public:
-  explicit DataService(Daemon* daemon) : daemon_(daemon) {}
+  DataService(Daemon* daemon, const AccessControl* access) : daemon_(daemon), access_(access) {}
 
   grpc::ServerReadReactor<grpc::ByteBuffer>* Push(grpc::CallbackServerContext* context,
                                                   grpc::ByteBuffer* response) override;
@@ -39,6 +40,7 @@ class DataService final : public RawDataService {
   absl::Status DoAttach(const v1::AttachRequest& request, v1::AttachResponse* response);
 
   Daemon* const daemon_;
+  const AccessControl* const access_;
 };
 
 }  // namespace paramd

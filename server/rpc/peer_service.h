@@ -5,12 +5,13 @@
 
 #include "paramd/v1/peer.grpc.pb.h"
 #include "server/daemon.h"
+#include "server/rpc/access.h"
 
 namespace paramd {
 
 class PeerService final : public v1::Peer::WithRawCallbackMethod_Offer<v1::Peer::Service> {
  public:
-  explicit PeerService(Daemon* daemon) : daemon_(daemon) {}
+  PeerService(Daemon* daemon, const AccessControl* access) : daemon_(daemon), access_(access) {}
 
   grpc::ServerUnaryReactor* Offer(grpc::CallbackServerContext* context,
                                   const grpc::ByteBuffer* request,
@@ -18,6 +19,7 @@ class PeerService final : public v1::Peer::WithRawCallbackMethod_Offer<v1::Peer:
 
  private:
   Daemon* const daemon_;
+  const AccessControl* const access_;
 };
 
 }  // namespace paramd

@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "server/daemon.h"
+#include "server/rpc/access.h"
 
 namespace paramd {
 
@@ -50,17 +51,23 @@ void SerializeMessage(const Message& message, grpc::ByteBuffer* raw) {
   raw->Swap(&bytes);
 }
 
-// A unary raw method with a typed handler: checks its route (CheckRoute), parses the request, runs
-// `handle(request, &response)`, serializes the response of a call that succeeded, and finishes the
-// call.
-template <typename Request, typename Response, typename Handler>
+// A unary raw method with a typed handler: identifies the caller by its token (AccessControl),
+// checks its route (CheckRoute), parses the request, asks `allow(caller, request)` whether the
+// caller may make it, runs `handle(request, &response)`, serializes the response of a call that
+// succeeded, and finishes the call.
+template <typename Request, typename Response, typename Allow, typename Handler>
 grpc::ServerUnaryReactor* ServeUnary(grpc::CallbackServerContext* context, Daemon* daemon,
-                                     const char* method, const grpc::ByteBuffer* raw_request,
-                                     grpc::ByteBuffer* raw_response, Handler&& handle) {
+                                     const AccessControl& access, const char* method,
+                                     const grpc::ByteBuffer* raw_request,
+                                     grpc::ByteBuffer* raw_response, Allow&& allow,
+                                     Handler&& handle) {
   Request request;
   Response response;
-  absl::Status status = CheckRoute(context, *daemon);
+  absl::StatusOr<Caller> caller = access.Identify(*context);
+  absl::Status status = caller.status();
+  if (status.ok()) status = CheckRoute(context, *daemon);
   if (status.ok()) status = ParseMessage(raw_request, &request);
+  if (status.ok()) status = allow(*caller, request);
   if (status.ok()) status = handle(request, &response);
   if (status.ok()) SerializeMessage(response, raw_response);
   return FinishUnary(context, daemon, method, status);

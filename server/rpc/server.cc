@@ -70,10 +70,10 @@ absl::Status ClaimUnixSocket(const std::string& path) {
 
 }  // namespace
 
-Server::Services::Services(Daemon* daemon)
-    : control(std::make_unique<ControlService>(daemon)),
-      data(std::make_unique<DataService>(daemon)),
-      peer(std::make_unique<PeerService>(daemon)) {}
+Server::Services::Services(Daemon* daemon, const AccessControl* access)
+    : control(std::make_unique<ControlService>(daemon, access)),
+      data(std::make_unique<DataService>(daemon, access)),
+      peer(std::make_unique<PeerService>(daemon, access)) {}
 Server::Services::Services(Services&&) noexcept = default;
 Server::Services::~Services() = default;
 
@@ -91,6 +91,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const v1::DaemonConfig& ra
     PARAMD_ASSIGN_OR_RETURN(host_budget, HostBudget(host_budget));
   }
   std::unique_ptr<Server> server(new Server());
+  PARAMD_ASSIGN_OR_RETURN(server->access_, AccessControl::Load(config.token_file()));
   for (size_t i = 0; i < backends.size(); ++i) {
     absl::StatusOr<std::unique_ptr<Daemon>> daemon =
         Daemon::Create(BackendConfig(config, backends, i, host_budget));
@@ -140,9 +141,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const v1::DaemonConfig& ra
         schedule->StepRan(job, next_step);
       });
     }
-    if (backends.size() > 1) core.routed.emplace(daemon);
+    if (backends.size() > 1) core.routed.emplace(daemon, server->access_.get());
   }
-  server->first_.emplace(server->cores_.front().daemon.get());
+  server->first_.emplace(server->cores_.front().daemon.get(), server->access_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -186,8 +187,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const v1::DaemonConfig& ra
       mode = 0660;
     }
     if (chmod(path.c_str(), mode) != 0) {
-      return absl::InternalError(
-          absl::StrCat("chmod ", mode == 0600 ? "0600 " : "0660 ", path, ": ", std::strerror(errno)));
+      return absl::InternalError(absl::StrCat("chmod ", mode == 0600 ? "0600 " : "0660 ", path,
+                                              ": ", std::strerror(errno)));
     }
     server->address_ = config.listen();
   } else {

@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "paramd/v1/config.pb.h"
 #include "server/daemon.h"
+#include "server/rpc/access.h"
 
 namespace paramd {
 
@@ -44,13 +45,15 @@ class Server {
   void Shutdown();
   // Blocks until Shutdown has stopped the server.
   void Wait();
+  // Reads the token file again (SIGHUP); the tokens stay as they were where it is not read.
+  absl::Status ReloadTokens() { return access_->Reload(); }
 
  private:
   Server() = default;
 
   // A daemon's gRPC services.
   struct Services {
-    explicit Services(Daemon* daemon);
+    Services(Daemon* daemon, const AccessControl* access);
     Services(Services&&) noexcept;
     ~Services();
     std::unique_ptr<ControlService> control;
@@ -63,6 +66,7 @@ class Server {
     std::unique_ptr<CheckpointSchedule> schedule;  // with checkpoint_every_steps
     std::optional<Services> routed;
   };
+  std::unique_ptr<AccessControl> access_;  // the token file's tokens (none: every call allowed)
   std::vector<Core> cores_;
   std::optional<Services> first_;  // the first backend's, for calls without a backend's authority
   std::unique_ptr<grpc::Server> grpc_;

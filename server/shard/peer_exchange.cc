@@ -136,7 +136,7 @@ std::shared_ptr<v1::Peer::Stub> PeerExchange::StubFor(const std::string& peer) {
   absl::MutexLock lock(&mu_);
   std::shared_ptr<v1::Peer::Stub>& stub = stubs_[peer];
   if (stub == nullptr) {
-    stub = v1::Peer::NewStub(OwnerChannel(peer));
+    stub = v1::Peer::NewStub(OwnerChannel(peer, {}, token_));
   }
   return stub;
 }

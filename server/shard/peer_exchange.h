@@ -41,6 +41,9 @@ class PeerExchange {
   using RoundObserver = std::function<void(const std::string& job, double seconds, bool ok)>;
   // Set before the daemon serves.
   void set_round_observer(RoundObserver observer) { observer_ = std::move(observer); }
+  // The token its offers carry where the daemons take tokens (common/token_file.h's PeerToken).
+  // Set before the first offer.
+  void set_token(std::string token) { token_ = std::move(token); }
 
   // This daemon's advertised address, the name jobs' daemon lists give it (known once the server
   // has bound its port).
@@ -104,6 +107,7 @@ class PeerExchange {
   const int max_rounds_per_job_;
   mutable absl::Mutex mu_;
   std::string self_ ABSL_GUARDED_BY(mu_);
+  std::string token_;  // set once, before the first offer
   std::map<std::string, std::shared_ptr<JobRounds>> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<v1::Peer::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
 };

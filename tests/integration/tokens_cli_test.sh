@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Tokens from the command line: paramd --token_file, paramctl --token_file and a training job that
+# reads $PARAMD_TOKEN_FILE (the C++ client's default), and SIGHUP's reload taking a token away.
+# Usage: tokens_cli_test.sh BUILD_DIR
+set -euo pipefail
+build=$1
+work=$(mktemp -d)
+daemon=""
+cleanup() {
+  [ -n "$daemon" ] && kill "$daemon" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; cat "$work/log"; exit 1; }
+umask 077
+admin=admin-$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')
+trainer=trainer-$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')
+printf 'admin %s\ntrainer %s mlp\n' "$admin" "$trainer" >"$work/tokens"
+echo "$admin" >"$work/admin.token"
+echo "$trainer" >"$work/trainer.token"
+
+"$build/server/paramd" --listen=127.0.0.1:0 --metrics_listen= --token_file="$work/tokens" \
+  --address_file="$work/addr" 2>"$work/log" &
+daemon=$!
+address=$("$build/tools/paramctl" wait "$work/addr" "$daemon") || fail "paramd did not serve"
+
+out=$("$build/tools/paramctl" --address="$address" status 2>&1) &&
+  fail "paramctl status without a token: $out"
+grep -q "UNAUTHENTICATED" <<<"$out" || fail "paramctl without a token says: $out"
+"$build/tools/paramctl" --address="$address" --token_file="$work/admin.token" status >/dev/null ||
+  fail "paramctl status with the admin token"
+out=$(PARAMD_TOKEN_FILE="$work/trainer.token" "$build/tools/paramctl" --address="$address" status 2>&1) &&
+  fail "a trainer token listed every job: $out"
+grep -q "PERMISSION_DENIED" <<<"$out" || fail "paramctl with a trainer token says: $out"
+
+PARAMD_TOKEN_FILE="$work/trainer.token" "$build/examples/mlp/paramd_train_mlp" \
+  --address="$address" --world_size=1 --steps=5 --check >"$work/train.log" 2>&1 ||
+  { cat "$work/train.log"; fail "a training job with its trainer token"; }
+grep -q "check passed" "$work/train.log" || fail "the job's check did not pass"
+
+# The trainer's line goes; SIGHUP; its token no longer answers.
+printf 'admin %s\n' "$admin" >"$work/tokens"
+kill -HUP "$daemon"
+for _ in $(seq 100); do grep -q "token file was read again" "$work/log" && break; sleep 0.05; done
+grep -q "token file was read again" "$work/log" || fail "no reload logged after SIGHUP"
+out=$(PARAMD_TOKEN_FILE="$work/trainer.token" "$build/tools/paramctl" --address="$address" status mlp 2>&1) &&
+  fail "a token taken away still answered: $out"
+grep -q "UNAUTHENTICATED" <<<"$out" || fail "after the reload the trainer token gets: $out"
+"$build/tools/paramctl" --address="$address" --token_file="$work/admin.token" status mlp >/dev/null ||
+  fail "the admin token after the reload"
+echo "PASS: tokens from paramd, paramctl and a training job; SIGHUP takes one away"
