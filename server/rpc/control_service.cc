@@ -16,6 +16,7 @@
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "server/registration.h"
+#include "server/rpc/read_stream.h"
 #include "server/rpc/rpc_outcome.h"
 #include "server/state/state_transfer.h"
 
@@ -101,56 +102,29 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 };
 
 // Stages an import stream (the job named by its header) and applies it once it ended whole.
-class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+class ImportReactor final : public ReadStream<v1::StateChunk> {
  public:
   ImportReactor(Daemon* daemon, absl::StatusOr<Caller> caller, grpc::ByteBuffer* response)
-      : daemon_(daemon), raw_response_(response) {
-    if (!caller.ok()) {
-      End(caller.status());
-      return;
-    }
-    caller_ = *std::move(caller);
-    absl::StatusOr<CountedLimit::Ticket> stream = daemon_->OpenStream("ImportState");
-    if (!stream.ok()) {
-      End(stream.status());
-      return;
-    }
-    stream_ = *std::move(stream);
-    StartRead(&buffer_);
+      : ReadStream(daemon, "ImportState", response), daemon_(daemon) {
+    Begin(std::move(caller));
   }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) {  // the client finished writing (or the call ended)
-      End(Apply());
-      return;
-    }
-    absl::Status status = ParseMessage(&buffer_, &chunk_);
-    if (status.ok()) status = Take();
-    if (!status.ok()) {
-      End(status);
-      return;
-    }
-    StartRead(&buffer_);
-  }
-
-  void OnDone() override { delete this; }
 
  private:
-  absl::Status Take() {
+  absl::Status Take(v1::StateChunk& chunk) override {
     if (import_ == nullptr) {
       PARAMD_RETURN_IF_ERROR(daemon_->CheckServing());
-      if (!chunk_.has_header()) {
+      if (!chunk.has_header()) {
         return absl::InvalidArgumentError(
             "the first chunk of a state stream must carry the StateHeader");
       }
-      PARAMD_RETURN_IF_ERROR(caller_.MayUseJob(chunk_.header().job()));
-      PARAMD_ASSIGN_OR_RETURN(job_, daemon_->registry().Find(chunk_.header().job()));
+      PARAMD_RETURN_IF_ERROR(caller().MayUseJob(chunk.header().job()));
+      PARAMD_ASSIGN_OR_RETURN(job_, daemon_->registry().Find(chunk.header().job()));
       import_ = std::make_unique<StateImport>(job_->spec(), daemon_->config().max_chunk_bytes());
     }
-    return import_->Add(chunk_);
+    return import_->Add(chunk);
   }
 
-  absl::Status Apply() {
+  absl::Status Finished() override {
     if (import_ == nullptr) {
       return absl::InvalidArgumentError(
           "the state stream is empty; it starts with a chunk carrying the StateHeader");
@@ -161,25 +135,19 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     PARAMD_LOG(INFO) << "job " << job_->name() << ": imported state at step "
                      << response.next_step() << " (" << response.fields() << " fields, "
                      << response.bytes() << " bytes)";
-    SerializeMessage(response, raw_response_);
+    SetResponse(response);
     return absl::OkStatus();
   }
 
-  void End(const absl::Status& status) {
-    import_.reset();  // the staged bytes go now, not when the call is done
-    stream_.Reset();
-    CountRpcError(daemon_, "ImportState", status);
-    Finish(ToGrpcStatus(status));
+  // The staged bytes go now, not when the call is done.
+  void Drop() override {
+    import_.reset();
+    job_.reset();
   }
 
   Daemon* const daemon_;
-  grpc::ByteBuffer* const raw_response_;
-  CountedLimit::Ticket stream_;
-  grpc::ByteBuffer buffer_;  // the chunk as read
-  v1::StateChunk chunk_;
   std::shared_ptr<Job> job_;
   std::unique_ptr<StateImport> import_;
-  Caller caller_;  // whose token the call carries
 };
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include "common/quoted.h"
 #include "common/status_macros.h"
 #include "server/rpc/pull_header.h"
+#include "server/rpc/read_stream.h"
 #include "server/rpc/rpc_outcome.h"
 
 namespace paramd {
@@ -30,49 +31,32 @@ constexpr int kMaxBatchedHeaders = 1024;
 
 // Reads chunks one at a time and stores each on arrival (a chunk of marks mark by mark); the first
 // bad one ends the stream.
-class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+class PushReactor final : public ReadStream<v1::PushChunk> {
  public:
   PushReactor(Daemon* daemon, absl::StatusOr<Caller> caller, grpc::ByteBuffer* response)
-      : daemon_(daemon), raw_response_(response) {
-    if (!caller.ok()) {
-      End(caller.status());
-      return;
-    }
-    caller_ = *std::move(caller);
-    absl::StatusOr<CountedLimit::Ticket> stream = daemon_->OpenStream("Push");
-    if (!stream.ok()) {
-      End(stream.status());
-      return;
-    }
-    stream_ = *std::move(stream);
-    StartRead(&buffer_);
+      : ReadStream(daemon, "Push", response), daemon_(daemon) {
+    Begin(std::move(caller));
   }
 
-  void OnReadDone(bool ok) override {
-    if (!ok) {  // the client finished writing (or the call ended)
-      End(ended_ ? absl::OkStatus() : CutOff());
-      return;
-    }
-    absl::Status status = ParseMessage(&buffer_, &chunk_);
-    if (status.ok() && ended_) {
-      status = absl::InvalidArgumentError(
+ private:
+  absl::Status Take(v1::PushChunk& chunk) override {
+    if (ended_) {
+      return absl::InvalidArgumentError(
           "a push chunk after the stream's last one (PushChunk.last is set on the last chunk "
           "only)");
     }
-    if (status.ok()) {
-      ended_ = chunk_.last();
-      status = Store();
-    }
-    if (!status.ok()) {
-      End(status);
-      return;
-    }
-    StartRead(&buffer_);
+    ended_ = chunk.last();
+    return Store(chunk);
   }
 
-  void OnDone() override { delete this; }
+  absl::Status Finished() override {
+    if (!ended_) return CutOff();
+    SetResponse(response_);
+    return absl::OkStatus();
+  }
 
- private:
+  void Drop() override { job_.reset(); }
+
   // A stream that ended before its last chunk (PushChunk.last): what arrived whole stands.
   absl::Status CutOff() const {
     return absl::DataLossError(absl::StrCat(
@@ -83,19 +67,19 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   }
 
   // Stores the chunk read, or each of its marks (PushChunk.marks) as a chunk of its own.
-  absl::Status Store() {
+  absl::Status Store(v1::PushChunk& chunk) {
     PARAMD_RETURN_IF_ERROR(daemon_->CheckServing());
-    if (!chunk_.has_marks()) return StoreOne(chunk_);
-    if (chunk_.marks().entries().empty()) {
+    if (!chunk.has_marks()) return StoreOne(chunk);
+    if (chunk.marks().entries().empty()) {
       return absl::InvalidArgumentError(
           "a push chunk of marks names none; send at least one InPlaceMarks.Entry");
     }
     v1::PushChunk one;
-    one.set_job(chunk_.job());
-    one.set_rank(chunk_.rank());
-    one.set_step(chunk_.step());
-    one.set_kind(chunk_.kind());
-    for (v1::InPlaceMarks::Entry& entry : *chunk_.mutable_marks()->mutable_entries()) {
+    one.set_job(chunk.job());
+    one.set_rank(chunk.rank());
+    one.set_step(chunk.step());
+    one.set_kind(chunk.kind());
+    for (v1::InPlaceMarks::Entry& entry : *chunk.mutable_marks()->mutable_entries()) {
       one.set_tensor(std::move(*entry.mutable_tensor()));
       one.set_offset(entry.offset());
       one.mutable_in_place()->Swap(entry.mutable_mark());
@@ -122,7 +106,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
           v1::ERROR_REASON_ANOTHER_DAEMON_START);
     }
     if (job_ == nullptr || job_->name() != chunk.job()) {
-      PARAMD_RETURN_IF_ERROR(caller_.MayUseJob(chunk.job()));
+      PARAMD_RETURN_IF_ERROR(caller().MayUseJob(chunk.job()));
       absl::StatusOr<std::shared_ptr<Job>> job = daemon_->registry().Find(chunk.job());
       if (!job.ok()) return job.status();
       job_ = *std::move(job);
@@ -151,24 +135,9 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     return absl::OkStatus();
   }
 
-  void End(const absl::Status& status) {
-    stream_.Reset();
-    // The job goes with the answer, not when gRPC gets round to OnDone: a DeleteJob the caller
-    // sends next finds no push holding it, and its budget back at once.
-    job_.reset();
-    CountRpcError(daemon_, "Push", status);
-    if (status.ok()) SerializeMessage(response_, raw_response_);
-    Finish(ToGrpcStatus(status));
-  }
-
   Daemon* const daemon_;
-  grpc::ByteBuffer* const raw_response_;
-  CountedLimit::Ticket stream_;
-  grpc::ByteBuffer buffer_;  // the chunk as read
-  v1::PushChunk chunk_;
   v1::PushResponse response_;
   std::shared_ptr<Job> job_;
-  Caller caller_;       // whose token the call carries
   bool ended_ = false;  // the last chunk (PushChunk.last) was read
 };
 
