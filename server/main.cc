@@ -31,6 +31,9 @@ ABSL_FLAG(std::string, listen_group, "",
 ABSL_FLAG(std::string, token_file, "",
           "File of bearer tokens every call must carry one of (trainer TOKEN JOB..., admin TOKEN, "
           "peer TOKEN; mode 0600); SIGHUP reads it again (overrides the config)");
+ABSL_FLAG(std::string, metrics_auth_file, "",
+          "File of USER:PASSWORD (mode 0600) that a /metrics scrape must present (HTTP basic "
+          "auth) (overrides the config)");
 ABSL_FLAG(std::string, advertise_address, "",
           "host:port this daemon is known by in jobs' daemon lists; default: the listen address, "
           "or this machine's hostname where it listens on a wildcard (overrides the config)");
@@ -100,6 +103,9 @@ int main(int argc, char** argv) {
   }
   if (!absl::GetFlag(FLAGS_token_file).empty()) {
     config.set_token_file(absl::GetFlag(FLAGS_token_file));
+  }
+  if (!absl::GetFlag(FLAGS_metrics_auth_file).empty()) {
+    config.set_metrics_auth_file(absl::GetFlag(FLAGS_metrics_auth_file));
   }
   if (!absl::GetFlag(FLAGS_listen_group).empty()) {
     config.set_listen_group(absl::GetFlag(FLAGS_listen_group));

@@ -191,7 +191,8 @@ class BackendsCollectable final : public prometheus::Collectable {
 }  // namespace
 
 absl::StatusOr<std::string> Metrics::Serve(
-    const std::string& address, const std::vector<std::pair<std::string, Metrics*>>& backends) {
+    const std::string& address, const std::vector<std::pair<std::string, Metrics*>>& backends,
+    const std::string& basic_auth) {
   try {
     // civetweb reports bind failures by throwing; this is the one place they are caught.
     exposer_ = std::make_unique<prometheus::Exposer>(address, /*num_threads=*/1);
@@ -207,6 +208,18 @@ absl::StatusOr<std::string> Metrics::Serve(
       registries.emplace_back(backend, metrics->registry_);
     backends_ = std::make_shared<BackendsCollectable>(std::move(registries));
     exposer_->RegisterCollectable(backends_);
+  }
+  if (!basic_auth.empty()) {
+    exposer_->RegisterAuth(
+        [basic_auth](const std::string& user, const std::string& password) {
+          const std::string given = user + ":" + password;
+          unsigned char differ = given.size() == basic_auth.size() ? 0 : 1;
+          for (size_t i = 0; i < given.size() && i < basic_auth.size(); ++i) {
+            differ |= static_cast<unsigned char>(given[i] ^ basic_auth[i]);
+          }
+          return differ == 0;
+        },
+        "paramd");
   }
   const std::vector<int> ports = exposer_->GetListeningPorts();
   const std::string host = address.substr(0, address.rfind(':'));

@@ -29,9 +29,12 @@ class Metrics {
   // Serves /metrics on `address` ("host:port", port 0 picks one). Returns the bound address.
   // With `backends` (a daemon of several backends: each one's name and Metrics, this one's among
   // them), the page is theirs, each series labeled backend="NAME".
+  // With `basic_auth` ("USER:PASSWORD"), a scrape must carry them (HTTP basic authentication),
+  // else it is answered 401.
   absl::StatusOr<std::string> Serve(
       const std::string& address,
-      const std::vector<std::pair<std::string, Metrics*>>& backends = {});
+      const std::vector<std::pair<std::string, Metrics*>>& backends = {},
+      const std::string& basic_auth = "");
 
   void StepDone(const std::string& job, double seconds, int64_t elements, bool skipped);
   // A step the backend failed (the job failed with it).

@@ -21,6 +21,7 @@
 #include "common/logging.h"
 #include "common/owner_address.h"
 #include "common/status_macros.h"
+#include "common/token_file.h"
 #include "server/backend/backends.h"
 #include "server/checkpoints.h"
 #include "server/memory_budget.h"
@@ -217,7 +218,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const v1::DaemonConfig& ra
         labeled.emplace_back(backends[i], &server->cores_[i].daemon->metrics());
       }
     }
-    absl::StatusOr<std::string> metrics = first.metrics().Serve(config.metrics_listen(), labeled);
+    std::string basic_auth;
+    if (!config.metrics_auth_file().empty()) {
+      PARAMD_ASSIGN_OR_RETURN(basic_auth, ReadClientToken(config.metrics_auth_file()));
+      if (basic_auth.find(':') == std::string::npos || basic_auth.front() == ':') {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "metrics_auth_file ", config.metrics_auth_file(), " holds no USER:PASSWORD"));
+      }
+    }
+    absl::StatusOr<std::string> metrics =
+        first.metrics().Serve(config.metrics_listen(), labeled, basic_auth);
     if (!metrics.ok()) return metrics.status();
     server->metrics_address_ = *metrics;
   }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Tokens from the command line: paramd --token_file, paramctl --token_file and a training job that
-# reads $PARAMD_TOKEN_FILE (the C++ client's default), and SIGHUP's reload taking a token away.
+# reads $PARAMD_TOKEN_FILE (the C++ client's default), and SIGHUP's reload taking a token away;
+# then /metrics behind a password (--metrics_auth_file, HTTP basic authentication).
 # Usage: tokens_cli_test.sh BUILD_DIR
 set -euo pipefail
 build=$1
@@ -48,4 +49,23 @@ out=$(PARAMD_TOKEN_FILE="$work/trainer.token" "$build/tools/paramctl" --address=
 grep -q "UNAUTHENTICATED" <<<"$out" || fail "after the reload the trainer token gets: $out"
 "$build/tools/paramctl" --address="$address" --token_file="$work/admin.token" status mlp >/dev/null ||
   fail "the admin token after the reload"
-echo "PASS: tokens from paramd, paramctl and a training job; SIGHUP takes one away"
+kill -TERM "$daemon"
+wait "$daemon" || true
+daemon=""
+
+# /metrics behind a password (--metrics_auth_file): 401 without it or with a wrong one.
+password=$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')
+echo "prometheus:$password" >"$work/metrics.auth"
+"$build/server/paramd" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 \
+  --metrics_auth_file="$work/metrics.auth" --address_file="$work/addr2" 2>"$work/log" &
+daemon=$!
+"$build/tools/paramctl" wait "$work/addr2" "$daemon" >/dev/null || fail "paramd did not serve"
+metrics=$(sed -n 's|.*metrics \(http://[^ ]*/metrics\).*|\1|p' "$work/log" | head -1)
+[ -n "$metrics" ] || fail "the daemon's log names no metrics address"
+code=$(curl -s -o /dev/null -w '%{http_code}' "$metrics")
+[ "$code" = 401 ] || fail "/metrics without the password answered $code, not 401"
+code=$(curl -s -o /dev/null -w '%{http_code}' -u "prometheus:wrong-$password" "$metrics")
+[ "$code" = 401 ] || fail "/metrics with a wrong password answered $code, not 401"
+curl -sf -u "prometheus:$password" "$metrics" | grep -q "^paramd_" ||
+  fail "/metrics with the password gave no paramd series"
+echo "PASS: tokens from paramd, paramctl and a training job; SIGHUP takes one away; /metrics asks for its password"
