@@ -66,11 +66,12 @@ inline v1::RegisterRequest Spec(v1::MasterType master = v1::MASTER_TYPE_FP32,
   return spec;
 }
 
-// A daemon on 127.0.0.1 port 0 with `backend`, checkpointing under `checkpoint_dir` where one is
-// given.
+// A daemon on 127.0.0.1 port 0 with `backend`, checkpointing under `checkpoint_dir` and taking the
+// tokens of `token_file` where they are given.
 inline std::unique_ptr<Server> StartDaemon(int peer_timeout_ms,
                                            const std::string& checkpoint_dir = "",
-                                           const std::string& backend = "cpu") {
+                                           const std::string& backend = "cpu",
+                                           const std::string& token_file = "") {
   v1::DaemonConfig config;
   config.set_listen("127.0.0.1:0");
   config.set_backend(backend);
@@ -79,6 +80,7 @@ inline std::unique_ptr<Server> StartDaemon(int peer_timeout_ms,
   config.set_peer_timeout_ms(peer_timeout_ms);
   config.set_log_level("error");
   if (!checkpoint_dir.empty()) config.set_checkpoint_dir(checkpoint_dir);
+  config.set_token_file(token_file);
   absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(config);
   EXPECT_TRUE(server.ok()) << server.status();
   return server.ok() ? *std::move(server) : nullptr;

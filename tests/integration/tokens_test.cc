@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -19,6 +20,7 @@
 #include "paramd/v1/data.grpc.pb.h"
 #include "paramd/v1/peer.grpc.pb.h"
 #include "server/rpc/server.h"
+#include "tests/integration/sharded_run.h"
 #include "tests/unit/server/reference_job.h"
 #include "tests/unit/server/status_assertions.h"
 
@@ -248,6 +250,37 @@ TEST_F(TokensTest, AReloadTakesATokenAwayAndAFileOthersMayReadIsRefused) {
   config.set_metrics_listen("");
   config.set_token_file(tokens_);
   EXPECT_TRUE(HasStatus(Server::Start(config), absl::StatusCode::kInvalidArgument, "other users"));
+}
+
+// A job sharded over three daemons that share the token file: their agreement rounds (clipping,
+// stochastic rounding) go over the Peer service with the file's peer token, and the trainers'
+// token ($PARAMD_TOKEN_FILE, read by every client the run makes) names the job; every step
+// serves the one-daemon job's bytes.
+TEST(TokensShardedTest, TheDaemonsOfAShardedJobAgreeWithTheirPeerToken) {
+  const std::string dir = ::testing::TempDir() + "/tokens_sharded." + std::to_string(getpid());
+  mkdir(dir.c_str(), 0700);
+  const std::string tokens = WriteFile(
+      dir + "/tokens",
+      absl::StrCat("trainer ", kTrainerA, " ", sharded_run::kJob, "\npeer ", kPeer, "\n"), 0600);
+  const std::string mine = WriteFile(dir + "/trainer.token", kTrainerA, 0600);
+  ASSERT_EQ(setenv("PARAMD_TOKEN_FILE", mine.c_str(), 1), 0);
+  std::unique_ptr<Server> single = sharded_run::StartDaemon(30000, "", "cpu", tokens);
+  std::vector<std::unique_ptr<Server>> sharded;
+  std::vector<std::string> names;
+  for (int i = 0; i < 3; ++i) {
+    sharded.push_back(sharded_run::StartDaemon(30000, "", "cpu", tokens));
+    ASSERT_NE(sharded.back(), nullptr);
+    names.push_back(sharded.back()->daemon().advertised_address());
+  }
+  std::sort(names.begin(), names.end());
+  ASSERT_NE(single, nullptr);
+  sharded_run::ExpectShardedRunMatchesOneDaemon(sharded_run::Spec(), single->address(),
+                                                sharded[1]->address(), names, 6,
+                                                sharded_run::StatusOf);
+  unsetenv("PARAMD_TOKEN_FILE");
+  for (auto& d : sharded) d->Shutdown();
+  single->Shutdown();
+  std::filesystem::remove_all(dir);
 }
 
 // The token files themselves (common/token_file.h): what a line must be.
