@@ -5,14 +5,7 @@
 # Usage: tokens_cli_test.sh BUILD_DIR
 set -euo pipefail
 build=$1
-work=$(mktemp -d)
-daemon=""
-cleanup() {
-  [ -n "$daemon" ] && kill "$daemon" 2>/dev/null
-  rm -rf "$work"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; cat "$work/log"; exit 1; }
+source "$(dirname "$0")/daemon_test_lib.sh"
 umask 077
 admin=admin-$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')
 trainer=trainer-$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')
@@ -20,10 +13,7 @@ printf 'admin %s\ntrainer %s mlp\n' "$admin" "$trainer" >"$work/tokens"
 echo "$admin" >"$work/admin.token"
 echo "$trainer" >"$work/trainer.token"
 
-"$build/server/paramd" --listen=127.0.0.1:0 --metrics_listen= --token_file="$work/tokens" \
-  --address_file="$work/addr" 2>"$work/log" &
-daemon=$!
-address=$("$build/tools/paramctl" wait "$work/addr" "$daemon") || fail "paramd did not serve"
+start_paramd --listen=127.0.0.1:0 --metrics_listen= --token_file="$work/tokens"
 
 out=$("$build/tools/paramctl" --address="$address" status 2>&1) &&
   fail "paramctl status without a token: $out"
@@ -49,17 +39,13 @@ out=$(PARAMD_TOKEN_FILE="$work/trainer.token" "$build/tools/paramctl" --address=
 grep -q "UNAUTHENTICATED" <<<"$out" || fail "after the reload the trainer token gets: $out"
 "$build/tools/paramctl" --address="$address" --token_file="$work/admin.token" status mlp >/dev/null ||
   fail "the admin token after the reload"
-kill -TERM "$daemon"
-wait "$daemon" || true
-daemon=""
+stop_paramd
 
 # /metrics behind a password (--metrics_auth_file): 401 without it or with a wrong one.
 password=$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')
 echo "prometheus:$password" >"$work/metrics.auth"
-"$build/server/paramd" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 \
-  --metrics_auth_file="$work/metrics.auth" --address_file="$work/addr2" 2>"$work/log" &
-daemon=$!
-"$build/tools/paramctl" wait "$work/addr2" "$daemon" >/dev/null || fail "paramd did not serve"
+start_paramd --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 \
+  --metrics_auth_file="$work/metrics.auth"
 metrics=$(sed -n 's|.*metrics \(http://[^ ]*/metrics\).*|\1|p' "$work/log" | head -1)
 [ -n "$metrics" ] || fail "the daemon's log names no metrics address"
 code=$(curl -s -o /dev/null -w '%{http_code}' "$metrics")

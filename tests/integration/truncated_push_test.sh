@@ -7,19 +7,8 @@
 set -euo pipefail
 build=$1
 curl -V 2>/dev/null | grep -q HTTP2 || { echo "SKIP: curl without HTTP/2"; exit 77; }
-work=$(mktemp -d)
-daemon=""
-cleanup() {
-  [ -n "$daemon" ] && kill "$daemon" 2>/dev/null
-  rm -rf "$work"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; cat "$work/log"; exit 1; }
-
-"$build/server/paramd" --listen=127.0.0.1:0 --metrics_listen= --address_file="$work/addr" \
-  2>"$work/log" &
-daemon=$!
-address=$("$build/tools/paramctl" wait "$work/addr" "$daemon") || fail "paramd did not serve"
+source "$(dirname "$0")/daemon_test_lib.sh"
+start_paramd --listen=127.0.0.1:0 --metrics_listen=
 
 # gRPC's framing: a compressed-flag byte, a 4-byte big-endian length, the message.
 printf '\x00\x00\x00\x00\x10\x0a\x03abc' >"$work/half"  # 16 bytes announced, 5 sent
