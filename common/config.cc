@@ -224,8 +224,10 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
         "config field listen_group = \"", c.listen_group(),
         "\" is for a Unix socket (listen = \"unix:PATH\"), not listen = \"", c.listen(), "\""));
   }
-  if (!c.listen_group().empty() && !GroupId(c.listen_group()).ok()) {
-    return GroupId(c.listen_group()).status();
+  if (!c.listen_group().empty()) {
+    if (absl::StatusOr<gid_t> group = GroupId(c.listen_group()); !group.ok()) {
+      return group.status();
+    }
   }
   if (!c.metrics_listen().empty()) {
     if (absl::Status s = CheckHostPort("metrics_listen", c.metrics_listen()); !s.ok()) return s;

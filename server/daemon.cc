@@ -61,7 +61,6 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::CreateWithBackend(const v1::Daem
   const uint64_t instance = (uint64_t{random()} << 32) | random();
   PARAMD_ASSIGN_OR_RETURN(std::string peer_token, PeerToken(config.token_file()));
   auto daemon = std::unique_ptr<Daemon>(new Daemon(config, *std::move(backend), instance, budget));
-  daemon->peer_token_ = peer_token;
   daemon->peers_->set_token(std::move(peer_token));
   return daemon;
 }

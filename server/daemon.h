@@ -85,7 +85,7 @@ class Daemon final : public TransportHost {
   std::string advertised_address() const;
   // The token this daemon calls other daemons with where they take tokens (PeerToken of its
   // token_file), else "".
-  const std::string& peer_token() const { return peer_token_; }
+  const std::string& peer_token() const { return peers_->token(); }
   void set_advertised_address(std::string address);
   // The addresses of every backend of this daemon's process (StatusResponse.backend_addresses):
   // this one's alone unless the server holds several.
@@ -144,7 +144,6 @@ class Daemon final : public TransportHost {
   const v1::DaemonConfig config_;
   const uint64_t instance_;
   mutable absl::Mutex advertised_mu_;
-  std::string peer_token_;  // set at creation
   std::string advertised_address_ ABSL_GUARDED_BY(advertised_mu_);
   std::vector<std::string> backend_addresses_ ABSL_GUARDED_BY(advertised_mu_);  // empty: this one
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();

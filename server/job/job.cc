@@ -624,36 +624,27 @@ absl::StatusOr<SlotPlaces> Job::SlotPlacesLocked(int32_t rank, int64_t step, Mem
     // its pushes are accepted once the job collects `step`.
     SlotSet* next = slots_.Lookahead();
     if (next == nullptr) return SlotSetsFull();
-    SlotSet& set = *next;
-    SlotPlaces out;
-    for (size_t i = 0; i < tensors_.size(); ++i) {
-      ChunkBuffer& slot = set[i][static_cast<size_t>(rank)];
-      PARAMD_RETURN_IF_ERROR(SizeSlot(slot, i));
-      if (device) {
-        out.places.push_back(DeviceSlotPlace(set, i, rank));
-      } else {
-        out.places.push_back(slot.place() != nullptr ? *slot.place() : Place{});
-      }
-      out.bytes.push_back(tensors_[i].grad_bytes);
-      out.received.push_back(0);  // the set is cleared when it starts collecting
-      out.tensors.push_back(tensors_[i].spec.name());
-    }
-    return out;
+    // The set is cleared when it starts collecting: nothing of it counts as received.
+    return PlacesOfLocked(*next, rank, device, /*received=*/false, SlotPlaces{});
   }
   PARAMD_RETURN_IF_ERROR(MakeCollectingLocked());
-  SlotSet& collecting = slots_.collecting();
   SlotPlaces out;
   out.committed = sequence_.committed(rank);
+  return PlacesOfLocked(slots_.collecting(), rank, device, /*received=*/true, std::move(out));
+}
+
+absl::StatusOr<SlotPlaces> Job::PlacesOfLocked(SlotSet& set, int32_t rank, bool device,
+                                               bool received, SlotPlaces out) {
   for (size_t i = 0; i < tensors_.size(); ++i) {
-    ChunkBuffer& slot = collecting[i][static_cast<size_t>(rank)];
+    ChunkBuffer& slot = set[i][static_cast<size_t>(rank)];
     PARAMD_RETURN_IF_ERROR(SizeSlot(slot, i));
     if (device) {
-      out.places.push_back(DeviceSlotPlace(collecting, i, rank));
+      out.places.push_back(DeviceSlotPlace(set, i, rank));
     } else {
       out.places.push_back(slot.place() != nullptr ? *slot.place() : Place{});
     }
     out.bytes.push_back(tensors_[i].grad_bytes);
-    out.received.push_back(slot.received());
+    out.received.push_back(received ? slot.received() : 0);
     out.tensors.push_back(tensors_[i].spec.name());
   }
   return out;

@@ -198,6 +198,10 @@ class Job {
   // segment -1 when the backend's exported memory has no room.
   Place DeviceSlotPlace(SlotSet& set, size_t tensor, int32_t rank)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends every tensor's slot of `rank` in `set` (sized now) to `out`: its place in host or
+  // device memory, its bytes, what it received (0 unless `received`) and its tensor's name.
+  absl::StatusOr<SlotPlaces> PlacesOfLocked(SlotSet& set, int32_t rank, bool device, bool received,
+                                            SlotPlaces out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // UNAVAILABLE: the job holds kSlotSets, none for the step a push or slot place asked for.
   absl::Status SlotSetsFull() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes the set that collects the step collected where it is not made yet.

@@ -105,21 +105,21 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 class ImportReactor final : public ReadStream<v1::StateChunk> {
  public:
   ImportReactor(Daemon* daemon, absl::StatusOr<Caller> caller, grpc::ByteBuffer* response)
-      : ReadStream(daemon, "ImportState", response), daemon_(daemon) {
+      : ReadStream(daemon, "ImportState", response) {
     Begin(std::move(caller));
   }
 
  private:
   absl::Status Take(v1::StateChunk& chunk) override {
     if (import_ == nullptr) {
-      PARAMD_RETURN_IF_ERROR(daemon_->CheckServing());
+      PARAMD_RETURN_IF_ERROR(daemon()->CheckServing());
       if (!chunk.has_header()) {
         return absl::InvalidArgumentError(
             "the first chunk of a state stream must carry the StateHeader");
       }
       PARAMD_RETURN_IF_ERROR(caller().MayUseJob(chunk.header().job()));
-      PARAMD_ASSIGN_OR_RETURN(job_, daemon_->registry().Find(chunk.header().job()));
-      import_ = std::make_unique<StateImport>(job_->spec(), daemon_->config().max_chunk_bytes());
+      PARAMD_ASSIGN_OR_RETURN(job_, daemon()->registry().Find(chunk.header().job()));
+      import_ = std::make_unique<StateImport>(job_->spec(), daemon()->config().max_chunk_bytes());
     }
     return import_->Add(chunk);
   }
@@ -145,7 +145,6 @@ class ImportReactor final : public ReadStream<v1::StateChunk> {
     job_.reset();
   }
 
-  Daemon* const daemon_;
   std::shared_ptr<Job> job_;
   std::unique_ptr<StateImport> import_;
 };

@@ -34,7 +34,7 @@ constexpr int kMaxBatchedHeaders = 1024;
 class PushReactor final : public ReadStream<v1::PushChunk> {
  public:
   PushReactor(Daemon* daemon, absl::StatusOr<Caller> caller, grpc::ByteBuffer* response)
-      : ReadStream(daemon, "Push", response), daemon_(daemon) {
+      : ReadStream(daemon, "Push", response) {
     Begin(std::move(caller));
   }
 
@@ -68,7 +68,7 @@ class PushReactor final : public ReadStream<v1::PushChunk> {
 
   // Stores the chunk read, or each of its marks (PushChunk.marks) as a chunk of its own.
   absl::Status Store(v1::PushChunk& chunk) {
-    PARAMD_RETURN_IF_ERROR(daemon_->CheckServing());
+    PARAMD_RETURN_IF_ERROR(daemon()->CheckServing());
     if (!chunk.has_marks()) return StoreOne(chunk);
     if (chunk.marks().entries().empty()) {
       return absl::InvalidArgumentError(
@@ -89,14 +89,14 @@ class PushReactor final : public ReadStream<v1::PushChunk> {
   }
 
   absl::Status StoreOne(const v1::PushChunk& chunk) {
-    const int64_t limit = daemon_->config().max_chunk_bytes();
+    const int64_t limit = daemon()->config().max_chunk_bytes();
     if (static_cast<int64_t>(chunk.data().size()) > limit) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "chunk of ", chunk.data().size(), " bytes exceeds this daemon's max_chunk_bytes (", limit,
           "); split pushes into chunks of at most that size"));
     }
     if (chunk.has_in_place() && chunk.in_place().instance() != 0 &&
-        chunk.in_place().instance() != daemon_->instance()) {
+        chunk.in_place().instance() != daemon()->instance()) {
       return WithReason(
           absl::FailedPreconditionError(absl::StrCat(
               "the slot place of tensor ", Quoted(chunk.tensor()), " ", kFromAnotherDaemonStart,
@@ -107,7 +107,7 @@ class PushReactor final : public ReadStream<v1::PushChunk> {
     }
     if (job_ == nullptr || job_->name() != chunk.job()) {
       PARAMD_RETURN_IF_ERROR(caller().MayUseJob(chunk.job()));
-      absl::StatusOr<std::shared_ptr<Job>> job = daemon_->registry().Find(chunk.job());
+      absl::StatusOr<std::shared_ptr<Job>> job = daemon()->registry().Find(chunk.job());
       if (!job.ok()) return job.status();
       job_ = *std::move(job);
     }
@@ -126,16 +126,15 @@ class PushReactor final : public ReadStream<v1::PushChunk> {
         memory =
             chunk.in_place().memory() == v1::PLACE_MEMORY_DEVICE ? Memory::kDevice : Memory::kHost;
       }
-      daemon_->metrics().Pushed(daemon_->transports().NameOf(memory),
-                                memory.has_value() ? chunk.in_place().bytes()
-                                                   : static_cast<int64_t>(chunk.data().size()));
+      daemon()->metrics().Pushed(daemon()->transports().NameOf(memory),
+                                 memory.has_value() ? chunk.in_place().bytes()
+                                                    : static_cast<int64_t>(chunk.data().size()));
     } else {
       response_.set_chunks_duplicate(response_.chunks_duplicate() + 1);
     }
     return absl::OkStatus();
   }
 
-  Daemon* const daemon_;
   v1::PushResponse response_;
   std::shared_ptr<Job> job_;
   bool ended_ = false;  // the last chunk (PushChunk.last) was read

@@ -44,6 +44,7 @@ class PeerExchange {
   // The token its offers carry where the daemons take tokens (common/token_file.h's PeerToken).
   // Set before the first offer.
   void set_token(std::string token) { token_ = std::move(token); }
+  const std::string& token() const { return token_; }
 
   // This daemon's advertised address, the name jobs' daemon lists give it (known once the server
   // has bound its port).
