@@ -48,6 +48,8 @@ struct CudaServeOutput {
   Direction direction = Direction::kRowwise;
   void* d_data = nullptr;
   void* d_scales = nullptr;  // null for plain casts
+
+  bool operator==(const CudaServeOutput&) const = default;
 };
 
 // One tensor of a multi-tensor step. State buffers are typed by `policy` as in FusedStepArgs
@@ -77,6 +79,9 @@ struct CudaStepTensor {
   const float* d_fp8_delayed_scale = nullptr;
   // Optional: receives the amax of the new stored master (e.g. for the fp8_delayed history).
   float* d_master_amax = nullptr;
+
+  // Equal descriptors make equal plans (a plan made once serves every step that has them).
+  bool operator==(const CudaStepTensor&) const = default;
 };
 
 // Per-step scalars, the same for every tensor of a launch (DESIGN.md §2-§3).

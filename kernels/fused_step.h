@@ -33,6 +33,8 @@ struct StatePolicy {
   MomentType exp_avg_sq = MomentType::kFp32;
   Rounding exp_avg_rounding = Rounding::kNearest;     // must be kNearest for kFp32
   Rounding exp_avg_sq_rounding = Rounding::kNearest;  // must be kNearest for kFp32
+
+  bool operator==(const StatePolicy&) const = default;
 };
 
 // The policy with DESIGN.md §3's default rounding: stochastic for an fp8 exp_avg_sq (nearest

@@ -249,13 +249,14 @@ class Backend {
   // (cuda:N): the job then calls StepOnDevice instead of CheckGradients and Step.
   virtual bool DecidesOnDevice() const { return false; }
   // The gradient check, the decision (skip where a gradient is not finite; the clip from the block
-  // sums when max_grad_norm > 0) and the step, queued together: `tensor_done(i)` is called as in
-  // Step once the work is queued, before the outcome is known, and the outcome is returned once
-  // the step has run. `scalars.clip` is not read and `scalars.k` counts this step as applied. A
-  // skipped step leaves the state as it is and re-serves each tensor's `previous` bytes.
+  // sums when max_grad_norm > 0) and the step, queued together: `queued()` is called once, when
+  // every tensor's work is queued, before the outcome is known (the job publishes all versions
+  // under one lock), and the outcome is returned once the step has run. `scalars.clip` is not read
+  // and `scalars.k` counts this step as applied. A skipped step leaves the state as it is and
+  // re-serves each tensor's `previous` bytes.
   virtual absl::StatusOr<StepOutcome> StepOnDevice(std::span<TensorStep> tensors,
                                                    const StepScalars& scalars, double max_grad_norm,
-                                                   const std::function<void(size_t)>& tensor_done) {
+                                                   const std::function<void()>& queued) {
     return absl::UnimplementedError("backend " + name() + " does not decide steps on the device");
   }
   // The event a lent gradient's mark names (LentMemory.ready_event), opened here and kept while the
@@ -308,6 +309,9 @@ class Backend {
   virtual absl::Status ReadyHostBytes(const ServedTensor& served) { return absl::OkStatus(); }
   // Versions copied down so far by ReadyHostBytes (a test counts them).
   virtual int64_t host_copies() const { return 0; }
+  // Step plans made so far (a backend that keeps its steps' plans, cuda:N, makes one only for a
+  // step whose tensors' buffers it has not seen in a recent step; a test counts them).
+  virtual int64_t plans_made() const { return 0; }
 
   // True where the state and served formats live in GPU memory (cuda:N), which the daemon's
   // device memory budget then covers (server/job/job_memory.h).

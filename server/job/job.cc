@@ -858,18 +858,21 @@ StepReport Job::StepOnDevice(const StepWork& work, std::span<TensorStep> steps,
                              std::vector<std::shared_ptr<ServedTensor>>& outputs,
                              const StepScalars& scalars,
                              std::chrono::steady_clock::time_point start) {
-  // Each version is published once its step is queued, its outcome pending until the step ran.
+  // The versions are published together once the step is queued (one lock, then the pulls they
+  // wake), their outcome pending until the step ran.
   std::vector<ServedTensor*> published;
-  auto publish = [&](size_t i) {
-    PARAMD_CHECK(i < outputs.size() && outputs[i] != nullptr)
-        << "job " << name_ << ": tensor " << i << " of step " << work.step << " reported twice";
+  auto publish = [&] {
+    PARAMD_CHECK(published.empty())
+        << "job " << name_ << ": step " << work.step << " reported queued twice";
     std::vector<std::function<void()>> wake;
     {
       absl::MutexLock lock(&mu_);
-      outputs[i]->version = work.step + 1;
-      outputs[i]->SetOutcomePending();
-      published.push_back(outputs[i].get());
-      served_.Publish(static_cast<int>(i), std::move(outputs[i]), &wake);
+      for (size_t i = 0; i < outputs.size(); ++i) {
+        outputs[i]->version = work.step + 1;
+        outputs[i]->SetOutcomePending();
+        published.push_back(outputs[i].get());
+        served_.Publish(static_cast<int>(i), std::move(outputs[i]), &wake);
+      }
     }
     for (auto& w : wake) w();
   };

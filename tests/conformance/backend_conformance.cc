@@ -7,6 +7,7 @@
 
 #include "kernels/recipes.h"
 #include "server/job/job.h"
+#include "server/job/job_memory.h"
 #include "server/registration.h"
 #include "server/state/state_transfer.h"
 #include "tests/unit/server/policy_cases.h"
@@ -246,6 +247,30 @@ TEST_P(BackendConformanceTest, HostBytesAreCopiedDownOnlyForAHostReaderOncePerVe
   EXPECT_TRUE(BitIdentical(h.Served(3, v1::RECIPE_FP8_TENSOR, v1::DIRECTION_ROWWISE),
                            reference.Served(3, v1::RECIPE_FP8_TENSOR, v1::DIRECTION_ROWWISE)));
   EXPECT_EQ(h.backend().host_copies(), 2 * copies);
+}
+
+// A job's steps cycle through a few buffer sets (its served versions): a backend that keeps its
+// steps' plans makes a handful for many steps, and every step is still the reference's, bit for
+// bit (a kept plan must never serve a step whose buffers differ from the ones it was made for).
+TEST_P(BackendConformanceTest, ManyStepsReuseAFewPlansAndStayExact) {
+  const v1::RegisterRequest spec = PolicySpec(ConformancePolicies()[0]);
+  const std::vector<std::vector<float>> initial = PolicyWeights(spec);
+  RegistryJobHarness h(spec, MakeBackend());
+  PolicyReferenceJob reference(spec, initial);
+  ASSERT_TRUE(h.Start(initial).ok());
+  constexpr int64_t kSteps = 12;
+  for (int64_t step = 0; step < kSteps; ++step) {
+    const StepGradients grads = RandomGradients(spec, 1200 + static_cast<uint64_t>(step));
+    ASSERT_TRUE(h.RunStep(step, grads).ok());
+    ASSERT_TRUE(reference.Step(grads, std::nullopt, 1.0));
+    for (int i = 0; i < spec.tensors_size(); ++i) {
+      EXPECT_TRUE(BitIdentical(h.Served(i, v1::RECIPE_BF16, v1::DIRECTION_ROWWISE),
+                               reference.Served(i, v1::RECIPE_BF16, v1::DIRECTION_ROWWISE)))
+          << spec.tensors(i).name() << " step " << step;
+    }
+  }
+  // kServedVersions served buffer sets, and one more plan at most for the first step's state.
+  EXPECT_LE(h.backend().plans_made(), kServedVersions + 1);
 }
 
 TEST_P(BackendConformanceTest, AStateReadPastItsArrayIsAStatusAndAReadInsideIsTheWeights) {

@@ -4,10 +4,13 @@
 #include "transport/cuda_ipc/cuda_ipc.h"
 
 #include <cuda_runtime_api.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <random>
 
+#include "common/in_process_key.h"
+#include "paramd/v1/data.grpc.pb.h"
 #include "tests/conformance/transport_conformance.h"
 
 namespace paramd::testing {
@@ -155,6 +158,55 @@ TEST_P(CudaIpcTest, LentGradientsAreReadWhereTheyLieAndGiveTheSameSteps) {
   EXPECT_EQ(status.jobs(0).slot_bytes(), 0) << "the daemon kept slots for lent gradients";
   lending->reset();
   for (std::byte* d : d_grads) cudaFree(d);
+}
+
+// A lent gradient is read at the address a mark names only where the mark carries this process's
+// key (common/in_process_key.h: a trainer in the daemon's own process), never because it names the
+// daemon's pid: without the key the mark is read by its IPC handle (here it has none: refused),
+// and nothing is stored; with it, the same mark is read where it lies.
+TEST_P(CudaIpcTest, ALentMarkNamingTheDaemonsPidIsReadByAddressOnlyWithTheProcesssKey) {
+  constexpr size_t kN = 1024;
+  Register("pid", {Spec("t", 1, kN)}, 1);
+  const std::vector<float> p = Random(kN, 1, 0.02f), g = Random(kN, 2, 1e-3f);
+  const PushItem init[] = {{"t", Bytes(p)}};
+  ASSERT_TRUE(transport_->Push({"pid", 0, 0, v1::PUSH_KIND_INITIAL_WEIGHTS}, init, Soon()).ok());
+  void* d_grad = nullptr;
+  ASSERT_EQ(cudaMalloc(&d_grad, kN * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_grad, g.data(), kN * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  v1::PushChunk chunk;
+  chunk.set_job("pid");
+  chunk.set_tensor("t");
+  chunk.set_kind(v1::PUSH_KIND_GRADIENT);
+  chunk.set_last(true);
+  v1::InPlaceMark* mark = chunk.mutable_in_place();
+  mark->set_bytes(kN * sizeof(float));
+  mark->set_memory(v1::PLACE_MEMORY_DEVICE);
+  mark->mutable_lent()->set_address(reinterpret_cast<uint64_t>(d_grad));
+  mark->mutable_lent()->set_pid(static_cast<int64_t>(getpid()));
+  const std::unique_ptr<v1::Data::Stub> data = v1::Data::NewStub(channel_);
+  auto push = [&](v1::PushResponse* response) {
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientWriter<v1::PushChunk>> writer = data->Push(&context, response);
+    writer->Write(chunk);
+    writer->WritesDone();
+    return writer->Finish();
+  };
+  v1::PushResponse refused;
+  const grpc::Status without_key = push(&refused);
+  EXPECT_EQ(without_key.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << without_key.error_message();
+  EXPECT_NE(without_key.error_message().find("IPC handle"), std::string::npos)
+      << without_key.error_message();
+  mark->mutable_lent()->set_in_process_key(InProcessKey());
+  v1::PushResponse stored;
+  const grpc::Status with_key = push(&stored);
+  ASSERT_TRUE(with_key.ok()) << with_key.error_message();
+  EXPECT_EQ(stored.chunks_stored(), 1) << "the refused mark was stored";
+  ASSERT_TRUE(Commit("pid", 0, 0).ok());
+  Pulled pulled;
+  ASSERT_TRUE(transport_->Pull(Target("pid", "t", 1), Soon(), &pulled).ok());
+  EXPECT_EQ(pulled.header.version(), 1);
+  cudaFree(d_grad);
 }
 
 TEST_P(CudaIpcTest, IsTheAutomaticChoiceOnAGpuDaemon) {

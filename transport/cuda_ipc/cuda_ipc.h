@@ -6,14 +6,14 @@
 // Push first makes its stream wait for the work queued so far on the trainer's stream
 // (TransportContext::cuda_stream; the legacy default stream unless named), so a gradient still
 // being written by backward is copied once written. It restores the caller's current device.
-// Push copies each gradient (host or device memory: the copy reads either) into its slot, in
-// pieces, and marks each piece with an in-place push once the copy of that piece has completed (an
-// event on its stream, waited for on the host). Waiting on the host is the ordering: Push must not
-// return before the caller's buffer has been read anyway, and once a copy has completed its bytes
-// are in the daemon's GPU memory for any later work there (the step starts only after the commit
-// that follows the marks), so no IPC event is needed. The marks of a push travel together, sent
-// with the last piece's (PushChunk.marks, transport/placed.h). After a push, the places of the next
-// step are asked for in the background, so the next push copies at once.
+// Push copies each gradient (host or device memory: the copy reads either) into its slot, waits
+// on the host for the copies, then marks every gradient written in one message (PushChunk.marks).
+// Waiting on the host is the ordering: Push must not return before the caller's buffer has been
+// read anyway, and once a copy has completed its bytes are in the daemon's GPU memory for any later
+// work there (the step starts only after the commit that follows the marks), so no IPC event is
+// needed. With lent gradients (ClientOptions::lend_gradients) nothing is copied: the marks name
+// the trainer's memory and an event recorded on its stream, and are sent at once. After a push,
+// the places of the next step are asked for in the background, so the next push copies at once.
 //
 // Pull copies the leased served bytes into host memory (Pulled::data). PullInPlace returns a view
 // of the served bytes in the daemon's GPU memory: PulledView::data then holds a DEVICE pointer (of

@@ -14,16 +14,13 @@
 #include "absl/strings/str_cat.h"
 #include "common/cuda_allocation.h"
 #include "common/cuda_status.h"
+#include "common/in_process_key.h"
 #include "transport/cuda_ipc/cuda_ipc.h"
 #include "transport/gpu_items.h"
 #include "transport/placed.h"
 
 namespace paramd {
 namespace {
-
-// A gradient is copied and marked in pieces of at most this size, so the marks' round trips run
-// while later pieces still copy (a multiple of every element size).
-constexpr int64_t kPieceBytes = int64_t{512} << 20;
 
 bool InThisProcess(uint64_t base) {
   cudaPointerAttributes attributes;
@@ -62,7 +59,6 @@ class CudaIpcTransport final : public PlacedTransport {
     Stop();  // releases and slot look-aheads still in flight; their deadlines bound this
     if (device_ < 0) return;
     const DeviceScope scope(device_);
-    for (cudaEvent_t event : events_) cudaEventDestroy(event);
     if (callers_work_ != nullptr) cudaEventDestroy(callers_work_);
     if (step_event_opened_) cudaEventDestroy(step_event_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -118,6 +114,7 @@ class CudaIpcTransport final : public PlacedTransport {
     PARAMD_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device_));
     PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     same_gpu_ = *daemon_gpu == device_;
+    daemon_in_process_ = response.cuda_ipc().pid() == static_cast<int64_t>(getpid());
     // Another GPU's memory is read and written peer to peer (NVLink, or PCIe where the topology
     // allows it): without a peer path the pair is left to the next transport of the table.
     if (!same_gpu_) {
@@ -221,6 +218,8 @@ class CudaIpcTransport final : public PlacedTransport {
       l.memory.set_offset(reinterpret_cast<const uint8_t*>(item.data.data()) - allocation->base);
       l.memory.set_address(reinterpret_cast<uint64_t>(item.data.data()));
       l.memory.set_pid(static_cast<int64_t>(getpid()));
+      // Only to a daemon in this process, which reads the address itself (its key is this one).
+      if (daemon_in_process_) l.memory.set_in_process_key(InProcessKey());
       // Backward's writes are ordered by the event BeforePush recorded after them: the daemon's
       // step waits for it on the GPU, and nothing here waits for the device.
       l.memory.set_ready_event(callers_work_handle_);
@@ -252,8 +251,8 @@ class CudaIpcTransport final : public PlacedTransport {
     return SameBytes(slot, data.data(), data.size(), stream_);
   }
 
-  // Each piece is marked once its copy has completed (see cuda_ipc.h); the stream is synchronized
-  // whatever happens, as the caller may reuse its buffers when Push returns.
+  // The marks follow the copies (see cuda_ipc.h); the stream is synchronized whatever happens, as
+  // the caller may reuse its buffers when Push returns.
   absl::Status CopyAndMark(const PushPlan& plan, Marks& marks) override {
     const DeviceScope scope(device_);
     if (!scope.status().ok()) return scope.status();
@@ -267,52 +266,21 @@ class CudaIpcTransport final : public PlacedTransport {
     return s;
   }
 
-  // Copies the placed items into their slots in pieces, an event after each, and marks each piece
-  // once its event has completed (an item whose slot holds it already, a retry, is marked only).
+  // Copies the placed items into their slots, waits once for every copy, and marks the items in
+  // one message (an item whose slot holds it already, a retry, is marked only).
   absl::Status CopyAndMarkLocked(const PushPlan& plan, Marks& marks) {
-    struct Piece {
-      const PushItem* item;
-      int64_t offset;
-      int64_t bytes;
-      int event;  // index into events_; -1: nothing copied
-    };
-    std::vector<Piece> pieces;
-    size_t used_events = 0;
+    std::vector<const PushItem*> marked;
     for (size_t i = 0; i < plan.placed.size(); ++i) {
       const PushItem& item = *plan.placed[i];
-      const int64_t size = static_cast<int64_t>(item.data.size());
-      for (int64_t offset = 0; offset < size; offset += kPieceBytes) {
-        Piece piece{&item, offset, std::min(kPieceBytes, size - offset), -1};
-        if (plan.slots[i] != nullptr) {
-          if (used_events == events_.size()) {
-            cudaEvent_t event;
-            PARAMD_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-            events_.push_back(event);
-          }
-          PARAMD_CUDA_RETURN_IF_ERROR(
-              cudaMemcpyAsync(plan.slots[i] + offset, item.data.data() + offset,
-                              static_cast<size_t>(piece.bytes), cudaMemcpyDefault, stream_));
-          PARAMD_CUDA_RETURN_IF_ERROR(cudaEventRecord(events_[used_events], stream_));
-          piece.event = static_cast<int>(used_events++);
-        }
-        pieces.push_back(piece);
-      }
+      if (item.data.empty()) continue;  // nothing to mark (a mark names > 0 bytes)
+      marked.push_back(&item);
+      if (plan.slots[i] == nullptr) continue;
+      PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(plan.slots[i], item.data.data(), item.data.size(),
+                                                  cudaMemcpyDefault, stream_));
     }
-    for (size_t p = 0; p < pieces.size(); ++p) {
-      if (pieces[p].event >= 0) {
-        if (absl::Status s =
-                CudaStatus(cudaEventSynchronize(events_[pieces[p].event]), "cudaEventSynchronize");
-            !s.ok()) {
-          marks.Cancel();
-          return s;
-        }
-      }
-      if (!marks.Mark(pieces[p].item->tensor, pieces[p].offset, pieces[p].bytes,
-                      p + 1 == pieces.size())) {
-        break;  // the daemon ended the stream (or it was the last): Finish says why
-      }
-    }
-    return marks.Finish();  // OK with nothing marked (empty tensors)
+    if (marked.empty()) return absl::OkStatus();
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    return marks.MarkWhole(marked);
   }
 
   // Queued on the stream as each header arrives; FinishCopies waits for them all.
@@ -343,15 +311,15 @@ class CudaIpcTransport final : public PlacedTransport {
     uint64_t id = 0;  // the allocation's (CudaAllocation::id)
     std::string handle;
   };
-  bool same_gpu_ = false;  // the trainer's GPU is the daemon's: gradients can be lent
+  bool same_gpu_ = false;           // the trainer's GPU is the daemon's: gradients can be lent
+  bool daemon_in_process_ = false;  // the daemon runs in this process (tests)
   std::mutex lend_mu_;
   std::map<const uint8_t*, Handle> handles_;  // of lent allocations, by base
   int device_ = -1;  // the trainer's GPU: its stream, and the context handles are opened in
   cudaStream_t stream_ = nullptr;
   cudaEvent_t callers_work_ = nullptr;  // recorded on the trainer's stream, waited for by stream_
   std::string callers_work_handle_;     // its cudaIpcEventHandle_t bytes (lent gradients' marks)
-  std::mutex push_mu_;                  // one push's copies and marks at a time: the events
-  std::vector<cudaEvent_t> events_;     // one per piece of a push, reused
+  std::mutex push_mu_;                  // one push's copies and marks at a time on stream_
   std::mutex event_mu_;                 // the daemon's step event:
   std::string step_event_handle_;       // as the daemon named it (empty: none)
   uint64_t step_event_local_ = 0;       // and its address in the daemon's process

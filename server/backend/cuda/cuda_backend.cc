@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -481,13 +482,13 @@ class CudaBackend : public Backend {
   }
 
   bool DecidesOnDevice() const override { return true; }
-  absl::StatusOr<StepOutcome> StepOnDevice(
-      std::span<TensorStep> tensors, const StepScalars& scalars, double max_grad_norm,
-      const std::function<void(size_t)>& tensor_done) override {
+  absl::StatusOr<StepOutcome> StepOnDevice(std::span<TensorStep> tensors,
+                                           const StepScalars& scalars, double max_grad_norm,
+                                           const std::function<void()>& queued) override {
     if (absl::Status s = CheckNoWholeAmax(tensors); !s.ok()) return s;
     std::lock_guard<std::mutex> lock(mu_);
     absl::StatusOr<StepOutcome> outcome =
-        StepOnDeviceLocked(tensors, scalars, max_grad_norm, tensor_done);
+        StepOnDeviceLocked(tensors, scalars, max_grad_norm, queued);
     if (!outcome.ok()) NoticeFailure(outcome.status());
     return outcome;
   }
@@ -537,6 +538,7 @@ class CudaBackend : public Backend {
     const_cast<ServedTensor&>(served).ResolveOutcome(all_finite == 0);
   }
   int64_t host_copies() const override { return host_copies_.load(); }
+  int64_t plans_made() const override { return plans_made_.load(); }
 
   absl::StatusOr<int64_t> FreeDeviceMemory() override {
     const DeviceScope scope(device_);
@@ -595,11 +597,11 @@ class CudaBackend : public Backend {
     if (absl::Status s = Upload(tensors); !s.ok()) return s;
     if (absl::Status s = Plan(tensors, /*wait=*/true); !s.ok()) return s;
     const auto planned = std::chrono::steady_clock::now();
-    const size_t blocks = static_cast<size_t>(plan_.num_norm_blocks());
+    const size_t blocks = static_cast<size_t>(plan().num_norm_blocks());
     if (absl::Status s = CheckBuffers(norms); !s.ok()) return s;
     if (absl::Status s = WaitForLentGradients(tensors); !s.ok()) return s;
     absl::Status st = FromKernel(kernels::GradCheckCuda(
-        plan_, grad_scale, norms ? static_cast<double*>(norm_sums_.get()) : nullptr,
+        plan(), grad_scale, norms ? static_cast<double*>(norm_sums_.get()) : nullptr,
         static_cast<int*>(finite_.get()), stream_));
     if (!st.ok()) return st;
     int all_finite = 0;
@@ -635,15 +637,16 @@ class CudaBackend : public Backend {
                           const std::function<void(size_t)>& tensor_done) {
     PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     const auto start = std::chrono::steady_clock::now();
-    // The slots went up and plan_ was made in CheckGradients, which the job always calls first
-    // with the same tensors; binding it again resets the counters the check's launches used.
-    if (absl::Status s = FromKernel(plan_.Bind(workspace_.get(), workspace_.bytes(), stream_));
-        !s.ok()) {
-      return s;
-    }
+    // The slots went up and the plan was made in CheckGradients, which the job always calls first
+    // with the same tensors; the check's launches used its counters.
+    if (absl::Status s = FromKernel(plan().ResetCounters(stream_)); !s.ok()) return s;
     if (absl::Status s = QueueStep(tensors, KernelScalars(scalars)); !s.ok()) return s;
     if (absl::Status s = ServeSplitPerTensor(tensors); !s.ok()) return s;
-    if (absl::Status s = Publish(tensors, start, tensor_done); !s.ok()) return s;
+    auto each_done = [&] {
+      if (!tensor_done) return;
+      for (size_t i = 0; i < tensors.size(); ++i) tensor_done(i);
+    };
+    if (absl::Status s = Publish(tensors, start, each_done); !s.ok()) return s;
     const float* amax = HostScalars() + tensors.size();
     for (size_t i = 0; i < tensors.size(); ++i) {
       static_cast<CudaTensorState*>(tensors[i].state)->history.Append(amax[i]);
@@ -657,7 +660,7 @@ class CudaBackend : public Backend {
   // there, and a skipped step's copies put the previous version's bytes into the new one.
   absl::StatusOr<StepOutcome> StepOnDeviceLocked(std::span<TensorStep> tensors,
                                                  const StepScalars& scalars, double max_grad_norm,
-                                                 const std::function<void(size_t)>& tensor_done) {
+                                                 const std::function<void()>& queued) {
     PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     const auto start = std::chrono::steady_clock::now();
     if (absl::Status s = Upload(tensors); !s.ok()) return s;
@@ -679,18 +682,18 @@ class CudaBackend : public Backend {
     auto* sums = static_cast<double*>(norm_sums_.get());
     auto* clip = static_cast<float*>(clip_.get());
     if (absl::Status s = FromKernel(kernels::GradCheckCuda(
-            plan_, scalars.grad_scale, clipping ? sums : nullptr, finite, stream_));
+            plan(), scalars.grad_scale, clipping ? sums : nullptr, finite, stream_));
         !s.ok()) {
       return s;
     }
     if (clipping) {
-      if (absl::Status s = FromKernel(kernels::StepDecisionCuda(sums, plan_.num_norm_blocks(),
+      if (absl::Status s = FromKernel(kernels::StepDecisionCuda(sums, plan().num_norm_blocks(),
                                                                 max_grad_norm, clip, stream_));
           !s.ok()) {
         return s;
       }
     }
-    if (absl::Status s = FromKernel(plan_.ResetCounters(stream_)); !s.ok()) return s;
+    if (absl::Status s = FromKernel(plan().ResetCounters(stream_)); !s.ok()) return s;
     std::vector<float> delayed_before;
     for (const TensorStep& t : tensors) {
       delayed_before.push_back(static_cast<const CudaTensorState*>(t.state)->delayed_scale);
@@ -724,7 +727,7 @@ class CudaBackend : public Backend {
           cudaMemcpyAsync(clip_bytes, clip, sizeof(float), cudaMemcpyDeviceToHost, stream_));
     }
     for (TensorStep& t : tensors) t.out->decision_flag = flag;
-    if (absl::Status s = Publish(tensors, start, tensor_done); !s.ok()) return s;
+    if (absl::Status s = Publish(tensors, start, queued); !s.ok()) return s;
     StepOutcome outcome;
     outcome.skipped = *reinterpret_cast<const volatile int*>(flag) == 0;
     if (clipping) std::memcpy(&outcome.clip, clip_bytes, sizeof(float));
@@ -766,7 +769,7 @@ class CudaBackend : public Backend {
     if (finite_.get() == nullptr) {
       if (absl::Status s = finite_.Allocate(sizeof(int)); !s.ok()) return s;
     }
-    const size_t blocks = static_cast<size_t>(plan_.num_norm_blocks());
+    const size_t blocks = static_cast<size_t>(plan().num_norm_blocks());
     if (norms && norm_sums_.bytes() < blocks * sizeof(double)) {
       norm_sums_.Free();
       if (absl::Status s = norm_sums_.Allocate(blocks * sizeof(double)); !s.ok()) return s;
@@ -794,7 +797,7 @@ class CudaBackend : public Backend {
     // The kernel's own time, for --log_level=debug (what the step's device time is made of).
     const bool timed = GetLogLevel() == LogLevel::kDebug;
     if (timed) PARAMD_CUDA_RETURN_IF_ERROR(cudaEventRecord(kernel_timing_[0], stream_));
-    if (absl::Status s = FromKernel(kernels::FusedStepCuda(plan_, k, stream_)); !s.ok()) return s;
+    if (absl::Status s = FromKernel(kernels::FusedStepCuda(plan(), k, stream_)); !s.ok()) return s;
     if (timed) PARAMD_CUDA_RETURN_IF_ERROR(cudaEventRecord(kernel_timing_[1], stream_));
     for (size_t i = 0; i < tensors.size(); ++i) {
       auto& s = *static_cast<CudaTensorState*>(tensors[i].state);
@@ -922,14 +925,13 @@ class CudaBackend : public Backend {
     return absl::OkStatus();
   }
 
-  // Records step_done_ after the queued step, reports every tensor done, and waits for the step.
+  // Records step_done_ after the queued step, reports it queued (every tensor done), and waits for
+  // the step.
   absl::Status Publish(std::span<TensorStep> tensors, std::chrono::steady_clock::time_point start,
-                       const std::function<void(size_t)>& tensor_done) {
+                       const std::function<void()>& queued) {
     PARAMD_CUDA_RETURN_IF_ERROR(cudaEventRecord(step_done_, stream_));
     const auto enqueued = std::chrono::steady_clock::now();
-    if (tensor_done) {
-      for (size_t i = 0; i < tensors.size(); ++i) tensor_done(i);
-    }
+    if (queued) queued();
     const auto published = std::chrono::steady_clock::now();
     PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     if (GetLogLevel() == LogLevel::kDebug) {
@@ -940,7 +942,8 @@ class CudaBackend : public Backend {
                         << " tensors: enqueue " << Ms(start, enqueued) << " ms, publish "
                         << Ms(enqueued, published) << " ms, then the device "
                         << Ms(published, std::chrono::steady_clock::now()) << " ms (the kernel "
-                        << kernel_ms << " ms)";
+                        << kernel_ms << " ms); plans made " << plans_made_.load() << " for "
+                        << plan_uses_ << " uses";
     }
     return absl::OkStatus();
   }
@@ -1084,23 +1087,76 @@ class CudaBackend : public Backend {
       d.d_fp8_delayed_scale = step_scalars + descs.size() - 1;
       d.d_master_amax = step_scalars + tensors.size() + descs.size() - 1;
     }
-    if (absl::Status s = FromKernel(kernels::CudaStepPlan::Create(descs, &plan_)); !s.ok()) {
+    return UsePlan(std::move(descs), wait);
+  }
+
+  // Makes the plan of `descs` the step's: a kept one made from the same descriptors (bound
+  // already: only its counters are zeroed), else one made now into the least recently used place,
+  // bound without waiting unless `wait`. A place's workspace is allocated only when it is too
+  // small; where that fails (another job filled the GPU) a kept workspace large enough is taken
+  // over, so a job whose steps ran before still steps.
+  absl::Status UsePlan(std::vector<kernels::CudaStepTensor> descs, bool wait) {
+    ++plan_uses_;
+    for (KeptPlan& kept : plans_) {
+      if (kept.bound && kept.descs == descs) {
+        kept.used = plan_uses_;
+        plan_ = &kept;
+        return FromKernel(kept.plan.ResetCounters(stream_));
+      }
+    }
+    kernels::CudaStepPlan made;
+    if (absl::Status s = FromKernel(kernels::CudaStepPlan::Create(descs, &made)); !s.ok()) {
       return s;
     }
-    if (workspace_.bytes() < plan_.workspace_bytes()) {
-      workspace_.Free();
-      if (absl::Status s = workspace_.Allocate(plan_.workspace_bytes()); !s.ok()) return s;
+    plans_made_.fetch_add(1);
+    KeptPlan* place =
+        &*std::min_element(plans_.begin(), plans_.end(),
+                           [](const KeptPlan& a, const KeptPlan& b) { return a.used < b.used; });
+    if (place->workspace.bytes() < made.workspace_bytes()) {
+      place->bound = false;
+      place->workspace.Free();
+      if (absl::Status s = place->workspace.Allocate(made.workspace_bytes()); !s.ok()) {
+        KeptPlan* roomy = nullptr;
+        for (KeptPlan& kept : plans_) {
+          if (kept.workspace.bytes() >= made.workspace_bytes()) roomy = &kept;
+        }
+        if (roomy == nullptr) return s;
+        place = roomy;
+      }
     }
-    if (wait) return FromKernel(plan_.Bind(workspace_.get(), workspace_.bytes(), stream_));
-    const auto staging_bytes = static_cast<int64_t>(plan_.workspace_bytes());
-    if (plan_staging_.size() < staging_bytes) {
+    place->bound = false;
+    place->descs = std::move(descs);
+    place->plan = std::move(made);
+    place->used = plan_uses_;
+    plan_ = place;
+    if (wait) {
+      PARAMD_RETURN_IF_ERROR(
+          FromKernel(place->plan.Bind(place->workspace.get(), place->workspace.bytes(), stream_)));
+      place->bound = true;
+      return absl::OkStatus();
+    }
+    const auto staging_bytes = static_cast<int64_t>(place->plan.workspace_bytes());
+    if (place->staging.size() < staging_bytes) {
       absl::StatusOr<HostBuffer> pinned = HostAllocator()->Allocate(staging_bytes);
       if (!pinned.ok()) return pinned.status();
-      plan_staging_ = *std::move(pinned);
+      place->staging = *std::move(pinned);
     }
-    return FromKernel(
-        plan_.BindAsync(workspace_.get(), workspace_.bytes(), plan_staging_.data(), stream_));
+    PARAMD_RETURN_IF_ERROR(FromKernel(place->plan.BindAsync(
+        place->workspace.get(), place->workspace.bytes(), place->staging.data(), stream_)));
+    place->bound = true;
+    return absl::OkStatus();
   }
+
+  // A step's plan kept across steps, with the workspace its descriptors are bound in.
+  struct KeptPlan {
+    std::vector<kernels::CudaStepTensor> descs;  // what it was made from
+    kernels::CudaStepPlan plan;
+    bool bound = false;  // its descriptors are in `workspace`
+    DeviceBuffer workspace;
+    HostBuffer staging;  // page-locked: the descriptors on their way up (BindAsync)
+    uint64_t used = 0;   // the plan_uses_ count of its last step (the least recent is replaced)
+  };
+  kernels::CudaStepPlan& plan() { return plan_->plan; }
 
   const int device_;
   kernels::ThreadPool pool_;  // version 0 on the host
@@ -1112,9 +1168,15 @@ class CudaBackend : public Backend {
   cudaEvent_t kernel_timing_[2] = {nullptr, nullptr};  // around the fused kernel (debug log)
   std::string step_event_;                             // its cudaIpcEventHandle_t bytes
   std::atomic<int64_t> host_copies_{0};
-  kernels::CudaStepPlan plan_;
-  DeviceBuffer workspace_;
-  HostBuffer plan_staging_;  // page-locked: the descriptors on their way up (BindAsync)
+  // Steps' plans, kept: a job's steps cycle through a few sets of buffers (its served versions, its
+  // slot sets or the trainers' lent gradients: 6 combinations at most for a job of kSlotSets slot
+  // sets and 2 served versions in use), so a step's descriptors are most often a step's of a few
+  // steps back, and its plan is reused instead of made and sent up again.
+  static constexpr size_t kKeptPlans = 8;
+  std::array<KeptPlan, kKeptPlans> plans_;
+  KeptPlan* plan_ = nullptr;  // the step's (UsePlan)
+  uint64_t plan_uses_ = 0;
+  std::atomic<int64_t> plans_made_{0};  // plans made, not kept ones reused (plans_made())
   static constexpr int kDecisionFlags = 16;
   HostBuffer decision_flags_;  // page-locked ring: steps decided on the device, their flags
   uint64_t decided_steps_ = 0;

@@ -1,13 +1,13 @@
 #include "server/backend/cuda/lent_memory.h"
 
 #include <cuda_runtime_api.h>
-#include <unistd.h>
 
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda_allocation.h"
 #include "common/cuda_status.h"
+#include "common/in_process_key.h"
 
 namespace paramd {
 
@@ -36,9 +36,10 @@ absl::StatusOr<std::shared_ptr<const void>> LentMemory::Map(const v1::LentMemory
                                                             int64_t bytes) {
   const DeviceScope scope(device_);
   if (!scope.status().ok()) return scope.status();
-  if (lent.pid() == static_cast<int64_t>(getpid())) {
+  if (IsInProcessKey(lent.in_process_key())) {
     // A trainer in this process (tests): its address is valid here as it is, and it holds the
-    // memory itself, so the result owns nothing.
+    // memory itself, so the result owns nothing. Only the process's own key says so: a pid is
+    // easily guessed, and another process's address must never be used here.
     const auto* p = reinterpret_cast<const uint8_t*>(lent.address());
     absl::StatusOr<CudaAllocation> allocation = CudaAllocationOf(p);
     if (!allocation.ok()) return allocation.status();
@@ -87,7 +88,7 @@ absl::StatusOr<std::shared_ptr<const void>> LentMemory::Map(const v1::LentMemory
 }
 
 absl::StatusOr<const void*> LentMemory::ReadyEvent(const v1::LentMemory& lent) {
-  if (lent.pid() == static_cast<int64_t>(getpid())) {
+  if (IsInProcessKey(lent.in_process_key())) {
     // A trainer in this process (tests): the event itself (CUDA opens no process's own handles).
     return reinterpret_cast<const void*>(lent.ready_event_local());
   }

@@ -18,15 +18,15 @@
 namespace paramd::testing {
 namespace {
 
-// The cpu backend behind StepOnDevice: the check, the decision and the step in one call, every
-// tensor reported before the outcome; `inside` runs after the last report, before the return.
+// The cpu backend behind StepOnDevice: the check, the decision and the step in one call, the step
+// reported queued before the outcome; `inside` runs after that report, before the return.
 class DecidingCpuBackend : public CpuBackend {
  public:
   DecidingCpuBackend() : CpuBackend(2) {}
   bool DecidesOnDevice() const override { return true; }
-  absl::StatusOr<StepOutcome> StepOnDevice(
-      std::span<TensorStep> tensors, const StepScalars& scalars, double max_grad_norm,
-      const std::function<void(size_t)>& tensor_done) override {
+  absl::StatusOr<StepOutcome> StepOnDevice(std::span<TensorStep> tensors,
+                                           const StepScalars& scalars, double max_grad_norm,
+                                           const std::function<void()>& queued) override {
     ++calls;
     absl::StatusOr<GradientCheck> check =
         CheckGradients(tensors, scalars.grad_scale, max_grad_norm > 0);
@@ -40,8 +40,8 @@ class DecidingCpuBackend : public CpuBackend {
           std::memcpy(tensors[i].out->formats[f].bytes.data(), from.data(),
                       static_cast<size_t>(from.size()));
         }
-        tensor_done(i);
       }
+      queued();
     } else {
       StepScalars decided = scalars;
       if (max_grad_norm > 0) {
@@ -53,7 +53,8 @@ class DecidingCpuBackend : public CpuBackend {
             kernels::SumInOrder(blocks.data(), static_cast<int64_t>(blocks.size())), max_grad_norm);
       }
       outcome.clip = decided.clip;
-      if (absl::Status s = Step(tensors, decided, tensor_done); !s.ok()) return s;
+      if (absl::Status s = Step(tensors, decided); !s.ok()) return s;
+      queued();
     }
     if (inside) inside();
     return outcome;
