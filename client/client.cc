@@ -493,9 +493,10 @@ absl::Status Client::Release(std::span<const PulledView> views) {
   return Retry([&] { return transport_->ReleaseMany(leases, NextDeadline()); });
 }
 
-absl::StatusOr<v1::StatusResponse> Client::Status(const std::string& job) {
+absl::StatusOr<v1::StatusResponse> Client::Status(const std::string& job, bool daemon_only) {
   v1::StatusRequest request;
   request.set_job(job);
+  request.set_daemon_only(daemon_only);
   v1::StatusResponse response;
   absl::Status status = Retry([&] {
     return Unary(NextDeadline(), [&](grpc::ClientContext* context) {

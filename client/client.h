@@ -151,7 +151,9 @@ class Client {
   // Ends the leases of several views in one call.
   absl::Status Release(std::span<const PulledView> views);
 
-  absl::StatusOr<v1::StatusResponse> Status(const std::string& job = "");
+  // `daemon_only`: the daemon's own figures alone (address, version, backends, memory), which any
+  // token of a daemon with a token file reads; every job's status takes an admin token.
+  absl::StatusOr<v1::StatusResponse> Status(const std::string& job = "", bool daemon_only = false);
   absl::StatusOr<v1::GetLayoutResponse> GetLayout(const std::string& job);
   absl::StatusOr<v1::SetHyperparamsResponse> SetHyperparams(
       const v1::SetHyperparamsRequest& request);

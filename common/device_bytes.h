@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "common/place.h"
 
 namespace paramd {
@@ -70,6 +71,14 @@ class DeviceAllocator {
   // Takes the bytes back. Called from any thread; must not wait on the device.
   virtual void Free(void* d_ptr, int64_t size, Place place) = 0;
   friend class DeviceBytes;
+};
+
+// One job's exported GPU memory (Backend::ExportedMemoryFor): the pieces its slots and served
+// bytes take.
+class ExportedMemory : public DeviceAllocator {
+ public:
+  // `bytes` of it (contents undefined); RESOURCE_EXHAUSTED where the GPU has no room.
+  virtual absl::StatusOr<DeviceBytes> Allocate(int64_t bytes) = 0;
 };
 
 inline DeviceBytes& DeviceBytes::operator=(DeviceBytes&& other) noexcept {

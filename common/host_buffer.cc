@@ -71,4 +71,8 @@ BufferAllocator* HeapAllocator() {
 
 HostBuffer HeapBuffer(int64_t bytes) { return *HeapAllocator()->Allocate(bytes); }
 
+std::shared_ptr<BufferAllocator> Borrowed(BufferAllocator* allocator) {
+  return std::shared_ptr<BufferAllocator>(allocator, [](BufferAllocator*) {});
+}
+
 }  // namespace paramd

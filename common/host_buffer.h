@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -59,6 +60,10 @@ class BufferAllocator {
 
 // The process heap: RESOURCE_EXHAUSTED when the process runs out of memory.
 BufferAllocator* HeapAllocator();
+
+// A handle to an allocator that lives on its own (the heap, the page-locked pool), for those that
+// keep allocators by shared handle.
+std::shared_ptr<BufferAllocator> Borrowed(BufferAllocator* allocator);
 
 // A heap buffer of `bytes` bytes, for tests and small buffers; crashes where the heap has none
 // (the daemon's own buffers come from HeapAllocator()->Allocate, which says so instead).

@@ -25,11 +25,13 @@ absl::StatusOr<std::vector<std::pair<int, std::vector<std::string>>>> Lines(
   if (stat(path.c_str(), &info) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(what, " ", path, " cannot be read"));
   }
-  if ((info.st_mode & 077) != 0) {
+  const bool owners_alone = (info.st_mode & 077) == 0;
+  const bool roots_and_a_group_may_read = info.st_uid == 0 && (info.st_mode & 037) == 0;
+  if (!owners_alone && !roots_and_a_group_may_read) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, " ", path,
-                     " may be read by other users: chmod 600 it (a token "
-                     "others can read proves nothing)"));
+                     " may be read or written by other users: chmod 600 it (or 640 owned by "
+                     "root; a token others can read proves nothing)"));
   }
   std::ifstream in(path);
   if (!in) return absl::InvalidArgumentError(absl::StrCat(what, " ", path, " cannot be opened"));

@@ -2,7 +2,9 @@
 // line with what it may reach (server/rpc/access.h):
 //   trainer TOKEN JOB...     admin TOKEN     peer TOKEN          ('#' starts a comment)
 // A client's token file holds its token alone. Both must be their owner's alone (mode 0600 or
-// 0400): a token others can read proves nothing.
+// 0400), or root's and readable by one group at most (0640 or 0440: a Kubernetes Secret mounted
+// with an fsGroup, the rule PostgreSQL applies to its key files): a token others can read proves
+// nothing.
 #pragma once
 
 #include <string>

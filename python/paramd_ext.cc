@@ -566,8 +566,11 @@ class PyClient {
   PyClient(const std::string& address, const std::string& transport, double rpc_timeout_s,
            double connect_timeout_s, int max_attempts, uintptr_t cuda_stream,
            double reconnect_timeout_s, bool lend_gradients, double daemons_wait_s,
-           int daemons_count) {
+           int daemons_count, const std::optional<std::string>& token_file,
+           const std::string& token) {
     ClientOptions options;
+    if (token_file.has_value()) options.token_file = *token_file;  // else $PARAMD_TOKEN_FILE
+    options.token = token;
     options.daemons_wait = Millis(daemons_wait_s);
     options.daemons_count = daemons_count;
     options.cuda_stream = cuda_stream;
@@ -801,12 +804,12 @@ class PyClient {
     return out;
   }
 
-  py::dict Status(const std::string& job) {
+  py::dict Status(const std::string& job, bool daemon_only) {
     absl::StatusOr<v1::StatusResponse> response;
     const std::shared_ptr<Client> client = Open();
     {
       py::gil_scoped_release release;
-      response = client->Status(job);
+      response = client->Status(job, daemon_only);
     }
     const v1::StatusResponse r = Value(std::move(response));
     py::dict out;
@@ -1010,12 +1013,13 @@ PYBIND11_MODULE(_paramd, m) {
 
   py::class_<PyClient>(m, "Client", "One trainer rank's connection to a paramd daemon")
       .def(py::init<const std::string&, const std::string&, double, double, int, uintptr_t, double,
-                    bool, double, int>(),
+                    bool, double, int, const std::optional<std::string>&, const std::string&>(),
            py::arg("address"), py::arg("transport") = "auto", py::arg("rpc_timeout_s") = 30.0,
            py::arg("connect_timeout_s") = 10.0, py::arg("max_attempts") = 5,
            py::arg("cuda_stream") = 0, py::arg("reconnect_timeout_s") = 0.0,
            py::arg("lend_gradients") = false, py::arg("daemons_wait_s") = 120.0,
-           py::arg("daemons_count") = 0,
+           py::arg("daemons_count") = 0, py::arg("token_file") = py::none(),
+           py::arg("token") = "",
            "cuda_stream: the cudaStream_t (an int, torch.cuda.Stream.cuda_stream) that gradients "
            "in GPU memory are written on; cuda_ipc's copies of a push wait for it (0: the legacy "
            "default stream, PyTorch's default). lend_gradients: cuda_ipc lends gradients on the "
@@ -1023,7 +1027,9 @@ PYBIND11_MODULE(_paramd, m) {
            "unchanged until the step's version is pulled). daemons_wait_s: how long a register "
            "with a list of daemons waits for each to answer (ClientOptions::daemons_wait). "
            "daemons_count: how many daemons a list with a 'dns:NAME:PORT' entry must resolve to "
-           "(ClientOptions::daemons_count; 0: the first answer)")
+           "(ClientOptions::daemons_count; 0: the first answer). token_file: the file holding "
+           "the bearer token every call carries, for a daemon with a token file (None: "
+           "$PARAMD_TOKEN_FILE; \"\": none); token: the token itself, where no file holds it")
       .def("register", &PyClient::Register, py::arg("job"), py::arg("rank"), py::arg("world_size"),
            py::arg("tensors"), py::arg("hyperparams"), py::arg("state_policy") = py::dict(),
            py::arg("serve") = std::vector<std::string>(), py::arg("seed") = 0,
@@ -1057,7 +1063,10 @@ PYBIND11_MODULE(_paramd, m) {
       .def("pull_many", &PyClient::PullMany, py::arg("job"), py::arg("tensors"),
            py::arg("format") = "fp32", py::arg("min_version") = 0, py::arg("timeout_s") = 60.0,
            "Several tensors in one call, in the order named (one request over shm and cuda_ipc)")
-      .def("status", &PyClient::Status, py::arg("job") = "")
+      .def("status", &PyClient::Status, py::arg("job") = "", py::arg("daemon_only") = false,
+           "The daemon's status, and its jobs' (one where `job` is set; every job's takes an "
+           "admin token where the daemon has tokens). daemon_only: the daemon's own figures "
+           "alone, which any token reads")
       .def("layout", &PyClient::Layout, py::arg("job"),
            "Where each tensor of the job lives: a dict per piece (tensor, daemon, device, "
            "row_begin, row_end), in registration and row order (GetLayout).")

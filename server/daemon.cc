@@ -82,11 +82,14 @@ Daemon::Daemon(const v1::DaemonConfig& config, std::unique_ptr<Backend> backend,
   limits.max_job_bytes = config.max_job_bytes();
   limits.max_chunk_bytes = config.max_chunk_bytes();
   transports_ = DaemonEnds::Make(*this);
-  // The backend's own host memory first (cuda:N: page-locked), else a transport's, else the heap.
-  BufferAllocator* buffers = backend_->HostAllocator();
-  if (buffers == nullptr) buffers = transports_.host_buffers();
-  if (buffers == nullptr) buffers = HeapAllocator();
-  registry_ = std::make_unique<JobRegistry>(backend_.get(), limits, buffers, budget_.get());
+  // The backend's own host memory first (cuda:N: page-locked), else a transport's of the job's
+  // own, else the heap.
+  JobBufferSource buffers = [this](const std::string& job, const MemoryBytes& footprint) {
+    BufferAllocator* backends = backend_->HostAllocator();
+    return backends != nullptr ? Borrowed(backends) : transports_.JobBuffers(job, footprint.host);
+  };
+  registry_ =
+      std::make_unique<JobRegistry>(backend_.get(), limits, std::move(buffers), budget_.get());
   peers_ = std::make_unique<PeerExchange>(std::chrono::milliseconds(config_.peer_timeout_ms()));
   peers_->set_round_observer(
       [metrics = metrics_.get()](const std::string& job, double seconds, bool ok) {

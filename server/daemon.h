@@ -55,7 +55,9 @@ class Daemon final : public TransportHost {
   uint64_t instance() const override { return instance_; }
   const std::string& backend_name() const override { return backend_name_; }
   // The backend's exported GPU memory; none on the cpu backend.
-  std::optional<DeviceExports> device_exports() const override { return backend_->Exports(); }
+  std::optional<DeviceExports> device_exports(const std::string& job) const override {
+    return backend_->Exports(job);
+  }
   absl::StatusOr<SlotPlaces> SlotsForStep(const std::string& job, int32_t rank, int64_t step,
                                           Memory memory) override;
   // Checks that the job is usable and the rank is one of it.

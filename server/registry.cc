@@ -85,11 +85,12 @@ absl::StatusOr<v1::RegisterResponse> JobRegistry::Register(const v1::RegisterReq
             " bytes of state, served formats and slots; this daemon's max_job_bytes is ",
             limits_.max_job_bytes));
       }
+      const MemoryBytes footprint =
+          JobFootprint(holds, BackendPlacement{backend_->keeps_state_on_device()});
       MemoryBudget::Reservation reservation;
       if (budget_ != nullptr) {
-        absl::StatusOr<MemoryBudget::Reservation> reserved = budget_->Reserve(
-            Quoted(request.job()),
-            JobFootprint(holds, BackendPlacement{backend_->keeps_state_on_device()}));
+        absl::StatusOr<MemoryBudget::Reservation> reserved =
+            budget_->Reserve(Quoted(request.job()), footprint);
         if (!reserved.ok()) return reserved.status();
         reservation = *std::move(reserved);
       }
@@ -97,7 +98,9 @@ absl::StatusOr<v1::RegisterResponse> JobRegistry::Register(const v1::RegisterReq
         std::vector<std::string> daemons(request.daemons().begin(), request.daemons().end());
         if (absl::Status s = peers.exchange->OpenJob(request.job(), daemons); !s.ok()) return s;
       }
-      job = std::make_shared<Job>(request, backend_, buffers_, std::move(part),
+      job = std::make_shared<Job>(request, backend_,
+                                  buffers_ ? buffers_(request.job(), footprint) : nullptr,
+                                  std::move(part),
                                   sharded ? peers : JobPeers{});
       job->set_reservation(std::move(reservation));
       jobs_.emplace(request.job(), job);

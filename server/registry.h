@@ -1,6 +1,7 @@
 // The daemon's jobs by name, with the limits that bound them.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -13,6 +14,11 @@
 
 namespace paramd {
 
+// Where a new job's gradient slots and served bytes come from (a transport's memory of the job's
+// own), given its name and footprint; null: the heap.
+using JobBufferSource =
+    std::function<std::shared_ptr<BufferAllocator>(const std::string& job, const MemoryBytes&)>;
+
 struct RegistryLimits {
   int max_jobs = 64;
   int max_tensors_per_job = 65536;
@@ -22,11 +28,11 @@ struct RegistryLimits {
 
 class JobRegistry {
  public:
-  // Jobs take their slot and served buffers from `buffers`, and reserve every byte they may hold
-  // from `budget` (none: unlimited).
-  JobRegistry(Backend* backend, RegistryLimits limits, BufferAllocator* buffers = HeapAllocator(),
+  // Jobs take their slot and served buffers from `buffers` (none: the heap), and reserve every
+  // byte they may hold from `budget` (none: unlimited).
+  JobRegistry(Backend* backend, RegistryLimits limits, JobBufferSource buffers = {},
               MemoryBudget* budget = nullptr)
-      : backend_(backend), limits_(limits), buffers_(buffers), budget_(budget) {}
+      : backend_(backend), limits_(limits), buffers_(std::move(buffers)), budget_(budget) {}
 
   // Validates the request, creates the job on its first registration (reserving its footprint,
   // server/job/job_memory.h), registers the rank. A job whose list names several daemons is
@@ -50,7 +56,7 @@ class JobRegistry {
  private:
   Backend* const backend_;
   const RegistryLimits limits_;
-  BufferAllocator* const buffers_;
+  const JobBufferSource buffers_;
   MemoryBudget* const budget_;
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);

@@ -32,24 +32,22 @@ const std::string& DaemonEnds::NameOf(std::optional<Memory> memory) const {
   return kNone;
 }
 
-BufferAllocator* DaemonEnds::host_buffers() const {
+std::shared_ptr<BufferAllocator> DaemonEnds::JobBuffers(const std::string& job,
+                                                        int64_t bytes) const {
   for (const End& e : ends_) {
-    if (BufferAllocator* buffers = e.end->host_buffers(); buffers != nullptr) return buffers;
+    if (!e.end->offered()) continue;
+    if (std::shared_ptr<BufferAllocator> buffers = e.end->JobBuffers(job, bytes)) return buffers;
   }
   return nullptr;
 }
 
 absl::Status AttachPlaced(TransportHost& host, Memory memory, const v1::AttachRequest& request,
-                          const std::function<void(v1::AttachResponse*)>& describe,
-                          v1::AttachResponse* response) {
-  if (request.job().empty() && !request.has_step()) {  // a probe
-    describe(response);
-    return absl::OkStatus();
-  }
+                          const DescribeRegions& describe, v1::AttachResponse* response) {
+  if (request.job().empty() && !request.has_step()) return describe("", response);  // a probe
+  if (request.regions_only()) return describe(request.job(), response);
   if (!request.has_step()) {
     if (absl::Status s = host.DeclareTransport(request); !s.ok()) return s;
-    describe(response);
-    return absl::OkStatus();
+    return describe(request.job(), response);
   }
   absl::StatusOr<SlotPlaces> slots =
       host.SlotsForStep(request.job(), request.rank(), request.step(), memory);
@@ -63,8 +61,7 @@ absl::Status AttachPlaced(TransportHost& host, Memory memory, const v1::AttachRe
     place->set_tensor(slots->tensors[i]);
     place->set_received(slots->received[i]);
   }
-  describe(response);  // after the slots: those allocated now may have added regions
-  return absl::OkStatus();
+  return describe(request.job(), response);  // after the slots: they may have added regions
 }
 
 }  // namespace paramd

@@ -28,8 +28,9 @@ class TransportHost {
   // This start's identity (AttachResponse.instance), drawn at random.
   virtual uint64_t instance() const = 0;
   virtual const std::string& backend_name() const = 0;
-  // The backend's exported GPU memory; none on a backend without it.
-  virtual std::optional<DeviceExports> device_exports() const = 0;
+  // The backend's exported GPU memory as job `job`'s trainers map it (the job's allocations alone;
+  // none for ""); nothing on a backend without it.
+  virtual std::optional<DeviceExports> device_exports(const std::string& job = "") const = 0;
   // A rank's slot places for `step` in `memory` (Job::SlotsForStep).
   virtual absl::StatusOr<SlotPlaces> SlotsForStep(const std::string& job, int32_t rank,
                                                   int64_t step, Memory memory) = 0;
@@ -47,8 +48,13 @@ class DaemonEnd {
   virtual std::optional<Memory> memory() const = 0;
   // Answers an Attach naming this transport, once it is offered.
   virtual absl::Status Attach(const v1::AttachRequest& request, v1::AttachResponse* response) = 0;
-  // Where jobs' host buffers come from when this transport exposes them; null where it does not.
-  virtual BufferAllocator* host_buffers() { return nullptr; }
+  // Where job `job`'s host buffers come from when this transport exposes them: memory of the job's
+  // own (its trainers are told of it, no other job's are), with room for about `bytes` at first.
+  // The end keeps it while the handle lives and then while a buffer of it is held. Null where the
+  // transport exposes none.
+  virtual std::shared_ptr<BufferAllocator> JobBuffers(const std::string& job, int64_t bytes) {
+    return nullptr;
+  }
   // What an operator sees of the transport in Status.
   virtual void AddStatus(v1::StatusResponse* status) const {}
   // Bytes of memory the transport keeps for itself, reserved and in use (a gauge); none where it
@@ -75,18 +81,19 @@ class DaemonEnds {
   // The transport whose places lie in `memory` (its bytes counted under its name); with none, the
   // one that carries bytes in its messages.
   const std::string& NameOf(std::optional<Memory> memory) const;
-  // The first host buffer allocator an offered end has; null when none has one.
-  BufferAllocator* host_buffers() const;
+  // Job `job`'s host buffers from the first offered end that has them; null when none has.
+  std::shared_ptr<BufferAllocator> JobBuffers(const std::string& job, int64_t bytes) const;
 
  private:
   std::vector<End> ends_;
 };
 
 // The Attach of a transport with slot places in `memory`: a probe (no job, no step) is answered
-// with `describe` alone, a step with the rank's slot places and then `describe` (slots allocated
-// now may have added regions), anything else declares the transport for the rank.
+// with `describe("")`, a request for the job's regions (`regions_only`) with `describe(job)`, a
+// step with the rank's slot places and then `describe(job)` (slots allocated now may have added
+// regions), anything else declares the transport for the rank and describes the job's regions.
+using DescribeRegions = std::function<absl::Status(const std::string& job, v1::AttachResponse*)>;
 absl::Status AttachPlaced(TransportHost& host, Memory memory, const v1::AttachRequest& request,
-                          const std::function<void(v1::AttachResponse*)>& describe,
-                          v1::AttachResponse* response);
+                          const DescribeRegions& describe, v1::AttachResponse* response);
 
 }  // namespace paramd

@@ -187,7 +187,7 @@ struct PlacedTransport::SlotCache {
 class PlacedTransport::StepSlots {
  public:
   StepSlots(v1::Data::Stub* stub, std::string transport,
-            std::function<void(const v1::AttachResponse&)> remember)
+            std::function<void(const std::string& job, const v1::AttachResponse&)> remember)
       : stub_(stub), transport_(std::move(transport)), remember_(std::move(remember)) {}
   ~StepSlots() { WaitIdle(); }
 
@@ -206,7 +206,7 @@ class PlacedTransport::StepSlots {
     const v1::AttachRequest request = SlotRequest(target, transport_);
     v1::AttachResponse response;
     if (absl::Status s = AttachCall(*stub_, request, deadline, &response); !s.ok()) return s;
-    remember_(response);
+    remember_(request.job(), response);
     std::shared_ptr<SlotCache> cache = SlotCache::Of(request, std::move(response));
     std::lock_guard<std::mutex> lock(mu_);
     ObserveLocked(cache->instance);
@@ -251,7 +251,7 @@ class PlacedTransport::StepSlots {
                            [this, call](grpc::Status status) {
                              std::shared_ptr<SlotCache> cache;
                              if (status.ok()) {
-                               remember_(call->response);
+                               remember_(call->request.job(), call->response);
                                cache = SlotCache::Of(call->request, call->response);
                              }
                              {
@@ -409,7 +409,8 @@ PlacedTransport::PlacedTransport(const TransportContext& context, std::string na
       stub_(v1::Data::NewStub(context.channel)),
       inline_(MakeInlineTransport(context)),
       slots_(std::make_unique<StepSlots>(stub_.get(), name_,
-                                         [this](const v1::AttachResponse& r) { Remember(r); })),
+                                         [this](const std::string& job,
+                                                const v1::AttachResponse& r) { Remember(job, r); })),
       async_(std::make_unique<AsyncCalls>()) {}
 
 PlacedTransport::~PlacedTransport() { Stop(); }
@@ -440,18 +441,23 @@ void PlacedTransport::Stop() {
   async_->WaitIdle();
 }
 
-v1::AttachRequest PlacedTransport::ProbeRequest() const {
+v1::AttachRequest PlacedTransport::RegionsRequest(const std::string& job) const {
   v1::AttachRequest request;
   request.set_transport(name_);
+  if (!job.empty()) {
+    request.set_job(job);
+    request.set_regions_only(true);
+  }
   return request;
 }
 
 absl::Status PlacedTransport::Probe(Deadline deadline) {
   v1::AttachResponse response;
-  if (absl::Status s = AttachCall(*stub_, ProbeRequest(), deadline, &response); !s.ok()) {
+  if (absl::Status s = AttachCall(*stub_, RegionsRequest(context_.job), deadline, &response);
+      !s.ok()) {
     return s;
   }
-  Remember(response);
+  Remember(context_.job, response);
   return CheckProbe(response, deadline);
 }
 
@@ -515,6 +521,7 @@ absl::StatusOr<PushPlan> PlacedTransport::PlanPush(const SlotCache& slots, const
                                                    std::span<const PushItem> items,
                                                    Deadline deadline) {
   PushPlan plan;
+  plan.job = target.job;
   for (const PushItem& item : items) {
     auto it = slots.index.find(item.tensor);
     const v1::ShmPlace* place = it == slots.index.end() ? nullptr : &slots.places.slots(it->second);
@@ -523,7 +530,8 @@ absl::StatusOr<PushPlan> PlacedTransport::PlanPush(const SlotCache& slots, const
       plan.inline_items.push_back(item);
       continue;
     }
-    absl::StatusOr<MappedRegion*> region = Region(place->segment(), slots.instance, deadline);
+    absl::StatusOr<MappedRegion*> region =
+        Region(target.job, place->segment(), slots.instance, deadline);
     if (!region.ok()) return region.status();
     if ((*region)->size() >= 0 && place->offset() + place->bytes() > (*region)->size()) {
       return absl::DataLossError(absl::StrCat("slot of ", place->tensor(), " lies outside ",
@@ -535,7 +543,7 @@ absl::StatusOr<PushPlan> PlacedTransport::PlanPush(const SlotCache& slots, const
       // Pushed before (a retry, or a restarted trainer): the same rule as inline pushes. Identical
       // bytes are marked again, not copied: the daemon judges (a duplicate is acknowledged; a
       // daemon restarted since these places were handed out refuses them).
-      absl::StatusOr<bool> identical = Same(slot, item.data);
+      absl::StatusOr<bool> identical = Same(target.job, slot, item.data);
       if (!identical.ok()) return identical.status();
       if (*identical) {
         plan.placed.push_back(&item);
@@ -591,12 +599,13 @@ absl::Status PlacedTransport::PullMany(const PullManyTarget& target, Deadline de
           return absl::OkStatus();
         }
         leases.push_back(pulled.header.lease());
-        absl::StatusOr<const uint8_t*> bytes = View(pulled.header, deadline);
+        absl::StatusOr<const uint8_t*> bytes = View(target.job, pulled.header, deadline);
         if (!bytes.ok()) return bytes.status();
         if (leases.size() == 1) {
           if (absl::Status s = BeforeRead(/*in_place=*/false); !s.ok()) return s;
         }
-        if (absl::Status s = CopyOut(*bytes, static_cast<size_t>(pulled.header.place().bytes()),
+        if (absl::Status s = CopyOut(target.job, *bytes,
+                                     static_cast<size_t>(pulled.header.place().bytes()),
                                      &(*out)[i].data);
             !s.ok()) {
           return s;
@@ -623,7 +632,7 @@ absl::Status PlacedTransport::PullInPlaceMany(const PullManyTarget& target, Dead
               " maps (it ran out of room); use a pull that copies (Pull, PullMany)"));
         }
         leases.push_back(pulled.header.lease());
-        absl::StatusOr<const uint8_t*> bytes = View(pulled.header, deadline);
+        absl::StatusOr<const uint8_t*> bytes = View(target.job, pulled.header, deadline);
         if (!bytes.ok()) return bytes.status();
         PulledView& view = (*out)[i];
         view.header = std::move(pulled.header);
@@ -646,7 +655,8 @@ absl::Status PlacedTransport::ReleaseMany(std::span<const uint64_t> leases, Dead
   return absl::OkStatus();
 }
 
-absl::StatusOr<const uint8_t*> PlacedTransport::View(const v1::PullHeader& header,
+absl::StatusOr<const uint8_t*> PlacedTransport::View(const std::string& job,
+                                                     const v1::PullHeader& header,
                                                      Deadline deadline) {
   if (absl::Status s = FollowStart(header.instance(), deadline); !s.ok()) return s;
   if (header.place_on_device() != (memory_ == Memory::kDevice)) {
@@ -659,7 +669,8 @@ absl::StatusOr<const uint8_t*> PlacedTransport::View(const v1::PullHeader& heade
                                             ") does not hold ", header.data_bytes(), " + ",
                                             header.scale_bytes(), " bytes"));
   }
-  absl::StatusOr<MappedRegion*> region = Region(place.segment(), header.instance(), deadline);
+  absl::StatusOr<MappedRegion*> region =
+      Region(job, place.segment(), header.instance(), deadline);
   if (!region.ok()) return region.status();
   if ((*region)->size() >= 0 && place.offset() + place.bytes() > (*region)->size()) {
     return absl::DataLossError(absl::StrCat("pulled place [", place.offset(), ", +", place.bytes(),
@@ -668,20 +679,23 @@ absl::StatusOr<const uint8_t*> PlacedTransport::View(const v1::PullHeader& heade
   return (*region)->data() + place.offset();
 }
 
-void PlacedTransport::Remember(const v1::AttachResponse& response) {
+void PlacedTransport::Remember(const std::string& job, const v1::AttachResponse& response) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     const DaemonStarts::Seen seen = starts_.See(response.instance());
     if (seen == DaemonStarts::Seen::kPast) return;
     if (seen == DaemonStarts::Seen::kNew) {
-      for (auto& [index, region] : mapped_) retired_.push_back(std::move(region));
-      mapped_.clear();
-      described_.reset();
+      for (auto& [name, regions] : regions_) {
+        for (auto& [index, region] : regions.mapped) retired_.push_back(std::move(region));
+      }
+      regions_.clear();
     }
-    if (RegionCount(response) > (described_ == nullptr ? 0 : RegionCount(*described_))) {
+    Regions& regions = regions_[job];
+    if (RegionCount(response) >
+        (regions.described == nullptr ? 0 : RegionCount(*regions.described))) {
       auto described = std::make_shared<v1::AttachResponse>(response);
       described->clear_slots();  // only the regions are kept
-      described_ = std::move(described);
+      regions.described = std::move(described);
     }
   }
   slots_->Observe(response.instance());
@@ -694,14 +708,17 @@ absl::Status PlacedTransport::FollowStart(uint64_t instance, Deadline deadline) 
   };
   if (instance == 0 || instance == current()) return absl::OkStatus();
   v1::AttachResponse response;
-  if (absl::Status s = AttachCall(*stub_, ProbeRequest(), deadline, &response); !s.ok()) return s;
-  Remember(response);
+  if (absl::Status s = AttachCall(*stub_, RegionsRequest(context_.job), deadline, &response);
+      !s.ok()) {
+    return s;
+  }
+  Remember(context_.job, response);
   if (instance == current()) return absl::OkStatus();
   return absl::UnavailableError("the daemon restarted while it answered this pull; pull again");
 }
 
-absl::StatusOr<MappedRegion*> PlacedTransport::Region(int index, uint64_t instance,
-                                                      Deadline deadline) {
+absl::StatusOr<MappedRegion*> PlacedTransport::Region(const std::string& job, int index,
+                                                      uint64_t instance, Deadline deadline) {
   // A place of another start than the current one is refused as such (the push then asks for
   // its places again), never looked up in the current start's regions.
   const auto another_start = [&] {
@@ -713,21 +730,25 @@ absl::StatusOr<MappedRegion*> PlacedTransport::Region(int index, uint64_t instan
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (instance != 0 && instance != starts_.current()) return another_start();
-    auto it = mapped_.find(index);
-    if (it != mapped_.end()) return it->second.get();
-    if (described_ != nullptr && index < RegionCount(*described_)) described = described_;
+    Regions& regions = regions_[job];
+    auto it = regions.mapped.find(index);
+    if (it != regions.mapped.end()) return it->second.get();
+    if (regions.described != nullptr && index < RegionCount(*regions.described)) {
+      described = regions.described;
+    }
     start = starts_.current();
   }
   if (described == nullptr) {  // a region newer than any answer seen: ask for their list
     auto response = std::make_shared<v1::AttachResponse>();
-    if (absl::Status s = AttachCall(*stub_, ProbeRequest(), deadline, response.get()); !s.ok()) {
+    if (absl::Status s = AttachCall(*stub_, RegionsRequest(job), deadline, response.get());
+        !s.ok()) {
       return s;
     }
     if (index >= RegionCount(*response)) {
       return absl::DataLossError(absl::StrCat("the daemon named ", region_noun_, " ", index, " of ",
                                               RegionCount(*response)));
     }
-    Remember(*response);
+    Remember(job, *response);
     start = response->instance();
     described = std::move(response);
   }
@@ -736,7 +757,8 @@ absl::StatusOr<MappedRegion*> PlacedTransport::Region(int index, uint64_t instan
   std::lock_guard<std::mutex> lock(mu_);
   // The daemon restarted while the region was mapped: it is the old start's (unmapped here).
   if (start != starts_.current() || (instance != 0 && instance != start)) return another_start();
-  auto [it, inserted] = mapped_.emplace(index, *std::move(region));  // else another thread won
+  // Another thread may have mapped it meanwhile: its mapping stays.
+  auto [it, inserted] = regions_[job].mapped.emplace(index, *std::move(region));
   return it->second.get();
 }
 

@@ -66,6 +66,7 @@ class MappedRegion {
 // inline (unknown tensors, sizes that do not match, slots outside the mapped memory: the daemon
 // then answers as for any other transport).
 struct PushPlan {
+  std::string job;  // whose slots they are
   std::vector<const PushItem*> placed;
   std::vector<uint8_t*> slots;  // null: the slot holds these bytes already (a retry): mark only
   std::vector<PushItem> inline_items;
@@ -137,8 +138,10 @@ class PlacedTransport : public Transport {
   // first.
   void Stop();
   const TransportContext& context() const { return context_; }
-  // Region `index` of daemon start `instance` (0: the current one), mapped on first use.
-  absl::StatusOr<MappedRegion*> Region(int index, uint64_t instance, Deadline deadline);
+  // Region `index` of job `job`'s regions ("": those a probe names) of daemon start `instance`
+  // (0: the current one), mapped on first use. Each job's places lie in regions of its own.
+  absl::StatusOr<MappedRegion*> Region(const std::string& job, int index, uint64_t instance,
+                                       Deadline deadline);
 
   // The hooks.
   // How many regions an Attach answer names (segment names, IPC handles).
@@ -161,13 +164,16 @@ class PlacedTransport : public Transport {
     v1::LentMemory memory;
   };
   virtual absl::StatusOr<std::vector<Lent>> Lend(std::span<const PushItem> items);
-  // Whether `slot` holds `data` already (only a retried push asks).
-  virtual absl::StatusOr<bool> Same(const uint8_t* slot, std::span<const std::byte> data) = 0;
+  // Whether `slot` (of job `job`) holds `data` already (only a retried push asks).
+  virtual absl::StatusOr<bool> Same(const std::string& job, const uint8_t* slot,
+                                    std::span<const std::byte> data) = 0;
   // Copies the plan's placed items into their slots (a null slot holds them already) and marks
   // them written with `marks`; returns once the caller's buffers have been read.
   virtual absl::Status CopyAndMark(const PushPlan& plan, Marks& marks) = 0;
-  // Copies `bytes` bytes at `from` into `out` (resized); may complete only at FinishCopies.
-  virtual absl::Status CopyOut(const uint8_t* from, size_t bytes, std::vector<std::byte>* out) = 0;
+  // Copies `bytes` bytes at `from` (served bytes of job `job`) into `out` (resized); may complete
+  // only at FinishCopies.
+  virtual absl::Status CopyOut(const std::string& job, const uint8_t* from, size_t bytes,
+                               std::vector<std::byte>* out) = 0;
   virtual absl::Status FinishCopies();
   // Runs once a pull's places are known, before their bytes are read: `in_place` when the views
   // go to the caller, else before this transport copies them out. A daemon may publish a version
@@ -193,15 +199,17 @@ class PlacedTransport : public Transport {
                            Deadline deadline);
   absl::StatusOr<PushPlan> PlanPush(const SlotCache& slots, const PushTarget& target,
                                     std::span<const PushItem> items, Deadline deadline);
-  // Where a pulled place's bytes lie in this process.
-  absl::StatusOr<const uint8_t*> View(const v1::PullHeader& header, Deadline deadline);
+  // Where a pulled place of job `job` lies in this process.
+  absl::StatusOr<const uint8_t*> View(const std::string& job, const v1::PullHeader& header,
+                                      Deadline deadline);
   // Takes the regions an Attach answer names. From a new start of the daemon (it restarted at the
   // same address) they replace the old ones, whose mappings stay until the transport goes (a view
   // may still point into them); a late answer of a past start is ignored.
-  void Remember(const v1::AttachResponse& response);
+  void Remember(const std::string& job, const v1::AttachResponse& response);
   // Makes sure the regions mapped are those of daemon start `instance` (a pulled place's).
   absl::Status FollowStart(uint64_t instance, Deadline deadline);
-  v1::AttachRequest ProbeRequest() const;
+  // The Attach that asks for job `job`'s regions ("": a probe's), declaring nothing.
+  v1::AttachRequest RegionsRequest(const std::string& job) const;
 
   const TransportContext context_;
   const std::string name_;
@@ -210,10 +218,14 @@ class PlacedTransport : public Transport {
   std::unique_ptr<v1::Data::Stub> stub_;
   std::unique_ptr<Transport> inline_;
 
+  // A job's regions: the answer naming the most of them, and those mapped.
+  struct Regions {
+    std::shared_ptr<const v1::AttachResponse> described;
+    std::map<int, std::unique_ptr<MappedRegion>> mapped;
+  };
   std::mutex mu_;
-  DaemonStarts starts_;                                  // whose regions described_ and mapped_ are
-  std::shared_ptr<const v1::AttachResponse> described_;  // the answer naming the most regions
-  std::map<int, std::unique_ptr<MappedRegion>> mapped_;
+  DaemonStarts starts_;                    // whose regions regions_ are
+  std::map<std::string, Regions> regions_;  // by job
   std::vector<std::unique_ptr<MappedRegion>> retired_;  // mappings of past starts
   std::unique_ptr<StepSlots> slots_;                    // after what Remember uses
   std::unique_ptr<AsyncCalls> async_;                   // releases in flight (last: waits first)

@@ -49,6 +49,10 @@ What happens when:
   The sum is the collective's, in its order, not the daemon's rank order: bit-identical to
   `full` for two ranks (one addition), within rounding for more. Gradients of the rows another
   rank pushes are left as the collective leaves them.
+- A daemon with a token file (paramd --token_file): every call carries the trainer's token, read
+  from `token_file` (None: $PARAMD_TOKEN_FILE), a file holding the token alone, mode 0600. The
+  token's line must name the job (or a prefix of it): state_dict(), load_state_dict() and
+  hyper-parameter changes go through it too.
 - A daemon that restarts: with reconnect_timeout_s > 0 the calls wait that long for it. Once it
   answers again (its checkpoint_dir restored the job), the optimizer registers again, loads the
   version the daemon holds and goes back to the step it collects: `next_step` moves back, and the
@@ -296,7 +300,7 @@ class AdamW(torch.optim.Optimizer):
                  max_grad_norm=0.0, bucket_bytes=None, stream_pushes=True,
                  write_weights=True, weights_in_place=False, lend_gradients=True,
                  timeout_s=300.0, reconnect_timeout_s=0.0, daemons=None, push_mode="full",
-                 sharded_device_path=True):
+                 sharded_device_path=True, token_file=None):
         groups = self._named_groups(params)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
         super().__init__([{**g, "params": [p for _, p in g["params"]]} for g in groups],
@@ -363,7 +367,7 @@ class AdamW(torch.optim.Optimizer):
             name = job if index == 0 else f"{job}.g{index}"
             client = paramd.connect(address, transport=transport, cuda_stream=cuda_stream,
                                     reconnect_timeout_s=reconnect_timeout_s,
-                                    lend_gradients=self._lend)
+                                    lend_gradients=self._lend, token_file=token_file)
             j = _Job(name, client, torch_group)
             for tensor_name, param in group["params"]:
                 j.tensors.append(_Tensor(tensor_name, param, j))

@@ -283,12 +283,17 @@ class Backend {
   // choice to the daemon (shared memory, or the heap). It lives as long as the process.
   virtual BufferAllocator* HostAllocator() { return nullptr; }
 
-  // GPU memory trainers on this node map (DESIGN.md §6). A backend without it (cpu)
-  // exports none, and the job keeps every buffer in host memory.
-  virtual std::optional<DeviceExports> Exports() const { return std::nullopt; }
-  // `bytes` of exported GPU memory (contents undefined).
-  virtual absl::StatusOr<DeviceBytes> AllocateExported(int64_t bytes) {
-    return absl::FailedPreconditionError("backend " + name() + " exports no GPU memory");
+  // GPU memory trainers on this node map (DESIGN.md §6), each job's of its own. A backend
+  // without it (cpu) exports none, and the job keeps every buffer in host memory. What a trainer
+  // of `job` needs to map that job's (its device, the step event, the job's allocations alone;
+  // no allocation for "").
+  virtual std::optional<DeviceExports> Exports(const std::string& job = "") const {
+    return std::nullopt;
+  }
+  // Job `job`'s exported memory, which the job keeps while it lives; null where the backend
+  // exports none.
+  virtual std::shared_ptr<ExportedMemory> ExportedMemoryFor(const std::string& job) {
+    return nullptr;
   }
   // `bytes` of GPU memory a trainer lent for a step's gradient (cuda_ipc: InPlaceMark.lent), mapped
   // where the step reads them: valid while the result lives (server/backend/cuda/lent_memory.h).

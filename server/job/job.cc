@@ -40,7 +40,7 @@ absl::Status CheckInitialWeights(const std::string& tensor, int64_t offset, std:
 
 }  // namespace
 
-Job::Job(const v1::RegisterRequest& spec, Backend* backend, BufferAllocator* buffers,
+Job::Job(const v1::RegisterRequest& spec, Backend* backend, std::shared_ptr<BufferAllocator> buffers,
          std::optional<v1::RegisterRequest> part, JobPeers peers)
     : name_(spec.job()),
       world_size_(spec.world_size()),
@@ -50,7 +50,8 @@ Job::Job(const v1::RegisterRequest& spec, Backend* backend, BufferAllocator* buf
       peers_(std::move(peers)),
       formats_(ServedFormats(spec_)),
       backend_(backend),
-      buffers_(buffers),
+      buffers_(buffers != nullptr ? std::move(buffers) : Borrowed(HeapAllocator())),
+      device_memory_(backend->ExportedMemoryFor(name_)),
       sequence_(name_, world_size_),
       slots_(static_cast<size_t>(spec_.tensors_size()), world_size_),
       served_(static_cast<size_t>(spec_.tensors_size())) {
@@ -583,7 +584,11 @@ Place Job::DeviceSlotPlace(SlotSet& set, size_t tensor, int32_t rank) {
   DeviceSlot& slot = set.Device(tensor, rank);
   if (slot.bytes.size() != bytes) {
     slot = DeviceSlot();
-    absl::StatusOr<DeviceBytes> allocated = backend_->AllocateExported(bytes);
+    absl::StatusOr<DeviceBytes> allocated =
+        device_memory_ != nullptr
+            ? device_memory_->Allocate(bytes)
+            : absl::FailedPreconditionError("backend " + backend_->name() +
+                                            " exports no GPU memory");
     if (!allocated.ok()) {
       if (!warned_device_fallback_.exchange(true)) {
         PARAMD_LOG(WARNING)
@@ -675,8 +680,8 @@ absl::StatusOr<std::shared_ptr<ServedTensor>> Job::NewServed(int tensor) const {
                                          t.spec.rows(), t.spec.cols());
     PARAMD_ASSIGN_OR_RETURN(format.bytes,
                             NewBuffer(format.layout.data_bytes + format.layout.scale_bytes));
-    if (backend_->Exports().has_value()) {
-      absl::StatusOr<DeviceBytes> device = backend_->AllocateExported(format.bytes.size());
+    if (device_memory_ != nullptr) {
+      absl::StatusOr<DeviceBytes> device = device_memory_->Allocate(format.bytes.size());
       if (device.ok()) {
         format.device = *std::move(device);
       } else if (!warned_device_fallback_.exchange(true)) {

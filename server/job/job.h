@@ -58,14 +58,15 @@ struct StepReport {
 class Job {
  public:
   // `spec` is a validated registration (server/registration.h); its rank is ignored. Gradient
-  // slots and served bytes come from `buffers` (memory a transport exposes to trainers), or from
-  // the heap where it has no room.
+  // slots and served bytes come from `buffers` (memory a transport exposes to the job's trainers,
+  // kept while the job lives), or from the heap where it has no room or is null.
   //
   // A job whose daemon list names several daemons is sharded over them: `part` (DaemonPart) is
   // what this daemon holds, and its steps agree with the other daemons' through `peers` (found-inf
   // and the global-norm clip before each step; a split tensor's amax for its per-tensor scales,
   // between the passes and at version 0), so each part steps as the one-daemon job would.
-  Job(const v1::RegisterRequest& spec, Backend* backend, BufferAllocator* buffers = HeapAllocator(),
+  Job(const v1::RegisterRequest& spec, Backend* backend,
+      std::shared_ptr<BufferAllocator> buffers = nullptr,
       std::optional<v1::RegisterRequest> part = std::nullopt, JobPeers peers = {});
   ~Job();
 
@@ -278,7 +279,11 @@ class Job {
   std::vector<std::vector<int>> amax_among_;
   const std::vector<FormatKey> formats_;  // served formats (ServedFormats)
   Backend* const backend_;
-  BufferAllocator* const buffers_;
+  // Outlives the buffers below, which return their memory to it.
+  const std::shared_ptr<BufferAllocator> buffers_;
+  // The job's exported GPU memory (cuda:N), where its device slots and served bytes lie; null on
+  // a backend without it. Outlives the buffers below, too.
+  const std::shared_ptr<ExportedMemory> device_memory_;
   MemoryBudget::Reservation reservation_;
   mutable std::atomic<bool> warned_heap_fallback_{false};
   mutable std::atomic<bool> warned_device_fallback_{false};

@@ -184,6 +184,8 @@ grpc::ServerUnaryReactor* ControlService::Status(grpc::CallbackServerContext* co
   return ServeUnary<v1::StatusRequest, v1::StatusResponse>(
       context, daemon_, *access_, "Status", request, response,
       [](const Caller& caller, const v1::StatusRequest& r) {
+        // The daemon's own figures are any caller's; its jobs are theirs who may read them.
+        if (r.daemon_only()) return caller.MayProbe();
         return r.job().empty() ? caller.MayRunDaemon("list every job") : caller.MayReadJob(r.job());
       },
       [this](const auto& r, auto* out) { return DoStatus(r, out); });

@@ -157,6 +157,30 @@ class KubernetesManifestsTest(unittest.TestCase):
         self.assertEqual(items.get(relative, relative), self.config_key)
         self.assertTrue(mounts[0].get("readOnly"))
 
+    def test_the_token_file_is_the_generated_secret_mounted_for_the_daemons_group(self):
+        flags = [a for a in self.container["args"] if a.startswith("--token_file=")]
+        self.assertEqual(len(flags), 1, "the daemon takes a token file: its port is the node's")
+        path = flags[0].split("=", 1)[1]
+        mounts = [m for m in self.container["volumeMounts"]
+                  if path.startswith(m["mountPath"].rstrip("/") + "/")]
+        self.assertEqual(len(mounts), 1, f"one mount holds {path}")
+        self.assertTrue(mounts[0].get("readOnly"))
+        volumes = {v["name"]: v for v in self.pod["spec"]["volumes"]}
+        secret = volumes[mounts[0]["name"]]["secret"]
+        generated = {g["name"]: g for g in self.kustomization["secretGenerator"]}
+        self.assertIn(secret["secretName"], generated)
+        self.assertEqual(generated[secret["secretName"]]["namespace"],
+                         self.namespace["metadata"]["name"])
+        self.assertIn(os.path.basename(path), generated[secret["secretName"]]["files"])
+        # The name stays: the kubelet updates the file in place for a SIGHUP to read.
+        self.assertIs(self.kustomization["generatorOptions"]["disableNameSuffixHash"], True)
+        # Root's and the pod's group, which may read it and nobody else: the daemon takes that.
+        self.assertIn(secret["defaultMode"], (0o440, 0o400))
+        context = self.pod["spec"]["securityContext"]
+        self.assertEqual(context["fsGroup"], context["runAsGroup"])
+        with open(os.path.join(ROOT, ".gitignore")) as f:
+            self.assertIn("/deploy/kubernetes/tokens", f.read().split())
+
     def test_probes_ask_the_grpc_port(self):
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             self.assertEqual(self.container[probe]["grpc"]["port"],
@@ -198,9 +222,18 @@ class KubernetesManifestsTest(unittest.TestCase):
             with open(config, "w") as f:
                 f.write(self.config_text)
             address_file = os.path.join(work, "address")
+            # The token file as the kubelet mounts the Secret: root's, mode 0440 (as root); the
+            # owner's alone otherwise.
+            tokens = os.path.join(work, "tokens")
+            with open(tokens, "w") as f:
+                for role in ("admin", "peer", "trainer"):
+                    f.write(f"{role} {os.urandom(24).hex()}{' llama-*' * (role == 'trainer')}\n")
+            os.chmod(tokens, 0o440 if os.geteuid() == 0 else 0o600)
+            token_flag = [a for a in self.container["args"] if a.startswith("--token_file=")][0]
             daemon = subprocess.Popen(
                 [PARAMD_BINARY, f"--config={config}", "--listen=127.0.0.1:0",
-                 "--metrics_listen=127.0.0.1:0", f"--address_file={address_file}", advertise],
+                 "--metrics_listen=127.0.0.1:0", f"--address_file={address_file}", advertise,
+                 token_flag.split("=", 1)[0] + "=" + tokens],
                 stderr=subprocess.PIPE, text=True)
             try:
                 deadline = time.monotonic() + 30

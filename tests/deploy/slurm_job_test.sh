@@ -9,7 +9,11 @@
 #      rank 0 checking its result bit for bit);
 #   2. tests/deploy/slurm_trainer_check.py as the trainer, 2 ranks per node: each checks
 #      PARAMD_DAEMONS (every daemon, sorted as Register wants) and has its own node's daemon
-#      accept a job registered with that list.
+#      accept a job registered with that list, with the job's token (PARAMD_TOKEN_FILE), and
+#      refuse a register without one.
+#
+# Both run with the job's own tokens (the script's default): every call of the script, the
+# trainers and the daemons to each other carries one.
 #
 # Each must exit 0 with every daemon advertising the address its node published, that address
 # reached, every daemon drained and stopped with status 0, and no daemon left running.
@@ -59,14 +63,14 @@ cleanup() {
       [ -e "$log" ] && { echo "--- $log (last 40 lines)"; tail -n 40 "$log"; }
     done
   fi
-  rm -rf "$work"
+  [ -n "${KEEP_WORK:-}" ] || rm -rf "$work"
 }
 trap cleanup EXIT
 
 # What sbatch --nodes=3 would give the batch script, and the stand-ins first on PATH; none of the
 # script's knobs from the caller's environment.
 unset PARAMD_PORT PARAMD_IFACE PARAMD_CONFIG PARAMD_METRICS_LISTEN PARAMD_PROM_SD_DIR \
-  PARAMD_RUN_DIR TRAINERS_PER_NODE
+  PARAMD_RUN_DIR TRAINERS_PER_NODE PARAMD_TOKENS PARAMD_TOKEN_FILE
 base=$((20000 + RANDOM % 10000))
 export PATH="$here/fake_slurm:$PATH" SLURM_JOB_ID=$((1000 + RANDOM)) SLURM_JOB_NUM_NODES=3 \
   SLURM_JOB_NODELIST="node[1-3]" SLURM_SUBMIT_DIR=$root FAKE_SLURM_NODE_ADDRESSES="${hosts[*]}"
@@ -86,6 +90,14 @@ run() {
     "in $((SECONDS - started)) s"
   [ "$status" -eq 0 ] || fail "$name: the batch script exited with status $status"
 
+  # The job's tokens: the daemons took its token file, and only the job's user may read them.
+  [ "$(stat -c %a "$dir")" = 700 ] || fail "$name: $dir is not the job's user's alone"
+  local file
+  for file in tokens trainer.token admin.token; do
+    [ "$(stat -c %a "$dir/$file")" = 600 ] || fail "$name: $dir/$file is not mode 600"
+  done
+  grep -q "^trainer [0-9a-f]\{48\} \*$" "$dir/tokens" ||
+    fail "$name: $dir/tokens has no trainer token for every job"
   local expected=() i address port ports=() taken=0
   for i in "${!nodes[@]}"; do
     local node=${nodes[i]} log=$dir/paramd.${nodes[i]}.log

@@ -6,6 +6,7 @@ trainer uses it:
   compares these ASCII strings as std::string does), starts with PARAMD_ADDRESS and names this
   rank's PARAMD_LOCAL_ADDRESS;
 - the daemon at PARAMD_LOCAL_ADDRESS advertises itself as that address;
+- the daemons take the job's token (PARAMD_TOKEN_FILE) and refuse a call without one;
 - it accepts a job registered with the list as is (register(daemons=PARAMD_DAEMONS.split(",")),
   which registers with every daemon of the list) and shows the list back, and it refuses a list
   of one other daemon (FAILED_PRECONDITION), so the acceptance means that the list names it.
@@ -33,7 +34,7 @@ def main():
     assert int(os.environ["LOCAL_RANK"]) == int(os.environ["SLURM_LOCALID"])
 
     client = paramd.connect(local, transport="inline")
-    advertised = client.status("")["advertise_address"]
+    advertised = client.status("", daemon_only=True)["advertise_address"]
     assert advertised == local, f"the daemon at {local} advertises itself as {advertised}"
     tensors = [("w", 4, 8, "fp32")]
     client.register(job="deploy", rank=rank, world_size=world_size, tensors=tensors,
@@ -48,6 +49,16 @@ def main():
     except paramd.StatusError as e:
         assert e.code == "FAILED_PRECONDITION", e
     client.close()
+    # The daemons take calls with the job's token alone (PARAMD_TOKEN_FILE, which connect reads).
+    assert os.environ.get("PARAMD_TOKEN_FILE"), "no PARAMD_TOKEN_FILE"
+    stranger = paramd.connect(local, transport="inline", token_file="", max_attempts=1)
+    try:
+        stranger.register(job=f"stranger-{rank}", rank=0, world_size=1, tensors=tensors,
+                          hyperparams=paramd.hyperparams())
+        raise AssertionError(f"{local} took a register without a token")
+    except paramd.StatusError as e:
+        assert e.code == "UNAUTHENTICATED", e
+    stranger.close()
     line = f"rank {rank}: the daemon at {local} accepted job deploy with daemons {','.join(daemons)}"
     results = os.environ.get("PARAMD_CHECK_RESULTS_DIR")
     if results:

@@ -78,6 +78,7 @@ TEST_P(NcclTest, ATransferWithAPeerThatNeverJoinsEndsByItsDeadlineAndTheDaemonGo
       transport_->Push({"first", 0, 0, v1::PUSH_KIND_INITIAL_WEIGHTS}, weights, Soon()).ok());
   v1::AttachRequest open;
   open.set_transport("nccl");
+  open.set_job("first");
   open.mutable_nccl()->set_open(true);
   v1::AttachResponse opened;
   {
@@ -90,6 +91,7 @@ TEST_P(NcclTest, ATransferWithAPeerThatNeverJoinsEndsByItsDeadlineAndTheDaemonGo
   ASSERT_GT(opened.nccl().bases_size(), 0);
   v1::AttachRequest transfer;
   transfer.set_transport("nccl");
+  transfer.set_job("first");
   v1::NcclCall* call = transfer.mutable_nccl();
   call->set_session(opened.nccl().session());
   call->set_to_daemon(true);
@@ -127,6 +129,36 @@ TEST_P(NcclTest, ATransferWithAPeerThatNeverJoinsEndsByItsDeadlineAndTheDaemonGo
   const PushItem init[] = {{"t", Bytes(p)}};
   const PushItem grad[] = {{"t", Bytes(g)}};
   ASSERT_TRUE(transport_->Push({"after", 0, 0, v1::PUSH_KIND_INITIAL_WEIGHTS}, init, Soon()).ok());
+  {
+    // Job "after"'s memory is its own: no session of "first" reaches it, nor a session of
+    // "first" named as "after"'s.
+    v1::AttachRequest ask = open;
+    ask.set_job("after");
+    ask.clear_nccl();
+    ask.set_regions_only(true);
+    v1::AttachResponse after;
+    grpc::ClientContext context;
+    context.set_deadline(Soon());
+    ASSERT_TRUE(data_->Attach(&context, ask, &after).ok());
+    ASSERT_GT(after.nccl().bases_size(), 0);
+    for (uint64_t base : after.nccl().bases()) {
+      for (uint64_t mine : opened.nccl().bases()) EXPECT_NE(base, mine) << "an allocation shared";
+    }
+  }
+  {
+    grpc::ClientContext context;
+    context.set_deadline(Soon());
+    v1::AttachResponse reopened;
+    ASSERT_TRUE(data_->Attach(&context, open, &reopened).ok());
+    span->set_address(reopened.nccl().bases(0));
+    call->set_session(reopened.nccl().session());
+    transfer.set_job("after");
+    grpc::ClientContext across;
+    across.set_deadline(Soon());
+    v1::AttachResponse response;
+    const grpc::Status status = data_->Attach(&across, transfer, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  }
   ASSERT_TRUE(transport_->Push({"after", 0, 0}, grad, Soon()).ok());
   ASSERT_TRUE(Commit("after", 0, 0).ok());
   Pulled pulled;

@@ -2,6 +2,7 @@
 // daemon's user, in-place reads are leased (bytes unchanged while the lease lasts, freed when it
 // ends, by release or by expiry), and a killed daemon's segments are removed at the next start.
 #include <fcntl.h>
+#include <grp.h>
 #include <grpcpp/create_channel.h>
 #include <gtest/gtest.h>
 #include <prometheus/text_serializer.h>
@@ -9,9 +10,11 @@
 #include <spawn.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -26,6 +29,7 @@
 #include "server/job/job_memory.h"
 #include "server/rpc/server.h"
 #include "tests/integration/daemon_process.h"
+#include "tests/unit/server/status_assertions.h"
 
 extern char** environ;
 
@@ -33,21 +37,58 @@ namespace paramd {
 namespace {
 
 using std::chrono::milliseconds;
+using testing::HasStatus;
 
-std::vector<std::string> SegmentNames(const std::string& address) {
+// The segments an Attach names: job `job`'s (regions_only), or with no job the probe's.
+absl::StatusOr<std::vector<std::string>> AskSegments(const std::string& address,
+                                                     const std::string& job = "") {
   auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
   auto stub = v1::Data::NewStub(channel);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::AttachRequest request;
   request.set_transport("shm");
+  if (!job.empty()) {
+    request.set_job(job);
+    request.set_regions_only(true);
+  }
   v1::AttachResponse response;
-  const grpc::Status status = stub->Attach(&context, request, &response);
-  EXPECT_TRUE(status.ok()) << status.error_message();
-  return {response.shm().segments().begin(), response.shm().segments().end()};
+  if (absl::Status s = FromGrpcStatus(stub->Attach(&context, request, &response)); !s.ok()) {
+    return s;
+  }
+  return std::vector<std::string>(response.shm().segments().begin(),
+                                  response.shm().segments().end());
 }
 
-bool Exists(const std::string& segment) { return std::filesystem::exists("/dev/shm" + segment); }
+std::vector<std::string> SegmentNames(const std::string& address, const std::string& job = "") {
+  absl::StatusOr<std::vector<std::string>> names = AskSegments(address, job);
+  EXPECT_TRUE(names.ok()) << names.status();
+  return names.ok() ? *names : std::vector<std::string>();
+}
+
+bool Exists(const std::string& path) { return std::filesystem::exists(path); }
+std::string DirectoryOf(const std::string& path) {
+  return std::filesystem::path(path).parent_path().string();
+}
+
+// A one-rank job with one 64x64 tensor.
+v1::RegisterRequest JobSpec(const std::string& job) {
+  v1::RegisterRequest request;
+  request.set_job(job);
+  request.set_world_size(1);
+  v1::TensorSpec* t = request.add_tensors();
+  t->set_name("w");
+  t->set_rows(64);
+  t->set_cols(64);
+  t->set_grad_type(v1::ELEMENT_TYPE_FP32);
+  v1::AdamwHyperparams* hyper = request.mutable_hyperparams();
+  hyper->set_lr(1e-2);
+  hyper->set_beta1(0.9);
+  hyper->set_beta2(0.999);
+  hyper->set_eps(1e-8);
+  hyper->set_weight_decay(0.01);
+  return request;
+}
 
 class ShmTest : public ::testing::Test {
  protected:
@@ -77,23 +118,10 @@ class ShmTest : public ::testing::Test {
     if (server_) server_->Shutdown();
   }
 
-  // Registers a one-rank job with one 64x64 tensor and uploads its weights.
+
+  // Registers job "j" and uploads its weights.
   void StartJob() {
-    v1::RegisterRequest request;
-    request.set_job("j");
-    request.set_world_size(1);
-    v1::TensorSpec* t = request.add_tensors();
-    t->set_name("w");
-    t->set_rows(64);
-    t->set_cols(64);
-    t->set_grad_type(v1::ELEMENT_TYPE_FP32);
-    v1::AdamwHyperparams* hyper = request.mutable_hyperparams();
-    hyper->set_lr(1e-2);
-    hyper->set_beta1(0.9);
-    hyper->set_beta2(0.999);
-    hyper->set_eps(1e-8);
-    hyper->set_weight_decay(0.01);
-    absl::StatusOr<v1::RegisterResponse> registered = client_->Register(request);
+    absl::StatusOr<v1::RegisterResponse> registered = client_->Register(JobSpec("j"));
     ASSERT_TRUE(registered.ok()) << registered.status();
     ASSERT_EQ(client_->transport_name(), "shm");
     weights_.assign(64 * 64, 0.5f);
@@ -153,15 +181,56 @@ class ShmTest : public ::testing::Test {
   std::vector<float> weights_;
 };
 
-TEST_F(ShmTest, SegmentsAreOwnerOnly) {
-  const std::vector<std::string> names = SegmentNames(server_->address());
+TEST_F(ShmTest, SegmentsAndTheirDirectoryAreOwnerOnly) {
+  StartJob();
+  std::vector<std::string> names = SegmentNames(server_->address(), "j");
   ASSERT_FALSE(names.empty());
+  for (const std::string& name : SegmentNames(server_->address())) names.push_back(name);
   for (const std::string& name : names) {
     struct stat st;
-    ASSERT_EQ(stat(("/dev/shm" + name).c_str(), &st), 0) << name;
+    ASSERT_EQ(stat(name.c_str(), &st), 0) << name;
     EXPECT_EQ(st.st_mode & 0777, 0600u) << name;
     EXPECT_EQ(st.st_uid, geteuid()) << name;
+    ASSERT_EQ(stat(DirectoryOf(name).c_str(), &st), 0) << name;
+    EXPECT_EQ(st.st_mode & 0777, 0700u) << name;
   }
+}
+
+TEST_F(ShmTest, EachJobHasSegmentsOfItsOwnNamedToItAloneThatGoWithTheJob) {
+  StartJob();
+  ClientOptions options;
+  options.address = server_->address();
+  options.transport = "shm";
+  absl::StatusOr<std::unique_ptr<Client>> other = Client::Connect(options);
+  ASSERT_TRUE(other.ok()) << other.status();
+  ASSERT_TRUE((*other)->Register(JobSpec("k")).ok());
+  ASSERT_EQ((*other)->transport_name(), "shm");
+  const PushItem items[] = {{"w", std::as_bytes(std::span<const float>(weights_))}};
+  ASSERT_TRUE((*other)->UploadInitialWeights("k", items).ok());
+  ASSERT_NO_FATAL_FAILURE(Step(0));
+
+  const std::vector<std::string> j = SegmentNames(server_->address(), "j");
+  const std::vector<std::string> k = SegmentNames(server_->address(), "k");
+  const std::vector<std::string> probe = SegmentNames(server_->address());
+  ASSERT_FALSE(j.empty());
+  ASSERT_FALSE(k.empty());
+  for (const std::string& name : j) {
+    EXPECT_EQ(std::count(k.begin(), k.end(), name), 0) << name << " is named to both jobs";
+    EXPECT_EQ(std::count(probe.begin(), probe.end(), name), 0) << name << " is named to a probe";
+  }
+  EXPECT_TRUE(HasStatus(AskSegments(server_->address(), "nope"), absl::StatusCode::kNotFound,
+                        "no job \"nope\""));
+  // Job k goes, and its segments with it; job j keeps its own and steps on.
+  other->reset();
+  ASSERT_TRUE(client_->DeleteJob("k").ok());
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::any_of(k.begin(), k.end(), Exists) && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  for (const std::string& name : k) EXPECT_FALSE(Exists(name)) << name << " outlived its job";
+  for (const std::string& name : j) EXPECT_TRUE(Exists(name)) << name;
+  ASSERT_NO_FATAL_FAILURE(Step(1));
+  EXPECT_EQ(JobStatus().tensors(0).version(), 2);
 }
 
 TEST_F(ShmTest, AProcessOfAnotherUserCannotOpenTheSegments) {
@@ -170,15 +239,15 @@ TEST_F(ShmTest, AProcessOfAnotherUserCannotOpenTheSegments) {
                     "checked by SegmentsAreOwnerOnly";
   }
   StartJob();
-  for (const std::string& name : SegmentNames(server_->address())) {
+  for (const std::string& name : SegmentNames(server_->address(), "j")) {
     const pid_t child = fork();
     ASSERT_GE(child, 0);
     if (child == 0) {
       // Only async-signal-safe calls in the child of a threaded process.
       if (setgid(65534) != 0 || setuid(65534) != 0) _exit(2);
-      const int ro = shm_open(name.c_str(), O_RDONLY, 0);
+      const int ro = open(name.c_str(), O_RDONLY);
       const int ro_errno = errno;
-      const int rw = shm_open(name.c_str(), O_RDWR, 0);
+      const int rw = open(name.c_str(), O_RDWR);
       const int rw_errno = errno;
       _exit(ro < 0 && ro_errno == EACCES && rw < 0 && rw_errno == EACCES ? 0 : 1);
     }
@@ -510,12 +579,15 @@ TEST(ShmReclaimTest, AKilledDaemonsSegmentsAreRemovedAtTheNextStartAndACleanExit
     first.Stop(SIGKILL);
   }
   for (const std::string& name : killed_names) EXPECT_TRUE(Exists(name)) << name;
+  ASSERT_FALSE(killed_names.empty());
+  const std::string killed_directory = DirectoryOf(killed_names[0]);
 
   testing::DaemonProcess second(PARAMD_BINARY, dir);
   ASSERT_FALSE(second.address().empty());
   for (const std::string& name : killed_names) {
     EXPECT_FALSE(Exists(name)) << name << " of the killed daemon is still there";
   }
+  EXPECT_FALSE(Exists(killed_directory)) << killed_directory << " of the killed daemon";
   const std::vector<std::string> own = SegmentNames(second.address());
   ASSERT_FALSE(own.empty());
   for (const std::string& name : own) EXPECT_TRUE(Exists(name)) << name;
@@ -523,7 +595,65 @@ TEST(ShmReclaimTest, AKilledDaemonsSegmentsAreRemovedAtTheNextStartAndACleanExit
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "wait status " << status;
   for (const std::string& name : own) {
     EXPECT_FALSE(Exists(name)) << name << " outlived a clean exit";
+    EXPECT_FALSE(Exists(DirectoryOf(name))) << name << "'s directory outlived a clean exit";
   }
+}
+
+TEST(ShmGroupTest, AMemberOfTheListenGroupMapsTheSegmentsItIsToldOfAndCannotListOthers) {
+  if (geteuid() != 0) {
+    GTEST_SKIP() << "needs root to run a child as another user (nobody, group nogroup)";
+  }
+  const std::string dir = ::testing::TempDir() + "/shm_group_test." + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  v1::DaemonConfig config;
+  config.set_listen("unix:" + dir + "/paramd.sock");
+  config.set_listen_group("nogroup");
+  config.set_metrics_listen("");
+  config.set_log_level("warning");
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(config);
+  ASSERT_TRUE(server.ok()) << server.status();
+  ClientOptions options;
+  options.address = (*server)->address();
+  options.transport = "shm";
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<v1::RegisterResponse> registered =
+      (*client)->Register(JobSpec("g"));
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  const std::vector<std::string> names = SegmentNames((*server)->address(), "g");
+  ASSERT_FALSE(names.empty());
+  struct stat st;
+  ASSERT_EQ(stat(names[0].c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  EXPECT_EQ(st.st_gid, 65534u);
+  const std::string segment_dir = DirectoryOf(names[0]);
+  ASSERT_EQ(stat(segment_dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0710u);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Only async-signal-safe calls in the child of a threaded process.
+    if (setgroups(0, nullptr) != 0 || setgid(65534) != 0 || setuid(65534) != 0) _exit(2);
+    const int told = open(names[0].c_str(), O_RDWR);
+    if (told < 0) _exit(3);  // the segment it was told of
+    close(told);
+    const int listed = open(segment_dir.c_str(), O_RDONLY | O_DIRECTORY);
+    if (listed >= 0) {  // may open for search, never read the names
+      char buffer[4096];
+      if (syscall(SYS_getdents64, listed, buffer, sizeof(buffer)) >= 0) _exit(4);
+    }
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << (WEXITSTATUS(status) == 2   ? "nobody:nogroup could not be become"
+          : WEXITSTATUS(status) == 3 ? "a member of the group could not open its segment"
+                                     : "a member of the group listed the segments");
+  client->reset();
+  (*server)->Shutdown();
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "client/client.h"
+#include "common/grpc_status.h"
 #include "common/owner_address.h"
 #include "common/token_file.h"
 #include "paramd/v1/data.grpc.pb.h"
@@ -164,6 +165,11 @@ TEST_F(TokensTest, ATrainerTokenReachesTheJobsItsLineNamesAndNoOther) {
   EXPECT_EQ(b->jobs(0).tensors(0).version(), 0) << "job-b stepped";
   // What spans jobs or the daemon is the admin's.
   EXPECT_TRUE(HasStatus(a_->Status(), kDenied, "an admin token"));
+  // The daemon's own figures (its address, its backends, which a client asks before it registers)
+  // are any token's.
+  absl::StatusOr<v1::StatusResponse> own = a_->Status("", /*daemon_only=*/true);
+  ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_EQ(own->jobs_size(), 0);
   EXPECT_TRUE(HasStatus(a_->Drain(), kDenied, "an admin token"));
   EXPECT_FALSE(server_->daemon().draining());
   absl::StatusOr<v1::StatusResponse> all = admin_->Status();
@@ -179,6 +185,34 @@ TEST_F(TokensTest, AJobNamePatternCoversTheJobsItBegins) {
   EXPECT_TRUE(Step(*team, "team-x", 0).ok());
   EXPECT_TRUE(HasStatus(team->Register(Spec("teamx")), kDenied, "teamx"));
   EXPECT_TRUE(HasStatus(team->Status("job-a"), kDenied, "job-a"));
+}
+
+TEST_F(TokensTest, AJobsSharedMemoryIsNamedOnlyToCallersThatMayUseTheJob) {
+  RegisterAndUpload(*a_, "job-a");
+  const auto segments = [&](const std::string& token, const std::string& job) {
+    auto data = v1::Data::NewStub(OwnerChannel(server_->address(), {}, token));
+    grpc::ClientContext context;
+    v1::AttachRequest request;
+    request.set_transport("shm");
+    request.set_job(job);
+    request.set_regions_only(true);
+    v1::AttachResponse response;
+    const absl::Status status = FromGrpcStatus(data->Attach(&context, request, &response));
+    return status.ok() ? absl::StatusOr<std::vector<std::string>>(std::vector<std::string>(
+                             response.shm().segments().begin(), response.shm().segments().end()))
+                       : absl::StatusOr<std::vector<std::string>>(status);
+  };
+  absl::StatusOr<std::vector<std::string>> a = segments(kTrainerA, "job-a");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE(HasStatus(segments(kTrainerA, "job-b"), kDenied, "job-b"));
+  EXPECT_TRUE(HasStatus(segments("", "job-b"), kUnauthenticated, ""));
+  absl::StatusOr<std::vector<std::string>> b = segments(kAdmin, "job-b");
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_FALSE(a->empty());
+  ASSERT_FALSE(b->empty());
+  for (const std::string& name : *a) {
+    EXPECT_EQ(std::count(b->begin(), b->end(), name), 0) << name << " is job-b's too";
+  }
 }
 
 TEST_F(TokensTest, ALeaseOfAnotherJobIsNotReleased) {
@@ -240,8 +274,10 @@ TEST_F(TokensTest, AReloadTakesATokenAwayAndAFileOthersMayReadIsRefused) {
   ASSERT_TRUE(server_->ReloadTokens().ok());
   EXPECT_TRUE(HasStatus(a_->Status("job-a"), kUnauthenticated, "not one of this daemon's"));
   EXPECT_TRUE(admin_->Status("job-b").ok());
-  // A file the group may read is not read again: the tokens stay as they were.
-  WriteFile(tokens_, absl::StrCat("admin ", kAdmin, "\ntrainer ", kTrainerA, " job-a\n"), 0640);
+  // A file others may read (or, not root's, its group) is not read again: the tokens stay as
+  // they were.
+  WriteFile(tokens_, absl::StrCat("admin ", kAdmin, "\ntrainer ", kTrainerA, " job-a\n"),
+            geteuid() == 0 ? 0644 : 0640);
   EXPECT_TRUE(HasStatus(server_->ReloadTokens(), absl::StatusCode::kInvalidArgument, "chmod 600"));
   EXPECT_TRUE(HasStatus(a_->Status("job-a"), kUnauthenticated, ""));
   // And no daemon starts with one.
@@ -304,6 +340,18 @@ TEST(TokenFileTest, LinesThatAreNotATokenAreRefusedNamingTheLine) {
   EXPECT_EQ(*token, "0123456789abcdef");
   chmod(client.c_str(), 0644);
   EXPECT_TRUE(HasStatus(ReadClientToken(client), absl::StatusCode::kInvalidArgument, "chmod 600"));
+  // Root's file that one group may read (a Kubernetes Secret with an fsGroup) is taken; one the
+  // group may write, or others read, is not.
+  if (geteuid() == 0) {
+    chmod(client.c_str(), 0440);
+    EXPECT_TRUE(ReadClientToken(client).ok());
+    chmod(client.c_str(), 0640);
+    EXPECT_TRUE(ReadClientToken(client).ok());
+    chmod(client.c_str(), 0660);
+    EXPECT_TRUE(HasStatus(ReadClientToken(client), absl::StatusCode::kInvalidArgument, "640"));
+    chmod(client.c_str(), 0604);
+    EXPECT_TRUE(HasStatus(ReadClientToken(client), absl::StatusCode::kInvalidArgument, "640"));
+  }
 }
 
 }  // namespace

@@ -24,8 +24,9 @@ class CudaIpcDaemonEnd final : public DaemonEnd {
   absl::Status Attach(const v1::AttachRequest& request, v1::AttachResponse* response) override {
     return AttachPlaced(
         host_, Memory::kDevice, request,
-        [this](v1::AttachResponse* r) {
-          const DeviceExports exports = *host_.device_exports();
+        // The job's own allocations alone (none for a probe).
+        [this](const std::string& job, v1::AttachResponse* r) {
+          const DeviceExports exports = *host_.device_exports(job);
           v1::CudaIpcRegions* regions = r->mutable_cuda_ipc();
           regions->clear_ipc_handles();
           regions->clear_ipc_bases();
@@ -38,6 +39,7 @@ class CudaIpcDaemonEnd final : public DaemonEnd {
           regions->set_pid(static_cast<int64_t>(getpid()));
           regions->set_step_event(exports.step_event);
           regions->set_step_event_local(exports.step_event_local);
+          return absl::OkStatus();
         },
         response);
   }

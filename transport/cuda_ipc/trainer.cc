@@ -245,7 +245,8 @@ class CudaIpcTransport final : public PlacedTransport {
   }
 
   // Read back to the host (host or device memory alike): only a retry gets here.
-  absl::StatusOr<bool> Same(const uint8_t* slot, std::span<const std::byte> data) override {
+  absl::StatusOr<bool> Same(const std::string&, const uint8_t* slot,
+                            std::span<const std::byte> data) override {
     const DeviceScope scope(device_);
     if (!scope.status().ok()) return scope.status();
     return SameBytes(slot, data.data(), data.size(), stream_);
@@ -284,7 +285,8 @@ class CudaIpcTransport final : public PlacedTransport {
   }
 
   // Queued on the stream as each header arrives; FinishCopies waits for them all.
-  absl::Status CopyOut(const uint8_t* from, size_t bytes, std::vector<std::byte>* out) override {
+  absl::Status CopyOut(const std::string&, const uint8_t* from, size_t bytes,
+                       std::vector<std::byte>* out) override {
     const DeviceScope scope(device_);
     if (!scope.status().ok()) return scope.status();
     out->resize(bytes);

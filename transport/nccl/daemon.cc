@@ -46,6 +46,7 @@ struct Session {
   }
   std::mutex mu;  // one transfer at a time: both sides queue in the same order
   int device = -1;
+  std::string job;  // whose exported memory its transfers may touch
   std::unique_ptr<NcclCommunicator> comm;
   cudaStream_t stream = nullptr;
 };
@@ -63,17 +64,23 @@ class NcclDaemonEnd final : public DaemonEnd {
   std::optional<Memory> memory() const override { return Memory::kDevice; }
 
   absl::Status Attach(const v1::AttachRequest& request, v1::AttachResponse* response) override {
-    if (request.nccl().open()) return Open(request.nccl(), response);
+    if (request.nccl().open()) return Open(request, response);
     if (request.nccl().session() != 0 || request.nccl().spans_size() > 0) {
-      return Transfer(request.nccl());
+      return Transfer(request);
     }
     return AttachPlaced(
-        host_, Memory::kDevice, request, [this](v1::AttachResponse* r) { Describe(r); }, response);
+        host_, Memory::kDevice, request,
+        [this](const std::string& job, v1::AttachResponse* r) {
+          Describe(job, r);
+          return absl::OkStatus();
+        },
+        response);
   }
 
  private:
-  void Describe(v1::AttachResponse* response) const {
-    const DeviceExports exports = *host_.device_exports();
+  // The regions of job `job`'s exported memory (none for "").
+  void Describe(const std::string& job, v1::AttachResponse* response) const {
+    const DeviceExports exports = *host_.device_exports(job);
     v1::NcclRegions* regions = response->mutable_nccl();
     regions->clear_bases();
     regions->clear_sizes();
@@ -86,12 +93,18 @@ class NcclDaemonEnd final : public DaemonEnd {
     response->set_instance(host_.instance());
   }
 
-  absl::Status Open(const v1::NcclCall& call, v1::AttachResponse* response) {
-    const DeviceExports exports = *host_.device_exports();
+  // A session for the trainer of the request's job: its transfers touch that job's memory alone.
+  absl::Status Open(const v1::AttachRequest& request, v1::AttachResponse* response) {
+    if (request.job().empty()) {
+      return absl::InvalidArgumentError(
+          "an nccl session is opened for a job: name it (AttachRequest.job)");
+    }
+    const DeviceExports exports = *host_.device_exports(request.job());
     absl::StatusOr<std::string> id = NewNcclUniqueId();
     if (!id.ok()) return id.status();
     auto session = std::make_shared<Session>();
     session->device = exports.device;
+    session->job = request.job();
     {
       const DeviceScope scope(exports.device);
       if (!scope.status().ok()) return scope.status();
@@ -116,7 +129,7 @@ class NcclDaemonEnd final : public DaemonEnd {
       sessions_[number] = session;
       order_.push_back(number);
     }
-    Describe(response);
+    Describe(request.job(), response);
     response->mutable_nccl()->set_unique_id(*id);
     response->mutable_nccl()->set_session(number);
     return absl::OkStatus();
@@ -140,7 +153,7 @@ class NcclDaemonEnd final : public DaemonEnd {
     sessions_.erase(number);
   }
 
-  // Every span within one exported allocation.
+  // Every span within one allocation of the session's job.
   absl::Status CheckSpans(const v1::NcclCall& call, const DeviceExports& exports) const {
     for (const v1::NcclSpan& span : call.spans()) {
       bool inside = false;
@@ -153,17 +166,25 @@ class NcclDaemonEnd final : public DaemonEnd {
       if (!inside) {
         return absl::InvalidArgumentError(
             absl::StrCat("nccl span [", span.address(), ", +", span.bytes(),
-                         ") is not inside this daemon's exported GPU memory (NcclRegions); "
-                         "nothing moved"));
+                         ") is not inside the exported GPU memory of this session's job "
+                         "(NcclRegions); nothing moved"));
       }
     }
     return absl::OkStatus();
   }
 
-  absl::Status Transfer(const v1::NcclCall& call) {
-    const DeviceExports exports = *host_.device_exports();
+  absl::Status Transfer(const v1::AttachRequest& request) {
+    const v1::NcclCall& call = request.nccl();
+    // The caller may use the job it names (the service checked); the spans lie in that job's
+    // memory, and the session is that job's.
+    const DeviceExports exports = *host_.device_exports(request.job());
     PARAMD_RETURN_IF_ERROR(CheckSpans(call, exports));
     PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, Find(call.session()));
+    if (session->job != request.job()) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("nccl session ", call.session(), " is not job \"", request.job(),
+                       "\"'s; open one for it"));
+    }
     std::lock_guard<std::mutex> lock(session->mu);
     const auto deadline = std::chrono::steady_clock::now() + TimeoutOf(call);
     // The trainer joins as soon as Open answered: the first transfer waits for that at most.

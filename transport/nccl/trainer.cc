@@ -85,15 +85,17 @@ class NcclTransport final : public PlacedTransport {
     Stop();
     if (device_ < 0) return;
     const DeviceScope scope(device_);
-    comm_.reset();  // aborts (no call of it is in flight once Stop returned)
+    sessions_.clear();  // aborts (no call of one is in flight once Stop returned)
     if (callers_work_ != nullptr) cudaEventDestroy(callers_work_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
-  // Opens the session (the daemon and this process join its communicator).
+  // Opens the session of the job this transport serves, if it serves one (the daemon and this
+  // process join its communicator); a job's session is opened by its first transfer otherwise.
   absl::Status Open(Deadline deadline) {
+    if (context().job.empty()) return absl::OkStatus();
     std::lock_guard<std::mutex> lock(session_mu_);
-    return OpenLocked(deadline);
+    return OpenLocked(context().job, deadline);
   }
 
  private:
@@ -151,13 +153,14 @@ class NcclTransport final : public PlacedTransport {
   }
 
   // Read back over the session and compared (only a retried push asks).
-  absl::StatusOr<bool> Same(const uint8_t* slot, std::span<const std::byte> data) override {
+  absl::StatusOr<bool> Same(const std::string& job, const uint8_t* slot,
+                            std::span<const std::byte> data) override {
     const DeviceScope scope(device_);
     if (!scope.status().ok()) return scope.status();
     std::lock_guard<std::mutex> lock(session_mu_);
     PARAMD_ASSIGN_OR_RETURN(uint8_t * staged, pull_staging_.Reserve(data.size()));
     const std::vector<Span> spans = {{reinterpret_cast<uint64_t>(slot), staged, data.size()}};
-    PARAMD_RETURN_IF_ERROR(TransferLocked(spans, /*to_daemon=*/false, Soon()));
+    PARAMD_RETURN_IF_ERROR(TransferLocked(job, spans, /*to_daemon=*/false, Soon()));
     return SameBytes(staged, data.data(), data.size(), stream_);
   }
 
@@ -207,7 +210,8 @@ class NcclTransport final : public PlacedTransport {
       }
       absl::Status moved = spans.empty()
                                ? absl::OkStatus()
-                               : TransferLocked(spans, /*to_daemon=*/true, After(kTransferTimeout));
+                               : TransferLocked(plan.job, spans, /*to_daemon=*/true,
+                                                After(kTransferTimeout));
       if (absl::Status synced = CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
           moved.ok()) {
         moved = synced;
@@ -221,20 +225,25 @@ class NcclTransport final : public PlacedTransport {
   }
 
   // Gathered while the headers arrive; FinishCopies moves them all in one transfer.
-  absl::Status CopyOut(const uint8_t* from, size_t bytes, std::vector<std::byte>* out) override {
+  absl::Status CopyOut(const std::string& job, const uint8_t* from, size_t bytes,
+                       std::vector<std::byte>* out) override {
     out->resize(bytes);
     std::lock_guard<std::mutex> lock(pending_mu_);
-    pending_[std::this_thread::get_id()].push_back({from, bytes, out});
+    Pulls& pulls = pending_[std::this_thread::get_id()];
+    pulls.job = job;  // a pull is of one job
+    pulls.copies.push_back({from, bytes, out});
     return absl::OkStatus();
   }
 
   absl::Status FinishCopies() override {
     std::vector<Pending> pending;
+    std::string job;
     {
       std::lock_guard<std::mutex> lock(pending_mu_);
       auto it = pending_.find(std::this_thread::get_id());
       if (it == pending_.end()) return absl::OkStatus();
-      pending = std::move(it->second);
+      pending = std::move(it->second.copies);
+      job = std::move(it->second.job);
       pending_.erase(it);
     }
     const DeviceScope scope(device_);
@@ -248,7 +257,8 @@ class NcclTransport final : public PlacedTransport {
       spans.push_back({reinterpret_cast<uint64_t>(p.from), staged, p.bytes});
       staged += p.bytes;
     }
-    PARAMD_RETURN_IF_ERROR(TransferLocked(spans, /*to_daemon=*/false, After(kTransferTimeout)));
+    PARAMD_RETURN_IF_ERROR(
+        TransferLocked(job, spans, /*to_daemon=*/false, After(kTransferTimeout)));
     for (size_t i = 0; i < pending.size(); ++i) {
       if (pending[i].bytes == 0) continue;
       PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pending[i].out->data(), spans[i].local,
@@ -282,12 +292,13 @@ class NcclTransport final : public PlacedTransport {
     return absl::OkStatus();
   }
 
-  absl::Status OpenLocked(Deadline deadline) {
+  // Opens job `job`'s session: its transfers may touch that job's memory alone.
+  absl::Status OpenLocked(const std::string& job, Deadline deadline) {
     PARAMD_RETURN_IF_ERROR(Ready());
-    comm_.reset();
-    session_ = 0;
+    sessions_.erase(job);
     v1::AttachRequest request;
     request.set_transport("nccl");
+    request.set_job(job);
     request.mutable_nccl()->set_open(true);
     v1::AttachResponse response;
     grpc::ClientContext call;
@@ -303,8 +314,7 @@ class NcclTransport final : public PlacedTransport {
                           absl::StrCat("joining nccl session ", response.nccl().session(),
                                        " with the daemon: ", comm.status().message()));
     }
-    comm_ = *std::move(comm);
-    session_ = response.nccl().session();
+    sessions_[job] = Session{*std::move(comm), response.nccl().session()};
     return absl::OkStatus();
   }
 
@@ -319,17 +329,22 @@ class NcclTransport final : public PlacedTransport {
   // Queues this side of the spans (sends to the daemon, or receives from it) and asks the daemon
   // for its side; a session that failed is opened again first, and once more where the daemon
   // knows none (it restarted). Returns once this side ran.
-  absl::Status TransferLocked(const std::vector<Span>& spans, bool to_daemon, Deadline deadline) {
+  absl::Status TransferLocked(const std::string& job, const std::vector<Span>& spans,
+                              bool to_daemon, Deadline deadline) {
     absl::Status status;
     for (int attempt = 0; attempt < 2; ++attempt) {
-      if (comm_ == nullptr || !comm_->usable()) {
-        PARAMD_RETURN_IF_ERROR(OpenLocked(deadline));
+      auto it = sessions_.find(job);
+      if (it == sessions_.end() || !it->second.comm->usable()) {
+        PARAMD_RETURN_IF_ERROR(OpenLocked(job, deadline));
+        it = sessions_.find(job);
       }
+      NcclCommunicator& comm = *it->second.comm;
       std::vector<NcclCommunicator::Piece> pieces;
       v1::AttachRequest request;
       request.set_transport("nccl");
+      request.set_job(job);
       v1::NcclCall* call = request.mutable_nccl();
-      call->set_session(session_);
+      call->set_session(it->second.number);
       call->set_to_daemon(to_daemon);
       for (const Span& span : spans) {
         pieces.push_back({span.local, span.bytes});
@@ -340,19 +355,19 @@ class NcclTransport final : public PlacedTransport {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           deadline - std::chrono::system_clock::now());
       call->set_timeout_ms(std::max<int64_t>(1, left.count()));
-      status = comm_->Queue(pieces, /*send=*/to_daemon, kDaemonRank, stream_);
+      status = comm.Queue(pieces, /*send=*/to_daemon, kDaemonRank, stream_);
       if (!status.ok()) continue;  // the communicator is aborted: open another
       v1::AttachResponse response;
       grpc::ClientContext context;
       context.set_deadline(deadline);
       status = FromGrpcStatus(stub_->Attach(&context, request, &response));
       if (!status.ok()) {
-        comm_->Abort();  // what this side queued will not be matched
+        comm.Abort();  // what this side queued will not be matched
         if (status.code() == absl::StatusCode::kNotFound) continue;
         return status;
       }
-      return comm_->Wait(stream_, std::chrono::duration_cast<std::chrono::milliseconds>(
-                                      deadline - std::chrono::system_clock::now()));
+      return comm.Wait(stream_, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                    deadline - std::chrono::system_clock::now()));
     }
     return status;
   }
@@ -368,15 +383,23 @@ class NcclTransport final : public PlacedTransport {
   std::mutex ready_mu_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t callers_work_ = nullptr;  // recorded on the trainer's stream, waited for by stream_
-  std::mutex session_mu_;               // one transfer at a time, and the session
-  std::unique_ptr<NcclCommunicator> comm_;
-  uint64_t session_ = 0;
+  // A job's session with the daemon: its communicator and its number there.
+  struct Session {
+    std::unique_ptr<NcclCommunicator> comm;
+    uint64_t number = 0;
+  };
+  std::mutex session_mu_;                     // one transfer at a time, and the sessions
+  std::map<std::string, Session> sessions_;  // by job (a client's transport serves one)
   Staging push_staging_;
   Staging pull_staging_;
   std::mutex pending_mu_;
-  // The copy-outs of each pull in progress, by the thread pulling (CopyOut and FinishCopies of a
-  // pull run on its caller's thread).
-  std::map<std::thread::id, std::vector<Pending>> pending_;
+  // The copy-outs of each pull in progress (of one job), by the thread pulling (CopyOut and
+  // FinishCopies of a pull run on its caller's thread).
+  struct Pulls {
+    std::string job;
+    std::vector<Pending> copies;
+  };
+  std::map<std::thread::id, Pulls> pending_;
 };
 
 }  // namespace

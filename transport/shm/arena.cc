@@ -21,8 +21,10 @@ constexpr int64_t kSegmentGranule = 2 << 20;
 
 absl::StatusOr<std::unique_ptr<ShmArena>> ShmArena::Create(std::string prefix,
                                                            int64_t min_segment_bytes,
-                                                           uint64_t probe) {
-  std::unique_ptr<ShmArena> arena(new ShmArena(std::move(prefix), min_segment_bytes, probe));
+                                                           uint64_t probe,
+                                                           std::optional<gid_t> group) {
+  std::unique_ptr<ShmArena> arena(
+      new ShmArena(std::move(prefix), min_segment_bytes, probe, group));
   absl::StatusOr<HostBuffer> buffer = arena->Allocate(sizeof(probe));
   if (!buffer.ok()) return buffer.status();
   std::memcpy(buffer->data(), &probe, sizeof(probe));
@@ -51,7 +53,7 @@ absl::StatusOr<HostBuffer> ShmArena::Allocate(int64_t bytes) {
   const int64_t size = std::max(min_segment_bytes_,
                                 (length + kSegmentGranule - 1) / kSegmentGranule * kSegmentGranule);
   absl::StatusOr<std::unique_ptr<ShmSegment>> shm =
-      ShmSegment::Create(absl::StrCat(prefix_, segments_.size()), size);
+      ShmSegment::Create(absl::StrCat(prefix_, segments_.size()), size, group_);
   if (!shm.ok()) return shm.status();
   Segment& segment = segments_.emplace_back(Segment{*std::move(shm), FreeRanges(size)});
   segment.free.Take(length, Alignment(bytes));  // offset 0 of a fresh segment
@@ -84,6 +86,11 @@ int64_t ShmArena::reserved_bytes() const {
 int64_t ShmArena::used_bytes() const {
   absl::MutexLock lock(&mu_);
   return used_;
+}
+
+bool ShmArena::idle() const {
+  absl::MutexLock lock(&mu_);
+  return used_ == Aligned(probe_buffer_.size());
 }
 
 }  // namespace paramd

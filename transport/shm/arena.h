@@ -1,13 +1,14 @@
-// The daemon's shared-memory region: buffers carved out of a few large POSIX segments
-// (transport/shm/segment.h) so a trainer maps each segment once, however many tensors a job has.
-// First fit with coalescing of freed neighbours; a segment is added when none has room. Segments
-// live until the arena is destroyed (the daemon exits), which removes their names.
+// A job's shared memory: buffers carved out of a few large segments (transport/shm/segment.h) so a
+// trainer maps each segment once, however many tensors the job has. First fit with coalescing of
+// freed neighbours; a segment is added when none has room. Segments live until the arena is
+// destroyed, which removes them.
 #pragma once
 
 #include <sys/types.h>
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,12 +21,13 @@ namespace paramd {
 
 class ShmArena final : public BufferAllocator {
  public:
-  // Segments are named `prefix` + index and hold at least `min_segment_bytes` each. The first is
-  // created now; its first bytes hold `probe`, which a trainer reads to prove it shares this
-  // memory.
+  // Segments are the paths `prefix` + index (ShmSegment::Create, shared with `group` where given)
+  // and hold at least `min_segment_bytes` each. The first is created now; its first bytes hold
+  // `probe`, which a trainer reads to prove it shares this memory.
   static absl::StatusOr<std::unique_ptr<ShmArena>> Create(std::string prefix,
                                                           int64_t min_segment_bytes,
-                                                          uint64_t probe);
+                                                          uint64_t probe,
+                                                          std::optional<gid_t> group = {});
   ~ShmArena() override;
 
   absl::StatusOr<HostBuffer> Allocate(int64_t bytes) override;
@@ -37,13 +39,19 @@ class ShmArena final : public BufferAllocator {
   // Bytes of all segments, and of the buffers handed out.
   int64_t reserved_bytes() const;
   int64_t used_bytes() const;
+  // True when no buffer is out (but the arena's own probe).
+  bool idle() const;
 
  protected:
   void Free(uint8_t* data, int64_t size, Place place) override;
 
  private:
-  ShmArena(std::string prefix, int64_t min_segment_bytes, uint64_t probe)
-      : prefix_(std::move(prefix)), min_segment_bytes_(min_segment_bytes), probe_(probe) {}
+  ShmArena(std::string prefix, int64_t min_segment_bytes, uint64_t probe,
+           std::optional<gid_t> group)
+      : prefix_(std::move(prefix)),
+        min_segment_bytes_(min_segment_bytes),
+        probe_(probe),
+        group_(group) {}
   absl::StatusOr<HostBuffer> AllocateLocked(int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   struct Segment {
@@ -54,6 +62,7 @@ class ShmArena final : public BufferAllocator {
   const std::string prefix_;
   const int64_t min_segment_bytes_;
   const uint64_t probe_;
+  const std::optional<gid_t> group_;
   HostBuffer probe_buffer_;  // the probe's bytes at the start of segment 0
   mutable absl::Mutex mu_;
   std::vector<Segment> segments_ ABSL_GUARDED_BY(mu_);

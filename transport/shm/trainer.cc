@@ -43,7 +43,7 @@ class ShmTransport final : public PlacedTransport {
 
   // The probe the daemon wrote at the start of segment 0 proves this process maps its memory.
   absl::Status CheckProbe(const v1::AttachResponse& response, Deadline deadline) override {
-    absl::StatusOr<MappedRegion*> first = Region(0, 0, deadline);
+    absl::StatusOr<MappedRegion*> first = Region(context().job, 0, 0, deadline);
     if (!first.ok()) return first.status();
     uint64_t probe = 0;
     if ((*first)->size() >= static_cast<int64_t>(sizeof(probe))) {
@@ -57,7 +57,8 @@ class ShmTransport final : public PlacedTransport {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<bool> Same(const uint8_t* slot, std::span<const std::byte> data) override {
+  absl::StatusOr<bool> Same(const std::string&, const uint8_t* slot,
+                            std::span<const std::byte> data) override {
     return std::memcmp(slot, data.data(), data.size()) == 0;
   }
 
@@ -70,7 +71,8 @@ class ShmTransport final : public PlacedTransport {
     return marks.MarkWhole(plan.placed);
   }
 
-  absl::Status CopyOut(const uint8_t* from, size_t bytes, std::vector<std::byte>* out) override {
+  absl::Status CopyOut(const std::string&, const uint8_t* from, size_t bytes,
+                       std::vector<std::byte>* out) override {
     // Keeps the buffer's memory, faulted in already: only a larger pull grows it.
     out->resize(bytes);
     CopyBytes(out->data(), from, bytes);

@@ -3,9 +3,10 @@
 // pushed in data chunks arrive in host slots and are copied up; served bytes are copied down into
 // the host buffers the transports read. Both host sides are allocated page-locked (the backend's
 // HostAllocator), so the copies run at the link's speed. For trainers on its node (DESIGN.md §6)
-// the backend also exports GPU memory: a few large allocations, carved into gradient slots and
-// served bytes, whose IPC handles trainers on the node open once; a slot a trainer wrote there is
-// read in place, and the step writes each version's served bytes there (besides the host copy).
+// the backend also exports GPU memory (exported_memory.h): each job's few allocations, carved into
+// its gradient slots and served bytes, whose IPC handles the job's trainers open once; a slot a
+// trainer wrote there is read in place, and the step writes each version's served bytes there
+// (besides the host copy).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -21,12 +22,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
-#include "common/free_ranges.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "kernels/cuda_step.h"
 #include "kernels/step_rules.h"
 #include "server/backend/backends.h"
+#include "server/backend/cuda/exported_memory.h"
 #include "server/backend/cuda/lent_memory.h"
 #include "server/backend/initial_state.h"
 #include "server/backend/kernel_status.h"
@@ -116,92 +117,6 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
-// Exported GPU memory: buffers carved out of a few large allocations, so a trainer
-// opens each IPC handle once however many buffers a job has (a handle covers a whole cudaMalloc
-// allocation). First fit with coalescing of freed neighbours; an allocation is added when none has
-// room, and lives until the backend goes.
-class DeviceArena final : public DeviceAllocator {
- public:
-  explicit DeviceArena(int device) : device_(device) {}
-  ~DeviceArena() override {
-    cudaSetDevice(device_);
-    for (const Allocation& a : allocations_) cudaFree(a.base);
-  }
-
-  absl::StatusOr<DeviceBytes> Allocate(int64_t bytes) {
-    if (bytes <= 0) return DeviceBytes();
-    const int64_t size = (bytes + kAlign - 1) / kAlign * kAlign;
-    std::lock_guard<std::mutex> lock(mu_);
-    for (size_t i = 0; i < allocations_.size(); ++i) {
-      if (std::optional<int64_t> offset = allocations_[i].free.Take(size, kAlign)) {
-        return Hand(i, *offset, bytes);
-      }
-    }
-    Allocation a;
-    a.size = std::max<int64_t>(kMinAllocationBytes, (size + kGranule - 1) / kGranule * kGranule);
-    PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    if (cudaMalloc(&a.base, static_cast<size_t>(a.size)) != cudaSuccess) {
-      cudaGetLastError();  // a failed allocation leaves no sticky error
-      return absl::ResourceExhaustedError(
-          absl::StrCat("cannot allocate ", a.size, " bytes of GPU memory to share with trainers"));
-    }
-    cudaIpcMemHandle_t handle;
-    if (absl::Status s = CudaStatus(cudaIpcGetMemHandle(&handle, a.base),
-                                    "cudaIpcGetMemHandle(&handle, a.base)");
-        !s.ok()) {
-      cudaFree(a.base);
-      return s;
-    }
-    a.handle.assign(reinterpret_cast<const char*>(&handle), sizeof(handle));
-    a.free = FreeRanges(a.size);
-    allocations_.push_back(std::move(a));
-    const size_t index = allocations_.size() - 1;
-    return Hand(index, *allocations_[index].free.Take(size, kAlign), bytes);
-  }
-
-  DeviceExports Exports(const std::string& uuid) const {
-    DeviceExports exports;
-    exports.device = device_;
-    exports.uuid = uuid;
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const Allocation& a : allocations_) {
-      exports.handles.push_back(a.handle);
-      exports.bases.push_back(reinterpret_cast<uint64_t>(a.base));
-      exports.sizes.push_back(a.size);
-    }
-    return exports;
-  }
-
- protected:
-  void Free(void* d_ptr, int64_t size, Place place) override {
-    const int64_t length = (size + kAlign - 1) / kAlign * kAlign;
-    std::lock_guard<std::mutex> lock(mu_);
-    allocations_[static_cast<size_t>(place.region)].free.Give(place.offset, length);
-  }
-
- private:
-  // 256-byte offsets keep every buffer aligned as cudaMalloc's are, for the kernels' vector stores.
-  static constexpr int64_t kAlign = 256;
-  static constexpr int64_t kGranule = 2 << 20;
-  static constexpr int64_t kMinAllocationBytes = 256 << 20;
-
-  struct Allocation {
-    void* base = nullptr;
-    int64_t size = 0;
-    std::string handle;  // cudaIpcMemHandle_t bytes
-    FreeRanges free{0};
-  };
-
-  DeviceBytes Hand(size_t index, int64_t offset, int64_t bytes) {
-    return Make(static_cast<uint8_t*>(allocations_[index].base) + offset, bytes,
-                Place{static_cast<int32_t>(index), offset});
-  }
-
-  const int device_;
-  mutable std::mutex mu_;
-  std::vector<Allocation> allocations_;
-};
-
 // Where the step writes a served format straight into the version's exported bytes: there when
 // its scales (which follow the data) stay 16-byte aligned for the kernels' vector stores.
 double Ms(std::chrono::steady_clock::time_point from, std::chrono::steady_clock::time_point to) {
@@ -273,7 +188,7 @@ class CudaBackend : public Backend {
     cudaDeviceProp prop;
     PARAMD_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device_));
     uuid_.assign(prop.uuid.bytes, sizeof(prop.uuid.bytes));
-    arena_ = std::make_unique<DeviceArena>(device_);
+    exported_ = std::make_unique<ExportedMemories>(device_);
     PARAMD_LOG(INFO) << "backend cuda:" << device_ << ": " << prop.name << ", "
                      << prop.totalGlobalMem / (1 << 30) << " GiB";
     return absl::OkStatus();
@@ -282,14 +197,17 @@ class CudaBackend : public Backend {
   std::string name() const override { return absl::StrCat("cuda:", device_); }
   BufferAllocator* HostAllocator() override { return PinnedAllocatorOf(device_); }
 
-  std::optional<DeviceExports> Exports() const override {
-    DeviceExports exports = arena_->Exports(uuid_);
+  std::optional<DeviceExports> Exports(const std::string& job) const override {
+    DeviceExports exports;
+    exports.device = device_;
+    exports.uuid = uuid_;
+    exported_->Describe(job, &exports);
     exports.step_event = step_event_;
     exports.step_event_local = reinterpret_cast<uint64_t>(step_done_);
     return exports;
   }
-  absl::StatusOr<DeviceBytes> AllocateExported(int64_t bytes) override {
-    return arena_->Allocate(bytes);
+  std::shared_ptr<ExportedMemory> ExportedMemoryFor(const std::string& job) override {
+    return exported_->For(job);
   }
   absl::StatusOr<std::shared_ptr<const void>> MapLent(const v1::LentMemory& lent,
                                                       int64_t bytes) override {
@@ -1192,7 +1110,7 @@ class CudaBackend : public Backend {
   std::mutex health_mu_;
   absl::Status unusable_;  // not OK once the context failed (Health)
   std::string uuid_;       // the GPU's UUID bytes (trainers mapping its memory match it)
-  std::unique_ptr<DeviceArena> arena_;  // exported GPU memory
+  std::unique_ptr<ExportedMemories> exported_;  // each job's exported GPU memory
   LentMemory lent_{device_};            // trainers' lent gradients, opened here
 };
 

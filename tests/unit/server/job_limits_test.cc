@@ -105,7 +105,7 @@ class BudgetedRegistryTest : public ::testing::Test {
   BudgetedRegistryTest()
       : backend_(1),
         budget_({512 * kMiB, 0}),
-        registry_(&backend_, {}, HeapAllocator(), &budget_) {}
+        registry_(&backend_, {}, {}, &budget_) {}
   CpuBackend backend_;
   MemoryBudget budget_;
   JobRegistry registry_;
@@ -236,7 +236,7 @@ TEST(JobBookkeepingTest, AManyRankJobCostsNoMoreThanItsFootprint) {
   const MemoryBytes footprint = JobFootprint(spec, {});
   CpuBackend backend(1);
   MemoryBudget budget({footprint.host, 0});
-  JobRegistry registry(&backend, {}, HeapAllocator(), &budget);
+  JobRegistry registry(&backend, {}, {}, &budget);
 
   const int64_t before = ResidentBytes();
   for (int r = 0; r < spec.world_size(); ++r) ASSERT_TRUE(registry.Register(ForRank(spec, r)).ok());

@@ -27,9 +27,11 @@ class RegistryJobHarness {
   RegistryJobHarness(const v1::RegisterRequest& spec, std::unique_ptr<Backend> backend)
       : spec_(spec),
         backend_(std::move(backend)),
-        registry_(
-            backend_.get(), RegistryLimits{},
-            backend_->HostAllocator() != nullptr ? backend_->HostAllocator() : HeapAllocator()) {}
+        registry_(backend_.get(), RegistryLimits{},
+                  [backend = backend_.get()](const std::string&, const MemoryBytes&) {
+                    return backend->HostAllocator() != nullptr ? Borrowed(backend->HostAllocator())
+                                                               : nullptr;
+                  }) {}
 
   // Registers every rank through the registry and uploads the initial weights.
   absl::Status Start(const std::vector<std::vector<float>>& initial) {

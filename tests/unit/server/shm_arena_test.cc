@@ -1,12 +1,15 @@
 // The shared-memory arena: buffers carved from POSIX segments, aligned, reused after free with
 // neighbours coalesced, a new segment only when none has room, every name removed at the end.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
 #include <random>
 
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "transport/shm/arena.h"
 
 namespace paramd {
@@ -14,10 +17,20 @@ namespace {
 
 constexpr int64_t kMiB = 1 << 20;
 
+// This process's directory of segments (removed at exit).
+const ShmDirectory& Directory() {
+  static const std::unique_ptr<ShmDirectory> directory = [] {
+    absl::StatusOr<std::unique_ptr<ShmDirectory>> made =
+        ShmDirectory::Create(getuid(), getpid(), RandomShmTag());
+    PARAMD_CHECK(made.ok()) << made.status();
+    return *std::move(made);
+  }();
+  return *directory;
+}
+
 std::unique_ptr<ShmArena> NewArena(int64_t segment_bytes, uint64_t probe = 42) {
-  std::random_device random;
   absl::StatusOr<std::unique_ptr<ShmArena>> arena = ShmArena::Create(
-      ShmSegmentPrefix(getuid(), getpid(), std::to_string(random())), segment_bytes, probe);
+      absl::StrCat(Directory().path(), "/", RandomShmTag(), "."), segment_bytes, probe);
   EXPECT_TRUE(arena.ok()) << arena.status();
   return arena.ok() ? *std::move(arena) : nullptr;
 }
@@ -93,11 +106,11 @@ TEST(ShmArenaTest, ABufferBiggerThanASegmentGetsASegmentOfItsOwnAndNamesGoAtTheE
     names = arena->segment_names();
     ASSERT_EQ(names.size(), 2u);
     for (const std::string& name : names) {
-      EXPECT_TRUE(std::filesystem::exists("/dev/shm" + name)) << name;
+      EXPECT_TRUE(std::filesystem::exists(name)) << name;
     }
   }
   for (const std::string& name : names) {
-    EXPECT_FALSE(std::filesystem::exists("/dev/shm" + name)) << name;
+    EXPECT_FALSE(std::filesystem::exists(name)) << name;
   }
 }
 
@@ -108,6 +121,42 @@ TEST(ShmArenaTest, AReservationLargerThanSharedMemoryIsResourceExhausted) {
   absl::StatusOr<HostBuffer> huge = arena->Allocate(int64_t{1} << 50);
   EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted) << huge.status();
   EXPECT_EQ(arena->segment_names().size(), 1u);
+}
+
+TEST(ShmDirectoryTest, IsOwnerOnlyOrTraversableByItsGroupAndItsSegmentsFollow) {
+  const std::string tag = RandomShmTag();
+  EXPECT_EQ(tag.size(), 32u);
+  EXPECT_NE(tag, RandomShmTag());
+  struct stat st;
+  {
+    absl::StatusOr<std::unique_ptr<ShmDirectory>> own =
+        ShmDirectory::Create(getuid(), getpid(), tag);
+    ASSERT_TRUE(own.ok()) << own.status();
+    ASSERT_EQ(stat((*own)->path().c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0700u);
+    absl::StatusOr<std::unique_ptr<ShmSegment>> segment =
+        ShmSegment::Create((*own)->path() + "/s.0", 2 * kMiB);
+    ASSERT_TRUE(segment.ok()) << segment.status();
+    ASSERT_EQ(stat((*segment)->name().c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+  }
+  // The group may traverse the directory and open a segment it is told of, never list them.
+  absl::StatusOr<std::unique_ptr<ShmDirectory>> shared =
+      ShmDirectory::Create(getuid(), getpid(), RandomShmTag(), getgid());
+  ASSERT_TRUE(shared.ok()) << shared.status();
+  ASSERT_EQ(stat((*shared)->path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0710u);
+  EXPECT_EQ(st.st_gid, getgid());
+  absl::StatusOr<std::unique_ptr<ShmSegment>> segment =
+      ShmSegment::Create((*shared)->path() + "/s.0", 2 * kMiB, getgid());
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  ASSERT_EQ(stat((*segment)->name().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  EXPECT_EQ(st.st_gid, getgid());
+  const std::string path = (*shared)->path();
+  segment->reset();
+  shared->reset();
+  EXPECT_FALSE(std::filesystem::exists(path)) << "a directory outlived its owner";
 }
 
 }  // namespace
