@@ -39,12 +39,13 @@ def venv_env(venv):
 
 def install_torch(python):
     """torch the way scripts/setup.sh installs it: the CPU index, else PyPI. False: neither."""
-    for index in (["--index-url", CPU_INDEX], []):
+    for where, index in (("the CPU wheel index", ["--index-url", CPU_INDEX]), ("PyPI", [])):
         result = subprocess.run([python, "-m", "pip", "install", "-q", *index, "torch"],
                                 capture_output=True, text=True)
         if result.returncode == 0:
+            print(f"torch from {where}")
             return True
-        print(f"pip install torch {' '.join(index)} failed:\n{result.stderr[-2000:]}")
+        print(f"pip install torch from {where} failed:\n{result.stderr[-2000:]}")
     return False
 
 
