@@ -26,6 +26,7 @@
 #include "client/client.h"
 #include "client/job_state.h"
 #include "common/element_type.h"
+#include "common/version.h"
 
 namespace py = pybind11;
 
@@ -948,6 +949,8 @@ PYBIND11_MODULE(_paramd, m) {
   using paramd::PyClient;
   using paramd::PyPulledView;
   m.doc() = "Bindings of the paramd C++ client (client/client.h)";
+  // The project's one version (common/version.h): paramd.__version__ and the wheel's own.
+  m.attr("__version__") = std::string(paramd::Version());
 
   static py::exception<paramd::StatusError> status_error(m, "StatusError", PyExc_RuntimeError);
   py::register_exception_translator([](std::exception_ptr p) {

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The test command: installs what is missing, checks formatting and the rooms' include rules,
-# builds everything (CUDA code included when the toolkit is present), runs every test that needs no
-# GPU, then the sanitizer build's tests (scripts/sanitize.sh) and a short fuzzing run
-# (scripts/fuzz.sh).
+# The test command: installs what is missing, checks formatting, the rooms' include rules and that
+# the recipes name CMake's version, builds everything (CUDA code included when the toolkit is
+# present), runs every test that needs no GPU, then the sanitizer build's tests
+# (scripts/sanitize.sh) and a short fuzzing run (scripts/fuzz.sh).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${PARAMD_BUILD_DIR:-$root/build}
@@ -11,6 +11,7 @@ start=$(date +%s)
 "$root/scripts/setup.sh"
 "$root/scripts/check_format.sh"
 "$root/scripts/check_rooms.sh"
+"$root/scripts/check_version.sh"
 "$root/scripts/build.sh"
 # UCX over loopback needs its device named (DESIGN.md §6).
 export UCX_NET_DEVICES=${UCX_NET_DEVICES:-lo}

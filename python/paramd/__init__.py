@@ -20,6 +20,8 @@ The optimizer a training loop swaps in for torch.optim.AdamW is paramd.torch.Ada
 """
 
 from paramd._paramd import Client, PulledBatch, PulledBytes, PulledView, StatusError
+# The CMake project's version, compiled into the extension (the daemon's `--version` prints it).
+from paramd._paramd import __version__
 
 __all__ = [
     "Client", "PulledBatch", "PulledBytes", "PulledView", "StatusError", "byte_view", "connect",

@@ -13,13 +13,16 @@ import time
 
 
 def find_binary(explicit=None):
-    """The daemon binary: `explicit`, $PARAMD_BINARY, or `paramd` on PATH."""
-    for candidate in (explicit, os.environ.get("PARAMD_BINARY"), shutil.which("paramd")):
+    """The daemon binary: `explicit`, $PARAMD_BINARY, the one the installed wheel carries, or
+    `paramd` on PATH."""
+    from paramd import _cli
+    for candidate in (explicit, os.environ.get("PARAMD_BINARY"), _cli.binary(),
+                      shutil.which("paramd")):
         if candidate and os.access(candidate, os.X_OK):
             return candidate
     raise FileNotFoundError(
-        "no paramd binary: pass its path, set PARAMD_BINARY, or put it on PATH "
-        "(it is built as build/server/paramd)")
+        "no paramd binary: pass its path, set PARAMD_BINARY, install the wheel "
+        "(pip install ./python), or put it on PATH (it is built as build/server/paramd)")
 
 
 class Daemon:
