@@ -310,7 +310,7 @@ class PlacedTransport::StepSlots {
 
   v1::Data::Stub* const stub_;
   const std::string transport_;
-  const std::function<void(const v1::AttachResponse&)> remember_;
+  const std::function<void(const std::string&, const v1::AttachResponse&)> remember_;
   std::mutex mu_;
   std::condition_variable ahead_done_;  // signalled when a look-ahead is back
   bool ahead_pending_ = false;

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -207,6 +208,47 @@ TEST_P(CudaIpcTest, ALentMarkNamingTheDaemonsPidIsReadByAddressOnlyWithTheProces
   ASSERT_TRUE(transport_->Pull(Target("pid", "t", 1), Soon(), &pulled).ok());
   EXPECT_EQ(pulled.header.version(), 1);
   cudaFree(d_grad);
+}
+
+// Each job's slots and served bytes lie in exported allocations of its own: an Attach names a job's
+// handles alone (a probe none), and both jobs step exactly through one transport.
+TEST_P(CudaIpcTest, EachJobIsToldOfItsOwnGpuAllocationsAlone) {
+  constexpr size_t kN = 4099;
+  for (const char* job : {"mine", "theirs"}) {
+    Register(job, {Spec("t", 1, kN)}, 1);
+    const std::vector<float> w = Random(kN, 1, 0.02f), g = Random(kN, 2, 1e-3f);
+    const PushItem init[] = {{"t", Bytes(w)}};
+    const PushItem grad[] = {{"t", Bytes(g)}};
+    ASSERT_TRUE(transport_->Push({job, 0, 0, v1::PUSH_KIND_INITIAL_WEIGHTS}, init, Soon()).ok());
+    ASSERT_TRUE(transport_->Push({job, 0, 0}, grad, Soon()).ok());
+    ASSERT_TRUE(Commit(job, 0, 0).ok());
+    Pulled pulled;
+    ASSERT_TRUE(transport_->Pull(Target(job, "t", 1), Soon(), &pulled).ok());
+    EXPECT_EQ(pulled.header.version(), 1);
+  }
+  const auto regions = [&](const std::string& job) {
+    v1::AttachRequest request;
+    request.set_transport("cuda_ipc");
+    if (!job.empty()) {
+      request.set_job(job);
+      request.set_regions_only(true);
+    }
+    v1::AttachResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(Soon());
+    EXPECT_TRUE(data_->Attach(&context, request, &response).ok());
+    return response.cuda_ipc();
+  };
+  const v1::CudaIpcRegions mine = regions("mine"), theirs = regions("theirs");
+  ASSERT_GT(mine.ipc_handles_size(), 0);
+  ASSERT_GT(theirs.ipc_handles_size(), 0);
+  for (const std::string& handle : mine.ipc_handles()) {
+    EXPECT_EQ(std::count(theirs.ipc_handles().begin(), theirs.ipc_handles().end(), handle), 0);
+  }
+  for (uint64_t base : mine.ipc_bases()) {
+    EXPECT_EQ(std::count(theirs.ipc_bases().begin(), theirs.ipc_bases().end(), base), 0);
+  }
+  EXPECT_EQ(regions("").ipc_handles_size(), 0) << "a probe is told of a job's memory";
 }
 
 TEST_P(CudaIpcTest, IsTheAutomaticChoiceOnAGpuDaemon) {

@@ -105,6 +105,8 @@ class DeviceArena final : public ExportedMemory {
   int64_t used_ = 0;      // bytes handed out
 };
 
+ExportedMemories::ExportedMemories(int device) : device_(device) {}
+
 ExportedMemories::~ExportedMemories() {
   std::lock_guard<std::mutex> lock(mu_);
   arenas_.clear();

@@ -18,7 +18,7 @@ class DeviceArena;
 
 class ExportedMemories {
  public:
-  explicit ExportedMemories(int device) : device_(device) {}
+  explicit ExportedMemories(int device);
   ~ExportedMemories();
   ExportedMemories(const ExportedMemories&) = delete;
   ExportedMemories& operator=(const ExportedMemories&) = delete;
