@@ -1021,8 +1021,7 @@ PYBIND11_MODULE(_paramd, m) {
            py::arg("connect_timeout_s") = 10.0, py::arg("max_attempts") = 5,
            py::arg("cuda_stream") = 0, py::arg("reconnect_timeout_s") = 0.0,
            py::arg("lend_gradients") = false, py::arg("daemons_wait_s") = 120.0,
-           py::arg("daemons_count") = 0, py::arg("token_file") = py::none(),
-           py::arg("token") = "",
+           py::arg("daemons_count") = 0, py::arg("token_file") = py::none(), py::arg("token") = "",
            "cuda_stream: the cudaStream_t (an int, torch.cuda.Stream.cuda_stream) that gradients "
            "in GPU memory are written on; cuda_ipc's copies of a push wait for it (0: the legacy "
            "default stream, PyTorch's default). lend_gradients: cuda_ipc lends gradients on the "

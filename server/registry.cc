@@ -100,8 +100,7 @@ absl::StatusOr<v1::RegisterResponse> JobRegistry::Register(const v1::RegisterReq
       }
       job = std::make_shared<Job>(request, backend_,
                                   buffers_ ? buffers_(request.job(), footprint) : nullptr,
-                                  std::move(part),
-                                  sharded ? peers : JobPeers{});
+                                  std::move(part), sharded ? peers : JobPeers{});
       job->set_reservation(std::move(reservation));
       jobs_.emplace(request.job(), job);
     }

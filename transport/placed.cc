@@ -408,9 +408,9 @@ PlacedTransport::PlacedTransport(const TransportContext& context, std::string na
       region_noun_(std::move(region_noun)),
       stub_(v1::Data::NewStub(context.channel)),
       inline_(MakeInlineTransport(context)),
-      slots_(std::make_unique<StepSlots>(stub_.get(), name_,
-                                         [this](const std::string& job,
-                                                const v1::AttachResponse& r) { Remember(job, r); })),
+      slots_(std::make_unique<StepSlots>(
+          stub_.get(), name_,
+          [this](const std::string& job, const v1::AttachResponse& r) { Remember(job, r); })),
       async_(std::make_unique<AsyncCalls>()) {}
 
 PlacedTransport::~PlacedTransport() { Stop(); }
@@ -604,9 +604,9 @@ absl::Status PlacedTransport::PullMany(const PullManyTarget& target, Deadline de
         if (leases.size() == 1) {
           if (absl::Status s = BeforeRead(/*in_place=*/false); !s.ok()) return s;
         }
-        if (absl::Status s = CopyOut(target.job, *bytes,
-                                     static_cast<size_t>(pulled.header.place().bytes()),
-                                     &(*out)[i].data);
+        if (absl::Status s =
+                CopyOut(target.job, *bytes, static_cast<size_t>(pulled.header.place().bytes()),
+                        &(*out)[i].data);
             !s.ok()) {
           return s;
         }
@@ -669,8 +669,7 @@ absl::StatusOr<const uint8_t*> PlacedTransport::View(const std::string& job,
                                             ") does not hold ", header.data_bytes(), " + ",
                                             header.scale_bytes(), " bytes"));
   }
-  absl::StatusOr<MappedRegion*> region =
-      Region(job, place.segment(), header.instance(), deadline);
+  absl::StatusOr<MappedRegion*> region = Region(job, place.segment(), header.instance(), deadline);
   if (!region.ok()) return region.status();
   if ((*region)->size() >= 0 && place.offset() + place.bytes() > (*region)->size()) {
     return absl::DataLossError(absl::StrCat("pulled place [", place.offset(), ", +", place.bytes(),

@@ -224,8 +224,8 @@ class PlacedTransport : public Transport {
     std::map<int, std::unique_ptr<MappedRegion>> mapped;
   };
   std::mutex mu_;
-  DaemonStarts starts_;                    // whose regions regions_ are
-  std::map<std::string, Regions> regions_;  // by job
+  DaemonStarts starts_;                                 // whose regions regions_ are
+  std::map<std::string, Regions> regions_;              // by job
   std::vector<std::unique_ptr<MappedRegion>> retired_;  // mappings of past starts
   std::unique_ptr<StepSlots> slots_;                    // after what Remember uses
   std::unique_ptr<AsyncCalls> async_;                   // releases in flight (last: waits first)

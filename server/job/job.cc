@@ -40,8 +40,9 @@ absl::Status CheckInitialWeights(const std::string& tensor, int64_t offset, std:
 
 }  // namespace
 
-Job::Job(const v1::RegisterRequest& spec, Backend* backend, std::shared_ptr<BufferAllocator> buffers,
-         std::optional<v1::RegisterRequest> part, JobPeers peers)
+Job::Job(const v1::RegisterRequest& spec, Backend* backend,
+         std::shared_ptr<BufferAllocator> buffers, std::optional<v1::RegisterRequest> part,
+         JobPeers peers)
     : name_(spec.job()),
       world_size_(spec.world_size()),
       pre_reduced_(spec.push_mode() == v1::PUSH_MODE_PRE_REDUCED),
@@ -585,10 +586,9 @@ Place Job::DeviceSlotPlace(SlotSet& set, size_t tensor, int32_t rank) {
   if (slot.bytes.size() != bytes) {
     slot = DeviceSlot();
     absl::StatusOr<DeviceBytes> allocated =
-        device_memory_ != nullptr
-            ? device_memory_->Allocate(bytes)
-            : absl::FailedPreconditionError("backend " + backend_->name() +
-                                            " exports no GPU memory");
+        device_memory_ != nullptr ? device_memory_->Allocate(bytes)
+                                  : absl::FailedPreconditionError("backend " + backend_->name() +
+                                                                  " exports no GPU memory");
     if (!allocated.ok()) {
       if (!warned_device_fallback_.exchange(true)) {
         PARAMD_LOG(WARNING)

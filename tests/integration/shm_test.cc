@@ -118,7 +118,6 @@ class ShmTest : public ::testing::Test {
     if (server_) server_->Shutdown();
   }
 
-
   // Registers job "j" and uploads its weights.
   void StartJob() {
     absl::StatusOr<v1::RegisterResponse> registered = client_->Register(JobSpec("j"));
@@ -617,8 +616,7 @@ TEST(ShmGroupTest, AMemberOfTheListenGroupMapsTheSegmentsItIsToldOfAndCannotList
   options.transport = "shm";
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
   ASSERT_TRUE(client.ok()) << client.status();
-  absl::StatusOr<v1::RegisterResponse> registered =
-      (*client)->Register(JobSpec("g"));
+  absl::StatusOr<v1::RegisterResponse> registered = (*client)->Register(JobSpec("g"));
   ASSERT_TRUE(registered.ok()) << registered.status();
   const std::vector<std::string> names = SegmentNames((*server)->address(), "g");
   ASSERT_FALSE(names.empty());

@@ -181,9 +181,9 @@ class NcclDaemonEnd final : public DaemonEnd {
     PARAMD_RETURN_IF_ERROR(CheckSpans(call, exports));
     PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, Find(call.session()));
     if (session->job != request.job()) {
-      return absl::PermissionDeniedError(
-          absl::StrCat("nccl session ", call.session(), " is not job \"", request.job(),
-                       "\"'s; open one for it"));
+      return absl::PermissionDeniedError(absl::StrCat("nccl session ", call.session(),
+                                                      " is not job \"", request.job(),
+                                                      "\"'s; open one for it"));
     }
     std::lock_guard<std::mutex> lock(session->mu);
     const auto deadline = std::chrono::steady_clock::now() + TimeoutOf(call);

@@ -208,10 +208,9 @@ class NcclTransport final : public PlacedTransport {
         }
         spans.push_back({reinterpret_cast<uint64_t>(plan.slots[i]), local, item.data.size()});
       }
-      absl::Status moved = spans.empty()
-                               ? absl::OkStatus()
-                               : TransferLocked(plan.job, spans, /*to_daemon=*/true,
-                                                After(kTransferTimeout));
+      absl::Status moved = spans.empty() ? absl::OkStatus()
+                                         : TransferLocked(plan.job, spans, /*to_daemon=*/true,
+                                                          After(kTransferTimeout));
       if (absl::Status synced = CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
           moved.ok()) {
         moved = synced;
@@ -388,7 +387,7 @@ class NcclTransport final : public PlacedTransport {
     std::unique_ptr<NcclCommunicator> comm;
     uint64_t number = 0;
   };
-  std::mutex session_mu_;                     // one transfer at a time, and the sessions
+  std::mutex session_mu_;                    // one transfer at a time, and the sessions
   std::map<std::string, Session> sessions_;  // by job (a client's transport serves one)
   Staging push_staging_;
   Staging pull_staging_;

@@ -23,8 +23,7 @@ absl::StatusOr<std::unique_ptr<ShmArena>> ShmArena::Create(std::string prefix,
                                                            int64_t min_segment_bytes,
                                                            uint64_t probe,
                                                            std::optional<gid_t> group) {
-  std::unique_ptr<ShmArena> arena(
-      new ShmArena(std::move(prefix), min_segment_bytes, probe, group));
+  std::unique_ptr<ShmArena> arena(new ShmArena(std::move(prefix), min_segment_bytes, probe, group));
   absl::StatusOr<HostBuffer> buffer = arena->Allocate(sizeof(probe));
   if (!buffer.ok()) return buffer.status();
   std::memcpy(buffer->data(), &probe, sizeof(probe));

@@ -25,8 +25,7 @@ class ShmArena final : public BufferAllocator {
   // and hold at least `min_segment_bytes` each. The first is created now; its first bytes hold
   // `probe`, which a trainer reads to prove it shares this memory.
   static absl::StatusOr<std::unique_ptr<ShmArena>> Create(std::string prefix,
-                                                          int64_t min_segment_bytes,
-                                                          uint64_t probe,
+                                                          int64_t min_segment_bytes, uint64_t probe,
                                                           std::optional<gid_t> group = {});
   ~ShmArena() override;
 

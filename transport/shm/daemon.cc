@@ -148,12 +148,11 @@ class ShmDaemonEnd final : public DaemonEnd {
     // The instance tags the directory: two daemons' stay apart even where process ids repeat
     // (containers).
     PARAMD_ASSIGN_OR_RETURN(
-        directory_, ShmDirectory::Create(getuid(), getpid(),
-                                         absl::StrCat(absl::Hex(host_.instance(), absl::kZeroPad16)),
-                                         group));
-    PARAMD_ASSIGN_OR_RETURN(probe_,
-                            ShmArena::Create(absl::StrCat(directory_->path(), "/probe."),
-                                             kSegmentGranule, host_.instance(), group));
+        directory_,
+        ShmDirectory::Create(getuid(), getpid(),
+                             absl::StrCat(absl::Hex(host_.instance(), absl::kZeroPad16)), group));
+    PARAMD_ASSIGN_OR_RETURN(probe_, ShmArena::Create(absl::StrCat(directory_->path(), "/probe."),
+                                                     kSegmentGranule, host_.instance(), group));
     return absl::OkStatus();
   }
 

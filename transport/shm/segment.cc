@@ -62,12 +62,14 @@ int RemoveDirectory(const std::string& path) {
 absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(const std::string& path,
                                                                int64_t bytes,
                                                                std::optional<gid_t> group) {
-  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, S_IRUSR | S_IWUSR);
+  const int fd =
+      open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, S_IRUSR | S_IWUSR);
   if (fd < 0) return ErrnoError(errno, absl::StrCat("open(", path, ", O_CREAT | O_EXCL)"));
   // The mode given to open is masked by the umask; set it exactly.
   int error = 0;
   if (group.has_value() && fchown(fd, static_cast<uid_t>(-1), *group) != 0) error = errno;
-  const mode_t mode = group.has_value() ? (S_IRUSR | S_IWUSR | S_IRGRP | S_IWGRP) : (S_IRUSR | S_IWUSR);
+  const mode_t mode =
+      group.has_value() ? (S_IRUSR | S_IWUSR | S_IRGRP | S_IWGRP) : (S_IRUSR | S_IWUSR);
   if (error == 0 && fchmod(fd, mode) != 0) error = errno;
   // posix_fallocate reserves the pages now: a /dev/shm too small fails here with ENOSPC.
   if (error == 0) error = posix_fallocate(fd, 0, static_cast<off_t>(bytes));

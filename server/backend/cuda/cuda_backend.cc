@@ -1111,7 +1111,7 @@ class CudaBackend : public Backend {
   absl::Status unusable_;  // not OK once the context failed (Health)
   std::string uuid_;       // the GPU's UUID bytes (trainers mapping its memory match it)
   std::unique_ptr<ExportedMemories> exported_;  // each job's exported GPU memory
-  LentMemory lent_{device_};            // trainers' lent gradients, opened here
+  LentMemory lent_{device_};                    // trainers' lent gradients, opened here
 };
 
 }  // namespace

@@ -33,8 +33,8 @@ class DeviceArena final : public ExportedMemory {
       }
     }
     Allocation a;
-    a.size = std::max(std::min(reserved_, kMaxGrowthBytes),
-                      (size + kGranule - 1) / kGranule * kGranule);
+    a.size =
+        std::max(std::min(reserved_, kMaxGrowthBytes), (size + kGranule - 1) / kGranule * kGranule);
     PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     if (cudaMalloc(&a.base, static_cast<size_t>(a.size)) != cudaSuccess) {
       cudaGetLastError();  // a failed allocation leaves no sticky error

@@ -103,9 +103,7 @@ TEST(JobFootprintTest, SaturatesRatherThanWrapsForTheLargestJobsRegistrationAcce
 class BudgetedRegistryTest : public ::testing::Test {
  protected:
   BudgetedRegistryTest()
-      : backend_(1),
-        budget_({512 * kMiB, 0}),
-        registry_(&backend_, {}, {}, &budget_) {}
+      : backend_(1), budget_({512 * kMiB, 0}), registry_(&backend_, {}, {}, &budget_) {}
   CpuBackend backend_;
   MemoryBudget budget_;
   JobRegistry registry_;
