@@ -32,6 +32,20 @@ const std::string& DaemonEnds::NameOf(std::optional<Memory> memory) const {
   return kNone;
 }
 
+const std::string& DaemonEnds::LabelFor(const std::string& declared,
+                                        std::optional<Memory> memory) const {
+  for (const End& e : ends_) {
+    if (e.name == declared && e.end->memory() == memory) return e.name;
+  }
+  return NameOf(memory);
+}
+
+DaemonEnds DaemonEnds::Of(std::vector<End> ends) {
+  DaemonEnds made;
+  made.ends_ = std::move(ends);
+  return made;
+}
+
 std::shared_ptr<BufferAllocator> DaemonEnds::JobBuffers(const std::string& job,
                                                         int64_t bytes) const {
   for (const End& e : ends_) {

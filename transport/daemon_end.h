@@ -81,6 +81,13 @@ class DaemonEnds {
   // The transport whose places lie in `memory` (its bytes counted under its name); with none, the
   // one that carries bytes in its messages.
   const std::string& NameOf(std::optional<Memory> memory) const;
+  // The transport that moved bytes of `memory` (none: in its messages) for a trainer that uses
+  // `declared` (its Attach, or its pull's PullRequest.transport): that one where its memory is
+  // this memory, else NameOf(memory). The label of /metrics' byte counters: nccl's bytes lie in
+  // the device memory cuda_ipc maps too, and are nccl's.
+  const std::string& LabelFor(const std::string& declared, std::optional<Memory> memory) const;
+  // Ends made elsewhere (tests: ends of fake transports).
+  static DaemonEnds Of(std::vector<End> ends);
   // Job `job`'s host buffers from the first offered end that has them; null when none has.
   std::shared_ptr<BufferAllocator> JobBuffers(const std::string& job, int64_t bytes) const;
 

@@ -101,13 +101,16 @@ void ReleaseSoon(v1::Data::Stub& stub, AsyncCalls& calls, std::span<const uint64
                         [&calls, call](grpc::Status) { calls.Finished(call); });
 }
 
-// One Pull call for the places of several tensors (PullRequest.tensors, PULL_DELIVERY_PLACE, leases
+// One Pull call of `transport` (PullRequest.transport: what the daemon counts the bytes under) for
+// the places of several tensors (PullRequest.tensors, PULL_DELIVERY_PLACE, leases
 // of `lease`): `each` gets every answer with its index in `target.tensors`, as it arrives (with
 // streamed bytes where the daemon had no place for them).
-absl::Status PullPlacesEach(v1::Data::Stub& stub, const PullManyTarget& target,
-                            std::chrono::milliseconds lease, Deadline deadline,
+absl::Status PullPlacesEach(v1::Data::Stub& stub, const std::string& transport,
+                            const PullManyTarget& target, std::chrono::milliseconds lease,
+                            Deadline deadline,
                             const std::function<absl::Status(size_t, Pulled&&)>& each) {
   v1::PullRequest request;
+  request.set_transport(transport);
   request.set_job(target.job);
   for (const std::string& tensor : target.tensors) request.add_tensors(tensor);
   *request.mutable_format() = target.format;
@@ -593,7 +596,7 @@ absl::Status PlacedTransport::PullMany(const PullManyTarget& target, Deadline de
   std::vector<uint64_t> leases;
   // Each tensor's copy starts as its header arrives; FinishCopies waits for them all.
   absl::Status status = PullPlacesEach(
-      *stub_, target, kCopyLease, deadline, [&](size_t i, Pulled&& pulled) -> absl::Status {
+      *stub_, name_, target, kCopyLease, deadline, [&](size_t i, Pulled&& pulled) -> absl::Status {
         if (!pulled.header.has_place()) {
           (*out)[i] = std::move(pulled);
           return absl::OkStatus();
@@ -625,7 +628,7 @@ absl::Status PlacedTransport::PullInPlaceMany(const PullManyTarget& target, Dead
   out->assign(target.tensors.size(), PulledView{});
   std::vector<uint64_t> leases;
   absl::Status status = PullPlacesEach(
-      *stub_, target, lease, deadline, [&](size_t i, Pulled&& pulled) -> absl::Status {
+      *stub_, name_, target, lease, deadline, [&](size_t i, Pulled&& pulled) -> absl::Status {
         if (!pulled.header.has_place()) {
           return absl::FailedPreconditionError(absl::StrCat(
               "the daemon keeps ", pulled.header.tensor(), " out of the memory ", name_,

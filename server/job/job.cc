@@ -664,6 +664,12 @@ void Job::SetTrainerTransport(int32_t rank, const std::string& transport,
   t.set_reason(reason);
 }
 
+std::string Job::TrainerTransportOf(int32_t rank) const {
+  absl::MutexLock lock(&mu_);
+  auto it = trainer_transports_.find(rank);
+  return it == trainer_transports_.end() ? std::string() : it->second.transport();
+}
+
 absl::StatusOr<std::shared_ptr<ServedTensor>> Job::FreshServed(int tensor) {
   return served_.Fresh(tensor, [this, tensor]() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // mu_ held
     return NewServed(tensor);

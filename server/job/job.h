@@ -113,6 +113,8 @@ class Job {
   bool shared_memory() const { return buffers_->shared(); }
   // Records the transport a rank uses (Status reports it).
   void SetTrainerTransport(int32_t rank, const std::string& transport, const std::string& reason);
+  // The transport rank `rank` declared (empty before it did).
+  std::string TrainerTransportOf(int32_t rank) const;
 
   // Records a rank's commit of a step; the last one returns the step's work.
   absl::StatusOr<CommitOutcome> Commit(const v1::CommitRequest& request);

@@ -119,16 +119,17 @@ class PushReactor final : public ReadStream<v1::PushChunk> {
     }
     if (*stored == ChunkBuffer::Stored::kNew) {
       response_.set_chunks_stored(response_.chunks_stored() + 1);
-      // Counted under the transport whose memory the bytes were written in, or that carries
-      // them in its messages.
+      // Counted under the transport the rank uses where the bytes were written in its memory,
+      // else under the one whose memory it is, or that carries them in its messages.
       std::optional<Memory> memory;
       if (chunk.has_in_place()) {
         memory =
             chunk.in_place().memory() == v1::PLACE_MEMORY_DEVICE ? Memory::kDevice : Memory::kHost;
       }
-      daemon()->metrics().Pushed(daemon()->transports().NameOf(memory),
-                                 memory.has_value() ? chunk.in_place().bytes()
-                                                    : static_cast<int64_t>(chunk.data().size()));
+      daemon()->metrics().Pushed(
+          daemon()->transports().LabelFor(job_->TrainerTransportOf(chunk.rank()), memory),
+          memory.has_value() ? chunk.in_place().bytes()
+                             : static_cast<int64_t>(chunk.data().size()));
     } else {
       response_.set_chunks_duplicate(response_.chunks_duplicate() + 1);
     }

@@ -52,6 +52,7 @@ absl::StatusOr<PullAsk> CheckPull(Daemon& daemon, const v1::PullRequest& request
                      "] (0 = the daemon's default, ", config.lease_ms(), ")"));
   }
   ask.lease_ms = request.lease_ms() > 0 ? request.lease_ms() : config.lease_ms();
+  ask.transport = request.transport();
   daemon.leases().Release(
       std::vector<uint64_t>(request.release().begin(), request.release().end()));
   return ask;
@@ -119,8 +120,9 @@ absl::StatusOr<PulledTensor> MakePullHeader(Daemon& daemon, const PullAsk& ask, 
   header->set_lease(*out.lease);
   header->set_lease_expires_unix_ms(
       std::chrono::duration_cast<std::chrono::milliseconds>(expires.time_since_epoch()).count());
-  daemon.metrics().Pulled(daemon.transports().NameOf(on_device ? Memory::kDevice : Memory::kHost),
-                          out.bytes->size());
+  daemon.metrics().Pulled(
+      daemon.transports().LabelFor(ask.transport, on_device ? Memory::kDevice : Memory::kHost),
+      out.bytes->size());
   return out;
 }
 

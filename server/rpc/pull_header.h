@@ -24,6 +24,7 @@ struct PullAsk {
   bool place = false;  // PULL_DELIVERY_PLACE
   bool batch = false;  // several headers in one message (batch_headers, places only)
   int64_t lease_ms = 0;
+  std::string transport;  // PullRequest.transport: the label its placed bytes are counted under
 };
 
 // INVALID_ARGUMENT naming the field for a request that asks for nothing a pull can give; the job's

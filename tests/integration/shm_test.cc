@@ -229,7 +229,9 @@ TEST_F(ShmTest, EachJobHasSegmentsOfItsOwnNamedToItAloneThatGoWithTheJob) {
   for (const std::string& name : k) EXPECT_FALSE(Exists(name)) << name << " outlived its job";
   for (const std::string& name : j) EXPECT_TRUE(Exists(name)) << name;
   ASSERT_NO_FATAL_FAILURE(Step(1));
-  EXPECT_EQ(JobStatus().tensors(0).version(), 2);
+  Pulled pulled;
+  ASSERT_TRUE(client_->Pull({"j", "w", {}, 2}, milliseconds(10000), &pulled).ok());
+  EXPECT_EQ(pulled.header.version(), 2);
 }
 
 TEST_F(ShmTest, AProcessOfAnotherUserCannotOpenTheSegments) {

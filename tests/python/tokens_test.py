@@ -96,7 +96,7 @@ class TokensTest(unittest.TestCase):
 
     def test_adamw_trains_and_round_trips_its_state_with_a_token(self):
         ours, theirs = model_of(), model_of()
-        opt = paramd.torch.AdamW(ours.parameters(), lr=1e-2, address=self.daemon.address,
+        opt = paramd.torch.AdamW(ours.named_parameters(), lr=1e-2, address=self.daemon.address,
                                  job="tok-train", token_file=self.trainer_file)
         train(ours, opt, 2)
         opt.sync_weights()
@@ -110,8 +110,9 @@ class TokensTest(unittest.TestCase):
         opt.sync_weights()
         opt.close()
         with self.assertRaises(paramd.StatusError) as caught:
-            paramd.torch.AdamW(model_of().parameters(), lr=1e-2, address=self.daemon.address,
-                               job="not-mine", token_file=self.trainer_file)
+            paramd.torch.AdamW(model_of().named_parameters(), lr=1e-2,
+                               address=self.daemon.address, job="not-mine",
+                               token_file=self.trainer_file)
         self.assertEqual(caught.exception.code, "PERMISSION_DENIED")
 
 
