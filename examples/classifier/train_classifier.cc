@@ -19,6 +19,9 @@
 
 ABSL_FLAG(std::string, address, "127.0.0.1:50051", "Daemon address host:port");
 ABSL_FLAG(std::string, job, "classifier", "Job name");
+ABSL_FLAG(std::string, token_file, "",
+          "File holding the bearer token, for a daemon with a token file (default: "
+          "$PARAMD_TOKEN_FILE)");
 ABSL_FLAG(int64_t, steps, 400, "Training steps");
 ABSL_FLAG(double, lr, 3e-3, "Learning rate");
 ABSL_FLAG(double, weight_decay, 0.01, "AdamW weight decay");
@@ -87,6 +90,8 @@ int Main() {
 
   ClientOptions options;
   options.address = absl::GetFlag(FLAGS_address);
+  if (!absl::GetFlag(FLAGS_token_file).empty())
+    options.token_file = absl::GetFlag(FLAGS_token_file);
   absl::StatusOr<std::unique_ptr<Client>> connected = Client::Connect(options);
   if (!connected.ok()) return Fail("connect", connected.status());
   Client& client = **connected;

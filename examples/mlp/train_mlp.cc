@@ -37,6 +37,9 @@
 
 ABSL_FLAG(std::string, address, "127.0.0.1:50051", "Daemon address host:port");
 ABSL_FLAG(std::string, job, "mlp", "Job name");
+ABSL_FLAG(std::string, token_file, "",
+          "File holding the bearer token, for a daemon with a token file (default: "
+          "$PARAMD_TOKEN_FILE)");
 ABSL_FLAG(int, rank, 0, "This trainer's rank");
 ABSL_FLAG(int, world_size, 2, "Number of trainer ranks");
 ABSL_FLAG(int64_t, steps, 100, "Training steps");
@@ -278,6 +281,8 @@ int Main() {
 
   ClientOptions options;
   options.address = absl::GetFlag(FLAGS_address);
+  if (!absl::GetFlag(FLAGS_token_file).empty())
+    options.token_file = absl::GetFlag(FLAGS_token_file);
   options.transport = absl::GetFlag(FLAGS_transport);
   if (!absl::GetFlag(FLAGS_daemons).empty()) {
     options.daemons = absl::StrSplit(absl::GetFlag(FLAGS_daemons), ',');

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Tokens from the command line: paramd --token_file, paramctl --token_file and a training job that
-# reads $PARAMD_TOKEN_FILE (the C++ client's default), and SIGHUP's reload taking a token away;
+# reads $PARAMD_TOKEN_FILE (the C++ client's default) or its --token_file, and SIGHUP's reload
+# taking a token away;
 # then /metrics behind a password (--metrics_auth_file, HTTP basic authentication).
 # Usage: tokens_cli_test.sh BUILD_DIR
 set -euo pipefail
@@ -9,7 +10,7 @@ source "$(dirname "$0")/daemon_test_lib.sh"
 umask 077
 admin=admin-$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')
 trainer=trainer-$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')
-printf 'admin %s\ntrainer %s mlp\n' "$admin" "$trainer" >"$work/tokens"
+printf 'admin %s\ntrainer %s mlp*\n' "$admin" "$trainer" >"$work/tokens"
 echo "$admin" >"$work/admin.token"
 echo "$trainer" >"$work/trainer.token"
 
@@ -28,6 +29,13 @@ PARAMD_TOKEN_FILE="$work/trainer.token" "$build/examples/mlp/paramd_train_mlp" \
   --address="$address" --world_size=1 --steps=5 --check >"$work/train.log" 2>&1 ||
   { cat "$work/train.log"; fail "a training job with its trainer token"; }
 grep -q "check passed" "$work/train.log" || fail "the job's check did not pass"
+# The same token named by the example's --token_file (no environment): the job goes on.
+env -u PARAMD_TOKEN_FILE "$build/examples/mlp/paramd_train_mlp" --address="$address" \
+  --token_file="$work/trainer.token" --job=mlp2 --world_size=1 --steps=5 >"$work/train2.log" 2>&1 ||
+  { cat "$work/train2.log"; fail "a training job with --token_file"; }
+out=$(env -u PARAMD_TOKEN_FILE "$build/examples/mlp/paramd_train_mlp" --address="$address" \
+  --job=mlp3 --world_size=1 --steps=5 2>&1) && fail "a training job without a token ran: $out"
+grep -q "UNAUTHENTICATED" <<<"$out" || fail "a training job without a token says: $out"
 
 # The trainer's line goes; SIGHUP; its token no longer answers.
 printf 'admin %s\n' "$admin" >"$work/tokens"
