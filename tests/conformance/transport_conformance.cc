@@ -4,11 +4,13 @@
 
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <random>
 #include <thread>
 
 #include "common/grpc_status.h"
 #include "reference/adamw_reference.h"
+#include "tests/integration/http_get.h"
 
 namespace paramd::testing {
 namespace {
@@ -35,12 +37,15 @@ void TransportConformanceTest::StartDaemonProcess(const std::string& listen) {
   }
   const std::string config = ::testing::TempDir() + "/nccl_daemon.textproto";
   std::ofstream(config) << "max_chunk_bytes: " << kChunkBytes << "\n";
+  // Its metrics on a port chosen here: a process does not tell which one it bound.
+  const std::string metrics = FreeLoopbackAddress();
   process_ = std::make_unique<DaemonProcess>(
       ParamdBinary(PARAMD_BINARY), ::testing::TempDir(),
       std::vector<std::string>{"--config=" + config, "--listen=" + listen, "--backend=" + on,
-                               "--step_threads=2"},
+                               "--step_threads=2", "--metrics_listen=" + metrics},
       env);
   address_ = process_->address();
+  metrics_address_ = metrics;
 }
 
 void TransportConformanceTest::SetUp() {
@@ -55,7 +60,7 @@ void TransportConformanceTest::SetUp() {
   }
   v1::DaemonConfig config;
   config.set_listen("127.0.0.1:0");
-  config.set_metrics_listen("");
+  config.set_metrics_listen("");  // a test that reads it restarts the daemon with it
   config.set_step_threads(2);
   config.set_max_chunk_bytes(kChunkBytes);
   config.set_log_level("warning");
@@ -70,6 +75,7 @@ void TransportConformanceTest::SetUp() {
   ASSERT_TRUE(server.ok()) << server.status();
   server_ = *std::move(server);
   address_ = server_->address();
+  metrics_address_ = server_->metrics_address();
   Connect();
 }
 
@@ -118,6 +124,7 @@ void TransportConformanceTest::RestartServer() {
   absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(config);
   ASSERT_TRUE(server.ok()) << server.status();
   server_ = *std::move(server);
+  metrics_address_ = server_->metrics_address();
   ASSERT_TRUE(channel_->WaitForConnected(Soon())) << "no connection to the restarted daemon";
 }
 
@@ -233,6 +240,60 @@ TEST_P(TransportConformanceTest, LargeTensorsCrossInManyChunksExactly) {
   Pulled pulled;
   ASSERT_TRUE(transport_->Pull(Target("big", "t", 0), Soon(), &pulled).ok());
   EXPECT_EQ(Floats(pulled), p);
+}
+
+// /metrics counts a gradient's bytes and a pull's under the transport that moved them, and under
+// no other: the daemon knows a rank's transport from its Attach (pushes) and from the pull request
+// (pulls), not from the memory the bytes lie in, which two transports may share (cuda_ipc and
+// nccl both move bytes in and out of the daemon's exported GPU memory).
+TEST_P(TransportConformanceTest, BytesMovedAreCountedUnderTheTransportThatMovedThem) {
+  constexpr int64_t kRows = 4, kCols = 1000;
+  constexpr int64_t kBytes = kRows * kCols * static_cast<int64_t>(sizeof(float));
+  if (process_ == nullptr) {  // an in-process daemon serves /metrics only when asked to
+    config_.set_metrics_listen("127.0.0.1:0");
+    RestartServer();
+  }
+  Register("m", {Spec("t", kRows, kCols)}, 1);
+  const std::vector<float> p = Random(kRows * kCols, 7, 1.0f), g = Random(kRows * kCols, 8, 1e-3f);
+  const PushItem init[] = {{"t", Bytes(p)}};
+  ASSERT_TRUE(transport_->Push({"m", 0, 0, v1::PUSH_KIND_INITIAL_WEIGHTS}, init, Soon()).ok());
+  Pulled pulled;
+  ASSERT_TRUE(transport_->Pull(Target("m", "t", 0), Soon(), &pulled).ok());
+
+  const std::vector<std::string> names = {"inline", "shm", "cuda_ipc", "nccl"};
+  auto counts = [&](const std::string& family) {
+    const std::string page = HttpGet(metrics_address_, "/metrics");
+    EXPECT_FALSE(page.empty()) << "no /metrics page at " << metrics_address_;
+    std::map<std::string, double> by;
+    for (const std::string& name : names) {
+      by[name] = MetricValue(page, family + "{transport=\"" + name + "\"}");
+    }
+    return by;
+  };
+  const std::map<std::string, double> pushed_before = counts("paramd_pushed_bytes_total");
+  const std::map<std::string, double> pulled_before = counts("paramd_pulled_bytes_total");
+  const PushItem items[] = {{"t", Bytes(g)}};
+  ASSERT_TRUE(transport_->Push({"m", 0, 0, v1::PUSH_KIND_GRADIENT}, items, Soon()).ok());
+  ASSERT_TRUE(Commit("m", 0, 0).ok());
+  ASSERT_TRUE(transport_->Pull(Target("m", "t", 1), Soon(), &pulled).ok());
+  ASSERT_EQ(pulled.header.version(), 1);
+  const std::map<std::string, double> pushed = counts("paramd_pushed_bytes_total");
+  // A pull's bytes may be counted after the puller has them (a stream counts once its last write
+  // is done): the page is read until they are there, for at most 10 s.
+  std::map<std::string, double> pulled_after = counts("paramd_pulled_bytes_total");
+  for (const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+       pulled_after.at(GetParam()) - pulled_before.at(GetParam()) < kBytes &&
+       std::chrono::steady_clock::now() < give_up;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    pulled_after = counts("paramd_pulled_bytes_total");
+  }
+  for (const std::string& name : names) {
+    const double expected = name == GetParam() ? static_cast<double>(kBytes) : 0.0;
+    EXPECT_EQ(pushed.at(name) - pushed_before.at(name), expected)
+        << "pushed bytes under transport=\"" << name << "\" (the rank uses " << GetParam() << ")";
+    EXPECT_EQ(pulled_after.at(name) - pulled_before.at(name), expected)
+        << "pulled bytes under transport=\"" << name << "\" (the rank uses " << GetParam() << ")";
+  }
 }
 
 TEST_P(TransportConformanceTest, PullWaitsUntilTheVersionIsPublished) {

@@ -79,6 +79,8 @@ class TransportConformanceTest : public ::testing::TestWithParam<std::string> {
   // nccl: the daemon runs in a process of its own (its two ends must be two processes).
   std::unique_ptr<DaemonProcess> process_;
   std::string address_;
+  // The daemon's /metrics ("127.0.0.1:port").
+  std::string metrics_address_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Control::Stub> control_;
   std::unique_ptr<v1::Data::Stub> data_;

@@ -5,12 +5,8 @@
 // same job on a one-backend daemon. A backend the daemon does not hold is NOT_FOUND naming those it
 // holds; the metrics of all backends are one page, each series labeled with its backend; a drain
 // of one backend drains the daemon; and each backend's checkpoints come back at its restart.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <stdlib.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -24,42 +20,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/owner_address.h"
+#include "tests/integration/http_get.h"
 #include "tests/integration/sharded_run.h"
 
 namespace paramd {
 namespace {
 
 using namespace sharded_run;
+using paramd::testing::HttpGet;
 
 constexpr char kBackends[] = "cpu:0,cpu:1,cpu:2";
-
-// The body of an HTTP GET of `path` from `address` ("127.0.0.1:port"), "" where it fails.
-std::string HttpGet(const std::string& address, const std::string& path) {
-  const size_t colon = address.rfind(':');
-  int port = 0;
-  if (!absl::SimpleAtoi(address.substr(colon + 1), &port)) return "";
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  inet_pton(AF_INET, address.substr(0, colon).c_str(), &addr.sin_addr);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return "";
-  }
-  const std::string request =
-      absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: ", address, "\r\n\r\n");
-  if (write(fd, request.data(), request.size()) != static_cast<ssize_t>(request.size())) {
-    close(fd);
-    return "";
-  }
-  std::string response;
-  char buffer[65536];
-  for (ssize_t n; (n = read(fd, buffer, sizeof(buffer))) > 0;) response.append(buffer, n);
-  close(fd);
-  const size_t body = response.find("\r\n\r\n");
-  return body == std::string::npos ? "" : response.substr(body + 4);
-}
 
 std::unique_ptr<Server> StartBackends(const std::string& listen, const std::string& checkpoint_dir,
                                       const std::string& metrics_listen = "") {
