@@ -166,6 +166,17 @@ void TransportConformanceTest::Register(const std::string& job,
     v1::RegisterResponse response;
     grpc::Status status = control_->Register(&context, request, &response);
     ASSERT_TRUE(status.ok()) << status.error_message();
+    // Declares the rank's transport as a client does after it registers (Client::Register): the
+    // daemon reports it in Status and counts the rank's bytes under it.
+    v1::AttachRequest attach;
+    attach.set_job(job);
+    attach.set_rank(rank);
+    attach.set_transport(GetParam());
+    attach.set_reason("the transport under test");
+    grpc::ClientContext attach_context;
+    v1::AttachResponse attached;
+    status = data_->Attach(&attach_context, attach, &attached);
+    ASSERT_TRUE(status.ok()) << status.error_message();
   }
 }
 
