@@ -25,6 +25,7 @@
 #include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "client/job_state.h"
+#include "client/wait_until_serving.h"
 #include "common/element_type.h"
 #include "common/version.h"
 
@@ -963,6 +964,23 @@ PYBIND11_MODULE(_paramd, m) {
       PyErr_SetObject(status_error.ptr(), error.ptr());
     }
   });
+
+  // paramd.daemon waits for the daemon it started by the rule `paramctl wait` uses.
+  m.def(
+      "wait_until_serving",
+      [](const std::string& address_file, int pid, double timeout_s) {
+        absl::StatusOr<std::string> address;
+        {
+          py::gil_scoped_release unlocked;
+          address = paramd::WaitUntilServing(address_file, pid, timeout_s);
+        }
+        paramd::Check(address.status());
+        return *std::move(address);
+      },
+      py::arg("address_file"), py::arg("pid") = 0, py::arg("timeout_s") = 60.0,
+      "Waits until the daemon started with --address_file=ADDRESS_FILE serves and returns its "
+      "address (client/wait_until_serving.h): StatusError FAILED_PRECONDITION where process "
+      "`pid` (> 0) ends first, DEADLINE_EXCEEDED after timeout_s");
 
   py::class_<PulledBytes> pulled_bytes(m, "PulledBytes", py::buffer_protocol(),
                                        "Bytes of one pull (data, then scales) or one state field");

@@ -9,15 +9,12 @@
 //   paramctl [--wait_s=S] wait ADDRESS_FILE [PID]
 // checkpoint and restore draw a progress bar on stderr while they run, where it is a terminal.
 #include <google/protobuf/util/json_util.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -35,6 +32,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/client.h"
+#include "client/wait_until_serving.h"
 #include "common/flags_help.h"
 #include "common/shard_map.h"
 #include "tools/progress_bar.h"
@@ -430,58 +428,22 @@ int Drain(Client& client) {
   return 0;
 }
 
-// Whether process `pid` has ended: gone, or a zombie its parent has not reaped yet.
-bool Ended(int pid) {
-  if (kill(pid, 0) != 0) return errno == ESRCH;
-  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
-  std::string line;
-  if (!std::getline(stat, line)) return false;
-  const size_t close = line.rfind(')');  // the state follows "pid (comm) "
-  return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z';
-}
-
 // `paramctl wait FILE [PID]`: the one way a script starts a daemon and waits until it serves
-// (paramd writes FILE atomically once it listens). Prints the address on stdout.
+// (client/wait_until_serving.h has the rule). Prints the address on stdout.
 int Wait(const std::string& file, const std::string& pid_text) {
   int pid = 0;
   if (!pid_text.empty() && (!absl::SimpleAtoi(pid_text, &pid) || pid <= 0)) {
     std::cerr << "paramctl wait: PID must be a process id, not \"" << pid_text << "\"\n";
     return 2;
   }
-  const double wait_s = absl::GetFlag(FLAGS_wait_s);
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                            std::chrono::duration<double>(std::max(0.0, wait_s)));
-  std::string why = absl::StrCat("it wrote no address to ", file);
-  while (true) {
-    std::ifstream in(file);
-    std::string address;
-    if (in && std::getline(in, address) && !address.empty()) {
-      ClientOptions options = CommandOptions();
-      options.address = address;
-      options.rpc_timeout = std::chrono::milliseconds(2000);
-      options.connect_timeout = options.rpc_timeout;
-      options.max_attempts = 1;
-      absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
-      const absl::Status answer = client.ok() ? (*client)->Status().status() : client.status();
-      // A daemon that asks for another token than this one's (or none) serves all the same.
-      if (answer.ok() || absl::IsUnauthenticated(answer) || absl::IsPermissionDenied(answer)) {
-        std::cout << address << "\n";
-        return 0;
-      }
-      why = absl::StrCat("its address ", address, " does not answer (", answer.message(), ")");
-    }
-    if (pid > 0 && Ended(pid)) {
-      std::cerr << "paramctl wait: process " << pid << " ended before the daemon served: " << why
-                << " (its log says why)\n";
-      return 1;
-    }
-    if (std::chrono::steady_clock::now() >= deadline) {
-      std::cerr << "paramctl wait: no daemon served within " << wait_s << " s: " << why << "\n";
-      return 1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  absl::StatusOr<std::string> address =
+      WaitUntilServing(file, pid, absl::GetFlag(FLAGS_wait_s), CommandOptions());
+  if (!address.ok()) {
+    std::cerr << "paramctl wait: " << address.status().message() << "\n";
+    return 1;
   }
+  std::cout << *address << "\n";
+  return 0;
 }
 
 int Run(const std::vector<char*>& args) {

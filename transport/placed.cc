@@ -377,13 +377,6 @@ bool Marks::Send(bool last) {
   return open;
 }
 
-void Marks::Cancel() {
-  if (writer_ == nullptr) return;
-  context_.TryCancel();
-  writer_->Finish();
-  writer_.reset();
-}
-
 absl::Status Marks::MarkWhole(std::span<const PushItem* const> items) {
   for (size_t i = 0; i < items.size(); ++i) {
     if (!Mark(items[i]->tensor, 0, static_cast<int64_t>(items[i]->data.size()),
@@ -423,7 +416,7 @@ absl::StatusOr<std::vector<PlacedTransport::Lent>> PlacedTransport::Lend(
     std::span<const PushItem>) {
   return std::vector<Lent>();
 }
-absl::Status PlacedTransport::FinishCopies() { return absl::OkStatus(); }
+absl::Status PlacedTransport::FinishMovesFromPlaces() { return absl::OkStatus(); }
 absl::Status PlacedTransport::BeforeRead(bool) { return absl::OkStatus(); }
 absl::Status PlacedTransport::ToHost(std::span<const PushItem> items, std::vector<PushItem>* host,
                                      std::vector<std::vector<std::byte>>* storage) {
@@ -511,8 +504,14 @@ absl::Status PlacedTransport::PushPlaced(const PushTarget& target, std::span<con
   absl::StatusOr<PushPlan> plan = PlanPush(**slots, target, items, deadline);
   if (!plan.ok()) return plan.status();
   if (!plan->placed.empty()) {
+    if (absl::Status s = MoveToPlaces(plan->job, plan->moves); !s.ok()) return s;
+    // Every byte lies in its slot: the items are marked in one stream (a mark names > 0 bytes).
+    std::vector<const PushItem*> marked;
+    for (const PushItem* item : plan->placed) {
+      if (!item->data.empty()) marked.push_back(item);
+    }
     Marks marks(*stub_, target, (*slots)->instance, memory_, deadline, context_.max_chunk_bytes);
-    if (absl::Status s = CopyAndMark(*plan, marks); !s.ok()) return s;
+    if (absl::Status s = marks.MarkWhole(marked); !s.ok()) return s;
     slots_->MarkReceived(**slots, plan->placed);
     slots_->LookAhead(target);
   }
@@ -533,24 +532,23 @@ absl::StatusOr<PushPlan> PlacedTransport::PlanPush(const SlotCache& slots, const
       plan.inline_items.push_back(item);
       continue;
     }
-    absl::StatusOr<MappedRegion*> region =
+    absl::StatusOr<DaemonRegion*> region =
         Region(target.job, place->segment(), slots.instance, deadline);
     if (!region.ok()) return region.status();
     if ((*region)->size() >= 0 && place->offset() + place->bytes() > (*region)->size()) {
       return absl::DataLossError(absl::StrCat("slot of ", place->tensor(), " lies outside ",
                                               region_noun_, " ", place->segment()));
     }
-    uint8_t* slot = (*region)->data() + place->offset();
+    const PlacedBytes slot = (*region)->At(place->offset(), item.data.size());
     const int64_t received = slots.received[static_cast<size_t>(it->second)];
     if (received == place->bytes()) {
       // Pushed before (a retry, or a restarted trainer): the same rule as inline pushes. Identical
       // bytes are marked again, not copied: the daemon judges (a duplicate is acknowledged; a
       // daemon restarted since these places were handed out refuses them).
-      absl::StatusOr<bool> identical = Same(target.job, slot, item.data);
+      absl::StatusOr<bool> identical = PlaceHolds(target.job, slot, item.data);
       if (!identical.ok()) return identical.status();
       if (*identical) {
-        plan.placed.push_back(&item);
-        plan.slots.push_back(nullptr);
+        plan.placed.push_back(&item);  // marked only
         continue;
       }
       return absl::FailedPreconditionError(
@@ -564,7 +562,7 @@ absl::StatusOr<PushPlan> PlacedTransport::PlanPush(const SlotCache& slots, const
                        " bytes of step ", target.step, " pushed inline; finish it inline"));
     }
     plan.placed.push_back(&item);
-    plan.slots.push_back(slot);
+    plan.moves.push_back({&item, slot});
   }
   return plan;
 }
@@ -594,7 +592,7 @@ absl::Status PlacedTransport::PullMany(const PullManyTarget& target, Deadline de
   // The caller's buffers are kept: copies land in memory a previous pull already faulted in.
   out->resize(target.tensors.size());
   std::vector<uint64_t> leases;
-  // Each tensor's copy starts as its header arrives; FinishCopies waits for them all.
+  // Each tensor's move starts as its header arrives; FinishMovesFromPlaces waits for them all.
   absl::Status status = PullPlacesEach(
       *stub_, name_, target, kCopyLease, deadline, [&](size_t i, Pulled&& pulled) -> absl::Status {
         if (!pulled.header.has_place()) {
@@ -602,21 +600,18 @@ absl::Status PlacedTransport::PullMany(const PullManyTarget& target, Deadline de
           return absl::OkStatus();
         }
         leases.push_back(pulled.header.lease());
-        absl::StatusOr<const uint8_t*> bytes = View(target.job, pulled.header, deadline);
+        absl::StatusOr<PlacedBytes> bytes = View(target.job, pulled.header, deadline);
         if (!bytes.ok()) return bytes.status();
         if (leases.size() == 1) {
           if (absl::Status s = BeforeRead(/*in_place=*/false); !s.ok()) return s;
         }
-        if (absl::Status s =
-                CopyOut(target.job, *bytes, static_cast<size_t>(pulled.header.place().bytes()),
-                        &(*out)[i].data);
-            !s.ok()) {
+        if (absl::Status s = MoveFromPlace(target.job, *bytes, &(*out)[i].data); !s.ok()) {
           return s;
         }
         (*out)[i].header = std::move(pulled.header);
         return absl::OkStatus();
       });
-  const absl::Status copied = FinishCopies();
+  const absl::Status copied = FinishMovesFromPlaces();
   if (!leases.empty()) ReleaseSoon(*stub_, *async_, leases);  // one call for all, not waited for
   return status.ok() ? copied : status;
 }
@@ -635,12 +630,16 @@ absl::Status PlacedTransport::PullInPlaceMany(const PullManyTarget& target, Dead
               " maps (it ran out of room); use a pull that copies (Pull, PullMany)"));
         }
         leases.push_back(pulled.header.lease());
-        absl::StatusOr<const uint8_t*> bytes = View(target.job, pulled.header, deadline);
+        absl::StatusOr<PlacedBytes> bytes = View(target.job, pulled.header, deadline);
         if (!bytes.ok()) return bytes.status();
+        if (bytes->mapped == nullptr) {  // a transport of unmapped places refuses views first
+          return absl::InternalError(
+              absl::StrCat("transport ", name_, " has no view of the daemon's memory"));
+        }
         PulledView& view = (*out)[i];
         view.header = std::move(pulled.header);
-        view.data = std::span<const std::byte>(reinterpret_cast<const std::byte*>(*bytes),
-                                               static_cast<size_t>(view.header.place().bytes()));
+        view.data = std::span<const std::byte>(reinterpret_cast<const std::byte*>(bytes->mapped),
+                                               bytes->bytes);
         view.lease = view.header.lease();
         return absl::OkStatus();
       });
@@ -658,9 +657,8 @@ absl::Status PlacedTransport::ReleaseMany(std::span<const uint64_t> leases, Dead
   return absl::OkStatus();
 }
 
-absl::StatusOr<const uint8_t*> PlacedTransport::View(const std::string& job,
-                                                     const v1::PullHeader& header,
-                                                     Deadline deadline) {
+absl::StatusOr<PlacedBytes> PlacedTransport::View(const std::string& job,
+                                                  const v1::PullHeader& header, Deadline deadline) {
   if (absl::Status s = FollowStart(header.instance(), deadline); !s.ok()) return s;
   if (header.place_on_device() != (memory_ == Memory::kDevice)) {
     return absl::DataLossError(absl::StrCat("the daemon answered a ", name_,
@@ -672,13 +670,13 @@ absl::StatusOr<const uint8_t*> PlacedTransport::View(const std::string& job,
                                             ") does not hold ", header.data_bytes(), " + ",
                                             header.scale_bytes(), " bytes"));
   }
-  absl::StatusOr<MappedRegion*> region = Region(job, place.segment(), header.instance(), deadline);
+  absl::StatusOr<DaemonRegion*> region = Region(job, place.segment(), header.instance(), deadline);
   if (!region.ok()) return region.status();
   if ((*region)->size() >= 0 && place.offset() + place.bytes() > (*region)->size()) {
     return absl::DataLossError(absl::StrCat("pulled place [", place.offset(), ", +", place.bytes(),
                                             ") does not fit ", region_noun_, " ", place.segment()));
   }
-  return (*region)->data() + place.offset();
+  return (*region)->At(place.offset(), static_cast<size_t>(place.bytes()));
 }
 
 void PlacedTransport::Remember(const std::string& job, const v1::AttachResponse& response) {
@@ -719,7 +717,7 @@ absl::Status PlacedTransport::FollowStart(uint64_t instance, Deadline deadline) 
   return absl::UnavailableError("the daemon restarted while it answered this pull; pull again");
 }
 
-absl::StatusOr<MappedRegion*> PlacedTransport::Region(const std::string& job, int index,
+absl::StatusOr<DaemonRegion*> PlacedTransport::Region(const std::string& job, int index,
                                                       uint64_t instance, Deadline deadline) {
   // A place of another start than the current one is refused as such (the push then asks for
   // its places again), never looked up in the current start's regions.
@@ -754,7 +752,7 @@ absl::StatusOr<MappedRegion*> PlacedTransport::Region(const std::string& job, in
     start = response->instance();
     described = std::move(response);
   }
-  absl::StatusOr<std::unique_ptr<MappedRegion>> region = Map(*described, index);
+  absl::StatusOr<std::unique_ptr<DaemonRegion>> region = Map(*described, index);
   if (!region.ok()) return region.status();
   std::lock_guard<std::mutex> lock(mu_);
   // The daemon restarted while the region was mapped: it is the old start's (unmapped here).

@@ -1,10 +1,17 @@
 // The trainer's end of a placed transport: one whose daemon keeps gradient slots and served bytes
-// in memory this process maps (`shm`: shared memory; `cuda_ipc`: exported GPU memory). The
-// lifecycle is written here once: attaching and probing, the slot places of a step (asked once
-// per step, and for the next step as soon as a push is done), following a daemon that restarted
-// at the same address, the placed push, the copy-out and in-place pulls, releasing leases. A
-// transport fills in the hooks: how to map a region the daemon names, how to copy into and out of
-// it, and how a push is marked written.
+// in regions of its memory it names in Attach (`shm`: shared-memory segments; `cuda_ipc` and
+// `nccl`: exported GPU allocations). The lifecycle is written here once: attaching and probing,
+// the slot places of a step (asked once per step, and for the next step as soon as a push is
+// done), following a daemon that restarted at the same address, the placed push and its marks,
+// the copy-out and in-place pulls, releasing leases. A transport fills in the hooks: how to reach
+// a region the daemon names, and a mover: how to move bytes into places and out of them.
+//
+// The base never reads or writes a place itself. A place (PlacedBytes) is either mapped memory of
+// this process (shm's segments, cuda_ipc's opened IPC handles), which the mover copies into and
+// out of, or an address in the daemon's memory that this process never dereferences (nccl's
+// allocations, moved over a communicator; a network transport's remote memory, moved by RMA). The
+// base decides which bytes go to which place and when; only the in-place pulls hand mapped places
+// out as they are, and a transport whose places are not mapped refuses them (CanViewInPlace).
 //
 // Every transport's pulls mean the same: Pull and PullMany copy the served bytes out (holding a
 // lease only while they copy); PullInPlace and PullInPlaceMany lease them where they lie, and the
@@ -52,23 +59,62 @@ class DaemonStarts {
   std::set<uint64_t> past_;
 };
 
-// One region of the daemon's memory as this process maps it (a segment, an IPC allocation);
-// unmapped when destroyed.
-class MappedRegion {
- public:
-  virtual ~MappedRegion() = default;
-  virtual uint8_t* data() const = 0;
-  // Its length; -1 where the mapping does not tell (places in it are then not bounds-checked).
-  virtual int64_t size() const = 0;
+// Bytes at a place in the daemon's memory, as this process reaches them: at `mapped`, where the
+// region is mapped here, else (mapped null) at `address` in the daemon's own memory, which only
+// the transport's mover reaches.
+struct PlacedBytes {
+  uint8_t* mapped = nullptr;
+  uint64_t address = 0;  // the daemon's address of the bytes (a region that is not mapped)
+  size_t bytes = 0;
 };
 
-// A push sorted: items to write into their slots (with the slots' addresses), and items to push
-// inline (unknown tensors, sizes that do not match, slots outside the mapped memory: the daemon
+// One region of the daemon's memory as this process reaches it (a segment, an IPC allocation, an
+// allocation known by its address); let go of when destroyed.
+class DaemonRegion {
+ public:
+  virtual ~DaemonRegion() = default;
+  // Its length; -1 where the transport is not told (places in it are then not bounds-checked).
+  virtual int64_t size() const = 0;
+  // The `bytes` bytes at `offset` (checked against size() by the caller).
+  virtual PlacedBytes At(int64_t offset, size_t bytes) const = 0;
+};
+
+// A region mapped in this process: its places are addresses here.
+class MappedRegion : public DaemonRegion {
+ public:
+  virtual uint8_t* data() const = 0;
+  PlacedBytes At(int64_t offset, size_t bytes) const final { return {data() + offset, 0, bytes}; }
+};
+
+// A region known only by its address in the daemon's memory and its size: nothing is mapped, and
+// its places are never dereferenced here.
+class RemoteRegion final : public DaemonRegion {
+ public:
+  RemoteRegion(uint64_t base, int64_t size) : base_(base), size_(size) {}
+  int64_t size() const override { return size_; }
+  PlacedBytes At(int64_t offset, size_t bytes) const override {
+    return {nullptr, base_ + static_cast<uint64_t>(offset), bytes};
+  }
+
+ private:
+  const uint64_t base_;
+  const int64_t size_;
+};
+
+// An item of a push and the slot it is moved into.
+struct ToPlace {
+  const PushItem* item;
+  PlacedBytes slot;
+};
+
+// A push sorted: items to mark written in their slots (`placed`), of which those to move there
+// first (`moves`: a retried item whose slot holds its bytes already is marked only), and items to
+// push inline (unknown tensors, sizes that do not match, slots outside the region: the daemon
 // then answers as for any other transport).
 struct PushPlan {
   std::string job;  // whose slots they are
   std::vector<const PushItem*> placed;
-  std::vector<uint8_t*> slots;  // null: the slot holds these bytes already (a retry): mark only
+  std::vector<ToPlace> moves;
   std::vector<PushItem> inline_items;
 };
 
@@ -85,11 +131,9 @@ class Marks {
   // daemon ended the stream (Finish says why).
   bool Mark(const std::string& tensor, int64_t offset, int64_t bytes, bool last,
             const v1::LentMemory* lent = nullptr);
-  // Marks every item of `items` written whole, the last closing the stream, and finishes it (the
-  // transports whose copies are done before any mark: shm, nccl).
+  // Marks every item of `items` written whole, the last closing the stream, and finishes it (a
+  // placed push, once its moves are done).
   absl::Status MarkWhole(std::span<const PushItem* const> items);
-  // Ends the stream without a status of its own (the caller has one).
-  void Cancel();
   absl::Status Finish();
 
  private:
@@ -139,17 +183,19 @@ class PlacedTransport : public Transport {
   void Stop();
   const TransportContext& context() const { return context_; }
   // Region `index` of job `job`'s regions ("": those a probe names) of daemon start `instance`
-  // (0: the current one), mapped on first use. Each job's places lie in regions of its own.
-  absl::StatusOr<MappedRegion*> Region(const std::string& job, int index, uint64_t instance,
+  // (0: the current one), reached (Map) on first use. Each job's places lie in regions of its own.
+  absl::StatusOr<DaemonRegion*> Region(const std::string& job, int index, uint64_t instance,
                                        Deadline deadline);
 
-  // The hooks.
-  // How many regions an Attach answer names (segment names, IPC handles).
+  // The hooks. How a region is reached:
+  // How many regions an Attach answer names (segment names, IPC handles, addresses).
   virtual int RegionCount(const v1::AttachResponse& response) const = 0;
-  // Maps region `index` of those `response` names.
-  virtual absl::StatusOr<std::unique_ptr<MappedRegion>> Map(const v1::AttachResponse& response,
+  // Reaches region `index` of those `response` names: maps it (a MappedRegion), or keeps its
+  // address (a RemoteRegion).
+  virtual absl::StatusOr<std::unique_ptr<DaemonRegion>> Map(const v1::AttachResponse& response,
                                                             int index) = 0;
-  // Judges a probe's answer (already remembered): OK when this process sees the daemon's memory.
+  // Judges a probe's answer (already remembered): OK when this process reaches the daemon's
+  // memory.
   virtual absl::Status CheckProbe(const v1::AttachResponse& response, Deadline deadline) = 0;
   // Runs before a push reads the caller's buffers.
   virtual absl::Status BeforePush();
@@ -164,17 +210,20 @@ class PlacedTransport : public Transport {
     v1::LentMemory memory;
   };
   virtual absl::StatusOr<std::vector<Lent>> Lend(std::span<const PushItem> items);
-  // Whether `slot` (of job `job`) holds `data` already (only a retried push asks).
-  virtual absl::StatusOr<bool> Same(const std::string& job, const uint8_t* slot,
-                                    std::span<const std::byte> data) = 0;
-  // Copies the plan's placed items into their slots (a null slot holds them already) and marks
-  // them written with `marks`; returns once the caller's buffers have been read.
-  virtual absl::Status CopyAndMark(const PushPlan& plan, Marks& marks) = 0;
-  // Copies `bytes` bytes at `from` (served bytes of job `job`) into `out` (resized); may complete
-  // only at FinishCopies.
-  virtual absl::Status CopyOut(const std::string& job, const uint8_t* from, size_t bytes,
-                               std::vector<std::byte>* out) = 0;
-  virtual absl::Status FinishCopies();
+
+  // The mover: how bytes go into places of job `job` and out of them.
+  // Whether `slot` holds `data` already (only a retried push asks).
+  virtual absl::StatusOr<bool> PlaceHolds(const std::string& job, const PlacedBytes& slot,
+                                          std::span<const std::byte> data) = 0;
+  // Moves each item's bytes into its slot; returns once they lie there (the base then marks them
+  // written) and the caller's buffers have been read. Called for every placed push, `moves` empty
+  // where each slot held its item already.
+  virtual absl::Status MoveToPlaces(const std::string& job, std::span<const ToPlace> moves) = 0;
+  // Moves the bytes at `from` (served bytes) into `out` (resized); may complete only at
+  // FinishMovesFromPlaces, which a pull calls once, after its last MoveFromPlace.
+  virtual absl::Status MoveFromPlace(const std::string& job, const PlacedBytes& from,
+                                     std::vector<std::byte>* out) = 0;
+  virtual absl::Status FinishMovesFromPlaces();
   // Runs once a pull's places are known, before their bytes are read: `in_place` when the views
   // go to the caller, else before this transport copies them out. A daemon may publish a version
   // whose step is still running on its GPU: cuda_ipc makes the reading stream wait for it.
@@ -199,9 +248,9 @@ class PlacedTransport : public Transport {
                            Deadline deadline);
   absl::StatusOr<PushPlan> PlanPush(const SlotCache& slots, const PushTarget& target,
                                     std::span<const PushItem> items, Deadline deadline);
-  // Where a pulled place of job `job` lies in this process.
-  absl::StatusOr<const uint8_t*> View(const std::string& job, const v1::PullHeader& header,
-                                      Deadline deadline);
+  // The bytes at a pulled place of job `job`.
+  absl::StatusOr<PlacedBytes> View(const std::string& job, const v1::PullHeader& header,
+                                   Deadline deadline);
   // Takes the regions an Attach answer names. From a new start of the daemon (it restarted at the
   // same address) they replace the old ones, whose mappings stay until the transport goes (a view
   // may still point into them); a late answer of a past start is ignored.
@@ -218,15 +267,15 @@ class PlacedTransport : public Transport {
   std::unique_ptr<v1::Data::Stub> stub_;
   std::unique_ptr<Transport> inline_;
 
-  // A job's regions: the answer naming the most of them, and those mapped.
+  // A job's regions: the answer naming the most of them, and those reached (Map).
   struct Regions {
     std::shared_ptr<const v1::AttachResponse> described;
-    std::map<int, std::unique_ptr<MappedRegion>> mapped;
+    std::map<int, std::unique_ptr<DaemonRegion>> mapped;
   };
   std::mutex mu_;
   DaemonStarts starts_;                                 // whose regions regions_ are
   std::map<std::string, Regions> regions_;              // by job
-  std::vector<std::unique_ptr<MappedRegion>> retired_;  // mappings of past starts
+  std::vector<std::unique_ptr<DaemonRegion>> retired_;  // regions of past starts
   std::unique_ptr<StepSlots> slots_;                    // after what Remember uses
   std::unique_ptr<AsyncCalls> async_;                   // releases in flight (last: waits first)
 };

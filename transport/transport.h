@@ -6,8 +6,10 @@
 // its Attach answers). The table below names each transport once, with both ends' factories; the
 // client chooses from it (the first viable one unless told which), and the daemon makes its ends
 // from it, so its order is the automatic order, its names are the metric labels and the names
-// Attach dispatches on. The placed transports (shm, cuda_ipc) share their trainer's lifecycle
-// (transport/placed.h); the buffer and place types both ends speak of are in common/. A new
+// Attach dispatches on. The placed transports (shm, cuda_ipc, nccl) share their trainer's
+// lifecycle (transport/placed.h): the base chooses places and a transport's mover moves bytes into
+// and out of them, in memory mapped here or at addresses of the daemon's it never dereferences;
+// the buffer and place types both ends speak of are in common/. A new
 // transport is one folder, one line in the table, and an instance of the conformance suite
 // (tests/conformance).
 #pragma once

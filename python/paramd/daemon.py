@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 
 
 def find_binary(explicit=None):
@@ -41,15 +40,17 @@ class Daemon:
         args.extend(extra_args)
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT)
-        # The daemon writes the file atomically once it serves; polling it is the only signal.
-        deadline = time.monotonic() + start_timeout_s
-        while not os.path.exists(address_file):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"paramd did not start:\n{self.log()}")
-            time.sleep(0.02)
-        with open(address_file) as f:
-            self.address = f.read().strip()
+        # Waited for by the rule `paramctl wait` uses (the address file written, the address
+        # answering), in the extension: it fails at once where the daemon exits first.
+        from paramd import _paramd
+        try:
+            self.address = _paramd.wait_until_serving(address_file, self.process.pid,
+                                                      start_timeout_s)
+        except _paramd.StatusError as error:
+            self.stop()
+            log = self.log()
+            self._dir.cleanup()
+            raise RuntimeError(f"paramd did not start ({error}):\n{log}") from None
 
     def log(self):
         with open(self.log_path, errors="replace") as f:

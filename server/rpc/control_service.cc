@@ -18,6 +18,7 @@
 #include "server/registration.h"
 #include "server/rpc/read_stream.h"
 #include "server/rpc/rpc_outcome.h"
+#include "server/rpc/write_stream.h"
 #include "server/state/state_transfer.h"
 
 namespace paramd {
@@ -25,57 +26,44 @@ namespace {
 
 // Streams a job's state chunk by chunk (server/state/state_transfer.h). The export starts once the
 // steps committed before it ran, without holding a thread meanwhile, and holds the job's later
-// steps back until End, which releases it before the call finishes.
-class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+// steps back until the call ends (Drop releases it before the call finishes). A cancellation is
+// noticed where a write completes (server/rpc/write_stream.h), never while the export starts.
+class ExportReactor final : public WriteStream<v1::ExportStateRequest> {
  public:
   ExportReactor(Daemon* daemon, const absl::StatusOr<Caller>& caller, const grpc::ByteBuffer* raw)
-      : daemon_(daemon) {
-    v1::ExportStateRequest request;
-    absl::Status status = caller.status();
-    if (status.ok()) status = ParseMessage(raw, &request);
-    if (status.ok()) status = caller->MayUseJob(request.job());
-    if (status.ok()) status = Begin(request);
-    if (!status.ok()) End(status);
+      : WriteStream(daemon, "ExportState", "the export's reader went away",
+                    "the export was cancelled") {
+    Begin(caller, raw);
   }
-
-  void OnWriteDone(bool ok) override {
-    if (!ok) {
-      End(absl::CancelledError("the export's reader went away"));
-      return;
-    }
-    WriteNext();
-  }
-
-  void OnDone() override { delete this; }
 
  private:
-  absl::Status Begin(const v1::ExportStateRequest& request) {
-    PARAMD_RETURN_IF_ERROR(daemon_->CheckServing());
-    PARAMD_ASSIGN_OR_RETURN(stream_, daemon_->OpenStream("ExportState"));
-    const int64_t limit = daemon_->config().max_chunk_bytes();
+  absl::Status Start(const v1::ExportStateRequest& request) override {
+    const int64_t limit = daemon()->config().max_chunk_bytes();
     if (request.max_chunk_bytes() < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("max_chunk_bytes = ", request.max_chunk_bytes(), " must be >= 0"));
     }
     const int64_t chunk =
         request.max_chunk_bytes() == 0 ? limit : std::min(limit, request.max_chunk_bytes());
-    PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, daemon_->registry().Find(request.job()));
-    Daemon* daemon = daemon_;
+    PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, daemon()->registry().Find(request.job()));
     // A step held back while the export streamed goes back to the step executor at its end.
-    StateExport::Begin(
-        ExportOf(job, [daemon, job](const StepWork& held) { daemon->StartStep(job, held); }), chunk,
-        [this](absl::StatusOr<std::unique_ptr<StateExport>> started) {
-          if (!started.ok()) {
-            End(started.status());
-            return;
-          }
-          export_ = *std::move(started);
-          WriteNext();
-        });
+    auto held_back = [daemon = daemon(), job](const StepWork& held) {
+      daemon->StartStep(job, held);
+    };
+    StateExport::Begin(ExportOf(job, held_back), chunk,
+                       [this](absl::StatusOr<std::unique_ptr<StateExport>> started) {
+                         if (!started.ok()) {
+                           End(started.status());
+                           return;
+                         }
+                         export_ = *std::move(started);
+                         Written();
+                       });
     return absl::OkStatus();
   }
 
-  void WriteNext() {
+  // The next chunk, or the end of the export.
+  void Written() override {
     absl::StatusOr<bool> more = export_->Next(&chunk_);
     if (!more.ok()) {
       End(more.status());
@@ -87,15 +75,8 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     }
   }
 
-  void End(const absl::Status& status) {
-    export_.reset();
-    stream_.Reset();
-    CountRpcError(daemon_, "ExportState", status);
-    Finish(ToGrpcStatus(status));
-  }
+  void Drop(const absl::Status&) override { export_.reset(); }
 
-  Daemon* const daemon_;
-  CountedLimit::Ticket stream_;
   std::unique_ptr<StateExport> export_;
   v1::StateChunk chunk_;
   grpc::ByteBuffer buffer_;  // chunk_, serialized

@@ -1,6 +1,6 @@
 // What a Pull asks for, checked (PullAsk), and one tensor's answer: its served version's header,
 // where its bytes are read, and the lease of a placed one. The Data service's Pull reactor
-// (server/rpc/data_service.cc) waits for versions and streams; these build what it sends.
+// (server/rpc/pull_stream.h) waits for versions and streams; these build what it sends.
 #pragma once
 
 #include <cstdint>

@@ -2,6 +2,7 @@
 format (zero-copy views, dequantized against the recipes' error bounds), errors with codes."""
 
 import gc
+import os
 import time
 import unittest
 
@@ -309,6 +310,25 @@ class BindingsTest(unittest.TestCase):
             self.client.pull("bind", "w", "fp7", 0, 5.0)
         with self.assertRaises(ValueError):
             paramd.state_policy({"exp_avg": "fp8", "momentum": "fp8"})
+
+    def test_a_daemon_that_exits_before_serving_fails_its_start_at_once_with_its_log(self):
+        # paramd.daemon waits by `paramctl wait`'s rule (paramd._paramd.wait_until_serving).
+        from paramd.daemon import Daemon
+        start = time.monotonic()
+        with self.assertRaises(RuntimeError) as caught:
+            Daemon(self.daemon.binary, extra_args=["--no_such_flag"], start_timeout_s=60)
+        self.assertLess(time.monotonic() - start, 10)
+        message = str(caught.exception)
+        self.assertIn("ended before the daemon served", message)
+        self.assertIn("no_such_flag", message)  # the daemon's log follows
+        with self.assertRaises(paramd.StatusError) as caught:
+            paramd._paramd.wait_until_serving("/nonexistent/paramd/address", 0, 0.2)
+        self.assertEqual(caught.exception.code, "DEADLINE_EXCEEDED")
+        self.assertEqual(paramd._paramd.wait_until_serving(self.daemon_address_file(), 0, 5),
+                         self.daemon.address)
+
+    def daemon_address_file(self):
+        return os.path.join(self.daemon._dir.name, "address")
 
     def test_non_contiguous_buffers_are_refused(self):
         grad = np.zeros((ROWS, COLS * 2), dtype=np.float32)[:, ::2]

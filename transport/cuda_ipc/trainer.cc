@@ -1,6 +1,6 @@
 // The trainer's end of `cuda_ipc`: a placed transport (transport/placed.h) whose regions are the
-// daemon's exported GPU allocations, opened by IPC handle on the trainer's device, and whose copies
-// run on a stream of its own (see cuda_ipc.h for the ordering).
+// daemon's exported GPU allocations, opened by IPC handle on the trainer's device, and whose mover
+// copies on a stream of its own (see cuda_ipc.h for the ordering).
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
@@ -71,7 +71,7 @@ class CudaIpcTransport final : public PlacedTransport {
   }
 
   // The caller has no device made current: the handle is opened on the trainer's.
-  absl::StatusOr<std::unique_ptr<MappedRegion>> Map(const v1::AttachResponse& response,
+  absl::StatusOr<std::unique_ptr<DaemonRegion>> Map(const v1::AttachResponse& response,
                                                     int index) override {
     const DeviceScope scope(device_);
     if (!scope.status().ok()) return scope.status();
@@ -245,20 +245,29 @@ class CudaIpcTransport final : public PlacedTransport {
   }
 
   // Read back to the host (host or device memory alike): only a retry gets here.
-  absl::StatusOr<bool> Same(const std::string&, const uint8_t* slot,
-                            std::span<const std::byte> data) override {
+  absl::StatusOr<bool> PlaceHolds(const std::string&, const PlacedBytes& slot,
+                                  std::span<const std::byte> data) override {
     const DeviceScope scope(device_);
     if (!scope.status().ok()) return scope.status();
-    return SameBytes(slot, data.data(), data.size(), stream_);
+    return SameBytes(slot.mapped, data.data(), data.size(), stream_);
   }
 
-  // The marks follow the copies (see cuda_ipc.h); the stream is synchronized whatever happens, as
-  // the caller may reuse its buffers when Push returns.
-  absl::Status CopyAndMark(const PushPlan& plan, Marks& marks) override {
+  // Copies the items into their slots and waits once for every copy: the marks follow (see
+  // cuda_ipc.h). The stream is synchronized whatever happens, as the caller may reuse its buffers
+  // when Push returns.
+  absl::Status MoveToPlaces(const std::string&, std::span<const ToPlace> moves) override {
     const DeviceScope scope(device_);
     if (!scope.status().ok()) return scope.status();
     std::lock_guard<std::mutex> push_lock(push_mu_);
-    absl::Status s = CopyAndMarkLocked(plan, marks);
+    absl::Status s;
+    for (const ToPlace& move : moves) {
+      const PushItem& item = *move.item;
+      if (item.data.empty()) continue;
+      s = CudaStatus(cudaMemcpyAsync(move.slot.mapped, item.data.data(), item.data.size(),
+                                     cudaMemcpyDefault, stream_),
+                     "cudaMemcpyAsync(slot)");
+      if (!s.ok()) break;
+    }
     if (absl::Status synced =
             CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(stream_)");
         s.ok()) {
@@ -267,31 +276,14 @@ class CudaIpcTransport final : public PlacedTransport {
     return s;
   }
 
-  // Copies the placed items into their slots, waits once for every copy, and marks the items in
-  // one message (an item whose slot holds it already, a retry, is marked only).
-  absl::Status CopyAndMarkLocked(const PushPlan& plan, Marks& marks) {
-    std::vector<const PushItem*> marked;
-    for (size_t i = 0; i < plan.placed.size(); ++i) {
-      const PushItem& item = *plan.placed[i];
-      if (item.data.empty()) continue;  // nothing to mark (a mark names > 0 bytes)
-      marked.push_back(&item);
-      if (plan.slots[i] == nullptr) continue;
-      PARAMD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(plan.slots[i], item.data.data(), item.data.size(),
-                                                  cudaMemcpyDefault, stream_));
-    }
-    if (marked.empty()) return absl::OkStatus();
-    PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-    return marks.MarkWhole(marked);
-  }
-
-  // Queued on the stream as each header arrives; FinishCopies waits for them all.
-  absl::Status CopyOut(const std::string&, const uint8_t* from, size_t bytes,
-                       std::vector<std::byte>* out) override {
+  // Queued on the stream as each header arrives; FinishMovesFromPlaces waits for them all.
+  absl::Status MoveFromPlace(const std::string&, const PlacedBytes& from,
+                             std::vector<std::byte>* out) override {
     const DeviceScope scope(device_);
     if (!scope.status().ok()) return scope.status();
-    out->resize(bytes);
+    out->resize(from.bytes);
     PARAMD_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(out->data(), from, bytes, cudaMemcpyDefault, stream_));
+        cudaMemcpyAsync(out->data(), from.mapped, from.bytes, cudaMemcpyDefault, stream_));
     return absl::OkStatus();
   }
 
@@ -304,7 +296,7 @@ class CudaIpcTransport final : public PlacedTransport {
         items, stream_, [this] { return BeforePush(); }, host, storage);
   }
 
-  absl::Status FinishCopies() override {
+  absl::Status FinishMovesFromPlaces() override {
     if (stream_ == nullptr) return absl::OkStatus();
     return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(stream_)");
   }
@@ -321,7 +313,7 @@ class CudaIpcTransport final : public PlacedTransport {
   cudaStream_t stream_ = nullptr;
   cudaEvent_t callers_work_ = nullptr;  // recorded on the trainer's stream, waited for by stream_
   std::string callers_work_handle_;     // its cudaIpcEventHandle_t bytes (lent gradients' marks)
-  std::mutex push_mu_;                  // one push's copies and marks at a time on stream_
+  std::mutex push_mu_;                  // one push's copies at a time on stream_
   std::mutex event_mu_;                 // the daemon's step event:
   std::string step_event_handle_;       // as the daemon named it (empty: none)
   uint64_t step_event_local_ = 0;       // and its address in the daemon's process

@@ -7,7 +7,8 @@
 //
 // The daemon's places are cuda_ipc's (slots and served bytes in its exported GPU memory, with the
 // same leases, marks and restarts: a placed transport, transport/placed.h), but the trainer maps
-// none of them: its bytes move over a 2-rank NCCL communicator, a session, which the daemon opens
+// none of them (its regions are RemoteRegions, addresses it never dereferences): its mover sends
+// and receives over a 2-rank NCCL communicator, a session, which the daemon opens
 // at Attach (NcclCall.open: the daemon joins as rank 0, the trainer as rank 1).
 //
 // Push first makes its stream wait for the work queued on the trainer's stream (as cuda_ipc does),

@@ -1,6 +1,6 @@
 // The trainer's end of `nccl` (nccl.h): a placed transport whose regions are the daemon's exported
-// GPU allocations, named by address and not mapped here, and whose bytes move over the session's
-// communicator, on a stream of its own.
+// GPU allocations, known by address and not mapped here (RemoteRegion: never dereferenced), and
+// whose mover sends and receives over the session's communicator, on a stream of its own.
 #include <cuda_runtime_api.h>
 #include <stdlib.h>
 
@@ -34,18 +34,6 @@ constexpr std::chrono::milliseconds kOpenTimeout{30000};
 Deadline After(std::chrono::milliseconds timeout) {
   return std::chrono::system_clock::now() + timeout;
 }
-
-// One of the daemon's allocations: its address there and its size; nothing is mapped.
-class RemoteAllocation final : public MappedRegion {
- public:
-  RemoteAllocation(uint64_t base, int64_t size) : base_(base), size_(size) {}
-  uint8_t* data() const override { return reinterpret_cast<uint8_t*>(base_); }
-  int64_t size() const override { return size_; }
-
- private:
-  const uint64_t base_;
-  const int64_t size_;
-};
 
 // Device memory of this transport's, grown when a transfer needs more.
 class Staging {
@@ -103,10 +91,11 @@ class NcclTransport final : public PlacedTransport {
     return std::min(response.nccl().bases_size(), response.nccl().sizes_size());
   }
 
-  absl::StatusOr<std::unique_ptr<MappedRegion>> Map(const v1::AttachResponse& response,
+  // One of the daemon's allocations: its address there and its size.
+  absl::StatusOr<std::unique_ptr<DaemonRegion>> Map(const v1::AttachResponse& response,
                                                     int index) override {
-    return std::make_unique<RemoteAllocation>(response.nccl().bases(index),
-                                              response.nccl().sizes(index));
+    return std::make_unique<RemoteRegion>(response.nccl().bases(index),
+                                          response.nccl().sizes(index));
   }
 
   // A GPU must be visible here, and be another than the daemon's (unless NCCL_HOSTID makes this
@@ -153,88 +142,71 @@ class NcclTransport final : public PlacedTransport {
   }
 
   // Read back over the session and compared (only a retried push asks).
-  absl::StatusOr<bool> Same(const std::string& job, const uint8_t* slot,
-                            std::span<const std::byte> data) override {
+  absl::StatusOr<bool> PlaceHolds(const std::string& job, const PlacedBytes& slot,
+                                  std::span<const std::byte> data) override {
     const DeviceScope scope(device_);
     if (!scope.status().ok()) return scope.status();
     std::lock_guard<std::mutex> lock(session_mu_);
     PARAMD_ASSIGN_OR_RETURN(uint8_t * staged, pull_staging_.Reserve(data.size()));
-    const std::vector<Span> spans = {{reinterpret_cast<uint64_t>(slot), staged, data.size()}};
+    const std::vector<Span> spans = {{slot.address, staged, data.size()}};
     PARAMD_RETURN_IF_ERROR(TransferLocked(job, spans, /*to_daemon=*/false, Soon()));
     return SameBytes(staged, data.data(), data.size(), stream_);
   }
 
-  // One transfer into the slots, then the marks (whole tensors: every byte is in its slot once
-  // the daemon answered). An item in GPU memory of this device is sent where it lies; others are
-  // staged there first.
-  absl::Status CopyAndMark(const PushPlan& plan, Marks& marks) override {
+  // One transfer into the slots (the base marks them written once it returned: every byte is in
+  // its slot once the daemon answered). An item in GPU memory of this device is sent where it
+  // lies; others are staged there first.
+  absl::Status MoveToPlaces(const std::string& job, std::span<const ToPlace> moves) override {
     const DeviceScope scope(device_);
     if (!scope.status().ok()) return scope.status();
     std::vector<Span> spans;
-    {
-      std::lock_guard<std::mutex> lock(session_mu_);
-      size_t staged_bytes = 0;
-      for (size_t i = 0; i < plan.placed.size(); ++i) {
-        const PushItem& item = *plan.placed[i];
-        if (plan.slots[i] != nullptr && !item.data.empty() &&
-            !IsGpuMemory(item.data.data(), device_)) {
-          staged_bytes += item.data.size();
-        }
-      }
-      uint8_t* staged = nullptr;
-      if (staged_bytes > 0) {
-        absl::StatusOr<uint8_t*> reserved = push_staging_.Reserve(staged_bytes);
-        if (!reserved.ok()) {
-          marks.Cancel();
-          return reserved.status();
-        }
-        staged = *reserved;
-      }
-      for (size_t i = 0; i < plan.placed.size(); ++i) {
-        const PushItem& item = *plan.placed[i];
-        if (plan.slots[i] == nullptr || item.data.empty()) continue;
-        uint8_t* local = const_cast<uint8_t*>(reinterpret_cast<const uint8_t*>(item.data.data()));
-        if (!IsGpuMemory(item.data.data(), device_)) {
-          if (absl::Status s =
-                  CudaStatus(cudaMemcpyAsync(staged, item.data.data(), item.data.size(),
-                                             cudaMemcpyDefault, stream_),
-                             "cudaMemcpyAsync(staging)");
-              !s.ok()) {
-            marks.Cancel();
-            return s;
-          }
-          local = staged;
-          staged += item.data.size();
-        }
-        spans.push_back({reinterpret_cast<uint64_t>(plan.slots[i]), local, item.data.size()});
-      }
-      absl::Status moved = spans.empty() ? absl::OkStatus()
-                                         : TransferLocked(plan.job, spans, /*to_daemon=*/true,
-                                                          After(kTransferTimeout));
-      if (absl::Status synced = CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-          moved.ok()) {
-        moved = synced;
-      }
-      if (!moved.ok()) {
-        marks.Cancel();
-        return moved;
+    std::lock_guard<std::mutex> lock(session_mu_);
+    size_t staged_bytes = 0;
+    for (const ToPlace& move : moves) {
+      const PushItem& item = *move.item;
+      if (!item.data.empty() && !IsGpuMemory(item.data.data(), device_)) {
+        staged_bytes += item.data.size();
       }
     }
-    return marks.MarkWhole(plan.placed);
+    uint8_t* staged = nullptr;
+    if (staged_bytes > 0) {
+      PARAMD_ASSIGN_OR_RETURN(staged, push_staging_.Reserve(staged_bytes));
+    }
+    for (const ToPlace& move : moves) {
+      const PushItem& item = *move.item;
+      if (item.data.empty()) continue;
+      uint8_t* local = const_cast<uint8_t*>(reinterpret_cast<const uint8_t*>(item.data.data()));
+      if (!IsGpuMemory(item.data.data(), device_)) {
+        PARAMD_RETURN_IF_ERROR(CudaStatus(
+            cudaMemcpyAsync(staged, item.data.data(), item.data.size(), cudaMemcpyDefault, stream_),
+            "cudaMemcpyAsync(staging)"));
+        local = staged;
+        staged += item.data.size();
+      }
+      spans.push_back({move.slot.address, local, item.data.size()});
+    }
+    absl::Status moved =
+        spans.empty() ? absl::OkStatus()
+                      : TransferLocked(job, spans, /*to_daemon=*/true, After(kTransferTimeout));
+    if (absl::Status synced = CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+        moved.ok()) {
+      moved = synced;
+    }
+    return moved;
   }
 
-  // Gathered while the headers arrive; FinishCopies moves them all in one transfer.
-  absl::Status CopyOut(const std::string& job, const uint8_t* from, size_t bytes,
-                       std::vector<std::byte>* out) override {
-    out->resize(bytes);
+  // Gathered while the headers arrive; FinishMovesFromPlaces moves them all in one transfer.
+  absl::Status MoveFromPlace(const std::string& job, const PlacedBytes& from,
+                             std::vector<std::byte>* out) override {
+    out->resize(from.bytes);
     std::lock_guard<std::mutex> lock(pending_mu_);
     Pulls& pulls = pending_[std::this_thread::get_id()];
     pulls.job = job;  // a pull is of one job
-    pulls.copies.push_back({from, bytes, out});
+    pulls.copies.push_back({from.address, from.bytes, out});
     return absl::OkStatus();
   }
 
-  absl::Status FinishCopies() override {
+  absl::Status FinishMovesFromPlaces() override {
     std::vector<Pending> pending;
     std::string job;
     {
@@ -253,7 +225,7 @@ class NcclTransport final : public PlacedTransport {
     PARAMD_ASSIGN_OR_RETURN(uint8_t * staged, pull_staging_.Reserve(total));
     std::vector<Span> spans;
     for (const Pending& p : pending) {
-      spans.push_back({reinterpret_cast<uint64_t>(p.from), staged, p.bytes});
+      spans.push_back({p.from, staged, p.bytes});
       staged += p.bytes;
     }
     PARAMD_RETURN_IF_ERROR(
@@ -372,7 +344,7 @@ class NcclTransport final : public PlacedTransport {
   }
 
   struct Pending {
-    const uint8_t* from;
+    uint64_t from;  // the daemon's address
     size_t bytes;
     std::vector<std::byte>* out;
   };

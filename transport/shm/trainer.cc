@@ -1,5 +1,5 @@
 // The trainer's end of `shm`: a placed transport (transport/placed.h) whose regions are the
-// daemon's POSIX shared-memory segments, mapped by name, and whose copies are memcpy.
+// daemon's POSIX shared-memory segments, mapped by name, and whose mover copies with memcpy.
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -33,7 +33,7 @@ class ShmTransport final : public PlacedTransport {
     return response.shm().segments_size();
   }
 
-  absl::StatusOr<std::unique_ptr<MappedRegion>> Map(const v1::AttachResponse& response,
+  absl::StatusOr<std::unique_ptr<DaemonRegion>> Map(const v1::AttachResponse& response,
                                                     int index) override {
     absl::StatusOr<std::unique_ptr<ShmSegment>> segment =
         ShmSegment::Open(response.shm().segments(index), true);
@@ -43,39 +43,38 @@ class ShmTransport final : public PlacedTransport {
 
   // The probe the daemon wrote at the start of segment 0 proves this process maps its memory.
   absl::Status CheckProbe(const v1::AttachResponse& response, Deadline deadline) override {
-    absl::StatusOr<MappedRegion*> first = Region(context().job, 0, 0, deadline);
-    if (!first.ok()) return first.status();
+    absl::StatusOr<DaemonRegion*> region = Region(context().job, 0, 0, deadline);
+    if (!region.ok()) return region.status();
+    const auto* first = static_cast<const MappedSegment*>(*region);  // Map made it
     uint64_t probe = 0;
-    if ((*first)->size() >= static_cast<int64_t>(sizeof(probe))) {
-      std::memcpy(&probe, (*first)->data(), sizeof(probe));
+    if (first->size() >= static_cast<int64_t>(sizeof(probe))) {
+      std::memcpy(&probe, first->data(), sizeof(probe));
     }
     if (probe != response.shm().probe()) {
       return absl::FailedPreconditionError(
-          absl::StrCat("segment ", static_cast<MappedSegment*>(*first)->name(),
+          absl::StrCat("segment ", first->name(),
                        " here is not the daemon's (another host or another /dev/shm)"));
     }
     return absl::OkStatus();
   }
 
-  absl::StatusOr<bool> Same(const std::string&, const uint8_t* slot,
-                            std::span<const std::byte> data) override {
-    return std::memcmp(slot, data.data(), data.size()) == 0;
+  absl::StatusOr<bool> PlaceHolds(const std::string&, const PlacedBytes& slot,
+                                  std::span<const std::byte> data) override {
+    return std::memcmp(slot.mapped, data.data(), data.size()) == 0;
   }
 
-  // Copies every item, then marks them all in one stream.
-  absl::Status CopyAndMark(const PushPlan& plan, Marks& marks) override {
-    for (size_t i = 0; i < plan.placed.size(); ++i) {
-      if (plan.slots[i] == nullptr) continue;  // there already: marked again only
-      CopyBytes(plan.slots[i], plan.placed[i]->data.data(), plan.placed[i]->data.size());
+  absl::Status MoveToPlaces(const std::string&, std::span<const ToPlace> moves) override {
+    for (const ToPlace& move : moves) {
+      CopyBytes(move.slot.mapped, move.item->data.data(), move.item->data.size());
     }
-    return marks.MarkWhole(plan.placed);
+    return absl::OkStatus();
   }
 
-  absl::Status CopyOut(const std::string&, const uint8_t* from, size_t bytes,
-                       std::vector<std::byte>* out) override {
+  absl::Status MoveFromPlace(const std::string&, const PlacedBytes& from,
+                             std::vector<std::byte>* out) override {
     // Keeps the buffer's memory, faulted in already: only a larger pull grows it.
-    out->resize(bytes);
-    CopyBytes(out->data(), from, bytes);
+    out->resize(from.bytes);
+    CopyBytes(out->data(), from.mapped, from.bytes);
     return absl::OkStatus();
   }
 };
