@@ -6,7 +6,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -59,24 +58,24 @@ struct ServedTensor {
   std::vector<ServedFormat> formats;  // the job's formats in order (ServedFormats)
   // True while the host bytes of the formats that also lie in GPU memory are not copied down yet:
   // a cuda:N step leaves them on the GPU, and a host reader (a pull of streamed bytes) asks the
-  // backend for them once per version (Backend::ReadyHostBytes).
-  mutable std::mutex host_mu;
-  mutable bool host_stale = false;
+  // backend for them once per version (HostStagingAbility::ReadyHostBytes).
+  mutable absl::Mutex host_mu;
+  mutable bool host_stale ABSL_GUARDED_BY(host_mu) = false;
 
  private:
   mutable absl::Mutex outcome_mu_;
   bool outcome_pending_ ABSL_GUARDED_BY(outcome_mu_) = false;
 
  public:
-  // A step decided on the device (Backend::StepOnDevice) publishes its versions before it knows
-  // whether it was skipped: the outcome is pending from publication until the step has run, then
-  // `skipped` holds it.
+  // A step decided on the device (DeviceStepAbility::StepOnDevice) publishes its versions before it
+  // knows whether it was skipped: the outcome is pending from publication until the step has run,
+  // then `skipped` holds it.
   void SetOutcomePending();
   void ResolveOutcome(bool was_skipped);
   bool outcome_pending() const;
   // Where the backend copies the step's found-inf flag to host memory (0: skipped), readable once
   // the step has run; a host reader that waited for the step resolves the outcome from it
-  // (Backend::ReadyHostBytes) before the job does. Null where no outcome is pending.
+  // (HostStagingAbility::ReadyHostBytes) before the job does. Null where no outcome is pending.
   const int* decision_flag = nullptr;
 
   const ServedFormat* Find(const FormatKey& format) const;
@@ -199,7 +198,7 @@ struct TensorStep {
   WholeAmax whole_amax;
 };
 
-// What a step decided on the device came to (Backend::StepOnDevice).
+// What a step decided on the device came to (DeviceStepAbility::StepOnDevice).
 struct StepOutcome {
   bool skipped = false;
   float clip = 1.0f;
@@ -221,6 +220,88 @@ struct GradientCheck {
   std::vector<std::vector<double>> block_sums;  // [tensor][block]
 };
 
+// What a backend may hand out besides its core (Backend::device_step() and the like): each ability
+// is an interface a backend implements or not, and a caller asks for it (null: the backend has
+// none) instead of calling a method that does nothing. The cpu backend has none; `cuda:N` all.
+
+// Steps whose rules run where the gradients lie, the host waiting for none of them (cuda:N): the
+// job calls StepOnDevice instead of CheckGradients and Step.
+class DeviceStepAbility {
+ public:
+  // The gradient check, the decision (skip where a gradient is not finite; the clip from the block
+  // sums when max_grad_norm > 0) and the step, queued together: `queued()` is called once, when
+  // every tensor's work is queued, before the outcome is known (the job publishes all versions
+  // under one lock), and the outcome is returned once the step has run. `scalars.clip` is not read
+  // and `scalars.k` counts this step as applied. A skipped step leaves the state as it is and
+  // re-serves each tensor's `previous` bytes.
+  virtual absl::StatusOr<StepOutcome> StepOnDevice(std::span<TensorStep> tensors,
+                                                   const StepScalars& scalars, double max_grad_norm,
+                                                   const std::function<void()>& queued) = 0;
+  // Step plans made so far (the backend keeps its steps' plans and makes one only for a step whose
+  // tensors' buffers it has not seen in a recent step; a test counts them).
+  virtual int64_t plans_made() const = 0;
+
+ protected:
+  ~DeviceStepAbility() = default;
+};
+
+// GPU memory trainers on this node map (DESIGN.md §6), each job's of its own, and trainers' GPU
+// memory lent for a step's gradients. A backend without it (cpu) exports none, and the job keeps
+// every buffer in host memory.
+class ExportedMemoryAbility {
+ public:
+  // What a trainer of `job` needs to map that job's memory (its device, the step event, the job's
+  // allocations alone; no allocation for "").
+  virtual DeviceExports Exports(const std::string& job = "") const = 0;
+  // Job `job`'s exported memory, which the job keeps while it lives.
+  virtual std::shared_ptr<ExportedMemory> ExportedMemoryFor(const std::string& job) = 0;
+  // `bytes` of GPU memory a trainer lent for a step's gradient (cuda_ipc: InPlaceMark.lent), mapped
+  // where the step reads them: valid while the result lives (server/backend/cuda/lent_memory.h).
+  virtual absl::StatusOr<std::shared_ptr<const void>> MapLent(const v1::LentMemory& lent,
+                                                              int64_t bytes) = 0;
+  // The event a lent gradient's mark names (LentMemory.ready_event), opened here and kept while the
+  // backend lives; null where the mark names none (the trainer's work had completed). The step's
+  // reads of that gradient wait for it on the device (TensorStep::ready_events).
+  virtual absl::StatusOr<const void*> LentReadyEvent(const v1::LentMemory& lent) = 0;
+  // A skipped step re-serves the previous version: copies the device bytes of `from`'s formats
+  // into `to`'s (the host bytes the job copies itself).
+  virtual absl::Status CopyServedOnDevice(const ServedTensor& from, ServedTensor* to) = 0;
+
+ protected:
+  ~ExportedMemoryAbility() = default;
+};
+
+// Host memory of the backend's own for the jobs' slots and served bytes, and served bytes a step
+// leaves in GPU memory until a host reader asks for them (cuda:N).
+class HostStagingAbility {
+ public:
+  // Host memory for jobs' gradient slots and served bytes (cuda:N: page-locked, so the copies to
+  // and from the GPU run at the link's speed). It lives as long as the process. A backend without
+  // this ability leaves the choice to the daemon (shared memory, or the heap).
+  virtual BufferAllocator* HostAllocator() = 0;
+  // Makes `served`'s host bytes current for a host reader: a copy down from GPU memory, once per
+  // version, where the step left them there (ServedTensor::host_stale); OK at once elsewhere. A
+  // version whose outcome is pending (StepOnDevice) is waited for, and its outcome resolved.
+  virtual absl::Status ReadyHostBytes(const ServedTensor& served) = 0;
+  // Versions copied down so far by ReadyHostBytes (a test counts them).
+  virtual int64_t host_copies() const = 0;
+
+ protected:
+  ~HostStagingAbility() = default;
+};
+
+// State and served formats in GPU memory (cuda:N), which the daemon's device memory budget then
+// covers (server/job/job_memory.h).
+class DeviceMemoryAbility {
+ public:
+  // Free GPU memory now, bytes.
+  virtual absl::StatusOr<int64_t> FreeDeviceMemory() = 0;
+
+ protected:
+  ~DeviceMemoryAbility() = default;
+};
+
+// A backend's core: its state's creation, import and export, and the host-decided step.
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -232,7 +313,8 @@ class Backend {
                                                                    ServedTensor* out,
                                                                    const WholeAmax& whole_amax) = 0;
   // Finiteness of the tensors' gradients (g0 * grad_scale and its square), and with `norms` their
-  // per-block sums of squares.
+  // per-block sums of squares. The first reader of a step's gradients, also of lent ones: its
+  // reads wait for their TensorStep::ready_events on the device.
   virtual absl::StatusOr<GradientCheck> CheckGradients(std::span<TensorStep> tensors,
                                                        float grad_scale, bool norms) = 0;
   // Runs one step over the tensors, in order, after CheckGradients of the same tensors (the job
@@ -244,26 +326,6 @@ class Backend {
   // when Step returns.
   virtual absl::Status Step(std::span<TensorStep> tensors, const StepScalars& scalars,
                             const std::function<void(size_t)>& tensor_done = nullptr) = 0;
-
-  // True where the step rules run where the gradients lie and the host never waits for them
-  // (cuda:N): the job then calls StepOnDevice instead of CheckGradients and Step.
-  virtual bool DecidesOnDevice() const { return false; }
-  // The gradient check, the decision (skip where a gradient is not finite; the clip from the block
-  // sums when max_grad_norm > 0) and the step, queued together: `queued()` is called once, when
-  // every tensor's work is queued, before the outcome is known (the job publishes all versions
-  // under one lock), and the outcome is returned once the step has run. `scalars.clip` is not read
-  // and `scalars.k` counts this step as applied. A skipped step leaves the state as it is and
-  // re-serves each tensor's `previous` bytes.
-  virtual absl::StatusOr<StepOutcome> StepOnDevice(std::span<TensorStep> tensors,
-                                                   const StepScalars& scalars, double max_grad_norm,
-                                                   const std::function<void()>& queued) {
-    return absl::UnimplementedError("backend " + name() + " does not decide steps on the device");
-  }
-  // The event a lent gradient's mark names (LentMemory.ready_event), opened here and kept while the
-  // backend lives; null where the mark names none (the trainer's work had completed).
-  virtual absl::StatusOr<const void*> LentReadyEvent(const v1::LentMemory& lent) {
-    return static_cast<const void*>(nullptr);
-  }
 
   // State export and import (Control.ExportState / ImportState). The job guarantees that no step
   // of the tensor runs meanwhile.
@@ -278,54 +340,15 @@ class Backend {
                                                                    HostTensorState state,
                                                                    ServedTensor* out) = 0;
 
-  // Host memory for jobs' gradient slots and served bytes when the backend wants its own (cuda:N:
-  // page-locked, so the copies to and from the GPU run at the link's speed); null leaves the
-  // choice to the daemon (shared memory, or the heap). It lives as long as the process.
-  virtual BufferAllocator* HostAllocator() { return nullptr; }
-
-  // GPU memory trainers on this node map (DESIGN.md §6), each job's of its own. A backend
-  // without it (cpu) exports none, and the job keeps every buffer in host memory. What a trainer
-  // of `job` needs to map that job's (its device, the step event, the job's allocations alone;
-  // no allocation for "").
-  virtual std::optional<DeviceExports> Exports(const std::string& job = "") const {
-    return std::nullopt;
-  }
-  // Job `job`'s exported memory, which the job keeps while it lives; null where the backend
-  // exports none.
-  virtual std::shared_ptr<ExportedMemory> ExportedMemoryFor(const std::string& job) {
-    return nullptr;
-  }
-  // `bytes` of GPU memory a trainer lent for a step's gradient (cuda_ipc: InPlaceMark.lent), mapped
-  // where the step reads them: valid while the result lives (server/backend/cuda/lent_memory.h).
-  virtual absl::StatusOr<std::shared_ptr<const void>> MapLent(const v1::LentMemory& lent,
-                                                              int64_t bytes) {
-    return absl::FailedPreconditionError(
-        "backend " + name() + " reads no trainer's GPU memory; push the gradient's bytes");
-  }
-  // A skipped step re-serves the previous version: copies the device bytes of `from`'s formats
-  // into `to`'s (the host bytes the job copies itself).
-  virtual absl::Status CopyServedOnDevice(const ServedTensor& from, ServedTensor* to) {
-    return absl::OkStatus();
-  }
-
-  // Makes `served`'s host bytes current for a host reader: a copy down from GPU memory, once per
-  // version, where the step left them there (ServedTensor::host_stale); OK at once elsewhere. A
-  // version whose outcome is pending (StepOnDevice) is waited for, and its outcome resolved.
-  virtual absl::Status ReadyHostBytes(const ServedTensor& served) { return absl::OkStatus(); }
-  // Versions copied down so far by ReadyHostBytes (a test counts them).
-  virtual int64_t host_copies() const { return 0; }
-  // Step plans made so far (a backend that keeps its steps' plans, cuda:N, makes one only for a
-  // step whose tensors' buffers it has not seen in a recent step; a test counts them).
-  virtual int64_t plans_made() const { return 0; }
-
-  // True where the state and served formats live in GPU memory (cuda:N), which the daemon's
-  // device memory budget then covers (server/job/job_memory.h).
-  virtual bool keeps_state_on_device() const { return false; }
-  // Free GPU memory now, bytes; 0 for a backend without one.
-  virtual absl::StatusOr<int64_t> FreeDeviceMemory() { return int64_t{0}; }
   // OK while the backend can step; once it cannot (a sticky CUDA error poisons the context), the
   // reason, and every job of it fails with it. Asked after a step failed.
   virtual absl::Status Health() { return absl::OkStatus(); }
+
+  // Its abilities, each null where the backend has none (the interfaces above).
+  virtual DeviceStepAbility* device_step() { return nullptr; }
+  virtual ExportedMemoryAbility* exported_memory() { return nullptr; }
+  virtual HostStagingAbility* host_staging() { return nullptr; }
+  virtual DeviceMemoryAbility* device_memory() { return nullptr; }
 };
 
 }  // namespace paramd

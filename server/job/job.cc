@@ -38,6 +38,12 @@ absl::Status CheckInitialWeights(const std::string& tensor, int64_t offset, std:
   return absl::OkStatus();
 }
 
+// Job `job`'s exported GPU memory, null where the backend exports none.
+std::shared_ptr<ExportedMemory> ExportedMemoryOf(Backend* backend, const std::string& job) {
+  ExportedMemoryAbility* exported = backend->exported_memory();
+  return exported != nullptr ? exported->ExportedMemoryFor(job) : nullptr;
+}
+
 }  // namespace
 
 Job::Job(const v1::RegisterRequest& spec, Backend* backend,
@@ -52,7 +58,7 @@ Job::Job(const v1::RegisterRequest& spec, Backend* backend,
       formats_(ServedFormats(spec_)),
       backend_(backend),
       buffers_(buffers != nullptr ? std::move(buffers) : Borrowed(HeapAllocator())),
-      device_memory_(backend->ExportedMemoryFor(name_)),
+      device_memory_(ExportedMemoryOf(backend, spec.job())),
       sequence_(name_, world_size_),
       slots_(static_cast<size_t>(spec_.tensors_size()), world_size_),
       served_(static_cast<size_t>(spec_.tensors_size())) {
@@ -468,9 +474,14 @@ absl::StatusOr<ChunkBuffer::Stored> Job::MarkLent(Tensor& t, size_t index,
                      device.lent_this_step ? " lent in other GPU memory" : " pushed another way",
                      "; pushes are idempotent only for identical bytes"));
   }
-  absl::StatusOr<std::shared_ptr<const void>> lent = backend_->MapLent(mark.lent(), t.grad_bytes);
+  ExportedMemoryAbility* exported = backend_->exported_memory();
+  if (exported == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "backend ", backend_->name(), " reads no trainer's GPU memory; push the gradient's bytes"));
+  }
+  absl::StatusOr<std::shared_ptr<const void>> lent = exported->MapLent(mark.lent(), t.grad_bytes);
   if (!lent.ok()) return lent.status();
-  absl::StatusOr<const void*> ready = backend_->LentReadyEvent(mark.lent());
+  absl::StatusOr<const void*> ready = exported->LentReadyEvent(mark.lent());
   if (!ready.ok()) return ready.status();
   if (slot.holds_memory() || slot.size() != t.grad_bytes) slot.ResetCounting(t.grad_bytes);
   absl::StatusOr<ChunkBuffer::Stored> stored = slot.MarkWritten(0, t.grad_bytes);
@@ -888,7 +899,7 @@ StepReport Job::StepOnDevice(const StepWork& work, std::span<TensorStep> steps,
     for (auto& w : wake) w();
   };
   absl::StatusOr<StepOutcome> outcome =
-      backend_->StepOnDevice(steps, scalars, spec_.max_grad_norm(), publish);
+      backend_->device_step()->StepOnDevice(steps, scalars, spec_.max_grad_norm(), publish);
   // Readers waiting for an outcome learn it (a failed step's versions are never read again).
   for (ServedTensor* served : published) served->ResolveOutcome(outcome.ok() && outcome->skipped);
   if (!outcome.ok()) return FailStep(work, outcome.status());
@@ -973,7 +984,7 @@ StepReport Job::StepNow(const StepWork& work) {
   const std::span<TensorStep> all(steps);
   const bool clipping = spec_.max_grad_norm() > 0;
   // A sharded job decides on the host: its daemons agree on the decision first.
-  if (backend_->DecidesOnDevice() && !steps.empty() && !sharded()) {
+  if (backend_->device_step() != nullptr && !steps.empty() && !sharded()) {
     return StepOnDevice(work, all, outputs, scalars, start);
   }
   absl::StatusOr<GradientCheck> check = backend_->CheckGradients(all, scalars.grad_scale, clipping);
@@ -1030,21 +1041,27 @@ StepReport Job::StepNow(const StepWork& work) {
   };
   if (skipped) {
     // The state stays as it is on every backend; the new version re-serves the previous bytes.
+    HostStagingAbility* staging = backend_->host_staging();
+    ExportedMemoryAbility* exported = backend_->exported_memory();
     for (size_t i = 0; i < steps.size(); ++i) {
       // The previous version's host bytes, where its step left them in GPU memory.
-      if (const absl::Status ready = backend_->ReadyHostBytes(*previous[i]); !ready.ok()) {
-        return fail(ready);
+      if (staging != nullptr) {
+        if (const absl::Status ready = staging->ReadyHostBytes(*previous[i]); !ready.ok()) {
+          return fail(ready);
+        }
       }
       {
-        std::lock_guard<std::mutex> host_lock(outputs[i]->host_mu);
+        absl::MutexLock host_lock(&outputs[i]->host_mu);
         outputs[i]->host_stale = false;
       }
       for (size_t f = 0; f < outputs[i]->formats.size(); ++f) {
         std::memcpy(outputs[i]->formats[f].bytes.data(), previous[i]->formats[f].bytes.data(),
                     static_cast<size_t>(previous[i]->formats[f].bytes.size()));
       }
-      const absl::Status copied = backend_->CopyServedOnDevice(*previous[i], outputs[i].get());
-      if (!copied.ok()) return fail(copied);
+      if (exported != nullptr) {
+        const absl::Status copied = exported->CopyServedOnDevice(*previous[i], outputs[i].get());
+        if (!copied.ok()) return fail(copied);
+      }
       publish(i);
     }
   } else {

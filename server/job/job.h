@@ -224,7 +224,7 @@ class Job {
   absl::Status SizeSlot(ChunkBuffer& slot, size_t i) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs one step that RunOrHoldStep claimed from the sequence.
   StepReport StepNow(const StepWork& work);
-  // StepNow on a backend that decides steps on the device (Backend::StepOnDevice).
+  // StepNow on a backend that decides steps on the device (DeviceStepAbility::StepOnDevice).
   StepReport StepOnDevice(const StepWork& work, std::span<TensorStep> steps,
                           std::vector<std::shared_ptr<ServedTensor>>& outputs,
                           const StepScalars& scalars, std::chrono::steady_clock::time_point start);

@@ -1,7 +1,7 @@
-// A job on a backend that decides its steps on the device (Backend::StepOnDevice, as cuda:N does),
-// here the cpu backend behind that entry point: versions are published before the step's outcome
-// is known (pending, then resolved), Status counts the step only once it has run, and the served
-// bytes, skips and clips are the same as the job's own decision on the plain cpu backend.
+// A job on a backend that decides its steps on the device (DeviceStepAbility::StepOnDevice, as
+// cuda:N), here the cpu backend behind that entry point: versions are published before the step's
+// outcome is known (pending, then resolved), Status counts the step only once it has run, and the
+// served bytes, skips and clips are the same as the job's own decision on the plain cpu backend.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -20,10 +20,11 @@ namespace {
 
 // The cpu backend behind StepOnDevice: the check, the decision and the step in one call, the step
 // reported queued before the outcome; `inside` runs after that report, before the return.
-class DecidingCpuBackend : public CpuBackend {
+class DecidingCpuBackend : public CpuBackend, public DeviceStepAbility {
  public:
   DecidingCpuBackend() : CpuBackend(2) {}
-  bool DecidesOnDevice() const override { return true; }
+  DeviceStepAbility* device_step() override { return this; }
+  int64_t plans_made() const override { return 0; }
   absl::StatusOr<StepOutcome> StepOnDevice(std::span<TensorStep> tensors,
                                            const StepScalars& scalars, double max_grad_norm,
                                            const std::function<void()>& queued) override {
