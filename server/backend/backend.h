@@ -67,7 +67,7 @@ struct ServedTensor {
   bool outcome_pending_ ABSL_GUARDED_BY(outcome_mu_) = false;
 
  public:
-  // A step decided on the device (DeviceStepAbility::StepOnDevice) publishes its versions before it
+  // A step decided on the device (Backend::Step on cuda:N) publishes its versions before it
   // knows whether it was skipped: the outcome is pending from publication until the step has run,
   // then `skipped` holds it.
   void SetOutcomePending();
@@ -190,15 +190,15 @@ struct TensorStep {
   kernels::SlotType slot_type = kernels::SlotType::kFp32;
   ServedTensor* out = nullptr;  // formats already sized; the backend fills the bytes
   // Per rank (empty = none): the event (LentReadyEvent's) its lent gradient's reads wait for on
-  // the device (CheckGradients' or StepOnDevice's launches). And, StepOnDevice only, the version
-  // this step follows, which a skipped step re-serves (alive until the step returns).
+  // the device (the step's first launch that reads it). And the version this step follows, which
+  // a skipped step re-serves (alive until the step returns).
   std::vector<const void*> ready_events;
   const ServedTensor* previous = nullptr;
   // Called once between the step's pass and the per-tensor pass, with the amax of the new master.
   WholeAmax whole_amax;
 };
 
-// What a step decided on the device came to (DeviceStepAbility::StepOnDevice).
+// What a step came to (Backend::Step).
 struct StepOutcome {
   bool skipped = false;
   float clip = 1.0f;
@@ -220,30 +220,37 @@ struct GradientCheck {
   std::vector<std::vector<double>> block_sums;  // [tensor][block]
 };
 
-// What a backend may hand out besides its core (Backend::device_step() and the like): each ability
-// is an interface a backend implements or not, and a caller asks for it (null: the backend has
-// none) instead of calling a method that does nothing. The cpu backend has none; `cuda:N` all.
-
-// Steps whose rules run where the gradients lie, the host waiting for none of them (cuda:N): the
-// job calls StepOnDevice instead of CheckGradients and Step.
-class DeviceStepAbility {
- public:
-  // The gradient check, the decision (skip where a gradient is not finite; the clip from the block
-  // sums when max_grad_norm > 0) and the step, queued together: `queued()` is called once, when
-  // every tensor's work is queued, before the outcome is known (the job publishes all versions
-  // under one lock), and the outcome is returned once the step has run. `scalars.clip` is not read
-  // and `scalars.k` counts this step as applied. A skipped step leaves the state as it is and
-  // re-serves each tensor's `previous` bytes.
-  virtual absl::StatusOr<StepOutcome> StepOnDevice(std::span<TensorStep> tensors,
-                                                   const StepScalars& scalars, double max_grad_norm,
-                                                   const std::function<void()>& queued) = 0;
-  // Step plans made so far (the backend keeps its steps' plans and makes one only for a step whose
-  // tensors' buffers it has not seen in a recent step; a test counts them).
-  virtual int64_t plans_made() const = 0;
-
- protected:
-  ~DeviceStepAbility() = default;
+// The check a step is decided by: whether every gradient of the job is finite, and the job's block
+// sums in registration order, then block order (all its daemons' where it is sharded).
+struct JobCheck {
+  bool finite = true;
+  std::vector<double> block_sums;
 };
+
+// A sharded job's daemons agreeing on a step's check (DESIGN.md §7; server/shard/): from this
+// daemon's check of its part, the whole job's. Its error fails the step.
+using CheckAgreement = std::function<absl::StatusOr<JobCheck>(const GradientCheck& local)>;
+
+// Publishes tensors [begin, end) of a step: their served bytes (TensorStep::out) are final, or
+// their writes queued before the backend's step event (DeviceExports). `decided` is the step's
+// outcome where it was decided before them (on the host); null while the device decides it: the
+// versions are published with their outcome pending, resolved from what Step returns.
+using StepPublisher = std::function<void(size_t begin, size_t end, const StepOutcome* decided)>;
+
+// One step of a job (Backend::Step).
+struct StepInput {
+  std::span<TensorStep> tensors;
+  StepScalars scalars;       // `clip` is the step's to decide, not read
+  double max_grad_norm = 0;  // > 0: the clip from the job's global norm (DESIGN.md §2)
+  // Null for a job on this daemon alone: its check is the job's, and the backend may decide the
+  // step where the gradients lie.
+  CheckAgreement agreement;
+  StepPublisher publish;  // every tensor is published before Step returns OK
+};
+
+// What a backend may hand out besides its core (Backend::exported_memory() and the like): each
+// ability is an interface a backend implements or not, and a caller asks for it (null: the backend
+// has none) instead of calling a method that does nothing. The cpu backend has none; `cuda:N` all.
 
 // GPU memory trainers on this node map (DESIGN.md §6), each job's of its own, and trainers' GPU
 // memory lent for a step's gradients. A backend without it (cpu) exports none, and the job keeps
@@ -263,9 +270,6 @@ class ExportedMemoryAbility {
   // backend lives; null where the mark names none (the trainer's work had completed). The step's
   // reads of that gradient wait for it on the device (TensorStep::ready_events).
   virtual absl::StatusOr<const void*> LentReadyEvent(const v1::LentMemory& lent) = 0;
-  // A skipped step re-serves the previous version: copies the device bytes of `from`'s formats
-  // into `to`'s (the host bytes the job copies itself).
-  virtual absl::Status CopyServedOnDevice(const ServedTensor& from, ServedTensor* to) = 0;
 
  protected:
   ~ExportedMemoryAbility() = default;
@@ -281,7 +285,8 @@ class HostStagingAbility {
   virtual BufferAllocator* HostAllocator() = 0;
   // Makes `served`'s host bytes current for a host reader: a copy down from GPU memory, once per
   // version, where the step left them there (ServedTensor::host_stale); OK at once elsewhere. A
-  // version whose outcome is pending (StepOnDevice) is waited for, and its outcome resolved.
+  // version whose outcome is pending (a step decided on the device) is waited for, and its
+  // outcome resolved.
   virtual absl::Status ReadyHostBytes(const ServedTensor& served) = 0;
   // Versions copied down so far by ReadyHostBytes (a test counts them).
   virtual int64_t host_copies() const = 0;
@@ -296,12 +301,15 @@ class DeviceMemoryAbility {
  public:
   // Free GPU memory now, bytes.
   virtual absl::StatusOr<int64_t> FreeDeviceMemory() = 0;
+  // Step plans made so far (the backend keeps its steps' plans in GPU memory and makes one only
+  // for a step whose tensors' buffers it has not seen in a recent step; a test counts them).
+  virtual int64_t plans_made() const = 0;
 
  protected:
   ~DeviceMemoryAbility() = default;
 };
 
-// A backend's core: its state's creation, import and export, and the host-decided step.
+// A backend's core: its state's creation, import and export, and the step.
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -312,20 +320,39 @@ class Backend {
                                                                    std::span<const float> initial,
                                                                    ServedTensor* out,
                                                                    const WholeAmax& whole_amax) = 0;
+  // One step of a job (DESIGN.md §2): the check of its gradients, a sharded job's agreement on it
+  // (input.agreement), the decision (skipped where a gradient is not finite; else the clip from
+  // the block sums where max_grad_norm > 0), then the step, or for a skipped one each tensor's new
+  // version re-serving its previous bytes, the state left as it is. Every tensor is published
+  // through input.publish; the outcome is returned once the step has run, its state final. The
+  // backend chooses where the check and the decision run: on the host by default
+  // (StepDecidedOnHost), `cuda:N` on the device for a job on one daemon, the host waiting for
+  // nothing before it publishes the versions (pending).
+  virtual absl::StatusOr<StepOutcome> Step(const StepInput& input) {
+    return StepDecidedOnHost(input);
+  }
+
+  // The pieces of a step decided on the host.
   // Finiteness of the tensors' gradients (g0 * grad_scale and its square), and with `norms` their
   // per-block sums of squares. The first reader of a step's gradients, also of lent ones: its
   // reads wait for their TensorStep::ready_events on the device.
   virtual absl::StatusOr<GradientCheck> CheckGradients(std::span<TensorStep> tensors,
                                                        float grad_scale, bool norms) = 0;
-  // Runs one step over the tensors, in order, after CheckGradients of the same tensors (the job
-  // always checks first; a backend may prepare the step there). `tensor_done(i)`, when set, is
-  // called once tensor i's state and served bytes are final (tensors[i].out complete), so the job
-  // can publish it while later tensors are still being stepped; every tensor is reported before
-  // Step returns OK. A backend whose served bytes lie in GPU memory may report them once their
-  // writes are queued, with its step event recorded after them (DeviceExports); the state is final
-  // when Step returns.
-  virtual absl::Status Step(std::span<TensorStep> tensors, const StepScalars& scalars,
-                            const std::function<void(size_t)>& tensor_done = nullptr) = 0;
+  // Applies one step to the tensors, in order, after CheckGradients of the same tensors (a
+  // backend may prepare the step there). `tensor_done(i)`, when set, is called once tensor i's
+  // state and served bytes are final (tensors[i].out complete), so it can be published while
+  // later tensors are still being stepped; every tensor is reported before ApplyStep returns OK. A
+  // backend whose served bytes lie in GPU memory may report them once their writes are queued,
+  // with its step event recorded after them (DeviceExports); the state is final when ApplyStep
+  // returns.
+  virtual absl::Status ApplyStep(std::span<TensorStep> tensors, const StepScalars& scalars,
+                                 const std::function<void(size_t)>& tensor_done = nullptr) = 0;
+  // A skipped step: each tensor's new version re-serves its `previous` bytes, wherever they lie;
+  // `tensor_done(i)` once tensor i's are there. This default copies the host bytes.
+  virtual absl::Status ServePrevious(std::span<TensorStep> tensors,
+                                     const std::function<void(size_t)>& tensor_done);
+  // CheckGradients, the agreement, the decision, then ApplyStep or ServePrevious.
+  absl::StatusOr<StepOutcome> StepDecidedOnHost(const StepInput& input);
 
   // State export and import (Control.ExportState / ImportState). The job guarantees that no step
   // of the tensor runs meanwhile.
@@ -345,7 +372,6 @@ class Backend {
   virtual absl::Status Health() { return absl::OkStatus(); }
 
   // Its abilities, each null where the backend has none (the interfaces above).
-  virtual DeviceStepAbility* device_step() { return nullptr; }
   virtual ExportedMemoryAbility* exported_memory() { return nullptr; }
   virtual HostStagingAbility* host_staging() { return nullptr; }
   virtual DeviceMemoryAbility* device_memory() { return nullptr; }

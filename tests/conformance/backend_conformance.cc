@@ -273,8 +273,8 @@ TEST_P(BackendConformanceTest, ManyStepsReuseAFewPlansAndStayExact) {
     }
   }
   // kServedVersions served buffer sets, and one more plan at most for the first step's state (a
-  // backend that decides on the host, cpu, makes no plan).
-  if (const DeviceStepAbility* device = h.backend().device_step(); device != nullptr) {
+  // backend without device memory, cpu, makes no plan).
+  if (const DeviceMemoryAbility* device = h.backend().device_memory(); device != nullptr) {
     EXPECT_LE(device->plans_made(), kServedVersions + 1);
   }
 }

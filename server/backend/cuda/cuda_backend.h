@@ -11,10 +11,10 @@
 // It has every ability of backend.h. Its files, by responsibility:
 //   cuda_backend.cc   the device, its streams and events, health, exported and lent memory
 //   state.cc          a tensor's state: created, imported, read
-//   step.cc           the gradient check, the host-decided step, the step decided on the device
+//   step.cc           the step: decided on the device, or on the host (check, then ApplyStep)
 //   step_launch.cc    the step's launch: slots up, the kernel, served bytes on, split tensors'
 //   round step_plan.cc      the kernels' descriptors and the plans kept across steps
-//   served_bytes.cc   served bytes copied down for host readers, or re-served on the device
+//   served_bytes.cc   served bytes copied down for host readers, or a skipped step's re-served
 //
 // Only this folder includes this header; the rest of the daemon sees MakeCudaBackend
 // (server/backend/backends.h).
@@ -83,7 +83,6 @@ class CudaTensorState : public TensorState {
 };
 
 class CudaBackend final : public Backend,
-                          public DeviceStepAbility,
                           public ExportedMemoryAbility,
                           public HostStagingAbility,
                           public DeviceMemoryAbility {
@@ -98,10 +97,15 @@ class CudaBackend final : public Backend,
                                                            std::span<const float> initial,
                                                            ServedTensor* out,
                                                            const WholeAmax& whole_amax) override;
+  // A job on one daemon: decided on the device (StepOnDevice); a sharded one on the host.
+  absl::StatusOr<StepOutcome> Step(const StepInput& input) override;
   absl::StatusOr<GradientCheck> CheckGradients(std::span<TensorStep> tensors, float grad_scale,
                                                bool norms) override;
-  absl::Status Step(std::span<TensorStep> tensors, const StepScalars& scalars,
-                    const std::function<void(size_t)>& tensor_done) override;
+  absl::Status ApplyStep(std::span<TensorStep> tensors, const StepScalars& scalars,
+                         const std::function<void(size_t)>& tensor_done) override;
+  // served_bytes.cc: the host bytes, and the device bytes where the version has exported ones.
+  absl::Status ServePrevious(std::span<TensorStep> tensors,
+                             const std::function<void(size_t)>& tensor_done) override;
   absl::Status ReadStateArray(const TensorState& state, StateArray array, int64_t offset,
                               std::span<uint8_t> out) override;
   absl::StatusOr<TensorScalars> ReadStateScalars(const TensorState& state) override;
@@ -110,24 +114,16 @@ class CudaBackend final : public Backend,
                                                            ServedTensor* out) override;
   absl::Status Health() override;
 
-  DeviceStepAbility* device_step() override { return this; }
   ExportedMemoryAbility* exported_memory() override { return this; }
   HostStagingAbility* host_staging() override { return this; }
   DeviceMemoryAbility* device_memory() override { return this; }
 
-  // DeviceStepAbility (step.cc).
-  absl::StatusOr<StepOutcome> StepOnDevice(std::span<TensorStep> tensors,
-                                           const StepScalars& scalars, double max_grad_norm,
-                                           const std::function<void()>& queued) override;
-  int64_t plans_made() const override { return plans_made_.load(); }
-
-  // ExportedMemoryAbility (cuda_backend.cc; CopyServedOnDevice in served_bytes.cc).
+  // ExportedMemoryAbility (cuda_backend.cc).
   DeviceExports Exports(const std::string& job) const override;
   std::shared_ptr<ExportedMemory> ExportedMemoryFor(const std::string& job) override;
   absl::StatusOr<std::shared_ptr<const void>> MapLent(const v1::LentMemory& lent,
                                                       int64_t bytes) override;
   absl::StatusOr<const void*> LentReadyEvent(const v1::LentMemory& lent) override;
-  absl::Status CopyServedOnDevice(const ServedTensor& from, ServedTensor* to) override;
 
   // HostStagingAbility (served_bytes.cc).
   BufferAllocator* HostAllocator() override;
@@ -136,6 +132,7 @@ class CudaBackend final : public Backend,
 
   // DeviceMemoryAbility (cuda_backend.cc).
   absl::StatusOr<int64_t> FreeDeviceMemory() override;
+  int64_t plans_made() const override { return plans_made_.load(); }
 
  private:
   // A step's plan kept across steps, with the workspace its descriptors are bound in.
@@ -157,6 +154,14 @@ class CudaBackend final : public Backend,
   absl::Status UploadServed(const ServedTensor& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // step.cc
+  // The gradient check, the decision (skip where a gradient is not finite; the clip from the block
+  // sums when max_grad_norm > 0) and the step, queued together: `queued()` is called once, when
+  // every tensor's work is queued, before the outcome is known, and the outcome is returned once
+  // the step has run. `scalars.clip` is not read and `scalars.k` counts this step as applied. A
+  // skipped step leaves the state as it is and re-serves each tensor's `previous` bytes.
+  absl::StatusOr<StepOutcome> StepOnDevice(std::span<TensorStep> tensors,
+                                           const StepScalars& scalars, double max_grad_norm,
+                                           const std::function<void()>& queued);
   static absl::Status CheckNoWholeAmax(std::span<const TensorStep> tensors);
   absl::Status WaitForLentGradients(std::span<const TensorStep> tensors)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -193,6 +198,8 @@ class CudaBackend final : public Backend,
 
   // served_bytes.cc
   static void ResolveFromFlag(const ServedTensor& served);
+  // Copies the device bytes of `from`'s formats into `to`'s (a skipped step's).
+  absl::Status CopyServedOnDevice(const ServedTensor& from, ServedTensor* to);
 
   float* HostScalars() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return reinterpret_cast<float*>(host_scalars_.data());

@@ -3,6 +3,8 @@
 // pending), and a skipped step's bytes re-served on the device.
 #include <cuda_runtime_api.h>
 
+#include <cstring>
+
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
 #include "server/backend/cuda/cuda_backend.h"
@@ -50,6 +52,27 @@ void CudaBackend::ResolveFromFlag(const ServedTensor& served) {
   if (served.decision_flag == nullptr || !served.outcome_pending()) return;
   const int all_finite = *reinterpret_cast<const volatile int*>(served.decision_flag);
   const_cast<ServedTensor&>(served).ResolveOutcome(all_finite == 0);
+}
+
+absl::Status CudaBackend::ServePrevious(std::span<TensorStep> tensors,
+                                        const std::function<void(size_t)>& tensor_done) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const ServedTensor& previous = *tensors[i].previous;
+    ServedTensor& out = *tensors[i].out;
+    // The previous version's host bytes, where its step left them in GPU memory.
+    PARAMD_RETURN_IF_ERROR(ReadyHostBytes(previous));
+    {
+      absl::MutexLock host_lock(&out.host_mu);
+      out.host_stale = false;
+    }
+    for (size_t f = 0; f < out.formats.size(); ++f) {
+      std::memcpy(out.formats[f].bytes.data(), previous.formats[f].bytes.data(),
+                  static_cast<size_t>(previous.formats[f].bytes.size()));
+    }
+    PARAMD_RETURN_IF_ERROR(CopyServedOnDevice(previous, &out));
+    if (tensor_done) tensor_done(i);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::CopyServedOnDevice(const ServedTensor& from, ServedTensor* to) {

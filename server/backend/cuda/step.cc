@@ -1,6 +1,6 @@
-// The cuda:N step: the gradient check and the host-decided step (Backend::CheckGradients, Step),
-// and the check, decision and step queued together on the device (StepOnDevice); their launches
-// are step_launch.cc's, their plans step_plan.cc's (cuda_backend.h).
+// The cuda:N step (Backend::Step): the check, decision and step queued together on the device
+// (StepOnDevice), or a sharded job's decided on the host (CheckGradients, ApplyStep); their
+// launches are step_launch.cc's, their plans step_plan.cc's (cuda_backend.h).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -23,8 +23,17 @@ absl::StatusOr<GradientCheck> CudaBackend::CheckGradients(std::span<TensorStep> 
   return check;
 }
 
-absl::Status CudaBackend::Step(std::span<TensorStep> tensors, const StepScalars& scalars,
-                               const std::function<void(size_t)>& tensor_done) {
+absl::StatusOr<StepOutcome> CudaBackend::Step(const StepInput& input) {
+  // A sharded job's daemons agree on the check before the decision: the host decides (and a
+  // split tensor's amax round runs between the step's passes, ServeSplitPerTensor).
+  if (input.agreement || input.tensors.empty()) return StepDecidedOnHost(input);
+  const size_t n = input.tensors.size();
+  return StepOnDevice(input.tensors, input.scalars, input.max_grad_norm,
+                      [&] { input.publish(0, n, nullptr); });
+}
+
+absl::Status CudaBackend::ApplyStep(std::span<TensorStep> tensors, const StepScalars& scalars,
+                                    const std::function<void(size_t)>& tensor_done) {
   absl::MutexLock lock(&mu_);
   absl::Status status = StepLocked(tensors, scalars, tensor_done);
   if (!status.ok()) NoticeFailure(status);
@@ -32,12 +41,12 @@ absl::Status CudaBackend::Step(std::span<TensorStep> tensors, const StepScalars&
 }
 
 // A step decided on the device does not stop between its passes: a split tensor's amax round
-// (TensorStep::whole_amax) needs the host-decided Step, which the job of a sharded job takes.
+// (TensorStep::whole_amax) needs the step decided on the host, which a sharded job's takes.
 absl::Status CudaBackend::CheckNoWholeAmax(std::span<const TensorStep> tensors) {
   for (const TensorStep& t : tensors) {
     if (t.whole_amax) {
       return absl::InternalError(
-          "a split tensor's amax round needs a step decided on the host (Backend::Step)");
+          "a split tensor's amax round needs a step decided on the host (StepDecidedOnHost)");
     }
   }
   return absl::OkStatus();
@@ -72,7 +81,7 @@ absl::Status CudaBackend::WaitForLentGradients(std::span<const TensorStep> tenso
 }
 
 // The host-decided path's first reader of the gradients (a sharded job's): it waits for them as
-// StepOnDeviceLocked does, and Step's launches follow it on the same stream.
+// StepOnDeviceLocked does, and ApplyStep's launches follow it on the same stream.
 absl::StatusOr<GradientCheck> CudaBackend::CheckGradientsLocked(std::span<TensorStep> tensors,
                                                                 float grad_scale, bool norms) {
   PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
@@ -120,7 +129,7 @@ absl::Status CudaBackend::StepLocked(std::span<TensorStep> tensors, const StepSc
                                      const std::function<void(size_t)>& tensor_done) {
   PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   const auto start = std::chrono::steady_clock::now();
-  // The slots went up and the plan was made in CheckGradients, which the job always calls first
+  // The slots went up and the plan was made in CheckGradients, which StepDecidedOnHost calls first
   // with the same tensors; the check's launches used its counters.
   if (absl::Status s = FromKernel(plan().ResetCounters(stream_)); !s.ok()) return s;
   if (absl::Status s = QueueStep(tensors, KernelScalars(scalars)); !s.ok()) return s;
@@ -138,7 +147,7 @@ absl::Status CudaBackend::StepLocked(std::span<TensorStep> tensors, const StepSc
 }
 
 // The step rules and the step queued together, the host waiting for nothing before the step is
-// published (DeviceStepAbility::StepOnDevice): the reads wait for the lent gradients' ready events
+// published (StepOnDevice): the reads wait for the lent gradients' ready events
 // on the device, the kernels read the clip and the found-inf flag the check and StepDecisionCuda
 // wrote there, and a skipped step's copies put the previous version's bytes into the new one.
 absl::StatusOr<StepOutcome> CudaBackend::StepOnDeviceLocked(std::span<TensorStep> tensors,
