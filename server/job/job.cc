@@ -13,7 +13,6 @@
 #include "common/logging.h"
 #include "common/quoted.h"
 #include "common/status_macros.h"
-#include "kernels/step_rules.h"
 #include "server/job/job_memory.h"
 #include "server/job/step_runner.h"
 #include "server/registration.h"
