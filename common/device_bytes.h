@@ -73,8 +73,8 @@ class DeviceAllocator {
   friend class DeviceBytes;
 };
 
-// One job's exported GPU memory (Backend::ExportedMemoryFor): the pieces its slots and served
-// bytes take.
+// One job's exported GPU memory (ExportedMemoryAbility::ExportedMemoryFor): the pieces its slots
+// and served bytes take.
 class ExportedMemory : public DeviceAllocator {
  public:
   // `bytes` of it (contents undefined); RESOURCE_EXHAUSTED where the GPU has no room.

@@ -29,10 +29,10 @@ constexpr int64_t kMiB = int64_t{1} << 20;
 absl::StatusOr<MemoryBytes> ResolveBudget(const v1::DaemonConfig& config, Backend& backend) {
   MemoryBytes budget;
   PARAMD_ASSIGN_OR_RETURN(budget.host, HostBudget(config.memory_budget_bytes()));
-  if (backend.keeps_state_on_device()) {
+  if (DeviceMemoryAbility* device = backend.device_memory(); device != nullptr) {
     budget.device = config.device_memory_budget_bytes();
     if (budget.device == 0) {
-      PARAMD_ASSIGN_OR_RETURN(const int64_t free, backend.FreeDeviceMemory());
+      PARAMD_ASSIGN_OR_RETURN(const int64_t free, device->FreeDeviceMemory());
       // The exported allocations come in 256 MiB granules.
       budget.device = std::max<int64_t>(
           0, static_cast<int64_t>(kDefaultBudgetShare * static_cast<double>(free)) - 256 * kMiB);
@@ -85,7 +85,8 @@ Daemon::Daemon(const v1::DaemonConfig& config, std::unique_ptr<Backend> backend,
   // The backend's own host memory first (cuda:N: page-locked), else a transport's of the job's
   // own, else the heap.
   JobBufferSource buffers = [this](const std::string& job, const MemoryBytes& footprint) {
-    BufferAllocator* backends = backend_->HostAllocator();
+    HostStagingAbility* staging = backend_->host_staging();
+    BufferAllocator* backends = staging != nullptr ? staging->HostAllocator() : nullptr;
     return backends != nullptr ? Borrowed(backends) : transports_.JobBuffers(job, footprint.host);
   };
   registry_ =

@@ -56,15 +56,19 @@ class Daemon final : public TransportHost {
   const std::string& backend_name() const override { return backend_name_; }
   // The backend's exported GPU memory; none on the cpu backend.
   std::optional<DeviceExports> device_exports(const std::string& job) const override {
-    return backend_->Exports(job);
+    const ExportedMemoryAbility* exported = backend_->exported_memory();
+    if (exported == nullptr) return std::nullopt;
+    return exported->Exports(job);
   }
   absl::StatusOr<SlotPlaces> SlotsForStep(const std::string& job, int32_t rank, int64_t step,
                                           Memory memory) override;
   // Checks that the job is usable and the rank is one of it.
   absl::Status DeclareTransport(const v1::AttachRequest& request) override;
-  // Makes a served version's host bytes current for a host reader (Backend::ReadyHostBytes).
+  // Makes a served version's host bytes current for a host reader
+  // (HostStagingAbility::ReadyHostBytes; OK at once on a backend without host staging).
   absl::Status ReadyHostBytes(const ServedTensor& served) {
-    return backend_->ReadyHostBytes(served);
+    HostStagingAbility* staging = backend_->host_staging();
+    return staging != nullptr ? staging->ReadyHostBytes(served) : absl::OkStatus();
   }
   // OK while the backend can step (Backend::Health).
   absl::Status backend_health() const { return backend_->Health(); }

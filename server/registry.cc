@@ -86,7 +86,7 @@ absl::StatusOr<v1::RegisterResponse> JobRegistry::Register(const v1::RegisterReq
             limits_.max_job_bytes));
       }
       const MemoryBytes footprint =
-          JobFootprint(holds, BackendPlacement{backend_->keeps_state_on_device()});
+          JobFootprint(holds, BackendPlacement{backend_->device_memory() != nullptr});
       MemoryBudget::Reservation reservation;
       if (budget_ != nullptr) {
         absl::StatusOr<MemoryBudget::Reservation> reserved =

@@ -1,6 +1,10 @@
 #include "server/backend/backend.h"
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/step_rules.h"
 
 namespace paramd {
 
@@ -101,6 +105,55 @@ int64_t ServedTensor::bytes() const {
   int64_t total = 0;
   for (const ServedFormat& f : formats) total += static_cast<int64_t>(f.bytes.size());
   return total;
+}
+
+absl::Status Backend::ServePrevious(std::span<TensorStep> tensors,
+                                    const std::function<void(size_t)>& tensor_done) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    ServedTensor& out = *tensors[i].out;
+    const ServedTensor& previous = *tensors[i].previous;
+    for (size_t f = 0; f < out.formats.size(); ++f) {
+      std::memcpy(out.formats[f].bytes.data(), previous.formats[f].bytes.data(),
+                  static_cast<size_t>(previous.formats[f].bytes.size()));
+    }
+    if (tensor_done) tensor_done(i);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepOutcome> Backend::StepDecidedOnHost(const StepInput& input) {
+  const bool clipping = input.max_grad_norm > 0;
+  PARAMD_ASSIGN_OR_RETURN(const GradientCheck local,
+                          CheckGradients(input.tensors, input.scalars.grad_scale, clipping));
+  JobCheck job;
+  if (input.agreement) {
+    PARAMD_ASSIGN_OR_RETURN(job, input.agreement(local));
+  } else {
+    job.finite = local.finite;
+    if (clipping) {
+      for (const std::vector<double>& tensor : local.block_sums) {
+        job.block_sums.insert(job.block_sums.end(), tensor.begin(), tensor.end());
+      }
+    }
+  }
+  StepOutcome outcome;
+  outcome.skipped = !job.finite;
+  // Every tensor is published with the outcome decided: its pullers learn whether it was skipped.
+  auto publish = [&](size_t i) { input.publish(i, i + 1, &outcome); };
+  if (outcome.skipped) {
+    // The state stays as it is; the new version re-serves the previous bytes.
+    PARAMD_RETURN_IF_ERROR(ServePrevious(input.tensors, publish));
+    return outcome;
+  }
+  StepScalars scalars = input.scalars;
+  if (clipping) {
+    scalars.clip = kernels::ClipFactor(
+        kernels::SumInOrder(job.block_sums.data(), static_cast<int64_t>(job.block_sums.size())),
+        input.max_grad_norm);
+  }
+  outcome.clip = scalars.clip;
+  PARAMD_RETURN_IF_ERROR(ApplyStep(input.tensors, scalars, publish));
+  return outcome;
 }
 
 }  // namespace paramd

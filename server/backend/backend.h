@@ -6,7 +6,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -59,24 +58,24 @@ struct ServedTensor {
   std::vector<ServedFormat> formats;  // the job's formats in order (ServedFormats)
   // True while the host bytes of the formats that also lie in GPU memory are not copied down yet:
   // a cuda:N step leaves them on the GPU, and a host reader (a pull of streamed bytes) asks the
-  // backend for them once per version (Backend::ReadyHostBytes).
-  mutable std::mutex host_mu;
-  mutable bool host_stale = false;
+  // backend for them once per version (HostStagingAbility::ReadyHostBytes).
+  mutable absl::Mutex host_mu;
+  mutable bool host_stale ABSL_GUARDED_BY(host_mu) = false;
 
  private:
   mutable absl::Mutex outcome_mu_;
   bool outcome_pending_ ABSL_GUARDED_BY(outcome_mu_) = false;
 
  public:
-  // A step decided on the device (Backend::StepOnDevice) publishes its versions before it knows
-  // whether it was skipped: the outcome is pending from publication until the step has run, then
-  // `skipped` holds it.
+  // A step decided on the device (Backend::Step on cuda:N) publishes its versions before it
+  // knows whether it was skipped: the outcome is pending from publication until the step has run,
+  // then `skipped` holds it.
   void SetOutcomePending();
   void ResolveOutcome(bool was_skipped);
   bool outcome_pending() const;
   // Where the backend copies the step's found-inf flag to host memory (0: skipped), readable once
   // the step has run; a host reader that waited for the step resolves the outcome from it
-  // (Backend::ReadyHostBytes) before the job does. Null where no outcome is pending.
+  // (HostStagingAbility::ReadyHostBytes) before the job does. Null where no outcome is pending.
   const int* decision_flag = nullptr;
 
   const ServedFormat* Find(const FormatKey& format) const;
@@ -191,15 +190,15 @@ struct TensorStep {
   kernels::SlotType slot_type = kernels::SlotType::kFp32;
   ServedTensor* out = nullptr;  // formats already sized; the backend fills the bytes
   // Per rank (empty = none): the event (LentReadyEvent's) its lent gradient's reads wait for on
-  // the device (CheckGradients' or StepOnDevice's launches). And, StepOnDevice only, the version
-  // this step follows, which a skipped step re-serves (alive until the step returns).
+  // the device (the step's first launch that reads it). And the version this step follows, which
+  // a skipped step re-serves (alive until the step returns).
   std::vector<const void*> ready_events;
   const ServedTensor* previous = nullptr;
   // Called once between the step's pass and the per-tensor pass, with the amax of the new master.
   WholeAmax whole_amax;
 };
 
-// What a step decided on the device came to (Backend::StepOnDevice).
+// What a step came to (Backend::Step).
 struct StepOutcome {
   bool skipped = false;
   float clip = 1.0f;
@@ -221,6 +220,96 @@ struct GradientCheck {
   std::vector<std::vector<double>> block_sums;  // [tensor][block]
 };
 
+// The check a step is decided by: whether every gradient of the job is finite, and the job's block
+// sums in registration order, then block order (all its daemons' where it is sharded).
+struct JobCheck {
+  bool finite = true;
+  std::vector<double> block_sums;
+};
+
+// A sharded job's daemons agreeing on a step's check (DESIGN.md §7; server/shard/): from this
+// daemon's check of its part, the whole job's. Its error fails the step.
+using CheckAgreement = std::function<absl::StatusOr<JobCheck>(const GradientCheck& local)>;
+
+// Publishes tensors [begin, end) of a step: their served bytes (TensorStep::out) are final, or
+// their writes queued before the backend's step event (DeviceExports). `decided` is the step's
+// outcome where it was decided before them (on the host); null while the device decides it: the
+// versions are published with their outcome pending, resolved from what Step returns.
+using StepPublisher = std::function<void(size_t begin, size_t end, const StepOutcome* decided)>;
+
+// One step of a job (Backend::Step).
+struct StepInput {
+  std::span<TensorStep> tensors;
+  StepScalars scalars;       // `clip` is the step's to decide, not read
+  double max_grad_norm = 0;  // > 0: the clip from the job's global norm (DESIGN.md §2)
+  // Null for a job on this daemon alone: its check is the job's, and the backend may decide the
+  // step where the gradients lie.
+  CheckAgreement agreement;
+  StepPublisher publish;  // every tensor is published before Step returns OK
+};
+
+// What a backend may hand out besides its core (Backend::exported_memory() and the like): each
+// ability is an interface a backend implements or not, and a caller asks for it (null: the backend
+// has none) instead of calling a method that does nothing. The cpu backend has none; `cuda:N` all.
+
+// GPU memory trainers on this node map (DESIGN.md §6), each job's of its own, and trainers' GPU
+// memory lent for a step's gradients. A backend without it (cpu) exports none, and the job keeps
+// every buffer in host memory.
+class ExportedMemoryAbility {
+ public:
+  // What a trainer of `job` needs to map that job's memory (its device, the step event, the job's
+  // allocations alone; no allocation for "").
+  virtual DeviceExports Exports(const std::string& job = "") const = 0;
+  // Job `job`'s exported memory, which the job keeps while it lives.
+  virtual std::shared_ptr<ExportedMemory> ExportedMemoryFor(const std::string& job) = 0;
+  // `bytes` of GPU memory a trainer lent for a step's gradient (cuda_ipc: InPlaceMark.lent), mapped
+  // where the step reads them: valid while the result lives (server/backend/cuda/lent_memory.h).
+  virtual absl::StatusOr<std::shared_ptr<const void>> MapLent(const v1::LentMemory& lent,
+                                                              int64_t bytes) = 0;
+  // The event a lent gradient's mark names (LentMemory.ready_event), opened here and kept while the
+  // backend lives; null where the mark names none (the trainer's work had completed). The step's
+  // reads of that gradient wait for it on the device (TensorStep::ready_events).
+  virtual absl::StatusOr<const void*> LentReadyEvent(const v1::LentMemory& lent) = 0;
+
+ protected:
+  ~ExportedMemoryAbility() = default;
+};
+
+// Host memory of the backend's own for the jobs' slots and served bytes, and served bytes a step
+// leaves in GPU memory until a host reader asks for them (cuda:N).
+class HostStagingAbility {
+ public:
+  // Host memory for jobs' gradient slots and served bytes (cuda:N: page-locked, so the copies to
+  // and from the GPU run at the link's speed). It lives as long as the process. A backend without
+  // this ability leaves the choice to the daemon (shared memory, or the heap).
+  virtual BufferAllocator* HostAllocator() = 0;
+  // Makes `served`'s host bytes current for a host reader: a copy down from GPU memory, once per
+  // version, where the step left them there (ServedTensor::host_stale); OK at once elsewhere. A
+  // version whose outcome is pending (a step decided on the device) is waited for, and its
+  // outcome resolved.
+  virtual absl::Status ReadyHostBytes(const ServedTensor& served) = 0;
+  // Versions copied down so far by ReadyHostBytes (a test counts them).
+  virtual int64_t host_copies() const = 0;
+
+ protected:
+  ~HostStagingAbility() = default;
+};
+
+// State and served formats in GPU memory (cuda:N), which the daemon's device memory budget then
+// covers (server/job/job_memory.h).
+class DeviceMemoryAbility {
+ public:
+  // Free GPU memory now, bytes.
+  virtual absl::StatusOr<int64_t> FreeDeviceMemory() = 0;
+  // Step plans made so far (the backend keeps its steps' plans in GPU memory and makes one only
+  // for a step whose tensors' buffers it has not seen in a recent step; a test counts them).
+  virtual int64_t plans_made() const = 0;
+
+ protected:
+  ~DeviceMemoryAbility() = default;
+};
+
+// A backend's core: its state's creation, import and export, and the step.
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -231,39 +320,39 @@ class Backend {
                                                                    std::span<const float> initial,
                                                                    ServedTensor* out,
                                                                    const WholeAmax& whole_amax) = 0;
+  // One step of a job (DESIGN.md §2): the check of its gradients, a sharded job's agreement on it
+  // (input.agreement), the decision (skipped where a gradient is not finite; else the clip from
+  // the block sums where max_grad_norm > 0), then the step, or for a skipped one each tensor's new
+  // version re-serving its previous bytes, the state left as it is. Every tensor is published
+  // through input.publish; the outcome is returned once the step has run, its state final. The
+  // backend chooses where the check and the decision run: on the host by default
+  // (StepDecidedOnHost), `cuda:N` on the device for a job on one daemon, the host waiting for
+  // nothing before it publishes the versions (pending).
+  virtual absl::StatusOr<StepOutcome> Step(const StepInput& input) {
+    return StepDecidedOnHost(input);
+  }
+
+  // The pieces of a step decided on the host.
   // Finiteness of the tensors' gradients (g0 * grad_scale and its square), and with `norms` their
-  // per-block sums of squares.
+  // per-block sums of squares. The first reader of a step's gradients, also of lent ones: its
+  // reads wait for their TensorStep::ready_events on the device.
   virtual absl::StatusOr<GradientCheck> CheckGradients(std::span<TensorStep> tensors,
                                                        float grad_scale, bool norms) = 0;
-  // Runs one step over the tensors, in order, after CheckGradients of the same tensors (the job
-  // always checks first; a backend may prepare the step there). `tensor_done(i)`, when set, is
-  // called once tensor i's state and served bytes are final (tensors[i].out complete), so the job
-  // can publish it while later tensors are still being stepped; every tensor is reported before
-  // Step returns OK. A backend whose served bytes lie in GPU memory may report them once their
-  // writes are queued, with its step event recorded after them (DeviceExports); the state is final
-  // when Step returns.
-  virtual absl::Status Step(std::span<TensorStep> tensors, const StepScalars& scalars,
-                            const std::function<void(size_t)>& tensor_done = nullptr) = 0;
-
-  // True where the step rules run where the gradients lie and the host never waits for them
-  // (cuda:N): the job then calls StepOnDevice instead of CheckGradients and Step.
-  virtual bool DecidesOnDevice() const { return false; }
-  // The gradient check, the decision (skip where a gradient is not finite; the clip from the block
-  // sums when max_grad_norm > 0) and the step, queued together: `queued()` is called once, when
-  // every tensor's work is queued, before the outcome is known (the job publishes all versions
-  // under one lock), and the outcome is returned once the step has run. `scalars.clip` is not read
-  // and `scalars.k` counts this step as applied. A skipped step leaves the state as it is and
-  // re-serves each tensor's `previous` bytes.
-  virtual absl::StatusOr<StepOutcome> StepOnDevice(std::span<TensorStep> tensors,
-                                                   const StepScalars& scalars, double max_grad_norm,
-                                                   const std::function<void()>& queued) {
-    return absl::UnimplementedError("backend " + name() + " does not decide steps on the device");
-  }
-  // The event a lent gradient's mark names (LentMemory.ready_event), opened here and kept while the
-  // backend lives; null where the mark names none (the trainer's work had completed).
-  virtual absl::StatusOr<const void*> LentReadyEvent(const v1::LentMemory& lent) {
-    return static_cast<const void*>(nullptr);
-  }
+  // Applies one step to the tensors, in order, after CheckGradients of the same tensors (a
+  // backend may prepare the step there). `tensor_done(i)`, when set, is called once tensor i's
+  // state and served bytes are final (tensors[i].out complete), so it can be published while
+  // later tensors are still being stepped; every tensor is reported before ApplyStep returns OK. A
+  // backend whose served bytes lie in GPU memory may report them once their writes are queued,
+  // with its step event recorded after them (DeviceExports); the state is final when ApplyStep
+  // returns.
+  virtual absl::Status ApplyStep(std::span<TensorStep> tensors, const StepScalars& scalars,
+                                 const std::function<void(size_t)>& tensor_done = nullptr) = 0;
+  // A skipped step: each tensor's new version re-serves its `previous` bytes, wherever they lie;
+  // `tensor_done(i)` once tensor i's are there. This default copies the host bytes.
+  virtual absl::Status ServePrevious(std::span<TensorStep> tensors,
+                                     const std::function<void(size_t)>& tensor_done);
+  // CheckGradients, the agreement, the decision, then ApplyStep or ServePrevious.
+  absl::StatusOr<StepOutcome> StepDecidedOnHost(const StepInput& input);
 
   // State export and import (Control.ExportState / ImportState). The job guarantees that no step
   // of the tensor runs meanwhile.
@@ -278,54 +367,14 @@ class Backend {
                                                                    HostTensorState state,
                                                                    ServedTensor* out) = 0;
 
-  // Host memory for jobs' gradient slots and served bytes when the backend wants its own (cuda:N:
-  // page-locked, so the copies to and from the GPU run at the link's speed); null leaves the
-  // choice to the daemon (shared memory, or the heap). It lives as long as the process.
-  virtual BufferAllocator* HostAllocator() { return nullptr; }
-
-  // GPU memory trainers on this node map (DESIGN.md §6), each job's of its own. A backend
-  // without it (cpu) exports none, and the job keeps every buffer in host memory. What a trainer
-  // of `job` needs to map that job's (its device, the step event, the job's allocations alone;
-  // no allocation for "").
-  virtual std::optional<DeviceExports> Exports(const std::string& job = "") const {
-    return std::nullopt;
-  }
-  // Job `job`'s exported memory, which the job keeps while it lives; null where the backend
-  // exports none.
-  virtual std::shared_ptr<ExportedMemory> ExportedMemoryFor(const std::string& job) {
-    return nullptr;
-  }
-  // `bytes` of GPU memory a trainer lent for a step's gradient (cuda_ipc: InPlaceMark.lent), mapped
-  // where the step reads them: valid while the result lives (server/backend/cuda/lent_memory.h).
-  virtual absl::StatusOr<std::shared_ptr<const void>> MapLent(const v1::LentMemory& lent,
-                                                              int64_t bytes) {
-    return absl::FailedPreconditionError(
-        "backend " + name() + " reads no trainer's GPU memory; push the gradient's bytes");
-  }
-  // A skipped step re-serves the previous version: copies the device bytes of `from`'s formats
-  // into `to`'s (the host bytes the job copies itself).
-  virtual absl::Status CopyServedOnDevice(const ServedTensor& from, ServedTensor* to) {
-    return absl::OkStatus();
-  }
-
-  // Makes `served`'s host bytes current for a host reader: a copy down from GPU memory, once per
-  // version, where the step left them there (ServedTensor::host_stale); OK at once elsewhere. A
-  // version whose outcome is pending (StepOnDevice) is waited for, and its outcome resolved.
-  virtual absl::Status ReadyHostBytes(const ServedTensor& served) { return absl::OkStatus(); }
-  // Versions copied down so far by ReadyHostBytes (a test counts them).
-  virtual int64_t host_copies() const { return 0; }
-  // Step plans made so far (a backend that keeps its steps' plans, cuda:N, makes one only for a
-  // step whose tensors' buffers it has not seen in a recent step; a test counts them).
-  virtual int64_t plans_made() const { return 0; }
-
-  // True where the state and served formats live in GPU memory (cuda:N), which the daemon's
-  // device memory budget then covers (server/job/job_memory.h).
-  virtual bool keeps_state_on_device() const { return false; }
-  // Free GPU memory now, bytes; 0 for a backend without one.
-  virtual absl::StatusOr<int64_t> FreeDeviceMemory() { return int64_t{0}; }
   // OK while the backend can step; once it cannot (a sticky CUDA error poisons the context), the
   // reason, and every job of it fails with it. Asked after a step failed.
   virtual absl::Status Health() { return absl::OkStatus(); }
+
+  // Its abilities, each null where the backend has none (the interfaces above).
+  virtual ExportedMemoryAbility* exported_memory() { return nullptr; }
+  virtual HostStagingAbility* host_staging() { return nullptr; }
+  virtual DeviceMemoryAbility* device_memory() { return nullptr; }
 };
 
 }  // namespace paramd

@@ -168,8 +168,8 @@ absl::StatusOr<std::unique_ptr<TensorState>> CpuBackend::CreateState(
   return OutOfHostMemory(info);
 }
 
-absl::Status CpuBackend::Step(std::span<TensorStep> tensors, const StepScalars& scalars,
-                              const std::function<void(size_t)>& tensor_done) {
+absl::Status CpuBackend::ApplyStep(std::span<TensorStep> tensors, const StepScalars& scalars,
+                                   const std::function<void(size_t)>& tensor_done) {
   // Tensor by tensor, each with every thread, and each reported as soon as it is done: the job
   // publishes it while the next ones are stepped. A small tensor is one ParallelFor of few
   // blocks; grouping small tensors would save little next to the publish it would delay.

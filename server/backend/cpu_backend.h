@@ -24,8 +24,8 @@ class CpuBackend : public Backend {
                                                            const WholeAmax& whole_amax) override;
   absl::StatusOr<GradientCheck> CheckGradients(std::span<TensorStep> tensors, float grad_scale,
                                                bool norms) override;
-  absl::Status Step(std::span<TensorStep> tensors, const StepScalars& scalars,
-                    const std::function<void(size_t)>& tensor_done = nullptr) override;
+  absl::Status ApplyStep(std::span<TensorStep> tensors, const StepScalars& scalars,
+                         const std::function<void(size_t)>& tensor_done = nullptr) override;
   absl::Status ReadStateArray(const TensorState& state, StateArray array, int64_t offset,
                               std::span<uint8_t> out) override;
   absl::StatusOr<TensorScalars> ReadStateScalars(const TensorState& state) override;

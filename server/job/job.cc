@@ -13,8 +13,8 @@
 #include "common/logging.h"
 #include "common/quoted.h"
 #include "common/status_macros.h"
-#include "kernels/step_rules.h"
 #include "server/job/job_memory.h"
+#include "server/job/step_runner.h"
 #include "server/registration.h"
 #include "server/shard/peer_exchange.h"
 
@@ -38,6 +38,12 @@ absl::Status CheckInitialWeights(const std::string& tensor, int64_t offset, std:
   return absl::OkStatus();
 }
 
+// Job `job`'s exported GPU memory, null where the backend exports none.
+std::shared_ptr<ExportedMemory> ExportedMemoryOf(Backend* backend, const std::string& job) {
+  ExportedMemoryAbility* exported = backend->exported_memory();
+  return exported != nullptr ? exported->ExportedMemoryFor(job) : nullptr;
+}
+
 }  // namespace
 
 Job::Job(const v1::RegisterRequest& spec, Backend* backend,
@@ -52,7 +58,7 @@ Job::Job(const v1::RegisterRequest& spec, Backend* backend,
       formats_(ServedFormats(spec_)),
       backend_(backend),
       buffers_(buffers != nullptr ? std::move(buffers) : Borrowed(HeapAllocator())),
-      device_memory_(backend->ExportedMemoryFor(name_)),
+      device_memory_(ExportedMemoryOf(backend, spec.job())),
       sequence_(name_, world_size_),
       slots_(static_cast<size_t>(spec_.tensors_size()), world_size_),
       served_(static_cast<size_t>(spec_.tensors_size())) {
@@ -66,20 +72,23 @@ Job::Job(const v1::RegisterRequest& spec, Backend* backend,
     t.grad_bytes = t.elements * ElementBytes(t.spec.grad_type());
     tensor_index_.emplace(t.spec.name(), i);
   }
-  amax_among_.resize(tensors_.size());
-  if (sharded()) {
-    // The owners of each split tensor this daemon holds rows of: its amax rounds' daemons.
-    const absl::StatusOr<ShardMap> map = JobShardMap(registration_, peers_.self, kCpuDevice);
-    PARAMD_CHECK(map.ok()) << map.status();  // DaemonPart computed the same map
-    for (size_t i = 0; i < tensors_.size(); ++i) {
-      const v1::TensorSpec& t = spec_.tensors(static_cast<int>(i));
-      if (t.whole_rows() == 0) continue;
-      for (const ShardPiece& piece : map->tensors[static_cast<size_t>(t.job_index())]) {
-        amax_among_[i].push_back(piece.owner);  // owner i is daemon i of the sorted list
-      }
-      std::sort(amax_among_[i].begin(), amax_among_[i].end());
-    }
+  if (!sharded()) {
+    agreement_ = IdentityAgreement();
+    return;
   }
+  // The owners of each split tensor this daemon holds rows of: its amax rounds' daemons.
+  std::vector<std::vector<int>> amax_among(tensors_.size());
+  const absl::StatusOr<ShardMap> map = JobShardMap(registration_, peers_.self, kCpuDevice);
+  PARAMD_CHECK(map.ok()) << map.status();  // DaemonPart computed the same map
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const v1::TensorSpec& t = spec_.tensors(static_cast<int>(i));
+    if (t.whole_rows() == 0) continue;
+    for (const ShardPiece& piece : map->tensors[static_cast<size_t>(t.job_index())]) {
+      amax_among[i].push_back(piece.owner);  // owner i is daemon i of the sorted list
+    }
+    std::sort(amax_among[i].begin(), amax_among[i].end());
+  }
+  agreement_ = PeerAgreement(name_, spec_, std::move(amax_among), peers_.exchange);
 }
 
 Job::~Job() {
@@ -311,7 +320,8 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushWeights(Tensor& t, const v1::PushCh
   }
   absl::StatusOr<ChunkBuffer::Stored> stored = t.upload->Store(chunk.offset(), chunk.data());
   if (!stored.ok() || !t.upload->complete()) return stored;
-  if (WholeAmax whole_amax = WholeAmaxOf(static_cast<size_t>(index), 0, "initial-amax")) {
+  if (WholeAmax whole_amax =
+          agreement_->WholeAmaxOf(static_cast<size_t>(index), 0, "initial-amax")) {
     // A split tensor's version 0 waits for its other owners' amax: not on this RPC's thread.
     t.creating = true;
     initial_threads_.emplace_back(
@@ -366,17 +376,7 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushGradient(Tensor& t, const v1::PushC
         pusher_, " pushes this daemon's part, reduced over the ranks; rank ", chunk.rank(),
         " pushes nothing here and only commits"));
   }
-  const int64_t next_step = sequence_.next_step();
-  if (chunk.step() < next_step) {
-    return absl::FailedPreconditionError(absl::StrCat("step ", chunk.step(), " of job \"", name_,
-                                                      "\" is stale: the job collects step ",
-                                                      next_step, " now"));
-  }
-  if (chunk.step() > next_step) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "step ", chunk.step(), " of job \"", name_, "\" is ahead of the step it collects (",
-        next_step, "); every rank commits step ", next_step, " first"));
-  }
+  PARAMD_RETURN_IF_ERROR(CheckCollects(chunk.step(), /*or_next=*/false));
   const bool committed = sequence_.committed(chunk.rank());
   const size_t index = static_cast<size_t>(&t - tensors_.data());
   PARAMD_RETURN_IF_ERROR(MakeCollectingLocked());
@@ -468,9 +468,14 @@ absl::StatusOr<ChunkBuffer::Stored> Job::MarkLent(Tensor& t, size_t index,
                      device.lent_this_step ? " lent in other GPU memory" : " pushed another way",
                      "; pushes are idempotent only for identical bytes"));
   }
-  absl::StatusOr<std::shared_ptr<const void>> lent = backend_->MapLent(mark.lent(), t.grad_bytes);
+  ExportedMemoryAbility* exported = backend_->exported_memory();
+  if (exported == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "backend ", backend_->name(), " reads no trainer's GPU memory; push the gradient's bytes"));
+  }
+  absl::StatusOr<std::shared_ptr<const void>> lent = exported->MapLent(mark.lent(), t.grad_bytes);
   if (!lent.ok()) return lent.status();
-  absl::StatusOr<const void*> ready = backend_->LentReadyEvent(mark.lent());
+  absl::StatusOr<const void*> ready = exported->LentReadyEvent(mark.lent());
   if (!ready.ok()) return ready.status();
   if (slot.holds_memory() || slot.size() != t.grad_bytes) slot.ResetCounting(t.grad_bytes);
   absl::StatusOr<ChunkBuffer::Stored> stored = slot.MarkWritten(0, t.grad_bytes);
@@ -602,22 +607,27 @@ Place Job::DeviceSlotPlace(SlotSet& set, size_t tensor, int32_t rank) {
   return slot.bytes.place();
 }
 
-absl::StatusOr<SlotPlaces> Job::SlotPlacesLocked(int32_t rank, int64_t step, Memory memory) {
-  const bool device = memory == Memory::kDevice;
-  PARAMD_RETURN_IF_ERROR(failed_);
-  PARAMD_RETURN_IF_ERROR(CheckRank(rank));
+absl::Status Job::CheckCollects(int64_t step, bool or_next) const {
   const int64_t next_step = sequence_.next_step();
   if (step < next_step) {
     return absl::FailedPreconditionError(absl::StrCat("step ", step, " of job \"", name_,
                                                       "\" is stale: the job collects step ",
                                                       next_step, " now"));
   }
-  const bool lookahead = step == next_step + 1;
-  if (step > next_step && !lookahead) {
+  if (step > next_step + (or_next ? 1 : 0)) {
     return absl::FailedPreconditionError(
         absl::StrCat("step ", step, " of job \"", name_, "\" is ahead of the step it collects (",
                      next_step, "); every rank commits step ", next_step, " first"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SlotPlaces> Job::SlotPlacesLocked(int32_t rank, int64_t step, Memory memory) {
+  const bool device = memory == Memory::kDevice;
+  PARAMD_RETURN_IF_ERROR(failed_);
+  PARAMD_RETURN_IF_ERROR(CheckRank(rank));
+  PARAMD_RETURN_IF_ERROR(CheckCollects(step, /*or_next=*/true));
+  const bool lookahead = step == sequence_.next_step() + 1;
   if (initialized_tensors_ != static_cast<int64_t>(tensors_.size())) {
     PARAMD_RETURN_IF_ERROR(MakingVersionZeroLocked());
     return absl::FailedPreconditionError(absl::StrCat(
@@ -786,65 +796,6 @@ absl::Status Job::FreshServedForStep(int64_t step,
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> Job::AgreeOnCheck(int64_t step, const GradientCheck& local,
-                                       std::vector<double>* blocks) {
-  v1::PeerOffer offer;
-  offer.set_job(name_);
-  offer.set_step(step);
-  offer.set_round("check");
-  offer.set_finite(local.finite);
-  for (size_t i = 0; i < local.block_sums.size(); ++i) {
-    const v1::TensorSpec& t = spec_.tensors(static_cast<int>(i));
-    v1::PeerBlockSums* sums = offer.add_block_sums();
-    sums->set_tensor(t.job_index());
-    sums->set_first_block(t.row_offset() / kernels::kNormBlockRows);
-    sums->mutable_sums()->Add(local.block_sums[i].begin(), local.block_sums[i].end());
-  }
-  PARAMD_ASSIGN_OR_RETURN(const std::vector<v1::PeerOffer> offers,
-                          peers_.exchange->Exchange(std::move(offer)));
-  bool finite = true;
-  std::vector<const v1::PeerBlockSums*> all;
-  for (const v1::PeerOffer& o : offers) {
-    finite = finite && o.finite();
-    for (const v1::PeerBlockSums& sums : o.block_sums()) all.push_back(&sums);
-  }
-  std::sort(all.begin(), all.end(), [](const v1::PeerBlockSums* a, const v1::PeerBlockSums* b) {
-    return std::pair(a->tensor(), a->first_block()) < std::pair(b->tensor(), b->first_block());
-  });
-  blocks->clear();
-  for (const v1::PeerBlockSums* sums : all) {
-    blocks->insert(blocks->end(), sums->sums().begin(), sums->sums().end());
-  }
-  return finite;
-}
-
-WholeAmax Job::WholeAmaxOf(size_t index, int64_t step, const std::string& round) {
-  if (!sharded() || amax_among_[index].empty()) return nullptr;
-  const v1::TensorSpec& t = spec_.tensors(static_cast<int>(index));
-  return [this, among = amax_among_[index], step, name = absl::StrCat(round, "/", t.job_index())](
-             float range_amax) -> absl::StatusOr<float> {
-    v1::PeerOffer offer;
-    offer.set_job(name_);
-    offer.set_step(step);
-    offer.set_round(name);
-    offer.set_amax(range_amax);
-    absl::StatusOr<std::vector<v1::PeerOffer>> offers =
-        peers_.exchange->Exchange(std::move(offer), among);
-    if (!offers.ok()) {
-      return absl::AbortedError(
-          absl::StrCat("the owners of tensor ", Quoted(name),
-                       " did not agree on its amax: ", offers.status().ToString()));
-    }
-    // The max of non-negative floats is exact in any order; a NaN stays NaN (as one daemon's).
-    float whole = 0.0f;
-    for (const v1::PeerOffer& o : *offers) {
-      whole = std::isnan(whole) || std::isnan(o.amax()) ? std::numeric_limits<float>::quiet_NaN()
-                                                        : std::max(whole, o.amax());
-    }
-    return whole;
-  };
-}
-
 StepReport Job::FailStep(const StepWork& work, const absl::Status& why) {
   // A step that fails fails the job: its state may be half-updated, which no retry could repair.
   StepReport report{work.step, 0, 0, false, 1.0f, absl::OkStatus()};
@@ -865,222 +816,7 @@ StepReport Job::FailStep(const StepWork& work, const absl::Status& why) {
   return report;
 }
 
-StepReport Job::StepOnDevice(const StepWork& work, std::span<TensorStep> steps,
-                             std::vector<std::shared_ptr<ServedTensor>>& outputs,
-                             const StepScalars& scalars,
-                             std::chrono::steady_clock::time_point start) {
-  // The versions are published together once the step is queued (one lock, then the pulls they
-  // wake), their outcome pending until the step ran.
-  std::vector<ServedTensor*> published;
-  auto publish = [&] {
-    PARAMD_CHECK(published.empty())
-        << "job " << name_ << ": step " << work.step << " reported queued twice";
-    std::vector<std::function<void()>> wake;
-    {
-      absl::MutexLock lock(&mu_);
-      for (size_t i = 0; i < outputs.size(); ++i) {
-        outputs[i]->version = work.step + 1;
-        outputs[i]->SetOutcomePending();
-        published.push_back(outputs[i].get());
-        served_.Publish(static_cast<int>(i), std::move(outputs[i]), &wake);
-      }
-    }
-    for (auto& w : wake) w();
-  };
-  absl::StatusOr<StepOutcome> outcome =
-      backend_->StepOnDevice(steps, scalars, spec_.max_grad_norm(), publish);
-  // Readers waiting for an outcome learn it (a failed step's versions are never read again).
-  for (ServedTensor* served : published) served->ResolveOutcome(outcome.ok() && outcome->skipped);
-  if (!outcome.ok()) return FailStep(work, outcome.status());
-  PARAMD_CHECK(published.size() == outputs.size())
-      << "job " << name_ << ": the backend reported " << published.size() << " of "
-      << outputs.size() << " tensors of step " << work.step;
-  const auto stepped = std::chrono::steady_clock::now();
-  StepReport report{work.step, 0, 0, outcome->skipped, outcome->clip, absl::OkStatus()};
-  report.seconds = std::chrono::duration<double>(stepped - start).count();
-  PARAMD_LOG(DEBUG) << "job " << name_ << " step " << work.step << ": " << report.seconds * 1e3
-                    << " ms, decided on the device (" << (outcome->skipped ? "skipped" : "applied")
-                    << ", clip " << outcome->clip << ")";
-  absl::MutexLock lock(&mu_);
-  if (outcome->skipped) {
-    ++skipped_steps_;
-  } else {
-    ++applied_steps_;
-  }
-  sequence_.StepRan(work.step);
-  last_step_seconds_ = report.seconds;
-  last_clip_ = outcome->clip;
-  for (const Tensor& t : tensors_) report.elements += t.elements;
-  slots_.Return(work.step);
-  return report;
-}
-
-StepReport Job::StepNow(const StepWork& work) {
-  const auto start = std::chrono::steady_clock::now();
-  std::vector<TensorStep> steps;
-  std::vector<std::shared_ptr<ServedTensor>> outputs;
-  std::vector<const ServedTensor*> previous;
-  StepScalars scalars;
-  StepReport report{work.step, 0, 0, false, 1.0f, absl::OkStatus()};
-  auto fail = [&](const absl::Status& why) { return FailStep(work, why); };
-  absl::Status prepared;
-  {
-    absl::MutexLock lock(&mu_);
-    if (!failed_.ok()) {
-      slots_.Drop(work.step);
-      report.failed = failed_;
-      return report;
-    }
-    prepared = FreshServedForStep(work.step, &outputs);
-  }
-  if (!prepared.ok()) return fail(prepared);
-  const auto versions_ready = std::chrono::steady_clock::now();
-  {
-    absl::MutexLock lock(&mu_);
-    SlotSet& slots = slots_.Taken(work.step);
-    kernels::AdamwHyper hyper{work.lr.value_or(hyper_.lr()), hyper_.beta1(), hyper_.beta2(),
-                              hyper_.eps(), work.weight_decay.value_or(hyper_.weight_decay())};
-    scalars.k = applied_steps_ + 1;
-    scalars.adamw = kernels::MakeAdamwScalars(hyper, scalars.k);
-    scalars.grad_scale = static_cast<float>(work.grad_scale);
-    scalars.seed = spec_.seed();
-    for (size_t i = 0; i < tensors_.size(); ++i) {
-      Tensor& t = tensors_[i];
-      // Stays alive (published, then retired) while read.
-      previous.push_back(served_.newest(static_cast<int>(i)).get());
-      TensorStep step;
-      step.state = t.state.get();
-      step.slot_type = t.spec.grad_type() == v1::ELEMENT_TYPE_BF16 ? kernels::SlotType::kBf16
-                                                                   : kernels::SlotType::kFp32;
-      // The ranks' gradients in rank order; pre-reduced, the pushing rank's sum alone.
-      const size_t first = pre_reduced_ ? static_cast<size_t>(pusher_) : 0;
-      const size_t count = pre_reduced_ ? 1 : slots[i].size();
-      for (size_t r = first; r < first + count; ++r) step.slots.push_back(slots[i][r].data());
-      if (i < slots.device.size()) {
-        for (size_t r = first; r < first + count && r < slots.device[i].size(); ++r) {
-          const DeviceSlot& device = slots.device[i][r];
-          step.device_slots.push_back(device.gradient());
-          step.ready_events.push_back(device.lent_this_step ? device.ready : nullptr);
-        }
-      }
-      step.previous = previous.back();
-      step.whole_amax = WholeAmaxOf(i, work.step, "amax");
-      step.out = outputs[i].get();
-      steps.push_back(std::move(step));
-    }
-  }
-  // The state and the taken slots belong to this step alone while it runs.
-  const std::span<TensorStep> all(steps);
-  const bool clipping = spec_.max_grad_norm() > 0;
-  // A sharded job decides on the host: its daemons agree on the decision first.
-  if (backend_->DecidesOnDevice() && !steps.empty() && !sharded()) {
-    return StepOnDevice(work, all, outputs, scalars, start);
-  }
-  absl::StatusOr<GradientCheck> check = backend_->CheckGradients(all, scalars.grad_scale, clipping);
-  if (!check.ok()) return fail(check.status());
-  // Block sums one after another in registration order, then block order (DESIGN.md §2).
-  std::vector<double> blocks;
-  bool finite = check->finite;
-  if (sharded()) {
-    absl::StatusOr<bool> agreed = AgreeOnCheck(work.step, *check, &blocks);
-    if (!agreed.ok()) {
-      // ABORTED, not the round's UNAVAILABLE or DEADLINE_EXCEEDED: no retry of a trainer's call
-      // helps; the job is restored and run again.
-      return fail(absl::AbortedError(
-          absl::StrCat("the job's daemons did not agree on the step: ", agreed.status().ToString(),
-                       "; this daemon holds version ", work.step, " of its part")));
-    }
-    finite = *agreed;
-  } else if (clipping) {
-    for (const std::vector<double>& tensor : check->block_sums) {
-      blocks.insert(blocks.end(), tensor.begin(), tensor.end());
-    }
-  }
-  const auto checked = std::chrono::steady_clock::now();
-  const bool skipped = !finite;
-  // The step counts as run with its last tensor, before that tensor's pullers wake: a trainer
-  // that pulled every tensor sees the step in Status and may import or export at once.
-  double seconds = 0;
-  auto count_step = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // mu_ held
-    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (skipped) {
-      ++skipped_steps_;
-    } else {
-      ++applied_steps_;
-    }
-    sequence_.StepRan(work.step);
-    last_step_seconds_ = seconds;
-    last_clip_ = scalars.clip;
-  };
-  // Publishes tensor i's new version and wakes its pullers (DESIGN.md §2: the next forward starts
-  // on the first layers while later ones are still being stepped).
-  size_t published = 0;
-  auto publish = [&](size_t i) {
-    PARAMD_CHECK(i < outputs.size() && outputs[i] != nullptr)
-        << "job " << name_ << ": tensor " << i << " of step " << work.step << " reported twice";
-    std::vector<std::function<void()>> wake;
-    {
-      absl::MutexLock lock(&mu_);
-      outputs[i]->version = work.step + 1;
-      outputs[i]->skipped = skipped;
-      served_.Publish(static_cast<int>(i), std::move(outputs[i]), &wake);
-      if (++published == outputs.size()) count_step();
-    }
-    for (auto& w : wake) w();
-  };
-  if (skipped) {
-    // The state stays as it is on every backend; the new version re-serves the previous bytes.
-    for (size_t i = 0; i < steps.size(); ++i) {
-      // The previous version's host bytes, where its step left them in GPU memory.
-      if (const absl::Status ready = backend_->ReadyHostBytes(*previous[i]); !ready.ok()) {
-        return fail(ready);
-      }
-      {
-        std::lock_guard<std::mutex> host_lock(outputs[i]->host_mu);
-        outputs[i]->host_stale = false;
-      }
-      for (size_t f = 0; f < outputs[i]->formats.size(); ++f) {
-        std::memcpy(outputs[i]->formats[f].bytes.data(), previous[i]->formats[f].bytes.data(),
-                    static_cast<size_t>(previous[i]->formats[f].bytes.size()));
-      }
-      const absl::Status copied = backend_->CopyServedOnDevice(*previous[i], outputs[i].get());
-      if (!copied.ok()) return fail(copied);
-      publish(i);
-    }
-  } else {
-    if (clipping) {
-      scalars.clip = kernels::ClipFactor(
-          kernels::SumInOrder(blocks.data(), static_cast<int64_t>(blocks.size())),
-          spec_.max_grad_norm());
-    }
-    const absl::Status status = backend_->Step(all, scalars, publish);
-    if (!status.ok()) return fail(status);
-  }
-  PARAMD_CHECK(published == outputs.size())
-      << "job " << name_ << ": the backend reported " << published << " of " << outputs.size()
-      << " tensors of step " << work.step;
-  // Where a step's time goes, for whoever tunes a backend (--log_level=debug).
-  const auto ms = [](auto from, auto to) {
-    return std::chrono::duration<double, std::milli>(to - from).count();
-  };
-  const auto stepped = std::chrono::steady_clock::now();
-  PARAMD_LOG(DEBUG) << "job " << name_ << " step " << work.step << ": " << ms(start, stepped)
-                    << " ms (free versions " << ms(start, versions_ready) << ", gradient check "
-                    << ms(versions_ready, checked) << ", step and publish " << ms(checked, stepped)
-                    << ")";
-  absl::MutexLock lock(&mu_);
-  if (outputs.empty()) count_step();
-  // A backend may publish before its step's device work is done (cuda: the step is queued): the
-  // step's seconds run to here.
-  seconds = std::chrono::duration<double>(stepped - start).count();
-  last_step_seconds_ = seconds;
-  report.seconds = seconds;
-  report.skipped = skipped;
-  report.clip = scalars.clip;
-  for (const Tensor& t : tensors_) report.elements += t.elements;
-  slots_.Return(work.step);
-  return report;
-}
+StepReport Job::StepNow(const StepWork& work) { return StepRunner(*this, work).Run(); }
 
 std::shared_ptr<const ServedTensor> Job::Served(int tensor, int64_t min_version) const {
   absl::MutexLock lock(&mu_);

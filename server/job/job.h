@@ -31,6 +31,7 @@
 #include "server/job/slot_sets.h"
 #include "server/job/step_sequence.h"
 #include "server/memory_budget.h"
+#include "server/shard/shard_agreement.h"
 #include "server/state/exported_job.h"
 
 namespace paramd {
@@ -169,6 +170,7 @@ class Job {
 
  private:
   friend class JobExport;
+  friend class StepRunner;
   struct Tensor {
     v1::TensorSpec spec;
     TensorInfo info;  // shape, index and policy, for the backend
@@ -182,6 +184,9 @@ class Job {
   };
 
   absl::Status CheckRank(int32_t rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FAILED_PRECONDITION for a step the job does not collect: stale (before the step it collects)
+  // or ahead of it (after it; after the step after it where `or_next`, a trainer's lookahead).
+  absl::Status CheckCollects(int64_t step, bool or_next) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<ChunkBuffer::Stored> PushLocked(const v1::PushChunk& chunk,
                                                  std::vector<std::function<void()>>* wake)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -222,21 +227,8 @@ class Job {
   absl::StatusOr<HostBuffer> NewBuffer(int64_t bytes) const;
   // Makes a slot the size of tensor i's gradient (a no-op when it is).
   absl::Status SizeSlot(ChunkBuffer& slot, size_t i) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Runs one step that RunOrHoldStep claimed from the sequence.
+  // Runs one step that RunOrHoldStep claimed from the sequence (server/job/step_runner.h).
   StepReport StepNow(const StepWork& work);
-  // StepNow on a backend that decides steps on the device (Backend::StepOnDevice).
-  StepReport StepOnDevice(const StepWork& work, std::span<TensorStep> steps,
-                          std::vector<std::shared_ptr<ServedTensor>>& outputs,
-                          const StepScalars& scalars, std::chrono::steady_clock::time_point start);
-  // A sharded job's agreement before step `step` (the "check" round): every daemon's found-inf and
-  // global-norm block sums, from `local` (this daemon's, per tensor of its part). Returns whether
-  // every gradient of the job is finite and, in `blocks`, the whole job's block sums in
-  // registration order, then block order, as one daemon holding it all would have them.
-  absl::StatusOr<bool> AgreeOnCheck(int64_t step, const GradientCheck& local,
-                                    std::vector<double>* blocks);
-  // A split tensor's whole amax at `step` (round `round`), from the amax of this daemon's rows of
-  // it (tensor `index` of the part); the identity for a tensor held whole.
-  WholeAmax WholeAmaxOf(size_t index, int64_t step, const std::string& round);
   // UNAVAILABLE while a tensor's version 0 is being made (CreateSplitState), naming it: a push,
   // slot place or commit that needs every version 0 is retried.
   absl::Status MakingVersionZeroLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -276,9 +268,8 @@ class Job {
   const v1::RegisterRequest registration_;  // what every rank must repeat (rank cleared)
   const v1::RegisterRequest spec_;          // this daemon's part of it (registration_ unsharded)
   const JobPeers peers_;                    // set where the job is sharded
-  // Per tensor of the part: the indexes in the job's daemon list of its owners, where it is a
-  // row range of a split tensor (its amax rounds are theirs); empty for a tensor held whole.
-  std::vector<std::vector<int>> amax_among_;
+  // The check and amax rounds of the job's daemons; the identity for a job on this daemon alone.
+  std::unique_ptr<ShardAgreement> agreement_;
   const std::vector<FormatKey> formats_;  // served formats (ServedFormats)
   Backend* const backend_;
   // Outlives the buffers below, which return their memory to it.

@@ -28,7 +28,7 @@ struct DeviceSlot {
   std::shared_ptr<const void> lent;
   std::string lent_from;
   bool lent_this_step = false;
-  // The event the lent gradient's reads wait for (Backend::LentReadyEvent), or null.
+  // The event the lent gradient's reads wait for (ExportedMemoryAbility::LentReadyEvent), or null.
   const void* ready = nullptr;
   bool written = false;
   const void* gradient() const {

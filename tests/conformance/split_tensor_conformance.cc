@@ -357,7 +357,7 @@ absl::Status ExpectRangesEqualTheWhole(const std::function<std::unique_ptr<Backe
     }
     whole->served = NewServed(formats, kRows);
     whole_step[0].out = whole->served.get();
-    if (absl::Status s = whole->backend->Step(whole_step, scalars); !s.ok()) return s;
+    if (absl::Status s = whole->backend->ApplyStep(whole_step, scalars); !s.ok()) return s;
     AmaxExchange exchange(ranges.size());
     std::vector<absl::Status> results(ranges.size());
     AtOnce(ranges.size(), [&](size_t i) {
@@ -369,7 +369,7 @@ absl::Status ExpectRangesEqualTheWhole(const std::function<std::unique_ptr<Backe
           return exchange.Combine(i, amax);
         };
       }
-      results[i] = r.backend->Step(step, scalars);
+      results[i] = r.backend->ApplyStep(step, scalars);
     });
     for (size_t i = 0; i < ranges.size(); ++i) {
       if (!results[i].ok()) return results[i];
@@ -444,7 +444,7 @@ TEST_P(BackendConformanceTest, AFailedAmaxExchangeFailsTheStepWithItsOwnStatus) 
   ASSERT_TRUE(check->finite);
   StepScalars scalars;
   scalars.adamw = kernels::MakeAdamwScalars({1e-3, 0.9, 0.999, 1e-8, 0.0}, 1);
-  const absl::Status status = range->backend->Step(step, scalars);
+  const absl::Status status = range->backend->ApplyStep(step, scalars);
   if (status.code() == absl::StatusCode::kUnimplemented) {
     GTEST_SKIP() << "backend " << GetParam().name << " does not step split tensors served per "
                  << "tensor: " << status;

@@ -26,7 +26,7 @@ class DeviceArena final : public ExportedMemory {
   absl::StatusOr<DeviceBytes> Allocate(int64_t bytes) override {
     if (bytes <= 0) return DeviceBytes();
     const int64_t size = (bytes + kAlign - 1) / kAlign * kAlign;
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (size_t i = 0; i < allocations_.size(); ++i) {
       if (std::optional<int64_t> offset = allocations_[i].free.Take(size, kAlign)) {
         return Hand(i, *offset, bytes, size);
@@ -57,7 +57,7 @@ class DeviceArena final : public ExportedMemory {
   }
 
   void Describe(DeviceExports* exports) const {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (const Allocation& a : allocations_) {
       exports->handles.push_back(a.handle);
       exports->bases.push_back(reinterpret_cast<uint64_t>(a.base));
@@ -67,14 +67,14 @@ class DeviceArena final : public ExportedMemory {
 
   // True when no buffer of it is held.
   bool idle() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return used_ == 0;
   }
 
  protected:
   void Free(void* d_ptr, int64_t size, Place place) override {
     const int64_t length = (size + kAlign - 1) / kAlign * kAlign;
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     allocations_[static_cast<size_t>(place.region)].free.Give(place.offset, length);
     used_ -= length;
   }
@@ -92,35 +92,36 @@ class DeviceArena final : public ExportedMemory {
     FreeRanges free{0};
   };
 
-  DeviceBytes Hand(size_t index, int64_t offset, int64_t bytes, int64_t length) {
+  DeviceBytes Hand(size_t index, int64_t offset, int64_t bytes, int64_t length)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     used_ += length;
     return Make(static_cast<uint8_t*>(allocations_[index].base) + offset, bytes,
                 Place{static_cast<int32_t>(index), offset});
   }
 
   const int device_;
-  mutable std::mutex mu_;
-  std::vector<Allocation> allocations_;
-  int64_t reserved_ = 0;  // bytes of all allocations
-  int64_t used_ = 0;      // bytes handed out
+  mutable absl::Mutex mu_;
+  std::vector<Allocation> allocations_ ABSL_GUARDED_BY(mu_);
+  int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;  // bytes of all allocations
+  int64_t used_ ABSL_GUARDED_BY(mu_) = 0;      // bytes handed out
 };
 
 ExportedMemories::ExportedMemories(int device) : device_(device) {}
 
 ExportedMemories::~ExportedMemories() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   arenas_.clear();
 }
 
 std::shared_ptr<ExportedMemory> ExportedMemories::For(const std::string& job) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   const uint64_t key = next_key_++;
   DeviceArena* arena =
       arenas_.emplace(key, Arena{job, false, std::make_unique<DeviceArena>(device_)})
           .first->second.arena.get();
   current_[job] = key;  // a job of this name that is going keeps its own until it has gone
   return std::shared_ptr<ExportedMemory>(arena, [this, key](ExportedMemory*) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     Arena& a = arenas_.at(key);
     a.released = true;
     if (auto it = current_.find(a.job); it != current_.end() && it->second == key) {
@@ -131,7 +132,7 @@ std::shared_ptr<ExportedMemory> ExportedMemories::For(const std::string& job) {
 }
 
 void ExportedMemories::Describe(const std::string& job, DeviceExports* exports) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (auto it = current_.find(job); it != current_.end()) {
     arenas_.at(it->second).arena->Describe(exports);
   }

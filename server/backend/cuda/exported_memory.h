@@ -1,15 +1,17 @@
 // The GPU memory a cuda:N backend exports to trainers on its node (DESIGN.md §6), each job's in
 // allocations of its own: a trainer opens an allocation's IPC handle once however many buffers it
-// holds, and a job's trainers are told of the job's allocations alone (Backend::Exports), so one
-// job's trainers cannot map another job's gradients or weights.
+// holds, and a job's trainers are told of the job's allocations alone
+// (ExportedMemoryAbility::Exports), so one job's trainers cannot map another job's gradients or
+// weights.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "common/device_bytes.h"
 
 namespace paramd {
@@ -37,13 +39,14 @@ class ExportedMemories {
     std::unique_ptr<DeviceArena> arena;
   };
   // Frees the arenas of jobs that have gone once no buffer of theirs is held.
-  void ReapLocked();
+  void ReapLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int device_;
-  mutable std::mutex mu_;
-  uint64_t next_key_ = 1;
-  std::map<uint64_t, Arena> arenas_;
-  std::map<std::string, uint64_t> current_;  // the newest arena of each job name
+  mutable absl::Mutex mu_;
+  uint64_t next_key_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, Arena> arenas_ ABSL_GUARDED_BY(mu_);
+  // The newest arena of each job name.
+  std::map<std::string, uint64_t> current_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace paramd

@@ -55,7 +55,7 @@ absl::StatusOr<std::shared_ptr<const void>> LentMemory::Map(const v1::LentMemory
                                                    lent.ipc_handle().size(), " bytes, not ",
                                                    sizeof(handle), " (a cudaIpcMemHandle_t)"));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::shared_ptr<Opened>& opened = opened_[lent.ipc_handle()];
   if (opened == nullptr) {
     // Allocations no slot refers to any more go first (their steps have run).
@@ -99,7 +99,7 @@ absl::StatusOr<const void*> LentMemory::ReadyEvent(const v1::LentMemory& lent) {
                                                    lent.ready_event().size(), " bytes, not ",
                                                    sizeof(handle), " (a cudaIpcEventHandle_t)"));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (auto it = events_.find(lent.ready_event()); it != events_.end()) return it->second;
   const DeviceScope scope(device_);
   if (!scope.status().ok()) return scope.status();
@@ -123,7 +123,7 @@ LentMemory::~LentMemory() {
 }
 
 size_t LentMemory::open() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return opened_.size();
 }
 

@@ -9,10 +9,11 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "paramd/v1/data.pb.h"
 
 namespace paramd {
@@ -42,9 +43,10 @@ class LentMemory {
   struct Opened;  // one allocation opened by IPC handle, closed when destroyed
 
   const int device_;
-  mutable std::mutex mu_;
-  std::map<std::string, std::shared_ptr<Opened>> opened_;  // by IPC handle
-  std::map<std::string, void*> events_;                    // cudaEvent_t by IPC event handle
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<Opened>> opened_ ABSL_GUARDED_BY(mu_);  // by IPC handle
+  // cudaEvent_t by IPC event handle.
+  std::map<std::string, void*> events_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace paramd

@@ -1,7 +1,8 @@
-// A job on a backend that decides its steps on the device (Backend::StepOnDevice, as cuda:N does),
-// here the cpu backend behind that entry point: versions are published before the step's outcome
-// is known (pending, then resolved), Status counts the step only once it has run, and the served
-// bytes, skips and clips are the same as the job's own decision on the plain cpu backend.
+// A job on a backend that decides its steps on the device (Backend::Step as cuda:N runs it for a
+// job on one daemon), here the cpu backend deciding that way: versions are published before the
+// step's outcome is known (pending, then resolved), Status counts the step only once it has run,
+// and the served bytes, skips and clips are the same as the job's own decision on the plain cpu
+// backend.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -18,16 +19,19 @@
 namespace paramd::testing {
 namespace {
 
-// The cpu backend behind StepOnDevice: the check, the decision and the step in one call, the step
-// reported queued before the outcome; `inside` runs after that report, before the return.
+// The cpu backend deciding as a device does: the check, the decision and the step in one call,
+// every version published (pending) before the outcome is known; `inside` runs after that, before
+// the return.
 class DecidingCpuBackend : public CpuBackend {
  public:
   DecidingCpuBackend() : CpuBackend(2) {}
-  bool DecidesOnDevice() const override { return true; }
-  absl::StatusOr<StepOutcome> StepOnDevice(std::span<TensorStep> tensors,
-                                           const StepScalars& scalars, double max_grad_norm,
-                                           const std::function<void()>& queued) override {
+  absl::StatusOr<StepOutcome> Step(const StepInput& input) override {
+    if (input.agreement) return StepDecidedOnHost(input);  // a sharded job's (none here)
     ++calls;
+    const std::span<TensorStep> tensors = input.tensors;
+    const StepScalars& scalars = input.scalars;
+    const double max_grad_norm = input.max_grad_norm;
+    const auto queued = [&] { input.publish(0, tensors.size(), nullptr); };
     absl::StatusOr<GradientCheck> check =
         CheckGradients(tensors, scalars.grad_scale, max_grad_norm > 0);
     if (!check.ok()) return check.status();
@@ -53,7 +57,7 @@ class DecidingCpuBackend : public CpuBackend {
             kernels::SumInOrder(blocks.data(), static_cast<int64_t>(blocks.size())), max_grad_norm);
       }
       outcome.clip = decided.clip;
-      if (absl::Status s = Step(tensors, decided); !s.ok()) return s;
+      if (absl::Status s = ApplyStep(tensors, decided); !s.ok()) return s;
       queued();
     }
     if (inside) inside();

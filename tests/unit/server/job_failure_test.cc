@@ -32,8 +32,8 @@ class FaultyBackend final : public CpuBackend {
  public:
   FaultyBackend() : CpuBackend(1) {}
 
-  absl::Status Step(std::span<TensorStep> tensors, const StepScalars& scalars,
-                    const std::function<void(size_t)>& tensor_done) override {
+  absl::Status ApplyStep(std::span<TensorStep> tensors, const StepScalars& scalars,
+                         const std::function<void(size_t)>& tensor_done) override {
     if (fail_next_.exchange(false)) {
       if (break_backend_) {
         absl::MutexLock lock(&mu_);
@@ -41,7 +41,7 @@ class FaultyBackend final : public CpuBackend {
       }
       return absl::ResourceExhaustedError("out of device memory for the step (injected)");
     }
-    return CpuBackend::Step(tensors, scalars, tensor_done);
+    return CpuBackend::ApplyStep(tensors, scalars, tensor_done);
   }
   absl::Status Health() override {
     absl::MutexLock lock(&mu_);

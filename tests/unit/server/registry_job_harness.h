@@ -29,8 +29,8 @@ class RegistryJobHarness {
         backend_(std::move(backend)),
         registry_(backend_.get(), RegistryLimits{},
                   [backend = backend_.get()](const std::string&, const MemoryBytes&) {
-                    return backend->HostAllocator() != nullptr ? Borrowed(backend->HostAllocator())
-                                                               : nullptr;
+                    HostStagingAbility* staging = backend->host_staging();
+                    return staging != nullptr ? Borrowed(staging->HostAllocator()) : nullptr;
                   }) {}
 
   // Registers every rank through the registry and uploads the initial weights.
@@ -113,7 +113,8 @@ class RegistryJobHarness {
     std::shared_ptr<const ServedTensor> served = Newest(tensor);
     if (served == nullptr) return {};
     // A host reader: a cuda:N step leaves the bytes on the GPU until one asks.
-    if (!backend_->ReadyHostBytes(*served).ok()) return {};
+    HostStagingAbility* staging = backend_->host_staging();
+    if (staging != nullptr && !staging->ReadyHostBytes(*served).ok()) return {};
     const ServedFormat* format = served->Find(FormatKey{recipe, direction});
     return format == nullptr ? std::vector<uint8_t>() : format->bytes.ToVector();
   }

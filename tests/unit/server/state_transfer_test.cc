@@ -734,9 +734,9 @@ class HookedBackend : public CpuBackend {
   HookedBackend() : CpuBackend(2) {}
   std::function<void(size_t, std::span<TensorStep>)> after_tensor;
 
-  absl::Status Step(std::span<TensorStep> tensors, const StepScalars& scalars,
-                    const std::function<void(size_t)>& tensor_done) override {
-    return CpuBackend::Step(tensors, scalars, [&](size_t i) {
+  absl::Status ApplyStep(std::span<TensorStep> tensors, const StepScalars& scalars,
+                         const std::function<void(size_t)>& tensor_done) override {
+    return CpuBackend::ApplyStep(tensors, scalars, [&](size_t i) {
       tensor_done(i);
       if (after_tensor) after_tensor(i, tensors);
     });
