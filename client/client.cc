@@ -106,6 +106,12 @@ std::string Client::transport_name() const {
   return transport_ ? transport_->name() : "";
 }
 
+std::vector<Client::OwnerTransport> Client::transport_traits() const {
+  if (sharded_ != nullptr) return sharded_->transport_traits();
+  if (transport_ == nullptr) return {};
+  return {OwnerTransport{"", transport_->name(), transport_->traits()}};
+}
+
 Deadline Client::NextDeadline() const {
   return std::chrono::system_clock::now() + options_.rpc_timeout;
 }

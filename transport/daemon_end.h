@@ -27,7 +27,12 @@ class TransportHost {
   virtual const v1::DaemonConfig& config() const = 0;
   // This start's identity (AttachResponse.instance), drawn at random.
   virtual uint64_t instance() const = 0;
+  // For messages: the backend's name ("cpu", "cuda:0"). Ends decide from the traits below.
   virtual const std::string& backend_name() const = 0;
+  // Whether the backend keeps its jobs' state and served bytes in host memory, where a transport
+  // may hand out their buffers (memory trainers on this node map); false where it keeps them on a
+  // GPU (its host buffers are staging of its own).
+  virtual bool host_memory_backend() const = 0;
   // The backend's exported GPU memory as job `job`'s trainers map it (the job's allocations alone;
   // none for ""); nothing on a backend without it.
   virtual std::optional<DeviceExports> device_exports(const std::string& job = "") const = 0;

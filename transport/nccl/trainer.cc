@@ -81,6 +81,12 @@ class NcclTransport final : public PlacedTransport {
       : PlacedTransport(context, "nccl", Memory::kDevice, "GPU allocation"),
         stub_(v1::Data::NewStub(context.channel)) {}
 
+  // Sends from and receives into GPU memory over a communicator; the daemon's GPU memory is named
+  // by address, never mapped here, so nothing is viewed in place (CanViewInPlace).
+  TransportTraits traits() const override {
+    return {.reads_device_memory = true, .views_in_place = false, .memory = Memory::kDevice};
+  }
+
   ~NcclTransport() override {
     Stop();
     if (device_ < 0) return;
