@@ -373,7 +373,7 @@ absl::StatusOr<v1::RegisterResponse> Client::Register(const v1::RegisterRequest&
   attach.set_job(request.job());
   attach.set_rank(request.rank());
   attach.set_transport(transport_->name());
-  attach.set_reason(transport_reason_);
+  attach.mutable_declare()->set_reason(transport_reason_);
   v1::AttachResponse attached;
   status = Retry([&] {
     return Unary(NextDeadline(), [&](grpc::ClientContext* context) {

@@ -304,7 +304,7 @@ class NcclTransport final : public PlacedTransport {
     v1::AttachRequest request;
     request.set_transport("nccl");
     request.set_job(job);
-    request.mutable_nccl()->set_open(true);
+    request.mutable_nccl_open();
     v1::AttachResponse response;
     grpc::ClientContext call;
     call.set_deadline(deadline);
@@ -348,7 +348,7 @@ class NcclTransport final : public PlacedTransport {
       v1::AttachRequest request;
       request.set_transport("nccl");
       request.set_job(job);
-      v1::NcclCall* call = request.mutable_nccl();
+      v1::NcclTransfer* call = request.mutable_nccl_transfer();
       call->set_session(it->second.number);
       call->set_to_daemon(to_daemon);
       for (const Span& span : spans) {
