@@ -106,6 +106,12 @@ std::string Client::transport_name() const {
   return transport_ ? transport_->name() : "";
 }
 
+std::vector<Client::OwnerTransport> Client::transport_traits() const {
+  if (sharded_ != nullptr) return sharded_->transport_traits();
+  if (transport_ == nullptr) return {};
+  return {OwnerTransport{"", transport_->name(), transport_->traits()}};
+}
+
 Deadline Client::NextDeadline() const {
   return std::chrono::system_clock::now() + options_.rpc_timeout;
 }
@@ -367,7 +373,7 @@ absl::StatusOr<v1::RegisterResponse> Client::Register(const v1::RegisterRequest&
   attach.set_job(request.job());
   attach.set_rank(request.rank());
   attach.set_transport(transport_->name());
-  attach.set_reason(transport_reason_);
+  attach.mutable_declare()->set_reason(transport_reason_);
   v1::AttachResponse attached;
   status = Retry([&] {
     return Unary(NextDeadline(), [&](grpc::ClientContext* context) {

@@ -185,9 +185,18 @@ class Client {
   // is ABORTED until the next Register). Asks the daemon unless a call already found out.
   absl::StatusOr<bool> DaemonRestarted() const;
 
-  // The transport chosen at Register ("" before).
+  // The transport chosen at Register ("" before), for display.
   // For a sharded job, each daemon's ("host:port=name", comma-separated).
   std::string transport_name() const;
+  // The transport of each daemon the job's bytes move to, with its traits (what callers decide
+  // from; never the name): one with an empty `daemon` for a job on one daemon, one per owner in
+  // the job's sorted daemon list for a sharded job; none before Register.
+  struct OwnerTransport {
+    std::string daemon;
+    std::string name;
+    TransportTraits traits;
+  };
+  std::vector<OwnerTransport> transport_traits() const;
   const std::string& transport_reason() const { return transport_reason_; }
 
  private:

@@ -601,4 +601,15 @@ std::string ShardedJob::transports() const {
   return absl::StrJoin(names, ",");
 }
 
+std::vector<Client::OwnerTransport> ShardedJob::transport_traits() const {
+  std::vector<Client::OwnerTransport> owners;
+  for (size_t i = 0; i < clients_.size(); ++i) {
+    for (Client::OwnerTransport owner : clients_[i]->transport_traits()) {
+      owner.daemon = map_.owners[i].daemon;
+      owners.push_back(std::move(owner));
+    }
+  }
+  return owners;
+}
+
 }  // namespace paramd

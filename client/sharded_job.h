@@ -17,15 +17,13 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "client/client.h"
 #include "client/job_state.h"
 #include "common/shard_map.h"
 #include "paramd/v1/control.pb.h"
 #include "transport/transport.h"
 
 namespace paramd {
-
-class Client;
-struct ClientOptions;
 
 class ShardedJob {
  public:
@@ -88,6 +86,8 @@ class ShardedJob {
   absl::Status ImportState(const JobState& state);
   // The daemons' transports, "addr=name" each, comma-separated.
   std::string transports() const;
+  // Each owner's transport and its traits, by owner index (Client::transport_traits).
+  std::vector<Client::OwnerTransport> transport_traits() const;
 
  private:
   struct Tensor {

@@ -22,7 +22,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "client/job_state.h"
 #include "client/wait_until_serving.h"
@@ -108,7 +107,7 @@ std::string ElementTypeName(v1::ElementType type) {
 
 // A contiguous byte range to push: a Python buffer (host memory), whose view is held while the
 // bytes are read, or an object with __cuda_array_interface__ (a CUDA tensor: GPU memory, which the
-// caller keeps alive; only cuda_ipc reads it).
+// caller keeps alive; only a transport that reads device memory takes it).
 struct HeldBytes {
   std::optional<py::buffer_info> info;
   std::span<const std::byte> bytes;
@@ -171,20 +170,39 @@ HeldBytes Hold(const py::object& object) {
   return held;
 }
 
-// Pushes [(tensor name, buffer or CUDA array)] with the GIL released while the bytes move. GPU
-// memory is read by the cuda_ipc transport alone (its copies read either memory); any other
-// transport would read it as host memory, so it is refused before anything moves.
-// Whether the client's transports ("cuda_ipc", or "addr=cuda_ipc,..." for a job sharded over
-// several daemons) all read GPU memory.
-bool ReadsGpuMemory(const std::string& transports) {
-  if (transports.empty()) return false;
-  for (const absl::string_view entry : absl::StrSplit(transports, ',')) {
-    const size_t equals = entry.rfind('=');
-    const absl::string_view name = entry.substr(equals == absl::string_view::npos ? 0 : equals + 1);
-    if (name != "cuda_ipc" && name != "nccl") return false;
-  }
-  return true;
+// Whether every transport of the client (one per owner daemon of a sharded job) reads GPU memory
+// (TransportTraits::reads_device_memory); false before Register.
+bool ReadsGpuMemory(const Client& client) {
+  const std::vector<Client::OwnerTransport> owners = client.transport_traits();
+  return !owners.empty() && std::all_of(owners.begin(), owners.end(), [](const auto& owner) {
+    return owner.traits.reads_device_memory;
+  });
 }
+
+// The client's transports as Python reads them: one dict per owner daemon (Client::OwnerTransport)
+// with daemon, name, reads_device_memory, views_in_place and memory ("host", "device" or None).
+py::list TransportTraitsList(const Client& client) {
+  py::list out;
+  for (const Client::OwnerTransport& owner : client.transport_traits()) {
+    py::dict d;
+    d["daemon"] = owner.daemon;
+    d["name"] = owner.name;
+    d["reads_device_memory"] = owner.traits.reads_device_memory;
+    d["views_in_place"] = owner.traits.views_in_place;
+    if (!owner.traits.memory.has_value()) {
+      d["memory"] = py::none();
+    } else {
+      d["memory"] = *owner.traits.memory == Memory::kDevice ? "device" : "host";
+    }
+    out.append(std::move(d));
+  }
+  return out;
+}
+
+// Pushes [(tensor name, buffer or CUDA array)] with the GIL released while the bytes move. GPU
+// memory is read only by a transport whose traits say it reads device memory (cuda_ipc's copies
+// read either memory; nccl sends from it); any other transport would read it as host memory, so
+// it is refused before anything moves.
 
 template <typename PushFn>
 void PushBuffers(const Client& client, const std::vector<std::pair<std::string, py::object>>& items,
@@ -195,10 +213,10 @@ void PushBuffers(const Client& client, const std::vector<std::pair<std::string, 
   push_items.reserve(items.size());
   for (const auto& [name, buffer] : items) {
     held.push_back(Hold(buffer));
-    if (held.back().on_device && !ReadsGpuMemory(client.transport_name())) {
+    if (held.back().on_device && !ReadsGpuMemory(client)) {
       throw StatusError(absl::FailedPreconditionError(
           "tensor \"" + name +
-          "\" is in GPU memory, which only the cuda_ipc and nccl transports read (this " +
+          "\" is in GPU memory, which only a transport that reads device memory takes (this " +
           "client uses " +
           (client.transport_name().empty() ? std::string("no transport yet")
                                            : client.transport_name()) +
@@ -658,6 +676,7 @@ class PyClient {
     out["max_chunk_bytes"] = r.max_chunk_bytes();
     out["transport"] = client->transport_name();
     out["transport_reason"] = client->transport_reason();
+    out["transport_traits"] = TransportTraitsList(*client);
     return out;
   }
 
@@ -926,6 +945,7 @@ class PyClient {
   }
 
   std::string transport() const { return client_ ? client_->transport_name() : ""; }
+  py::list transport_traits() const { return client_ ? TransportTraitsList(*client_) : py::list(); }
 
   // The client, or a Python error once closed. Called with the GIL held; the reference keeps
   // the client alive through a call that a Close on another thread overlaps.
@@ -1101,7 +1121,13 @@ PYBIND11_MODULE(_paramd, m) {
            "Writes a checkpoint of the job under the daemon's checkpoint_dir")
       .def("restore", &PyClient::Restore, py::arg("job"), py::arg("path") = "",
            "Restores the job from checkpoint `path` (default: its newest)")
-      .def_property_readonly("transport", &PyClient::transport)
+      .def_property_readonly("transport", &PyClient::transport,
+                             "The transport chosen at register(), for display (\"addr=name,...\" "
+                             "for a sharded job); decide from transport_traits()")
+      .def("transport_traits", &PyClient::transport_traits,
+           "One dict per owner daemon (one for a job on one daemon; [] before register()): "
+           "daemon, name, reads_device_memory, views_in_place, memory (\"host\", \"device\" or "
+           "None)")
       .def("close", &PyClient::Close, "Closes the channel; later calls raise ValueError");
 
   // Closes every client before the interpreter (and then the C++ runtime) shuts down.

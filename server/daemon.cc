@@ -114,7 +114,7 @@ absl::Status Daemon::DeclareTransport(const v1::AttachRequest& request) {
                                                    job->world_size(), ") of job ",
                                                    Quoted(job->name())));
   }
-  job->SetTrainerTransport(request.rank(), request.transport(), request.reason());
+  job->SetTrainerTransport(request.rank(), request.transport(), request.declare().reason());
   UpdateGauges();
   return absl::OkStatus();
 }

@@ -1,7 +1,10 @@
 #include "transport/daemon_end.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/error_reason.h"
 #include "common/quoted.h"
+#include "common/status_macros.h"
+#include "common/version.h"
 #include "transport/transport.h"
 
 namespace paramd {
@@ -22,6 +25,25 @@ absl::StatusOr<DaemonEnd*> DaemonEnds::Find(const std::string& name) const {
   }
   return absl::InvalidArgumentError(
       absl::StrCat("transport ", Quoted(name), " is not one this daemon offers (", known, ")"));
+}
+
+absl::Status DaemonEnds::Attach(const v1::AttachRequest& request,
+                                v1::AttachResponse* response) const {
+  if (request.purpose_case() == v1::AttachRequest::PURPOSE_NOT_SET) {
+    return WithReason(
+        absl::FailedPreconditionError(absl::StrCat(
+            "this Attach names no purpose (AttachRequest.purpose): the client is older than the "
+            "daemon (paramd ",
+            std::string(Version()),
+            "), whose Attach says what it asks for; upgrade the client (the paramd C++ library, "
+            "or the paramd Python package) to the daemon's version")),
+        v1::ERROR_REASON_CLIENT_TOO_OLD);
+  }
+  PARAMD_ASSIGN_OR_RETURN(DaemonEnd * end, Find(request.transport()));
+  if (std::string why = end->why_not_offered(); !why.empty()) {
+    return absl::FailedPreconditionError(why);
+  }
+  return end->Attach(request, response);
 }
 
 const std::string& DaemonEnds::NameOf(std::optional<Memory> memory) const {
@@ -55,20 +77,44 @@ std::shared_ptr<BufferAllocator> DaemonEnds::JobBuffers(const std::string& job,
   return nullptr;
 }
 
+std::string AttachPurpose(const v1::AttachRequest& request) {
+  if (request.purpose_case() == v1::AttachRequest::PURPOSE_NOT_SET) return "none";
+  // A oneof case's value is its field's number.
+  return request.GetDescriptor()->FindFieldByNumber(request.purpose_case())->name();
+}
+
+absl::Status NotThisTransports(const v1::AttachRequest& request) {
+  return absl::InvalidArgumentError(absl::StrCat("transport ", Quoted(request.transport()),
+                                                 " takes no Attach of purpose ",
+                                                 AttachPurpose(request)));
+}
+
 absl::Status AttachPlaced(TransportHost& host, Memory memory, const v1::AttachRequest& request,
                           const DescribeRegions& describe, v1::AttachResponse* response) {
-  if (request.job().empty() && !request.has_step()) return describe("", response);  // a probe
-  if (request.regions_only()) return describe(request.job(), response);
-  if (!request.has_step()) {
-    if (absl::Status s = host.DeclareTransport(request); !s.ok()) return s;
-    return describe(request.job(), response);
+  switch (request.purpose_case()) {
+    case v1::AttachRequest::kProbe:
+      return describe("", response);
+    case v1::AttachRequest::kRegions:
+      if (request.job().empty()) {
+        return absl::InvalidArgumentError(
+            "Attach regions names the job whose regions it asks for (AttachRequest.job); before "
+            "a job is registered, ask with probe");
+      }
+      return describe(request.job(), response);
+    case v1::AttachRequest::kDeclare:
+      PARAMD_RETURN_IF_ERROR(host.DeclareTransport(request));
+      return describe(request.job(), response);
+    case v1::AttachRequest::kSlots:
+      break;
+    default:
+      return NotThisTransports(request);
   }
   absl::StatusOr<SlotPlaces> slots =
-      host.SlotsForStep(request.job(), request.rank(), request.step(), memory);
+      host.SlotsForStep(request.job(), request.rank(), request.slots().step(), memory);
   if (!slots.ok()) return slots.status();
   response->set_committed(slots->committed);
   for (size_t i = 0; i < slots->places.size(); ++i) {
-    v1::ShmPlace* place = response->add_slots();
+    v1::Place* place = response->add_slots();
     place->set_segment(slots->places[i].region);
     place->set_offset(slots->places[i].offset);
     place->set_bytes(slots->bytes[i]);

@@ -27,7 +27,12 @@ class TransportHost {
   virtual const v1::DaemonConfig& config() const = 0;
   // This start's identity (AttachResponse.instance), drawn at random.
   virtual uint64_t instance() const = 0;
+  // For messages: the backend's name ("cpu", "cuda:0"). Ends decide from the traits below.
   virtual const std::string& backend_name() const = 0;
+  // Whether the backend keeps its jobs' state and served bytes in host memory, where a transport
+  // may hand out their buffers (memory trainers on this node map); false where it keeps them on a
+  // GPU (its host buffers are staging of its own).
+  virtual bool host_memory_backend() const = 0;
   // The backend's exported GPU memory as job `job`'s trainers map it (the job's allocations alone;
   // none for ""); nothing on a backend without it.
   virtual std::optional<DeviceExports> device_exports(const std::string& job = "") const = 0;
@@ -46,7 +51,9 @@ class DaemonEnd {
   bool offered() const { return why_not_offered().empty(); }
   // Where the transport's places lie; none for one that carries the bytes in its messages.
   virtual std::optional<Memory> memory() const = 0;
-  // Answers an Attach naming this transport, once it is offered.
+  // Answers an Attach naming this transport, once it is offered; its purpose is set
+  // (DaemonEnds::Attach refuses one without). A purpose the transport has no use for is
+  // INVALID_ARGUMENT (NotThisTransports).
   virtual absl::Status Attach(const v1::AttachRequest& request, v1::AttachResponse* response) = 0;
   // Where job `job`'s host buffers come from when this transport exposes them: memory of the job's
   // own (its trainers are told of it, no other job's are), with room for about `bytes` at first.
@@ -78,6 +85,11 @@ class DaemonEnds {
   const std::vector<End>& all() const { return ends_; }
   // The end of transport `name`; INVALID_ARGUMENT naming those the daemon knows where none is.
   absl::StatusOr<DaemonEnd*> Find(const std::string& name) const;
+  // Answers an Attach (the Data service's dispatch): one that names no purpose, an older client's
+  // (its purpose was told by which fields were set), is FAILED_PRECONDITION with
+  // ERROR_REASON_CLIENT_TOO_OLD, saying to upgrade the client; else the end of the transport it
+  // names answers, once that end is offered (FAILED_PRECONDITION saying why not otherwise).
+  absl::Status Attach(const v1::AttachRequest& request, v1::AttachResponse* response) const;
   // The transport whose places lie in `memory` (its bytes counted under its name); with none, the
   // one that carries bytes in its messages.
   const std::string& NameOf(std::optional<Memory> memory) const;
@@ -95,10 +107,16 @@ class DaemonEnds {
   std::vector<End> ends_;
 };
 
-// The Attach of a transport with slot places in `memory`: a probe (no job, no step) is answered
-// with `describe("")`, a request for the job's regions (`regions_only`) with `describe(job)`, a
-// step with the rank's slot places and then `describe(job)` (slots allocated now may have added
-// regions), anything else declares the transport for the rank and describes the job's regions.
+// The name of an Attach's purpose ("probe", "declare", "regions", "slots", "nccl_open",
+// "nccl_transfer"; "none" where it has none), for messages.
+std::string AttachPurpose(const v1::AttachRequest& request);
+// INVALID_ARGUMENT: transport `request.transport()` has no use for the request's purpose.
+absl::Status NotThisTransports(const v1::AttachRequest& request);
+
+// The Attach of a transport with slot places in `memory`, by purpose: `probe` is answered with
+// `describe("")`, `regions` with `describe(job)`, `slots` with the rank's slot places of the step
+// and then `describe(job)` (slots allocated now may have added regions), `declare` declares the
+// transport for the rank and describes the job's regions; any other purpose is NotThisTransports.
 using DescribeRegions = std::function<absl::Status(const std::string& job, v1::AttachResponse*)>;
 absl::Status AttachPlaced(TransportHost& host, Memory memory, const v1::AttachRequest& request,
                           const DescribeRegions& describe, v1::AttachResponse* response);

@@ -87,7 +87,7 @@ v1::AttachRequest SlotRequest(const PushTarget& target, const std::string& trans
   request.set_job(target.job);
   request.set_rank(target.rank);
   request.set_transport(transport);
-  request.set_step(target.step);
+  request.mutable_slots()->set_step(target.step);
   return request;
 }
 
@@ -168,7 +168,7 @@ struct PlacedTransport::SlotCache {
     auto cache = std::make_shared<SlotCache>();
     cache->job = request.job();
     cache->rank = request.rank();
-    cache->step = request.step();
+    cache->step = request.slots().step();
     cache->instance = response.instance();
     cache->places = std::move(response);
     for (int i = 0; i < cache->places.slots_size(); ++i) {
@@ -440,9 +440,11 @@ void PlacedTransport::Stop() {
 v1::AttachRequest PlacedTransport::RegionsRequest(const std::string& job) const {
   v1::AttachRequest request;
   request.set_transport(name_);
-  if (!job.empty()) {
+  if (job.empty()) {
+    request.mutable_probe();
+  } else {
     request.set_job(job);
-    request.set_regions_only(true);
+    request.mutable_regions();
   }
   return request;
 }
@@ -526,7 +528,7 @@ absl::StatusOr<PushPlan> PlacedTransport::PlanPush(const SlotCache& slots, const
   plan.job = target.job;
   for (const PushItem& item : items) {
     auto it = slots.index.find(item.tensor);
-    const v1::ShmPlace* place = it == slots.index.end() ? nullptr : &slots.places.slots(it->second);
+    const v1::Place* place = it == slots.index.end() ? nullptr : &slots.places.slots(it->second);
     if (place == nullptr || place->segment() < 0 || place->offset() < 0 ||
         place->bytes() != static_cast<int64_t>(item.data.size())) {
       plan.inline_items.push_back(item);
@@ -664,7 +666,7 @@ absl::StatusOr<PlacedBytes> PlacedTransport::View(const std::string& job,
     return absl::DataLossError(absl::StrCat("the daemon answered a ", name_,
                                             " pull with a place in memory it does not map"));
   }
-  const v1::ShmPlace& place = header.place();
+  const v1::Place& place = header.place();
   if (place.offset() < 0 || place.bytes() != header.data_bytes() + header.scale_bytes()) {
     return absl::DataLossError(absl::StrCat("pulled place [", place.offset(), ", +", place.bytes(),
                                             ") does not hold ", header.data_bytes(), " + ",

@@ -6,12 +6,12 @@
 // its Attach answers). The table below names each transport once, with both ends' factories; the
 // client chooses from it (the first viable one unless told which), and the daemon makes its ends
 // from it, so its order is the automatic order, its names are the metric labels and the names
-// Attach dispatches on. The placed transports (shm, cuda_ipc, nccl) share their trainer's
-// lifecycle (transport/placed.h): the base chooses places and a transport's mover moves bytes into
-// and out of them, in memory mapped here or at addresses of the daemon's it never dereferences;
-// the buffer and place types both ends speak of are in common/. A new
-// transport is one folder, one line in the table, and an instance of the conformance suite
-// (tests/conformance).
+// Attach dispatches on. What a trainer's end can do is its instance's traits (TransportTraits),
+// which callers read instead of its name. The placed transports (shm, cuda_ipc, nccl) share their
+// trainer's lifecycle (transport/placed.h): the base chooses places and a transport's mover moves
+// bytes into and out of them, in memory mapped here or at addresses of the daemon's it never
+// dereferences; the buffer and place types both ends speak of are in common/. A new transport is
+// one folder, one line in the table, and an instance of the conformance suite (tests/conformance).
 #pragma once
 
 #include <grpcpp/channel.h>
@@ -20,11 +20,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/place.h"
 #include "paramd/v1/data.pb.h"
 #include "paramd/v1/types.pb.h"
 #include "transport/daemon_end.h"
@@ -81,11 +83,27 @@ struct PulledView {
   int owner = 0;
 };
 
+// What a trainer's transport can do, as the instance says: callers decide from these, never from
+// its name (a transport may find its abilities at run time: a UCX built with CUDA support, say).
+struct TransportTraits {
+  // Push reads items in the trainer's GPU memory itself (and a pull's bytes can land there):
+  // CUDA tensors may be handed to it as they are. Without it, every item is host memory.
+  bool reads_device_memory = false;
+  // PullInPlace and PullInPlaceMany give views of the served bytes where they lie (mapped in this
+  // process); without it they are FAILED_PRECONDITION and a pull copies.
+  bool views_in_place = false;
+  // Where the daemon's places this transport reads and writes lie (a view's bytes, with
+  // views_in_place); none for a transport that carries the bytes in its messages.
+  std::optional<Memory> memory;
+};
+
 // The trainer's end of a transport.
 class Transport {
  public:
   virtual ~Transport() = default;
+  // For logs, Status and the metric label: what the trainer chose (abilities are in traits()).
   virtual std::string name() const = 0;
+  virtual TransportTraits traits() const = 0;
   // Pushes the items. Safe to retry after a failure: pushes are idempotent.
   virtual absl::Status Push(const PushTarget& target, std::span<const PushItem> items,
                             Deadline deadline) = 0;

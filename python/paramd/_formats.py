@@ -58,7 +58,7 @@ def check_format(fmt):
 def byte_view(tensor):
     """The bytes of a tensor, in place: a uint8 numpy array over a CPU tensor's memory, or a flat
     uint8 CUDA tensor over a GPU tensor's (the bindings read it through its
-    __cuda_array_interface__; only the cuda_ipc transport reads GPU memory). Non-contiguous
+    __cuda_array_interface__; only a transport whose traits say it reads device memory takes GPU memory). Non-contiguous
     tensors are copied first."""
     flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
     if flat.device.type == "cuda":

@@ -433,7 +433,8 @@ class AdamW(torch.optim.Optimizer):
                 serve=self.serve, seed=self._seed,
                 max_grad_norm=self._max_grad_norm, daemons=self._daemons,
                 push_mode=self.push_mode)
-            self.transport = reply["transport"]
+            self.transport = reply["transport"]  # for display; decisions read the traits
+            self._transport_traits = reply["transport_traits"]  # one per owner daemon
             if self.restarts > 0 and reply["version"] < 0:
                 raise RuntimeError(
                     f"the daemon restarted without a checkpoint of job {j.name!r}: its state is "
@@ -448,27 +449,31 @@ class AdamW(torch.optim.Optimizer):
         if len(next_steps) != 1:
             raise RuntimeError(f"the jobs of this optimizer are at different steps {next_steps}")
         step = next_steps.pop()
-        # GPU memory moves directly over cuda_ipc: gradients are pushed, or lent, from it and
-        # weights viewed where the daemon serves them. A job sharded over cuda_ipc owners
-        # ("addr=cuda_ipc,...") does the same with sharded_device_path (a split tensor's pieces
-        # put together on the device); without it, it takes host copies.
-        names = {entry.rsplit("=", 1)[-1] for entry in self.transport.split(",")}  # every owner's
+        # Decided from every owner daemon's transport traits, never from names. GPU memory moves
+        # directly where each transport reads device memory and views it in place (cuda_ipc):
+        # gradients are pushed, or lent, from it and weights viewed where the daemon serves them.
+        # A job sharded over several owners (one traits entry each) does the same with
+        # sharded_device_path (a split tensor's pieces put together on the device); without it,
+        # it takes host copies.
+        traits = self._transport_traits
         on_gpu = self.device.type == "cuda"
-        self._direct = on_gpu and (
-            self.transport == "cuda_ipc" or (self._sharded_device_path and names == {"cuda_ipc"}))
-        # nccl (a daemon on another GPU without a peer path) sends gradients from GPU memory too,
-        # and its pulls copy the weights out (it views nothing in place).
+        reads_device = on_gpu and bool(traits) and all(t["reads_device_memory"] for t in traits)
+        self._direct = reads_device and all(t["views_in_place"] for t in traits) and (
+            len(traits) == 1 or self._sharded_device_path)
+        # A transport that reads device memory but views nothing in place (nccl: a daemon on
+        # another GPU without a peer path) sends gradients from GPU memory too, and its pulls
+        # copy the weights out.
         self._push_device = self._direct or (
-            on_gpu and "nccl" in names and names <= {"cuda_ipc", "nccl"})
+            reads_device and any(not t["views_in_place"] for t in traits))
         if self._bucket_bytes is None:
             # A push of GPU memory waits for the stream and costs a round trip whatever its size,
             # while its copies run at device speed: few large buckets. Host pushes stream in
             # small ones, which keep the copies in cache.
             self._bucket_bytes = (256 << 20) if self._push_device else (1 << 20)
         if self.weights_in_place and not self._direct:
-            raise ValueError(f"weights_in_place needs CUDA parameters and the cuda_ipc transport "
-                             f"(this optimizer has {self.device} parameters over "
-                             f"{self.transport})")
+            raise ValueError(f"weights_in_place needs CUDA parameters and a transport that views "
+                             f"device memory in place, cuda_ipc (this optimizer has "
+                             f"{self.device} parameters over {self.transport})")
         self._start_pulls(step)
         self.sync_weights()
         return step

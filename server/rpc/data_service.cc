@@ -202,11 +202,7 @@ absl::Status DataService::DoCommit(const v1::CommitRequest& request, v1::CommitR
 
 absl::Status DataService::DoAttach(const v1::AttachRequest& request, v1::AttachResponse* response) {
   PARAMD_RETURN_IF_ERROR(daemon_->CheckServing());
-  PARAMD_ASSIGN_OR_RETURN(DaemonEnd * end, daemon_->transports().Find(request.transport()));
-  if (std::string why = end->why_not_offered(); !why.empty()) {
-    return absl::FailedPreconditionError(why);
-  }
-  return end->Attach(request, response);
+  return daemon_->transports().Attach(request, response);
 }
 
 }  // namespace paramd

@@ -109,7 +109,7 @@ absl::StatusOr<PulledTensor> MakePullHeader(Daemon& daemon, const PullAsk& ask, 
   }
   if (place == nullptr) return out;
   // The bytes stay where they are; the lease keeps them alive and unchanged.
-  v1::ShmPlace* p = header->mutable_place();
+  v1::Place* p = header->mutable_place();
   p->set_segment(place->region);
   p->set_offset(place->offset);
   p->set_bytes(out.bytes->size());

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -172,7 +173,7 @@ void TransportConformanceTest::Register(const std::string& job,
     attach.set_job(job);
     attach.set_rank(rank);
     attach.set_transport(GetParam());
-    attach.set_reason("the transport under test");
+    attach.mutable_declare()->set_reason("the transport under test");
     grpc::ClientContext attach_context;
     v1::AttachResponse attached;
     status = data_->Attach(&attach_context, attach, &attached);
@@ -588,9 +589,35 @@ TEST_P(TransportConformanceTest, Bf16GradientsAndBf16WeightsCrossIntact) {
   EXPECT_EQ(Floats(pulled), expected);
 }
 
-// PullInPlace means the same on every transport: where the transport reads in place, the view holds
-// the served bytes under a lease the daemon counts until Release returns; where it cannot, it says
-// so (FAILED_PRECONDITION) and takes no lease. Releasing an ended or unknown lease is no error.
+// Each transport's instance says what it can do (TransportTraits), as this build makes it; callers
+// decide from these, never from the name. The behaviour they promise is checked by the tests
+// below (views in place, where the places lie).
+TEST_P(TransportConformanceTest, TraitsSayWhatTheTransportCanDo) {
+  struct Expected {
+    bool reads_device_memory;
+    bool views_in_place;
+    std::optional<Memory> memory;
+  };
+  const std::map<std::string, Expected> expected = {
+      {"inline", {false, false, std::nullopt}},
+      {"shm", {false, true, Memory::kHost}},
+      {"cuda_ipc", {true, true, Memory::kDevice}},
+      {"nccl", {true, false, Memory::kDevice}},
+  };
+  const auto it = expected.find(GetParam());
+  ASSERT_NE(it, expected.end()) << "add transport " << GetParam() << "'s traits to this table";
+  const TransportTraits traits = transport_->traits();
+  EXPECT_EQ(traits.reads_device_memory, it->second.reads_device_memory);
+  EXPECT_EQ(traits.views_in_place, it->second.views_in_place);
+  EXPECT_EQ(traits.memory, it->second.memory);
+  // Only a transport with places views them.
+  if (traits.views_in_place) EXPECT_TRUE(traits.memory.has_value());
+}
+
+// PullInPlace means the same on every transport: where the transport reads in place (its traits
+// say so), the view holds the served bytes, where its traits say they lie, under a lease the
+// daemon counts until Release returns; where it cannot, it says so (FAILED_PRECONDITION) and
+// takes no lease. Releasing an ended or unknown lease is no error.
 TEST_P(TransportConformanceTest, PullInPlaceLeasesTheServedBytesUntilReleased) {
   Register("view", {Spec("t", 2, 8)}, 1);
   const std::vector<float> p = Random(16, 7, 1.0f);
@@ -599,6 +626,7 @@ TEST_P(TransportConformanceTest, PullInPlaceLeasesTheServedBytesUntilReleased) {
   PulledView view;
   const absl::Status status =
       transport_->PullInPlace(Target("view", "t", 0), Soon(), std::chrono::seconds(30), &view);
+  EXPECT_EQ(status.ok(), transport_->traits().views_in_place) << status;
   if (!status.ok()) {
     EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
     EXPECT_EQ(Leases("view"), 0);
@@ -609,6 +637,7 @@ TEST_P(TransportConformanceTest, PullInPlaceLeasesTheServedBytesUntilReleased) {
   EXPECT_NE(view.lease, 0u);
   EXPECT_EQ(view.header.version(), 0);
   EXPECT_EQ(view.header.tensor(), "t");
+  EXPECT_EQ(view.header.place_on_device(), transport_->traits().memory == Memory::kDevice);
   ASSERT_EQ(view.data.size(), p.size() * sizeof(float));
   if (!view.header.place_on_device()) {  // GPU memory: not read by this suite
     EXPECT_EQ(std::memcmp(view.data.data(), p.data(), view.data.size()), 0);
@@ -629,6 +658,7 @@ TEST_P(TransportConformanceTest, PullInPlaceManyLeasesEveryTensorAndReleaseManyE
   std::vector<PulledView> views;
   const absl::Status status =
       transport_->PullInPlaceMany(target, Soon(), std::chrono::seconds(30), &views);
+  EXPECT_EQ(status.ok(), transport_->traits().views_in_place) << status;
   if (!status.ok()) {
     EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
     EXPECT_EQ(Leases("views"), 0);

@@ -229,9 +229,11 @@ TEST_P(CudaIpcTest, EachJobIsToldOfItsOwnGpuAllocationsAlone) {
   const auto regions = [&](const std::string& job) {
     v1::AttachRequest request;
     request.set_transport("cuda_ipc");
-    if (!job.empty()) {
+    if (job.empty()) {
+      request.mutable_probe();
+    } else {
       request.set_job(job);
-      request.set_regions_only(true);
+      request.mutable_regions();
     }
     v1::AttachResponse response;
     grpc::ClientContext context;

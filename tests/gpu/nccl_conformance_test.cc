@@ -79,7 +79,7 @@ TEST_P(NcclTest, ATransferWithAPeerThatNeverJoinsEndsByItsDeadlineAndTheDaemonGo
   v1::AttachRequest open;
   open.set_transport("nccl");
   open.set_job("first");
-  open.mutable_nccl()->set_open(true);
+  open.mutable_nccl_open();
   v1::AttachResponse opened;
   {
     grpc::ClientContext context;
@@ -92,7 +92,7 @@ TEST_P(NcclTest, ATransferWithAPeerThatNeverJoinsEndsByItsDeadlineAndTheDaemonGo
   v1::AttachRequest transfer;
   transfer.set_transport("nccl");
   transfer.set_job("first");
-  v1::NcclCall* call = transfer.mutable_nccl();
+  v1::NcclTransfer* call = transfer.mutable_nccl_transfer();
   call->set_session(opened.nccl().session());
   call->set_to_daemon(true);
   call->set_timeout_ms(2000);
@@ -134,8 +134,7 @@ TEST_P(NcclTest, ATransferWithAPeerThatNeverJoinsEndsByItsDeadlineAndTheDaemonGo
     // "first" named as "after"'s.
     v1::AttachRequest ask = open;
     ask.set_job("after");
-    ask.clear_nccl();
-    ask.set_regions_only(true);
+    ask.mutable_regions();  // in place of nccl_open: one purpose
     v1::AttachResponse after;
     grpc::ClientContext context;
     context.set_deadline(Soon());

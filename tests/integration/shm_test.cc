@@ -39,7 +39,7 @@ namespace {
 using std::chrono::milliseconds;
 using testing::HasStatus;
 
-// The segments an Attach names: job `job`'s (regions_only), or with no job the probe's.
+// The segments an Attach names: job `job`'s (regions), or with no job the probe's.
 absl::StatusOr<std::vector<std::string>> AskSegments(const std::string& address,
                                                      const std::string& job = "") {
   auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
@@ -48,9 +48,11 @@ absl::StatusOr<std::vector<std::string>> AskSegments(const std::string& address,
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::AttachRequest request;
   request.set_transport("shm");
-  if (!job.empty()) {
+  if (job.empty()) {
+    request.mutable_probe();
+  } else {
     request.set_job(job);
-    request.set_regions_only(true);
+    request.mutable_regions();
   }
   v1::AttachResponse response;
   if (absl::Status s = FromGrpcStatus(stub->Attach(&context, request, &response)); !s.ok()) {
@@ -162,7 +164,7 @@ class ShmTest : public ::testing::Test {
     request.set_job("j");
     request.set_rank(0);
     request.set_transport("shm");
-    request.set_step(step);
+    request.mutable_slots()->set_step(step);
     return FromGrpcStatus(stub.Attach(&context, request, response));
   }
 
@@ -557,7 +559,7 @@ TEST_F(ShmTest, NcclIsNotOfferedOnACpuBackendAndTheAutomaticChoiceSaysWhy) {
   call.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::AttachRequest open;
   open.set_transport("nccl");
-  open.mutable_nccl()->set_open(true);
+  open.mutable_nccl_open();
   v1::AttachResponse response;
   const grpc::Status refused = stub->Attach(&call, open, &response);
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << refused.error_message();

@@ -195,7 +195,7 @@ TEST_F(TokensTest, AJobsSharedMemoryIsNamedOnlyToCallersThatMayUseTheJob) {
     v1::AttachRequest request;
     request.set_transport("shm");
     request.set_job(job);
-    request.set_regions_only(true);
+    request.mutable_regions();
     v1::AttachResponse response;
     const absl::Status status = FromGrpcStatus(data->Attach(&context, request, &response));
     return status.ok() ? absl::StatusOr<std::vector<std::string>>(std::vector<std::string>(

@@ -107,6 +107,9 @@ class BindingsTest(unittest.TestCase):
         client.register(job="view", rank=0, world_size=1, tensors=[("w", ROWS, COLS, "fp32")],
                         hyperparams=paramd.hyperparams(lr=1e-2))
         self.assertEqual(client.transport, "shm")  # the daemon is local: shm is the automatic pick
+        self.assertEqual(client.transport_traits(), [{
+            "daemon": "", "name": "shm", "reads_device_memory": False, "views_in_place": True,
+            "memory": "host"}])
         paramd.upload_initial_weights(client, "view", {"w": self.weights})
 
         def leases():
@@ -148,6 +151,14 @@ class BindingsTest(unittest.TestCase):
 
     def test_pull_in_place_over_inline_is_failed_precondition(self):
         client = paramd.connect(self.daemon.address, transport="inline")
+        self.assertEqual(client.transport_traits(), [])  # none before register()
+        reply = client.register(job="inline-traits", rank=0, world_size=1,
+                                tensors=[("w", ROWS, COLS, "fp32")],
+                                hyperparams=paramd.hyperparams(lr=1e-2))
+        self.assertEqual(reply["transport_traits"], [{
+            "daemon": "", "name": "inline", "reads_device_memory": False,
+            "views_in_place": False, "memory": None}])
+        self.assertEqual(client.transport_traits(), reply["transport_traits"])
         with self.assertRaises(paramd.StatusError) as caught:
             client.pull_in_place("bind", "w", "fp32", 0, 5.0)
         self.assertEqual(caught.exception.code, "FAILED_PRECONDITION")

@@ -157,6 +157,10 @@ class CudaTest(unittest.TestCase):
                             tensors=[("w", 130, 96, "fp32"), ("b", 1, 96, "bf16")],
                             hyperparams=paramd.hyperparams(lr=1e-2), serve=fmts)
             self.assertEqual(client.transport, "cuda_ipc" if on_gpu else "shm")
+            traits = client.transport_traits()
+            self.assertEqual([(t["reads_device_memory"], t["views_in_place"], t["memory"])
+                              for t in traits],
+                             [(True, True, "device")] if on_gpu else [(False, True, "host")])
             paramd.upload_initial_weights(client, "views", {
                 "w": w.to(DEVICE) if on_gpu else w, "b": torch.zeros(96)})
             for step in range(3):
@@ -216,7 +220,8 @@ class CudaTest(unittest.TestCase):
             paramd.push_gradients(client, "inline-gpu", 0, 0,
                                   {"w": torch.ones(4, 4, device=DEVICE)})
         self.assertEqual(caught.exception.code, "FAILED_PRECONDITION")
-        self.assertIn("only the cuda_ipc and nccl transports read", str(caught.exception))
+        self.assertIn("only a transport that reads device memory takes", str(caught.exception))
+        self.assertFalse(client.transport_traits()[0]["reads_device_memory"])
         self.assertIn("this client uses inline", str(caught.exception))
         client.close()
 

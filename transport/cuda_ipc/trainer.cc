@@ -55,6 +55,11 @@ class CudaIpcTransport final : public PlacedTransport {
   explicit CudaIpcTransport(const TransportContext& context)
       : PlacedTransport(context, "cuda_ipc", Memory::kDevice, "GPU allocation") {}
 
+  // The daemon's GPU allocations are mapped here; its copies read and write either memory.
+  TransportTraits traits() const override {
+    return {.reads_device_memory = true, .views_in_place = true, .memory = Memory::kDevice};
+  }
+
   ~CudaIpcTransport() override {
     Stop();  // releases and slot look-aheads still in flight; their deadlines bound this
     if (device_ < 0) return;

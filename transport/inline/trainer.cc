@@ -26,6 +26,8 @@ class InlineTransport final : public Transport {
         max_chunk_bytes_(context.max_chunk_bytes) {}
 
   std::string name() const override { return "inline"; }
+  // The bytes travel in messages, from and into host memory.
+  TransportTraits traits() const override { return {}; }
 
   absl::Status Push(const PushTarget& target, std::span<const PushItem> items,
                     Deadline deadline) override {

@@ -1,10 +1,11 @@
 // The daemon's end of `nccl` (nccl.h): offered on a cuda:N backend. It answers Attach as cuda_ipc
 // does (the exported allocations, here by address and size, and a rank's slot places) and runs the
-// sessions: NcclCall.open starts a 2-rank communicator, joined as rank 0 in NCCL's background
-// while the trainer joins as rank 1; a transfer waits for the join, checks that every span lies in
-// the exported memory, queues its side on the session's stream (a send first waits for the
-// backend's step event: a version is published while its step may still run), and answers once
-// it ran. A transfer runs on the calling RPC's thread, one per session at a time.
+// sessions: an Attach of purpose nccl_open starts a 2-rank communicator, joined as rank 0 in
+// NCCL's background while the trainer joins as rank 1; a transfer (nccl_transfer) waits for the
+// join, checks that every span lies in the exported memory, queues its side on the session's stream
+// (a send first waits for the backend's step event: a version is published while its step may still
+// run), and answers once it ran. A transfer runs on the calling RPC's thread, one per session at a
+// time.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -30,7 +31,7 @@ constexpr size_t kMaxSessions = 64;
 constexpr std::chrono::milliseconds kDefaultTimeout{60000};
 constexpr std::chrono::milliseconds kMaxTimeout{600000};
 
-std::chrono::milliseconds TimeoutOf(const v1::NcclCall& call) {
+std::chrono::milliseconds TimeoutOf(const v1::NcclTransfer& call) {
   if (call.timeout_ms() <= 0) return kDefaultTimeout;
   return std::min(kMaxTimeout, std::chrono::milliseconds(call.timeout_ms()));
 }
@@ -64,10 +65,8 @@ class NcclDaemonEnd final : public DaemonEnd {
   std::optional<Memory> memory() const override { return Memory::kDevice; }
 
   absl::Status Attach(const v1::AttachRequest& request, v1::AttachResponse* response) override {
-    if (request.nccl().open()) return Open(request, response);
-    if (request.nccl().session() != 0 || request.nccl().spans_size() > 0) {
-      return Transfer(request);
-    }
+    if (request.has_nccl_open()) return Open(request, response);
+    if (request.has_nccl_transfer()) return Transfer(request);
     return AttachPlaced(
         host_, Memory::kDevice, request,
         [this](const std::string& job, v1::AttachResponse* r) {
@@ -154,7 +153,7 @@ class NcclDaemonEnd final : public DaemonEnd {
   }
 
   // Every span within one allocation of the session's job.
-  absl::Status CheckSpans(const v1::NcclCall& call, const DeviceExports& exports) const {
+  absl::Status CheckSpans(const v1::NcclTransfer& call, const DeviceExports& exports) const {
     for (const v1::NcclSpan& span : call.spans()) {
       bool inside = false;
       for (size_t i = 0; i < exports.bases.size() && i < exports.sizes.size() && !inside; ++i) {
@@ -174,7 +173,7 @@ class NcclDaemonEnd final : public DaemonEnd {
   }
 
   absl::Status Transfer(const v1::AttachRequest& request) {
-    const v1::NcclCall& call = request.nccl();
+    const v1::NcclTransfer& call = request.nccl_transfer();
     // The caller may use the job it names (the service checked); the spans lie in that job's
     // memory, and the session is that job's.
     const DeviceExports exports = *host_.device_exports(request.job());

@@ -8,17 +8,17 @@
 // The daemon's places are cuda_ipc's (slots and served bytes in its exported GPU memory, with the
 // same leases, marks and restarts: a placed transport, transport/placed.h), but the trainer maps
 // none of them (its regions are RemoteRegions, addresses it never dereferences): its mover sends
-// and receives over a 2-rank NCCL communicator, a session, which the daemon opens
-// at Attach (NcclCall.open: the daemon joins as rank 0, the trainer as rank 1).
+// and receives over a 2-rank NCCL communicator, a session, which the daemon opens at Attach
+// (AttachRequest.nccl_open: the daemon joins as rank 0, the trainer as rank 1).
 //
 // Push first makes its stream wait for the work queued on the trainer's stream (as cuda_ipc does),
 // queues one send per gradient (GPU memory on the trainer's device is sent where it lies; anything
 // else is staged on the device first), and asks the daemon to receive them into the step's slot
-// places (NcclCall, to_daemon); once the daemon answered, every byte is in its slots, and the
-// gradients are marked as cuda_ipc's are. Pull and PullMany lease the served places, queue one
-// receive per tensor into a device buffer of the transport's, ask the daemon to send them (after
-// its step ran on its GPU), and copy them out to the caller's host buffers. PullInPlace is refused:
-// no view of the daemon's memory exists in the trainer's process.
+// places (AttachRequest.nccl_transfer, to_daemon); once the daemon answered, every byte is in its
+// slots, and the gradients are marked as cuda_ipc's are. Pull and PullMany lease the served places,
+// queue one receive per tensor into a device buffer of the transport's, ask the daemon to send them
+// (after its step ran on its GPU), and copy them out to the caller's host buffers. PullInPlace is
+// refused: no view of the daemon's memory exists in the trainer's process.
 //
 // Every call of a session is made one at a time, so both sides queue in the same order. A failed
 // or timed-out transfer aborts the communicator on both sides; the next call opens a new session

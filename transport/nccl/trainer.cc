@@ -69,6 +69,12 @@ class NcclTransport final : public PlacedTransport {
       : PlacedTransport(context, "nccl", Memory::kDevice, "GPU allocation"),
         stub_(v1::Data::NewStub(context.channel)) {}
 
+  // Sends from and receives into GPU memory over a communicator; the daemon's GPU memory is named
+  // by address, never mapped here, so nothing is viewed in place (CanViewInPlace).
+  TransportTraits traits() const override {
+    return {.reads_device_memory = true, .views_in_place = false, .memory = Memory::kDevice};
+  }
+
   ~NcclTransport() override {
     Stop();
     if (device_ < 0) return;
@@ -270,7 +276,7 @@ class NcclTransport final : public PlacedTransport {
     v1::AttachRequest request;
     request.set_transport("nccl");
     request.set_job(job);
-    request.mutable_nccl()->set_open(true);
+    request.mutable_nccl_open();
     v1::AttachResponse response;
     grpc::ClientContext call;
     call.set_deadline(deadline);
@@ -314,7 +320,7 @@ class NcclTransport final : public PlacedTransport {
       v1::AttachRequest request;
       request.set_transport("nccl");
       request.set_job(job);
-      v1::NcclCall* call = request.mutable_nccl();
+      v1::NcclTransfer* call = request.mutable_nccl_transfer();
       call->set_session(it->second.number);
       call->set_to_daemon(to_daemon);
       for (const Span& span : spans) {

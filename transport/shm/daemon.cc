@@ -1,4 +1,5 @@
-// The daemon's end of `shm`: it offers the transport on the cpu backend with shared_memory on and
+// The daemon's end of `shm`: it offers the transport with shared_memory on, on a backend that keeps
+// its bytes in host memory (TransportHost::host_memory_backend: the cpu backend), and
 // keeps each job's gradient slots and served bytes in an arena of the job's own, in a directory of
 // this daemon's (transport/shm/segment.h). An Attach naming a job is answered with that job's
 // segments only; a probe (no job) with a small segment of its own that holds the probe alone.
@@ -7,7 +8,6 @@
 #include <algorithm>
 #include <map>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/config.h"
@@ -25,9 +25,9 @@ constexpr int64_t kSegmentGranule = 2 << 20;
 class ShmDaemonEnd final : public DaemonEnd {
  public:
   explicit ShmDaemonEnd(TransportHost& host) : host_(host) {
-    // A cuda:N job's host buffers are page-locked staging for the GPU, and same-node GPU trainers
+    // A GPU backend's host buffers are page-locked staging of its own, and same-node GPU trainers
     // map its exported GPU memory instead (DESIGN.md §6).
-    if (!host.config().shared_memory() || !absl::StartsWith(host.backend_name(), "cpu")) return;
+    if (!host.config().shared_memory() || !host.host_memory_backend()) return;
     if (const int removed = ReclaimStaleShmSegments(getuid()); removed > 0) {
       PARAMD_LOG(WARNING) << "removed " << removed
                           << " shared-memory segments left by a daemon of this user that was "

@@ -28,6 +28,11 @@ class ShmTransport final : public PlacedTransport {
       : PlacedTransport(context, "shm", Memory::kHost, "segment") {}
   ~ShmTransport() override { Stop(); }
 
+  // The daemon's segments are mapped here: host memory, read and viewed where it lies.
+  TransportTraits traits() const override {
+    return {.reads_device_memory = false, .views_in_place = true, .memory = Memory::kHost};
+  }
+
  private:
   int RegionCount(const v1::AttachResponse& response) const override {
     return response.shm().segments_size();
