@@ -54,7 +54,7 @@ class Daemon final : public TransportHost {
   // address) are told apart by it (AttachResponse.instance).
   uint64_t instance() const override { return instance_; }
   const std::string& backend_name() const override { return backend_name_; }
-  bool host_memory_backend() const override { return !backend_->keeps_state_on_device(); }
+  bool host_memory_backend() const override { return backend_->device_memory() == nullptr; }
   // The backend's exported GPU memory; none on the cpu backend.
   std::optional<DeviceExports> device_exports(const std::string& job) const override {
     const ExportedMemoryAbility* exported = backend_->exported_memory();
