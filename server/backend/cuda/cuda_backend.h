@@ -36,6 +36,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/unchecked_mutex.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cuda_step.h"
 #include "kernels/step_rules.h"
@@ -207,8 +208,12 @@ class CudaBackend final : public Backend,
 
   const int device_;
   kernels::ThreadPool pool_;  // version 0 on the host
-  // One step (or state creation, import or read) at a time on the stream.
-  absl::Mutex mu_;
+  // One step (or state creation, import or read) at a time on the stream. A step holds it while
+  // it publishes (the job's publish takes the job's lock), and a job holds its lock while it makes
+  // version 0 or imports (which take this one): the inverse orders never meet, as a job starts no
+  // step while it makes version 0 or imports, and imports only between steps. absl::Mutex's
+  // lock-order detector would abort on them all the same (common/unchecked_mutex.h).
+  UncheckedMutex mu_;
   // Made in Init, then used under mu_ (stream_) or by host readers (copy_stream_, step_done_).
   cudaStream_t stream_ = nullptr;
   cudaStream_t copy_stream_ = nullptr;  // host readers' copies down (ReadyHostBytes)

@@ -76,7 +76,7 @@ absl::Status CudaBackend::ServePrevious(std::span<TensorStep> tensors,
 }
 
 absl::Status CudaBackend::CopyServedOnDevice(const ServedTensor& from, ServedTensor* to) {
-  absl::MutexLock lock(&mu_);
+  UncheckedMutexLock lock(&mu_);
   const absl::Status status = [&]() -> absl::Status {
     PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     for (size_t f = 0; f < from.formats.size() && f < to->formats.size(); ++f) {

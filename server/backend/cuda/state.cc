@@ -16,7 +16,7 @@ namespace paramd::cuda {
 absl::StatusOr<std::unique_ptr<TensorState>> CudaBackend::CreateState(
     const TensorInfo& info, std::span<const float> initial, ServedTensor* out,
     const WholeAmax& whole_amax) {
-  absl::MutexLock lock(&mu_);
+  UncheckedMutexLock lock(&mu_);
   PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   InitialState init;
   if (absl::Status s = MakeInitialState(info, initial, pool_, &init, out, whole_amax); !s.ok()) {
@@ -58,7 +58,7 @@ absl::StatusOr<std::unique_ptr<TensorState>> CudaBackend::CreateState(
 
 absl::Status CudaBackend::ReadStateArray(const TensorState& state, StateArray array, int64_t offset,
                                          std::span<uint8_t> out) {
-  absl::MutexLock lock(&mu_);
+  UncheckedMutexLock lock(&mu_);
   PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   const auto& s = static_cast<const CudaTensorState&>(state);
   const DeviceBuffer* buffer = nullptr;
@@ -98,7 +98,7 @@ absl::Status CudaBackend::ReadStateArray(const TensorState& state, StateArray ar
 }
 
 absl::StatusOr<TensorScalars> CudaBackend::ReadStateScalars(const TensorState& state) {
-  absl::MutexLock lock(&mu_);
+  UncheckedMutexLock lock(&mu_);
   PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   const auto& s = static_cast<const CudaTensorState&>(state);
   TensorScalars scalars;
@@ -115,7 +115,7 @@ absl::StatusOr<TensorScalars> CudaBackend::ReadStateScalars(const TensorState& s
 absl::StatusOr<std::unique_ptr<TensorState>> CudaBackend::ImportState(const TensorInfo& info,
                                                                       HostTensorState host,
                                                                       ServedTensor* out) {
-  absl::MutexLock lock(&mu_);
+  UncheckedMutexLock lock(&mu_);
   PARAMD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   // The served bytes on the host, as CreateState's version 0: the device's outputs are written
   // by the next step before they are read.

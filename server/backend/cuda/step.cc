@@ -17,7 +17,7 @@ namespace paramd::cuda {
 
 absl::StatusOr<GradientCheck> CudaBackend::CheckGradients(std::span<TensorStep> tensors,
                                                           float grad_scale, bool norms) {
-  absl::MutexLock lock(&mu_);
+  UncheckedMutexLock lock(&mu_);
   absl::StatusOr<GradientCheck> check = CheckGradientsLocked(tensors, grad_scale, norms);
   if (!check.ok()) NoticeFailure(check.status());
   return check;
@@ -34,7 +34,7 @@ absl::StatusOr<StepOutcome> CudaBackend::Step(const StepInput& input) {
 
 absl::Status CudaBackend::ApplyStep(std::span<TensorStep> tensors, const StepScalars& scalars,
                                     const std::function<void(size_t)>& tensor_done) {
-  absl::MutexLock lock(&mu_);
+  UncheckedMutexLock lock(&mu_);
   absl::Status status = StepLocked(tensors, scalars, tensor_done);
   if (!status.ok()) NoticeFailure(status);
   return status;
@@ -57,7 +57,7 @@ absl::StatusOr<StepOutcome> CudaBackend::StepOnDevice(std::span<TensorStep> tens
                                                       double max_grad_norm,
                                                       const std::function<void()>& queued) {
   if (absl::Status s = CheckNoWholeAmax(tensors); !s.ok()) return s;
-  absl::MutexLock lock(&mu_);
+  UncheckedMutexLock lock(&mu_);
   absl::StatusOr<StepOutcome> outcome = StepOnDeviceLocked(tensors, scalars, max_grad_norm, queued);
   if (!outcome.ok()) NoticeFailure(outcome.status());
   return outcome;
