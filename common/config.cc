@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "common/logging.h"
 #include "common/owner_address.h"
+#include "common/step_cpus.h"
 
 namespace paramd {
 namespace {
@@ -160,7 +161,13 @@ v1::DaemonConfig WithDefaults(v1::DaemonConfig c) {
   if (c.backend().empty()) c.set_backend("cpu");
   if (!c.has_metrics_listen()) c.set_metrics_listen("127.0.0.1:9464");
   if (c.step_threads() == 0) {
-    c.set_step_threads(static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency())));
+    // As many as the CPUs they are placed on, where they are placed (an invalid placement is
+    // ValidateConfig's to report).
+    const absl::StatusOr<std::vector<int>> placed = StepCpus(c);
+    c.set_step_threads(
+        placed.ok() && !placed->empty()
+            ? static_cast<int32_t>(placed->size())
+            : static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency())));
   }
   if (c.max_chunk_bytes() == 0) c.set_max_chunk_bytes(4 * kMiB);
   if (c.max_message_bytes() == 0) {
@@ -236,6 +243,7 @@ absl::Status ValidateConfig(const v1::DaemonConfig& c) {
     if (absl::Status s = CheckAdvertiseAddress(c.advertise_address()); !s.ok()) return s;
   }
   if (absl::Status s = CheckBackends(c.backend()); !s.ok()) return s;
+  if (absl::StatusOr<std::vector<int>> cpus = StepCpus(c); !cpus.ok()) return cpus.status();
   for (const absl::Status& s : {
            CheckRange("step_threads", c.step_threads(), 1, 1024),
            CheckRange("max_chunk_bytes", c.max_chunk_bytes(), 4 * kKiB, 64 * kMiB),

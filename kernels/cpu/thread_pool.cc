@@ -1,5 +1,8 @@
 #include "kernels/cpu/thread_pool.h"
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <algorithm>
 #include <chrono>
 #include <thread>
@@ -18,6 +21,8 @@ constexpr int kPollsPerCheck = 256;
 // The pool whose loop this thread is running, so a nested ParallelFor runs inline instead of
 // deadlocking on run_mutex_.
 thread_local const ThreadPool* tls_running_pool = nullptr;
+// The pool whose CPUs this thread was last placed on (a calling thread is placed once per pool).
+thread_local const ThreadPool* tls_placed_for = nullptr;
 
 template <typename T>
 void SpinThenWait(const std::atomic<T>& a, T old) {
@@ -34,13 +39,29 @@ void SpinThenWait(const std::atomic<T>& a, T old) {
 
 }  // namespace
 
-ThreadPool::ThreadPool(int num_threads) {
+ThreadPool::ThreadPool(int num_threads, std::vector<int> cpus) : cpus_(std::move(cpus)) {
   const int workers = std::max(num_threads, 1) - 1;
   workers_.reserve(workers);
   // Workers start from the generation as it is now: reading it in the new thread instead could
   // miss a bump made before the thread ran (a destructor racing the start would then hang).
   const uint32_t start = generation_.load(std::memory_order_relaxed);
-  for (int i = 0; i < workers; ++i) workers_.emplace_back([this, start] { WorkerLoop(start); });
+  for (int i = 0; i < workers; ++i) {
+    workers_.emplace_back([this, start] {
+      PlaceThisThread();
+      WorkerLoop(start);
+    });
+  }
+}
+
+void ThreadPool::PlaceThisThread() const {
+  if (cpus_.empty() || tls_placed_for == this) return;
+  tls_placed_for = this;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int cpu : cpus_) {
+    if (cpu >= 0 && cpu < CPU_SETSIZE) CPU_SET(cpu, &set);
+  }
+  pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
 }
 
 ThreadPool::~ThreadPool() {
@@ -55,6 +76,7 @@ ThreadPool::~ThreadPool() {
 
 void ThreadPool::Run(int64_t n, int64_t grain, BlockFn fn, void* ctx) {
   if (n <= 0) return;
+  PlaceThisThread();
   grain = std::max<int64_t>(grain, 1);
   const int64_t num_blocks = (n - 1) / grain + 1;
   if (num_blocks == 1 || workers_.empty() || tls_running_pool == this) {

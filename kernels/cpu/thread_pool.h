@@ -17,13 +17,18 @@ inline constexpr int64_t kDefaultGrain = int64_t{64} << 10;
 class ThreadPool {
  public:
   // Runs loops on `num_threads` threads in all: the calling thread plus num_threads - 1 workers,
-  // started here and kept until destruction. num_threads < 1 is taken as 1 (no workers).
-  explicit ThreadPool(int num_threads);
+  // started here and kept until destruction. num_threads < 1 is taken as 1 (no workers). With
+  // `cpus` (CPU numbers as the kernel numbers them), every thread that runs a loop is placed on
+  // that set: the workers when they start, a calling thread at its first loop (the scheduler
+  // chooses within the set). The caller checks that this process may run on them
+  // (common/config.h's StepCpus); a set the kernel refuses leaves a thread where it was.
+  explicit ThreadPool(int num_threads, std::vector<int> cpus = {});
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
+  const std::vector<int>& cpus() const { return cpus_; }
 
   // Calls fn(begin, end) for consecutive blocks [begin, end) that cover [0, n) exactly once; every
   // block is `grain` long except possibly the last (grain < 1 is taken as 1). Blocks are handed out
@@ -44,8 +49,10 @@ class ThreadPool {
 
   void Run(int64_t n, int64_t grain, BlockFn fn, void* ctx);
   void WorkerLoop(uint32_t seen_generation);
-  void RunBlocks();  // takes blocks of the current loop until none is left
+  void RunBlocks();              // takes blocks of the current loop until none is left
+  void PlaceThisThread() const;  // on cpus_, where set
 
+  const std::vector<int> cpus_;
   std::vector<std::thread> workers_;
   std::mutex run_mutex_;  // one loop at a time
 

@@ -6,8 +6,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
+#include "common/logging.h"
 #include "common/shard_map.h"
 #include "common/status_macros.h"
+#include "common/step_cpus.h"
 #include "server/backend/cpu_backend.h"
 
 namespace paramd {
@@ -15,7 +17,12 @@ namespace paramd {
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const v1::DaemonConfig& config) {
   PARAMD_ASSIGN_OR_RETURN(const int device, BackendDevice(config.backend()));
   if (device == kCpuDevice) {
-    return std::make_unique<CpuBackend>(config.step_threads(), config.backend());
+    PARAMD_ASSIGN_OR_RETURN(std::vector<int> cpus, StepCpus(config));
+    if (!cpus.empty()) {
+      PARAMD_LOG(INFO) << "backend " << config.backend() << ": " << config.step_threads()
+                       << " step threads on CPUs " << CpuListText(cpus);
+    }
+    return std::make_unique<CpuBackend>(config.step_threads(), config.backend(), std::move(cpus));
   }
   return MakeCudaBackend(device, config);
 }

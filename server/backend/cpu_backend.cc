@@ -147,7 +147,8 @@ kernels::FusedStepArgs StepArgs(CpuTensorState& s, const TensorStep& t, const St
 
 }  // namespace
 
-CpuBackend::CpuBackend(int threads, std::string name) : name_(std::move(name)), pool_(threads) {}
+CpuBackend::CpuBackend(int threads, std::string name, std::vector<int> cpus)
+    : name_(std::move(name)), pool_(threads, std::move(cpus)) {}
 CpuBackend::~CpuBackend() = default;
 
 absl::StatusOr<std::unique_ptr<TensorState>> CpuBackend::CreateState(

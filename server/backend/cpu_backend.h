@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/cpu/thread_pool.h"
 #include "server/backend/backend.h"
@@ -13,11 +14,14 @@ namespace paramd {
 
 class CpuBackend : public Backend {
  public:
-  // `name`: "cpu", or "cpu:K" for one of a daemon's several.
-  explicit CpuBackend(int threads, std::string name = "cpu");
+  // `name`: "cpu", or "cpu:K" for one of a daemon's several. `cpus`: where its step threads run
+  // (DaemonConfig.step_cpus, common/step_cpus.h); empty: wherever the scheduler puts them.
+  explicit CpuBackend(int threads, std::string name = "cpu", std::vector<int> cpus = {});
   ~CpuBackend() override;
 
   std::string name() const override { return name_; }
+  // The CPUs its step threads run on; empty where they are not placed.
+  const std::vector<int>& step_cpus() const { return pool_.cpus(); }
   absl::StatusOr<std::unique_ptr<TensorState>> CreateState(const TensorInfo& info,
                                                            std::span<const float> initial,
                                                            ServedTensor* out,

@@ -3,10 +3,13 @@
 #include "kernels/cpu/thread_pool.h"
 
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <sched.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -91,6 +94,60 @@ TEST(ThreadPoolTest, SerializesLoopsFromSeveralCallers) {
   }
   for (auto& t : callers) t.join();
   EXPECT_EQ(total.load(), 3 * 200 * 1000);
+}
+
+// The CPUs this thread may run on.
+std::set<int> ThisThreadsCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::set<int> cpus;
+  if (pthread_getaffinity_np(pthread_self(), sizeof(set), &set) != 0) return cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) cpus.insert(cpu);
+  }
+  return cpus;
+}
+
+// With CPUs given, every thread that runs a block runs on them: the workers and the caller.
+TEST(ThreadPoolTest, PlacedThreadsRunOnTheGivenCpusAlone) {
+  const std::set<int> allowed = ThisThreadsCpus();
+  ASSERT_FALSE(allowed.empty());
+  const int cpu = *allowed.rbegin();  // one this process may run on
+  std::mutex mu;
+  std::map<std::thread::id, std::set<int>> seen;
+  std::set<int> caller_after;
+  // A thread of its own calls the loop, so that this test's thread keeps its placement.
+  std::thread caller([&] {
+    ThreadPool pool(3, {cpu});
+    EXPECT_EQ(pool.cpus(), std::vector<int>{cpu});
+    pool.ParallelFor(64, 1, [&](int64_t, int64_t) {
+      const std::set<int> cpus = ThisThreadsCpus();
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));  // every thread takes blocks
+      std::lock_guard<std::mutex> lock(mu);
+      seen[std::this_thread::get_id()] = cpus;
+    });
+    caller_after = ThisThreadsCpus();
+  });
+  caller.join();
+  EXPECT_GE(seen.size(), 2u) << "the workers took no block";
+  for (const auto& [thread, cpus] : seen) EXPECT_EQ(cpus, std::set<int>{cpu});
+  EXPECT_EQ(caller_after, std::set<int>{cpu});
+  EXPECT_EQ(ThisThreadsCpus(), allowed) << "this test's own thread was placed";
+}
+
+// Without CPUs, a pool leaves its threads where the scheduler puts them.
+TEST(ThreadPoolTest, UnplacedThreadsKeepTheProcesssCpus) {
+  const std::set<int> allowed = ThisThreadsCpus();
+  std::mutex mu;
+  std::vector<std::set<int>> seen;
+  ThreadPool pool(3);
+  EXPECT_TRUE(pool.cpus().empty());
+  pool.ParallelFor(32, 1, [&](int64_t, int64_t) {
+    const std::set<int> cpus = ThisThreadsCpus();
+    std::lock_guard<std::mutex> lock(mu);
+    seen.push_back(cpus);
+  });
+  for (const std::set<int>& cpus : seen) EXPECT_EQ(cpus, allowed);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <thread>
@@ -12,7 +13,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/owner_address.h"
+#include "common/step_cpus.h"
 #include "server/backend/backends.h"
+#include "server/backend/cpu_backend.h"
 #include "tests/unit/server/status_assertions.h"
 
 namespace paramd {
@@ -338,6 +341,85 @@ TEST(ConfigTest, TheExampleConfigParsesAndValidates) {
   ASSERT_TRUE(config.ok()) << config.status();
   const absl::Status valid = ValidateConfig(WithDefaults(*config));
   EXPECT_TRUE(valid.ok()) << valid;
+}
+
+TEST(StepCpusTest, ACpuListIsReadAsTheKernelWritesIt) {
+  EXPECT_EQ(*ParseCpuList("0-3,8,10-11\n"), (std::vector<int>{0, 1, 2, 3, 8, 10, 11}));
+  EXPECT_EQ(*ParseCpuList("5"), std::vector<int>{5});
+  EXPECT_TRUE(ParseCpuList("")->empty());
+  for (const char* bad : {"3-1", "a", "1-2-3", "-1", "1,,2"}) {
+    EXPECT_TRUE(HasStatus(ParseCpuList(bad), kInvalid, "is not a CPU list")) << bad;
+  }
+  EXPECT_EQ(CpuListText({0, 1, 2, 3, 8, 10, 11}), "0-3,8,10-11");
+}
+
+// The step threads go where the config says, on CPUs this process may run on, and are as many
+// as those CPUs unless step_threads says otherwise.
+TEST(StepCpusTest, StepCpusAreCheckedAgainstTheProcesssCpusAndSetTheDefaultThreadCount) {
+  const std::vector<int> allowed = AllowedCpus();
+  ASSERT_FALSE(allowed.empty());
+  v1::DaemonConfig config;
+  EXPECT_TRUE(StepCpus(config)->empty());
+  config.add_step_cpus(allowed.back());
+  config.add_step_cpus(allowed.front());
+  config.add_step_cpus(allowed.back());
+  std::vector<int> expected = {allowed.front()};
+  if (allowed.back() != allowed.front()) expected.push_back(allowed.back());
+  EXPECT_EQ(*StepCpus(config), expected);
+  v1::DaemonConfig defaulted = WithDefaults(config);
+  EXPECT_EQ(defaulted.step_threads(), static_cast<int>(expected.size()));
+  EXPECT_TRUE(ValidateConfig(defaulted).ok());
+  config.set_step_threads(7);
+  EXPECT_EQ(WithDefaults(config).step_threads(), 7);
+
+  v1::DaemonConfig outside = WithDefaults(v1::DaemonConfig());
+  outside.add_step_cpus(CPU_SETSIZE - 1);  // no machine here has it
+  EXPECT_TRUE(HasStatus(
+      ValidateConfig(outside), kInvalid,
+      absl::StrCat("step_cpus names CPU ", CPU_SETSIZE - 1,
+                   ", which this process may not run on (it may run on ", CpuListText(allowed))));
+  v1::DaemonConfig both = WithDefaults(v1::DaemonConfig());
+  both.add_step_cpus(allowed.front());
+  both.set_step_numa_node(0);
+  EXPECT_TRUE(HasStatus(ValidateConfig(both), kInvalid, "step_cpus and step_numa_node"));
+}
+
+TEST(StepCpusTest, ANumaNodeGivesItsCpusThisProcessMayRunOn) {
+  const std::vector<int> allowed = AllowedCpus();
+  const std::string dir = ::testing::TempDir() + "/nodes";
+  std::filesystem::create_directories(dir + "/node0");
+  std::filesystem::create_directories(dir + "/node1");
+  // Node 0 holds every CPU this process may run on and one it may not; node 1 only the latter.
+  std::ofstream(dir + "/node0/cpulist") << CpuListText(allowed) << "," << CPU_SETSIZE - 1 << "\n";
+  std::ofstream(dir + "/node1/cpulist") << CPU_SETSIZE - 1 << "\n";
+  v1::DaemonConfig config;
+  config.set_step_numa_node(0);
+  EXPECT_EQ(*StepCpus(config, dir), allowed);
+  config.set_step_numa_node(1);
+  EXPECT_TRUE(HasStatus(StepCpus(config, dir), kInvalid, "none of its CPUs"));
+  config.set_step_numa_node(2);
+  EXPECT_TRUE(HasStatus(StepCpus(config, dir), kInvalid, "names no NUMA node of this machine"));
+  // This machine's own node 0, where it has one (a machine without NUMA in sysfs has none).
+  if (std::filesystem::exists("/sys/devices/system/node/node0/cpulist")) {
+    config.set_step_numa_node(0);
+    absl::StatusOr<std::vector<int>> cpus = StepCpus(config);
+    ASSERT_TRUE(cpus.ok()) << cpus.status();
+    EXPECT_FALSE(cpus->empty());
+  }
+}
+
+// A daemon with placed step threads starts, and its cpu backend's pool is on those CPUs.
+TEST(StepCpusTest, TheCpuBackendsPoolIsPlacedAsConfigured) {
+  const std::vector<int> allowed = AllowedCpus();
+  v1::DaemonConfig config;
+  config.add_step_cpus(allowed.back());
+  config = WithDefaults(config);
+  ASSERT_TRUE(ValidateConfig(config).ok());
+  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(config);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  auto* cpu = dynamic_cast<CpuBackend*>(backend->get());
+  ASSERT_NE(cpu, nullptr);
+  EXPECT_EQ(cpu->step_cpus(), std::vector<int>{allowed.back()});
 }
 
 }  // namespace
