@@ -48,7 +48,7 @@ absl::Status DaemonEnds::Attach(const v1::AttachRequest& request,
 
 const std::string& DaemonEnds::NameOf(std::optional<Memory> memory) const {
   for (const End& e : ends_) {
-    if (e.end->memory() == memory) return e.name;
+    if (e.end->memory() == memory && e.end->offered()) return e.name;
   }
   static const std::string kNone = "unknown";
   return kNone;
@@ -57,6 +57,8 @@ const std::string& DaemonEnds::NameOf(std::optional<Memory> memory) const {
 const std::string& DaemonEnds::LabelFor(const std::string& declared,
                                         std::optional<Memory> memory) const {
   for (const End& e : ends_) {
+    // A declared transport was offered when the rank attached (Attach refuses others): it is
+    // not asked again here, on every stored chunk and pulled header.
     if (e.name == declared && e.end->memory() == memory) return e.name;
   }
   return NameOf(memory);

@@ -90,8 +90,8 @@ class DaemonEnds {
   // ERROR_REASON_CLIENT_TOO_OLD, saying to upgrade the client; else the end of the transport it
   // names answers, once that end is offered (FAILED_PRECONDITION saying why not otherwise).
   absl::Status Attach(const v1::AttachRequest& request, v1::AttachResponse* response) const;
-  // The transport whose places lie in `memory` (its bytes counted under its name); with none, the
-  // one that carries bytes in its messages.
+  // The offered transport whose places lie in `memory` (its bytes counted under its name); with
+  // none, the one that carries bytes in its messages.
   const std::string& NameOf(std::optional<Memory> memory) const;
   // The transport that moved bytes of `memory` (none: in its messages) for a trainer that uses
   // `declared` (its Attach, or its pull's PullRequest.transport): that one where its memory is

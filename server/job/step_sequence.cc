@@ -51,7 +51,7 @@ absl::StatusOr<CommitOutcome> StepSequence::Commit(int32_t rank, const RankCommi
 
   // The last rank: the step is taken, the next one opens.
   outcome.step_started = true;
-  outcome.work = StepWork{next_step_, mine.lr, mine.grad_scale};
+  outcome.work = StepWork{next_step_, mine.lr, mine.grad_scale, /*weight_decay=*/std::nullopt};
   for (int64_t& last : last_commit_) last = next_step_;
   commits_.clear();
   ++next_step_;

@@ -127,9 +127,9 @@ v1::AttachRequest OldRequest(const OldShape& old) {
 
 TEST_F(AttachTest, EveryRequestOfAnOlderClientIsRefusedSayingToUpgradeAndChangesNothing) {
   const OldShape shapes[] = {
-      {"a probe", "", "shm"},
-      {"a declaration", "j", "shm", "first viable transport"},
-      {"a declaration of inline", "j", "inline", "asked for by name"},
+      {"a probe", "", "shm", std::nullopt, std::nullopt},
+      {"a declaration", "j", "shm", "first viable transport", std::nullopt},
+      {"a declaration of inline", "j", "inline", "asked for by name", std::nullopt},
       {"a step's slot places", "j", "shm", std::nullopt, 0},
       {"a job's regions", "j", "shm", std::nullopt, std::nullopt, false, true},
       {"an nccl session open", "j", "nccl", std::nullopt, std::nullopt, true},

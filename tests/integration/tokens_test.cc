@@ -116,7 +116,7 @@ class TokensTest : public ::testing::Test {
 };
 
 TEST_F(TokensTest, ACallWithoutATokenOrWithAnUnknownOneIsUnauthenticated) {
-  for (const std::string token : {std::string(), std::string("not-a-token-of-this-daemon")}) {
+  for (const std::string& token : {std::string(), std::string("not-a-token-of-this-daemon")}) {
     std::unique_ptr<Client> client = Connect(token);
     ASSERT_NE(client, nullptr);
     EXPECT_TRUE(HasStatus(client->Register(Spec("job-a")), kUnauthenticated, "")) << token;

@@ -302,7 +302,7 @@ TEST(ConfigTest, AUnixSocketListensOnAPathOfAtMost107Bytes) {
   EXPECT_EQ(UnixSocketPath(c.listen()), "/run/paramd.sock");
   c.set_listen("unix:" + std::string(107, 'p'));
   EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
-  for (const std::string bad : {std::string("unix:"), "unix:" + std::string(108, 'p')}) {
+  for (const std::string& bad : {std::string("unix:"), "unix:" + std::string(108, 'p')}) {
     c.set_listen(bad);
     EXPECT_TRUE(HasStatus(ValidateConfig(c), kInvalid, "names no Unix socket path of 1 to 107"))
         << bad;
