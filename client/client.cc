@@ -357,6 +357,7 @@ absl::StatusOr<v1::RegisterResponse> Client::Register(const v1::RegisterRequest&
   if (transport_ == nullptr) {
     TransportContext context{channel_, response.max_chunk_bytes(), request.job(), request.rank()};
     context.cuda_stream = options_.cuda_stream;
+    context.cuda_device = options_.cuda_device;
     context.lend_gradients = options_.lend_gradients;
     std::string reason;
     absl::StatusOr<std::unique_ptr<Transport>> transport =

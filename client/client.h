@@ -84,6 +84,14 @@ struct ClientOptions {
   // kernels without synchronizing first. 0 = the legacy default stream (PyTorch's default
   // stream), which also orders every blocking stream; name a non-blocking stream here.
   uintptr_t cuda_stream = 0;
+  // The trainer's GPU (a CUDA device index), for a transport of host memory (shm): the daemon's
+  // segments are page-locked for it as they are mapped (cudaHostRegister, once), gradients in its
+  // memory are pushed by DMA straight into their slots (after cuda_stream's work, on a stream of
+  // the transport's; the caller's thread does not wait for the device), and a view of served
+  // bytes can be copied to it by DMA. Registrations end with the transport, and those of a daemon
+  // that restarted as soon as the transport follows it. -1: host memory only (a trainer without
+  // a GPU need not load CUDA). transport_traits() says whether it took (reads_device_memory).
+  int cuda_device = -1;
   // cuda_ipc: a gradient in GPU memory on the daemon's own GPU is lent, not copied. The daemon
   // reads it where it lies when the step runs, so a push costs a mark and no copy; in exchange the
   // caller keeps those bytes unchanged, and allocated, until the step has run: until a pull of the

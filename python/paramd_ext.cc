@@ -27,6 +27,7 @@
 #include "client/wait_until_serving.h"
 #include "common/element_type.h"
 #include "common/version.h"
+#include "transport/shm/gpu_copies.h"
 
 namespace py = pybind11;
 
@@ -587,13 +588,14 @@ class PyClient {
            double connect_timeout_s, int max_attempts, uintptr_t cuda_stream,
            double reconnect_timeout_s, bool lend_gradients, double daemons_wait_s,
            int daemons_count, const std::optional<std::string>& token_file,
-           const std::string& token) {
+           const std::string& token, int cuda_device) {
     ClientOptions options;
     if (token_file.has_value()) options.token_file = *token_file;  // else $PARAMD_TOKEN_FILE
     options.token = token;
     options.daemons_wait = Millis(daemons_wait_s);
     options.daemons_count = daemons_count;
     options.cuda_stream = cuda_stream;
+    options.cuda_device = cuda_device;
     options.lend_gradients = lend_gradients;
     options.address = address;
     options.transport = transport;
@@ -985,6 +987,11 @@ PYBIND11_MODULE(_paramd, m) {
     }
   });
 
+  m.def(
+      "page_locked_bytes", [] { return paramd::GpuCopies::PageLockedBytes(); },
+      "Bytes of this process's memory page-locked for the GPU by shm transports now (their "
+      "clients' cuda_device): the daemon's segments they map; 0 once the clients are gone.");
+
   // paramd.daemon waits for the daemon it started by the rule `paramctl wait` uses.
   m.def(
       "wait_until_serving",
@@ -1053,23 +1060,27 @@ PYBIND11_MODULE(_paramd, m) {
       .def("__len__", &paramd::PyPulledBatch::size);
 
   py::class_<PyClient>(m, "Client", "One trainer rank's connection to a paramd daemon")
-      .def(py::init<const std::string&, const std::string&, double, double, int, uintptr_t, double,
-                    bool, double, int, const std::optional<std::string>&, const std::string&>(),
-           py::arg("address"), py::arg("transport") = "auto", py::arg("rpc_timeout_s") = 30.0,
-           py::arg("connect_timeout_s") = 10.0, py::arg("max_attempts") = 5,
-           py::arg("cuda_stream") = 0, py::arg("reconnect_timeout_s") = 0.0,
-           py::arg("lend_gradients") = false, py::arg("daemons_wait_s") = 120.0,
-           py::arg("daemons_count") = 0, py::arg("token_file") = py::none(), py::arg("token") = "",
-           "cuda_stream: the cudaStream_t (an int, torch.cuda.Stream.cuda_stream) that gradients "
-           "in GPU memory are written on; cuda_ipc's copies of a push wait for it (0: the legacy "
-           "default stream, PyTorch's default). lend_gradients: cuda_ipc lends gradients on the "
-           "daemon's GPU instead of copying them (ClientOptions::lend_gradients: keep them "
-           "unchanged until the step's version is pulled). daemons_wait_s: how long a register "
-           "with a list of daemons waits for each to answer (ClientOptions::daemons_wait). "
-           "daemons_count: how many daemons a list with a 'dns:NAME:PORT' entry must resolve to "
-           "(ClientOptions::daemons_count; 0: the first answer). token_file: the file holding "
-           "the bearer token every call carries, for a daemon with a token file (None: "
-           "$PARAMD_TOKEN_FILE; \"\": none); token: the token itself, where no file holds it")
+      .def(
+          py::init<const std::string&, const std::string&, double, double, int, uintptr_t, double,
+                   bool, double, int, const std::optional<std::string>&, const std::string&, int>(),
+          py::arg("address"), py::arg("transport") = "auto", py::arg("rpc_timeout_s") = 30.0,
+          py::arg("connect_timeout_s") = 10.0, py::arg("max_attempts") = 5,
+          py::arg("cuda_stream") = 0, py::arg("reconnect_timeout_s") = 0.0,
+          py::arg("lend_gradients") = false, py::arg("daemons_wait_s") = 120.0,
+          py::arg("daemons_count") = 0, py::arg("token_file") = py::none(), py::arg("token") = "",
+          py::arg("cuda_device") = -1,
+          "cuda_stream: the cudaStream_t (an int, torch.cuda.Stream.cuda_stream) that gradients "
+          "in GPU memory are written on; cuda_ipc's copies of a push wait for it (0: the legacy "
+          "default stream, PyTorch's default). lend_gradients: cuda_ipc lends gradients on the "
+          "daemon's GPU instead of copying them (ClientOptions::lend_gradients: keep them "
+          "unchanged until the step's version is pulled). daemons_wait_s: how long a register "
+          "with a list of daemons waits for each to answer (ClientOptions::daemons_wait). "
+          "daemons_count: how many daemons a list with a 'dns:NAME:PORT' entry must resolve to "
+          "(ClientOptions::daemons_count; 0: the first answer). token_file: the file holding "
+          "the bearer token every call carries, for a daemon with a token file (None: "
+          "$PARAMD_TOKEN_FILE; \"\": none); token: the token itself, where no file holds it. "
+          "cuda_device: the trainer's GPU, for shm: the daemon's segments are page-locked for it "
+          "and gradients in its memory pushed by DMA (ClientOptions::cuda_device; -1: none)")
       .def("register", &PyClient::Register, py::arg("job"), py::arg("rank"), py::arg("world_size"),
            py::arg("tensors"), py::arg("hyperparams"), py::arg("state_policy") = py::dict(),
            py::arg("serve") = std::vector<std::string>(), py::arg("seed") = 0,

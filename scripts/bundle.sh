@@ -19,7 +19,7 @@ bins=(server/paramd tools/paramctl examples/mlp/paramd_train_mlp
       examples/classifier/paramd_train_classifier bench/paramd_inline_bench bench/paramd_shm_bench
       tests/gpu/cuda_ipc_test tests/gpu/cuda_daemon_test tests/gpu/cuda_checkpoint_test
       tests/gpu/cuda_backend_conformance_test tests/gpu/cuda_sharded_test tests/gpu/nccl_communicator_test
-      tests/gpu/nccl_transport_test
+      tests/gpu/nccl_transport_test tests/gpu/shm_gpu_test
       tests/gpu/fused_step_cuda_test tests/gpu/step_rules_cuda_test tests/gpu/serve_cuda_test
       bench/gpu/paramd_cuda_ipc_bench bench/gpu/paramd_whole_step_bench bench/gpu/paramd_gpu_step_bench
       bench/paramd_sharded_step_bench)

@@ -23,6 +23,9 @@
 #   sharded cuda_sharded_test: a job sharded over three cuda:0 daemons, bit-identical to one cpu
 #           daemon (SANITIZE=1: under compute-sanitizer memcheck); then the sharded-step benchmark
 #           (bench/sharded_step_bench.cc) on this host's cores, 1, 2 and 3 daemons
+#   host    shm_gpu_test: the host tier's DMA (GPU gradients into a cpu daemon's page-locked
+#           segments, bit-identical to host ones; the page-locking renewed after a restart and
+#           let go with the client)
 #   python  tests/python/cuda_test.py: paramd.torch.AdamW with CUDA parameters over cuda_ipc (the
 #           bundle's Python package: scripts/bundle.sh with PARAMD_BUNDLE_PYTHON)
 #   lm      tests/python/lm_training_test.py --device cuda: examples/lm, 2 ranks on GPU 0
@@ -101,6 +104,7 @@ for p in "${parts[@]}"; do
           --params=200000000 --steps=6 --tensors=$t
       done
       ;;
+    host) part shm_gpu "${HOST_TIMEOUT:-200}" "$bundle/run.sh" shm_gpu_test --gtest_brief=1 ;;
     ipc) part ipc "${IPC_TIMEOUT:-300}" "$root/scripts/gpu_ipc.sh" "$bundle" 4096 1000 ;;
     nccl)
       # The daemon runs as the bundle's paramd, in a process of its own.
@@ -131,7 +135,7 @@ for p in "${parts[@]}"; do
                ${LLM_ARGS:-} ;;
       esac
       ;;
-    *) echo "gpu_bundle: unknown part $p (kernels, sanitize, backend, limits, sharded, nccl, ipc, whole, daemon, shm, python, lm, llm, mps)"; exit 2 ;;
+    *) echo "gpu_bundle: unknown part $p (kernels, sanitize, backend, limits, sharded, nccl, host, ipc, whole, daemon, shm, python, lm, llm, mps)"; exit 2 ;;
   esac
 done
 

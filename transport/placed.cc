@@ -688,7 +688,10 @@ void PlacedTransport::Remember(const std::string& job, const v1::AttachResponse&
     if (seen == DaemonStarts::Seen::kPast) return;
     if (seen == DaemonStarts::Seen::kNew) {
       for (auto& [name, regions] : regions_) {
-        for (auto& [index, region] : regions.mapped) retired_.push_back(std::move(region));
+        for (auto& [index, region] : regions.mapped) {
+          region->Retire();
+          retired_.push_back(std::move(region));
+        }
       }
       regions_.clear();
     }

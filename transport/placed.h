@@ -77,6 +77,9 @@ class DaemonRegion {
   virtual int64_t size() const = 0;
   // The `bytes` bytes at `offset` (checked against size() by the caller).
   virtual PlacedBytes At(int64_t offset, size_t bytes) const = 0;
+  // The daemon restarted: the region is kept (a view may still point into it) but lets go of
+  // whatever it holds beyond that (shm: its page-locking for the GPU).
+  virtual void Retire() {}
 };
 
 // A region mapped in this process: its places are addresses here.

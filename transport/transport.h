@@ -162,6 +162,9 @@ struct TransportContext {
   int32_t rank = 0;
   // ClientOptions::cuda_stream: the stream the trainer writes its gradients on.
   uintptr_t cuda_stream = 0;
+  // ClientOptions::cuda_device: the trainer's GPU, whose memory a host-memory transport (shm)
+  // moves by DMA; -1: none.
+  int cuda_device = -1;
   // ClientOptions::lend_gradients: cuda_ipc lends gradients on the daemon's GPU instead of copying.
   bool lend_gradients = false;
 };

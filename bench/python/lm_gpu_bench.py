@@ -24,6 +24,12 @@ of its own), --warmup steps then --steps timed steps, with the device synchroniz
   paramd_fp8_gemm   paramd_bf16 plus fp8_tensor weights served for every decoder linear layer,
                     whose forward GEMMs run in FP8 (torch._scaled_mm): reported apart, its
                     forward differs
+  paramd_host       the host tier (not in the default rows): a cpu daemon on this GPU's host
+                    (--host_threads step threads, --host_policy, bf16 served), bf16 parameters;
+                    gradients by DMA into its shared memory, weights by DMA straight into the
+                    parameters (docs/host_tier.md). Its peer is torch_bf16_master; none_bf16 is
+                    its memory floor
+  paramd_host_copies the same through host copies (host_dma=False): the path before the host tier
   paramd_sharded2   paramd's job sharded over two cuda:0 daemons on the same GPU (not in the
                     default rows): the GPU path of a sharded job (sharded_device_path) (each owner's gradient rows
                     pushed from GPU memory, each owner's pieces viewed in place and a split
@@ -48,7 +54,9 @@ import time
 
 ROWS = ["none", "none_bf16", "torch_fused", "torch_bf16_master", "paramd", "paramd_fp32",
         "paramd_bf16", "paramd_fp8_gemm"]
-BF16_ROWS = ("none_bf16", "torch_bf16_master", "paramd_bf16", "paramd_fp8_gemm")
+BF16_ROWS = ("none_bf16", "torch_bf16_master", "paramd_bf16", "paramd_fp8_gemm", "paramd_host",
+             "paramd_host_copies")
+HOST_ROWS = ("paramd_host", "paramd_host_copies")
 
 
 def peer_of(row):
@@ -137,7 +145,7 @@ def report_syncs(step, i):
 
 
 def one_row(row, address, steps, warmup, profile=False, trace=None, sync_debug=False,
-            daemons=None):
+            daemons=None, policy="fp8"):
     """Trains `row` in this process; returns its figures."""
     import torch
     torch.cuda.set_device(0)
@@ -153,11 +161,14 @@ def one_row(row, address, steps, warmup, profile=False, trace=None, sync_debug=F
         import paramd.torch
         serve = {"paramd_fp8_gemm": ["bf16", "fp8_tensor"], "paramd_fp32": ["fp32"]}.get(
             row, ["bf16"])
+        host = row in HOST_ROWS
         opt = paramd.torch.AdamW(model.named_parameters(), lr=1e-4, weight_decay=0.1,
-                                 address=address, job="llm", state_policy="fp8", serve=serve,
+                                 address=address, job="llm",
+                                 state_policy=policy if host else "fp8", serve=serve,
                                  module=model, daemons=daemons,
                                  sharded_device_path=daemons is not None,
-                                 weights_in_place=row not in ("paramd", "paramd_sharded2"))
+                                 weights_in_place=row not in ("paramd", "paramd_sharded2") + HOST_ROWS,
+                                 host_dma=row != "paramd_host_copies")
         if row == "paramd_fp8_gemm":
             use_fp8_gemms(model, opt)
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -297,19 +308,27 @@ def main():
     parser.add_argument("--sync_debug", action="store_true",
                         help="after the warm-up, run one more step with torch's synchronization "
                         "debugging on and print where each host wait on the device came from")
+    parser.add_argument("--batch", type=int, default=BATCH, help="sequences per step")
+    parser.add_argument("--seq", type=int, default=SEQ, help="tokens per sequence")
+    parser.add_argument("--host_threads", type=int, default=0,
+                        help="the host tier's daemon's step threads (0: the host's cores)")
+    parser.add_argument("--host_policy", default="fp8", help="the host tier's state policy")
+    parser.add_argument("--host_budget_gib", type=float, default=0,
+                        help="the host tier's daemon's memory_budget_bytes, GiB (0: its default)")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--address", help=argparse.SUPPRESS)
     parser.add_argument("--daemons", help=argparse.SUPPRESS)
     parser.add_argument("--switch_interval_ms", type=float,
                         help="the interpreter's thread switch interval (sys.setswitchinterval)")
     args = parser.parse_args()
+    globals().update(BATCH=args.batch, SEQ=args.seq)  # one_row and the table read them
     if args.switch_interval_ms:
         sys.setswitchinterval(args.switch_interval_ms / 1e3)
     if args.one:
         daemons = args.daemons.split(",") if args.daemons else None
         print("RESULT " + json.dumps(one_row(args.one, args.address, args.steps, args.warmup,
                                              args.profile, args.trace, args.sync_debug,
-                                             daemons)))
+                                             daemons, args.host_policy)))
         return 0
 
     from paramd.daemon import Daemon
@@ -317,13 +336,27 @@ def main():
     rows = args.rows.split(",")
     for round_index, row in [(k, row) for k in range(args.rounds) for row in rows]:
         memory = PeakMemory()
-        daemon = Daemon(args.daemon, backend="cuda:0", extra_args=args.daemon_args.split()) if (
-            row.startswith("paramd")) else None
+        if row in HOST_ROWS:
+            budget = []
+            if args.host_budget_gib:  # set explicitly: a config file holds it
+                import tempfile
+                config = tempfile.NamedTemporaryFile("w", suffix=".textproto", delete=False)
+                config.write(f"memory_budget_bytes: {int(args.host_budget_gib * 2**30)}\n")
+                config.close()
+                budget = [f"--config={config.name}"]
+            daemon = Daemon(args.daemon, backend="cpu", step_threads=args.host_threads,
+                            extra_args=args.daemon_args.split() + budget)
+        elif row.startswith("paramd"):
+            daemon = Daemon(args.daemon, backend="cuda:0", extra_args=args.daemon_args.split())
+        else:
+            daemon = None
         # The sharded row's second owner: another daemon on the same GPU.
         other = Daemon(args.daemon, backend="cuda:0", extra_args=args.daemon_args.split()) if (
             row == "paramd_sharded2") else None
         command = [sys.executable, os.path.abspath(__file__), "--one", row,
-                   "--steps", str(args.steps), "--warmup", str(args.warmup)]
+                   "--steps", str(args.steps), "--warmup", str(args.warmup),
+                   "--batch", str(args.batch), "--seq", str(args.seq),
+                   "--host_policy", args.host_policy]
         if daemon is not None:
             command += ["--address", daemon.address]
         if other is not None:

@@ -48,7 +48,7 @@ _POLICY_KEYS = ("master", "exp_avg", "exp_avg_sq", "exp_avg_rounding", "exp_avg_
 def connect(address="127.0.0.1:50051", transport="auto", rpc_timeout_s=30.0,
             connect_timeout_s=10.0, max_attempts=5, cuda_stream=0, reconnect_timeout_s=0.0,
             lend_gradients=False, daemons_wait_s=120.0, daemons_count=0, token_file=None,
-            token=""):
+            token="", cuda_device=-1):
     """Connects to a daemon; waits up to connect_timeout_s for it to answer. A call keeps
     retrying a daemon that answers UNAVAILABLE (gone, or restarting) for reconnect_timeout_s
     (0: max_attempts tries). `cuda_stream` (an
@@ -63,12 +63,17 @@ def connect(address="127.0.0.1:50051", transport="auto", rpc_timeout_s=30.0,
     daemons_count addresses (0: the first answer), within daemons_wait_s. A daemon started with a
     token file (paramd --token_file) takes calls that carry a token: `token_file` names a file
     holding it alone, mode 0600 (None: $PARAMD_TOKEN_FILE where set), or `token` gives it. The
-    address may be "unix:PATH" for a daemon listening on a Unix socket."""
+    address may be "unix:PATH" for a daemon listening on a Unix socket. `cuda_device` (a CUDA
+    device index; -1: none) is the trainer's GPU for a host-memory transport (shm): the daemon's
+    segments are page-locked for it, gradients in its memory are pushed by DMA straight into
+    their slots, and in-place views of served bytes can be copied to it by DMA; the client's
+    transport_traits() then say reads_device_memory."""
     return Client(address, transport=transport, rpc_timeout_s=rpc_timeout_s,
                   connect_timeout_s=connect_timeout_s, max_attempts=max_attempts,
                   cuda_stream=cuda_stream, reconnect_timeout_s=reconnect_timeout_s,
                   lend_gradients=lend_gradients, daemons_wait_s=daemons_wait_s,
-                  daemons_count=daemons_count, token_file=token_file, token=token)
+                  daemons_count=daemons_count, token_file=token_file, token=token,
+                  cuda_device=cuda_device)
 
 
 def state_policy(policy):

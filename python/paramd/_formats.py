@@ -83,11 +83,12 @@ def served(pulled):
         # __cuda_array_interface__; the tensor keeps the view, and so its lease, alive.
         raw = torch.as_tensor(pulled)
     else:
-        raw = _host_bytes(pulled)
+        raw = host_bytes(pulled)
     return served_view(raw, pulled.fields)
 
 
-def _host_bytes(buffer):
+def host_bytes(buffer):
+    """A uint8 CPU tensor over a buffer's bytes (a pull's, in place or copied), no copy."""
     with warnings.catch_warnings():
         # An in-place view is a read-only buffer; torch warns that it views it.
         warnings.filterwarnings("ignore", message="The given buffer is not writable")
@@ -101,7 +102,7 @@ def block_tensors(batch):
         raise ValueError("this batch of in-place views was released; pull again")
     if batch.on_device:
         return [torch.as_tensor(b) for b in batch.blocks]
-    return [_host_bytes(b) for b in batch.blocks]
+    return [host_bytes(b) for b in batch.blocks]
 
 
 def served_batch(batch, blocks=None):

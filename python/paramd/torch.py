@@ -77,8 +77,20 @@ What happens when:
   `weights_in_place=True` a parameter whose dtype is the first format's views those bytes
   instead (no copy; do not write into it). Each version's views are let go once the next one is
   loaded and the work queued on them has run, so no lease outlives a step. A bf16 parameter
-  pushes bf16 gradients; fp32 and fp16 ones push fp32. With another transport (a cpu daemon),
-  CUDA gradients and weights go through host copies.
+  pushes bf16 gradients; fp32 and fp16 ones push fp32.
+- CUDA parameters with a daemon stepping in host memory (the cpu backend, over shm: the host
+  tier, docs/host_tier.md): the GPU holds the weights and gradients alone. The client page-locks
+  the daemon's shared-memory segments for this GPU once (`cuda_device`); gradients go
+  device-to-host by DMA straight into their slots as backward produces them (a copy stream of the
+  client's waits for the current stream on the device; the push thread, not the trainer's, waits
+  for the copies); each new weight, as the daemon publishes it in forward order, goes
+  host-to-device by DMA straight from the served bytes into its parameter where the parameter's
+  dtype is the first format's (bf16 parameters with serve="bf16"), else into a GPU buffer that is
+  dequantized into it; the other formats land in GPU buffers that served() gives. The copies wait
+  on the GPU for the work queued before step() (the last forward and backward), and each module's
+  forward pre-hook makes the current stream wait for its tensors' copies. So between step() and
+  the next forward the parameters are being written: read them only after sync_weights().
+  `host_dma=False` takes the host copies instead (as any other transport of host memory does).
 """
 
 import contextlib
@@ -196,7 +208,7 @@ class _PendingPull:
     """The pulled formats of one tensor for one version, filled by the pull thread (`weight`:
     the first format as float32 on the host path; None when `served` is written directly)."""
 
-    __slots__ = ("version", "done", "weight", "served", "error")
+    __slots__ = ("version", "done", "weight", "served", "error", "copied")
 
     def __init__(self, version):
         self.version = version
@@ -204,6 +216,7 @@ class _PendingPull:
         self.weight = None
         self.served = {}
         self.error = None
+        self.copied = None  # host tier: a CUDA event after the copies to the GPU (None: none)
 
 
 class _DeviceVersion:
@@ -300,7 +313,7 @@ class AdamW(torch.optim.Optimizer):
                  max_grad_norm=0.0, bucket_bytes=None, stream_pushes=True,
                  write_weights=True, weights_in_place=False, lend_gradients=True,
                  timeout_s=300.0, reconnect_timeout_s=0.0, daemons=None, push_mode="full",
-                 sharded_device_path=True, token_file=None):
+                 sharded_device_path=True, token_file=None, host_dma=True):
         groups = self._named_groups(params)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
         super().__init__([{**g, "params": [p for _, p in g["params"]]} for g in groups],
@@ -336,6 +349,7 @@ class AdamW(torch.optim.Optimizer):
         self._pulls = _Worker("paramd-pull")
         self._pending = {}  # id(param) -> _PendingPull of the version being loaded
         self._served = {}  # tensor name -> {format: ServedWeight} of the loaded version
+        self._copies = None  # host tier: the CUDA stream of the copies to the GPU
         self._versions = {}  # cuda_ipc: job name -> _DeviceVersion loaded
         self._device_pending = []  # cuda_ipc: _DeviceVersion of each job, being pulled
         # (CUDA event, _DeviceVersion) of versions replaced by newer ones, let go once the event
@@ -354,12 +368,14 @@ class AdamW(torch.optim.Optimizer):
             raise ValueError(f"paramd.torch.AdamW needs every parameter on one device; got "
                              f"{sorted(str(d) for d in devices)}")
         self.device = devices.pop()
-        cuda_stream = 0
+        cuda_stream, cuda_device = 0, -1
         if self.device.type == "cuda":
-            # The client's cuda_ipc end maps the daemon's memory on the current device and its
-            # pushes wait for the stream backward writes gradients on.
+            # The client's cuda_ipc end maps the daemon's memory on the current device, shm's
+            # page-locks the daemon's segments for it (the host tier), and their pushes wait for
+            # the stream backward writes gradients on.
             torch.cuda.set_device(self.device)
             cuda_stream = torch.cuda.current_stream(self.device).cuda_stream
+            cuda_device = torch.cuda.current_device() if host_dma else -1
         self._lend = lend_gradients and self.device.type == "cuda"
         self._sharded_device_path = sharded_device_path
         self._jobs = []
@@ -367,7 +383,8 @@ class AdamW(torch.optim.Optimizer):
             name = job if index == 0 else f"{job}.g{index}"
             client = paramd.connect(address, transport=transport, cuda_stream=cuda_stream,
                                     reconnect_timeout_s=reconnect_timeout_s,
-                                    lend_gradients=self._lend, token_file=token_file)
+                                    lend_gradients=self._lend, token_file=token_file,
+                                    cuda_device=cuda_device)
             j = _Job(name, client, torch_group)
             for tensor_name, param in group["params"]:
                 j.tensors.append(_Tensor(tensor_name, param, j))
@@ -458,18 +475,29 @@ class AdamW(torch.optim.Optimizer):
         traits = self._transport_traits
         on_gpu = self.device.type == "cuda"
         reads_device = on_gpu and bool(traits) and all(t["reads_device_memory"] for t in traits)
-        self._direct = reads_device and all(t["views_in_place"] for t in traits) and (
-            len(traits) == 1 or self._sharded_device_path)
+        in_place = all(t["views_in_place"] for t in traits)
+        self._direct = (reads_device and in_place and all(t["memory"] == "device" for t in traits)
+                        and (len(traits) == 1 or self._sharded_device_path))
+        # The host tier: a daemon stepping in host memory that this process reaches by DMA (shm
+        # with cuda_device): gradients go device-to-host straight into their slots, the served
+        # bytes host-to-device straight into the parameters.
+        self._dma = (reads_device and in_place and all(t["memory"] == "host" for t in traits))
+        if self._dma and self._copies is None:
+            self._copies = torch.cuda.Stream(self.device)
         # A transport that reads device memory but views nothing in place (nccl: a daemon on
         # another GPU without a peer path) sends gradients from GPU memory too, and its pulls
         # copy the weights out.
-        self._push_device = self._direct or (
+        self._push_device = self._direct or self._dma or (
             reads_device and any(not t["views_in_place"] for t in traits))
         if self._bucket_bytes is None:
             # A push of GPU memory waits for the stream and costs a round trip whatever its size,
-            # while its copies run at device speed: few large buckets. Host pushes stream in
-            # small ones, which keep the copies in cache.
-            self._bucket_bytes = (256 << 20) if self._push_device else (1 << 20)
+            # while its copies run at device speed: few large buckets (by DMA, smaller ones, so
+            # the copies run while backward does). Host pushes stream in small ones, which keep
+            # the copies in cache.
+            if self._dma:
+                self._bucket_bytes = 32 << 20
+            else:
+                self._bucket_bytes = (256 << 20) if self._push_device else (1 << 20)
         if self.weights_in_place and not self._direct:
             raise ValueError(f"weights_in_place needs CUDA parameters and a transport that views "
                              f"device memory in place, cuda_ipc (this optimizer has "
@@ -619,6 +647,9 @@ class AdamW(torch.optim.Optimizer):
         if self._direct:
             self._start_device_pulls(version)
             return
+        if self._dma:
+            self._start_dma_pulls(version)
+            return
         module_format = self.serve[0]
         for t in self._forward_order:
             pending = _PendingPull(version)
@@ -638,6 +669,64 @@ class AdamW(torch.optim.Optimizer):
                     pending.done.set()
 
             self._pulls.submit(pull)
+
+    def _start_dma_pulls(self, version):
+        """The host tier: tensor by tensor in forward order, as the daemon publishes each, the pull
+        thread leases the served bytes where they lie (page-locked for this GPU) and copies them
+        host-to-device on a copy stream of ours: the first format straight into the parameter
+        where its dtype is the format's (else into a GPU buffer, dequantized on the GPU), the
+        others into GPU buffers that served() gives. The copies wait on the GPU for the work queued
+        so far (the last forward and backward read the parameters); the forward pre-hooks make
+        the current stream wait for each tensor's copies. Nothing on the trainer's thread waits
+        for the device; the lease ends once its copy has run."""
+        free = torch.cuda.Event()
+        free.record()  # after every read of the parameters queued so far
+        copies, module_format = self._copies, self.serve[0]
+        for t in self._forward_order:
+            pending = _PendingPull(version)
+            self._pending[id(t.param)] = pending
+
+            def pull(t=t, pending=pending):
+                views = []
+                try:
+                    with torch.cuda.stream(copies):
+                        copies.wait_event(free)
+                        for fmt in self.serve:
+                            view = t.job.client.pull_in_place(t.job.name, t.name, fmt, version,
+                                                              self._timeout_s, 0.0)
+                            views.append(view)
+                            write = self.write_weights and fmt == module_format
+                            pending.served[fmt] = self._copy_to_gpu(t, fmt, view, write, pending)
+                        pending.copied = torch.cuda.Event()
+                        pending.copied.record(copies)
+                    pending.copied.synchronize()  # the leases end once their bytes are copied
+                except BaseException as error:  # raised where the weight is needed
+                    pending.error = error
+                finally:
+                    for view in views:
+                        view.release()
+                    pending.done.set()
+
+            self._pulls.submit(pull)
+
+    def _copy_to_gpu(self, t, fmt, view, write, pending):
+        """One leased view copied to the GPU on the current (copy) stream: into `t`'s parameter
+        where `write` and its dtype is the format's, else into a buffer of its own (with `write`,
+        dequantized into pending.weight). The ServedWeight of the copy."""
+        raw = _formats.host_bytes(view)
+        fields = view.fields
+        param = t.param.data
+        if (write and _formats.is_plain(fmt) and param.dtype == _formats.data_dtype(fmt)
+                and param.is_contiguous() and param.numel() * param.element_size() == len(raw)):
+            into = param.view(-1).view(torch.uint8)
+            into.copy_(raw, non_blocking=True)
+            return _formats.served_view(into, fields)
+        into = torch.empty(len(raw), dtype=torch.uint8, device=self.device)
+        into.copy_(raw, non_blocking=True)
+        served = _formats.served_view(into, fields)
+        if write:
+            pending.weight = _formats.dequantize(served).reshape(t.shape).to(t.param.dtype)
+        return served
 
     def _start_device_pulls(self, version):
         """cuda_ipc: one in-place pull per job and format views every tensor of the version in
@@ -756,6 +845,8 @@ class AdamW(torch.optim.Optimizer):
             return
         if not self._await(pending):
             return
+        if pending.copied is not None:  # the host tier: copied to the GPU on our stream
+            torch.cuda.current_stream(self.device).wait_event(pending.copied)
         if pending.weight is not None:
             with torch.no_grad():
                 param.copy_(pending.weight)

@@ -5,6 +5,7 @@ torch._scaled_mm, and the results are those of the cpu backend bit for bit. With
 exits 77 (skipped) with the reason, after checking that asking for cuda_ipc fails clearly."""
 
 import os
+import subprocess
 import sys
 import time
 import unittest
@@ -21,6 +22,22 @@ import paramd  # noqa: E402
 import paramd.torch  # noqa: E402
 
 DEVICE = "cuda:0"
+
+# A trainer that registers 16 tensors of 64 MiB, uploads them and pushes step 0's gradients from
+# GPU memory by DMA, saying "pushing" just before and "pushed" after.
+KILLED_TRAINER = """
+import sys, torch, paramd
+client = paramd.connect(sys.argv[1], transport="shm", cuda_device=0)
+tensors = [(f"t{i:02d}", 4096, 4096, "fp32") for i in range(16)]
+client.register(job="killed", rank=0, world_size=1, tensors=tensors,
+                hyperparams=paramd.hyperparams(lr=1e-2), serve=["fp32"])
+paramd.upload_initial_weights(client, "killed", {t[0]: torch.zeros(4096, 4096) for t in tensors})
+grads = {t[0]: torch.ones(4096, 4096, device="cuda:0") for t in tensors}
+torch.cuda.synchronize()
+print("pushing", flush=True)
+paramd.push_gradients(client, "killed", 0, 0, grads)
+print("pushed", flush=True)
+"""
 
 
 def make_model(seed=0, dtype=torch.float32):
@@ -241,20 +258,88 @@ class CudaTest(unittest.TestCase):
         opt.close()
 
     def test_the_cuda_and_cpu_backends_train_bit_identically(self):
-        """fp8 states with bf16 weights: CUDA parameters through cuda:0 over cuda_ipc, and
-        through a cpu daemon with host copies, end bit for bit the same."""
+        """fp8 states with bf16 weights: CUDA parameters through cuda:0 over cuda_ipc, through a
+        cpu daemon by DMA into its page-locked segments (the host tier), and through a cpu daemon
+        with host copies, end bit for bit the same. The host tier's page-locking ends with it."""
         finals = []
-        for address in (self.daemon.address, self.cpu_daemon.address):
+        runs = ((self.daemon.address, True, "cuda_ipc"), (self.cpu_daemon.address, True, "dma"),
+                (self.cpu_daemon.address, False, "host copies"))
+        for address, host_dma, path in runs:
             model = make_model(seed=3)
             opt = self.adamw(model, address=address, state_policy="fp8", serve="bf16",
-                             max_grad_norm=1.0)
-            self.assertEqual(opt.transport, "cuda_ipc" if address == self.daemon.address
-                             else "shm")
+                             max_grad_norm=1.0, host_dma=host_dma)
+            self.assertEqual(opt.transport, "cuda_ipc" if path == "cuda_ipc" else "shm")
+            self.assertEqual(opt._dma, path == "dma", path)
             train(model, opt, 5)
+            if path == "dma":
+                self.assertGreater(paramd._paramd.page_locked_bytes(), 0)
             finals.append(weights(model))
             opt.close()
-        for a, b in zip(*finals):
+            self.assertEqual(paramd._paramd.page_locked_bytes(), 0, path)
+        for run in finals[1:]:
+            for a, b in zip(finals[0], run):
+                self.assertTrue(torch.equal(a, b))
+
+    def test_the_host_tier_writes_bf16_parameters_in_place_and_serves_fp8_on_the_gpu(self):
+        """bf16 parameters over the host tier: each step's bf16 weights go host-to-device straight
+        into the parameters, the fp8 format into GPU buffers served() gives, and both equal the
+        host-copy path's bit for bit, step after step."""
+        runs = []
+        for host_dma in (True, False):
+            model = make_model(seed=8, dtype=torch.bfloat16)
+            opt = self.adamw(model, address=self.cpu_daemon.address, state_policy="fp8",
+                             serve=["bf16", "fp8_tensor"], host_dma=host_dma)
+            self.assertEqual(opt._dma, host_dma)
+            served = []
+            for step in range(4):
+                x, y = batch(step, torch.bfloat16)
+                F.cross_entropy(model(x).float(), y).backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                opt.sync_weights()
+                first = next(model.parameters())
+                fp8 = opt.served(first, "fp8_tensor")
+                self.assertEqual(fp8.data.device.type, "cuda" if host_dma else "cpu")
+                served.append((fp8.data.view(torch.uint8).cpu().clone(), fp8.scale.cpu().clone()))
+            runs.append((weights(model), served))
+            opt.close()
+        (dma_weights, dma_served), (host_weights, host_served) = runs
+        for a, b in zip(dma_weights, host_weights):
+            self.assertEqual(a.dtype, torch.bfloat16)
             self.assertTrue(torch.equal(a, b))
+        for (da, ds), (ha, hs) in zip(dma_served, host_served):
+            self.assertTrue(torch.equal(da, ha))
+            self.assertTrue(torch.equal(ds, hs))
+
+    def test_a_trainer_killed_while_its_gradients_are_copied_leaves_no_slot_marked(self):
+        """A trainer pushing 1 GiB of gradients by DMA is killed (SIGKILL) while the push runs:
+        the daemon has no byte of step 0 marked (the marks follow the copies), refuses a commit
+        naming the first tensor's 0 bytes, and takes the step from a trainer that comes back."""
+        tensors = [(f"t{i:02d}", 4096, 4096, "fp32") for i in range(16)]
+        child = subprocess.Popen([sys.executable, "-c", KILLED_TRAINER, self.cpu_daemon.address],
+                                 stdout=subprocess.PIPE, text=True)
+        try:
+            self.assertEqual(child.stdout.readline().strip(), "pushing")
+            time.sleep(0.01)
+            child.kill()
+            rest = child.stdout.read()
+        finally:
+            child.wait()
+        self.assertNotIn("pushed", rest, "the push ended before the kill: no copy was cut")
+        client = paramd.connect(self.cpu_daemon.address, transport="shm", cuda_device=0)
+        client.register(job="killed", rank=0, world_size=1, tensors=tensors,
+                        hyperparams=paramd.hyperparams(lr=1e-2), serve=["fp32"])
+        with self.assertRaises(paramd.StatusError) as caught:
+            client.commit("killed", 0, 0, lr=1e-2, grad_scale=1.0)
+        self.assertEqual(caught.exception.code, "FAILED_PRECONDITION")
+        self.assertIn('tensor "t00" has 0 of', str(caught.exception))
+        grads = {name: torch.full((rows, cols), 1e-3, device=DEVICE)
+                 for name, rows, cols, _ in tensors}
+        paramd.push_gradients(client, "killed", 0, 0, grads)
+        client.commit("killed", 0, 0, lr=1e-2, grad_scale=1.0)
+        for name, _, _, _ in tensors:  # AdamW's first step against g > 0, from zeros
+            self.assertTrue(torch.all(paramd.pull(client, "killed", name, "fp32", 1).data < 0))
+        client.close()
 
     def test_lent_gradients_train_as_copied_ones_and_take_no_daemon_slots(self):
         """Gradients lent to the daemon (the default: read where backward left them, in another

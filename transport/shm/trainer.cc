@@ -1,10 +1,13 @@
 // The trainer's end of `shm`: a placed transport (transport/placed.h) whose regions are the
-// daemon's POSIX shared-memory segments, mapped by name, and whose mover copies with memcpy.
+// daemon's POSIX shared-memory segments, mapped by name, and whose mover copies host memory with
+// memcpy and, for a trainer with a GPU (TransportContext::cuda_device), GPU memory by DMA
+// (transport/shm/gpu_copies.h): its segments are page-locked as they are mapped.
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/copy_bytes.h"
 #include "transport/placed.h"
+#include "transport/shm/gpu_copies.h"
 #include "transport/shm/segment.h"
 #include "transport/shm/shm.h"
 
@@ -13,24 +16,38 @@ namespace {
 
 class MappedSegment final : public MappedRegion {
  public:
-  explicit MappedSegment(std::unique_ptr<ShmSegment> segment) : segment_(std::move(segment)) {}
+  MappedSegment(std::unique_ptr<ShmSegment> segment,
+                std::unique_ptr<GpuCopies::Registration> registration)
+      : segment_(std::move(segment)), registration_(std::move(registration)) {}
   uint8_t* data() const override { return segment_->data(); }
   int64_t size() const override { return segment_->size(); }
   const std::string& name() const { return segment_->name(); }
+  // A past start's segment stays mapped while views may point into it; its pages are unlocked.
+  void Retire() override { registration_.reset(); }
 
  private:
   std::unique_ptr<ShmSegment> segment_;
+  std::unique_ptr<GpuCopies::Registration> registration_;  // page-locked for the GPU; or null
 };
 
 class ShmTransport final : public PlacedTransport {
  public:
   explicit ShmTransport(const TransportContext& context)
-      : PlacedTransport(context, "shm", Memory::kHost, "segment") {}
+      : PlacedTransport(context, "shm", Memory::kHost, "segment") {
+    if (context.cuda_device < 0) return;
+    absl::StatusOr<std::unique_ptr<GpuCopies>> gpu =
+        GpuCopies::Make(context.cuda_device, context.cuda_stream);
+    // Without the GPU (a build without CUDA, a device not visible), GPU memory is not read and
+    // traits() says so: the caller copies it to the host first.
+    if (gpu.ok()) gpu_ = *std::move(gpu);
+  }
   ~ShmTransport() override { Stop(); }
 
-  // The daemon's segments are mapped here: host memory, read and viewed where it lies.
+  // The daemon's segments are mapped here: host memory, read and viewed where it lies; with the
+  // trainer's GPU, its memory is moved by DMA.
   TransportTraits traits() const override {
-    return {.reads_device_memory = false, .views_in_place = true, .memory = Memory::kHost};
+    return {
+        .reads_device_memory = gpu_ != nullptr, .views_in_place = true, .memory = Memory::kHost};
   }
 
  private:
@@ -43,7 +60,18 @@ class ShmTransport final : public PlacedTransport {
     absl::StatusOr<std::unique_ptr<ShmSegment>> segment =
         ShmSegment::Open(response.shm().segments(index), true);
     if (!segment.ok()) return segment.status();
-    return std::make_unique<MappedSegment>(*std::move(segment));
+    std::unique_ptr<GpuCopies::Registration> registration;
+    if (gpu_ != nullptr) {
+      absl::StatusOr<std::unique_ptr<GpuCopies::Registration>> r =
+          gpu_->Register((*segment)->data(), static_cast<size_t>((*segment)->size()));
+      if (!r.ok()) {
+        return absl::Status(r.status().code(),
+                            absl::StrCat("page-locking segment ", (*segment)->name(),
+                                         " for the GPU: ", r.status().message()));
+      }
+      registration = *std::move(r);
+    }
+    return std::make_unique<MappedSegment>(*std::move(segment), std::move(registration));
   }
 
   // The probe the daemon wrote at the start of segment 0 proves this process maps its memory.
@@ -63,16 +91,49 @@ class ShmTransport final : public PlacedTransport {
     return absl::OkStatus();
   }
 
+  // The gradients in GPU memory may still be being written on the trainer's stream.
+  absl::Status BeforePush() override {
+    return gpu_ == nullptr ? absl::OkStatus() : gpu_->AfterCallersWork();
+  }
+
+  bool OnGpu(std::span<const std::byte> data) const {
+    return gpu_ != nullptr && !data.empty() && gpu_->IsGpuMemory(data.data());
+  }
+
   absl::StatusOr<bool> PlaceHolds(const std::string&, const PlacedBytes& slot,
                                   std::span<const std::byte> data) override {
+    if (OnGpu(data)) return gpu_->Holds(slot.mapped, data.data(), data.size());
     return std::memcmp(slot.mapped, data.data(), data.size()) == 0;
   }
 
+  // GPU items are queued on the copy engines first, host items copied meanwhile; returns once
+  // every copy is done (the marks follow).
   absl::Status MoveToPlaces(const std::string&, std::span<const ToPlace> moves) override {
+    absl::Status s;
+    bool queued = false;
     for (const ToPlace& move : moves) {
-      CopyBytes(move.slot.mapped, move.item->data.data(), move.item->data.size());
+      const std::span<const std::byte> data = move.item->data;
+      if (!OnGpu(data)) continue;
+      s = gpu_->QueueToHost(move.slot.mapped, data.data(), data.size());
+      queued = true;
+      if (!s.ok()) break;
     }
-    return absl::OkStatus();
+    if (s.ok()) {
+      for (const ToPlace& move : moves) {
+        const std::span<const std::byte> data = move.item->data;
+        if (!OnGpu(data)) CopyBytes(move.slot.mapped, data.data(), data.size());
+      }
+    }
+    if (queued) {
+      if (absl::Status waited = gpu_->Wait(); s.ok()) s = waited;
+    }
+    return s;
+  }
+
+  absl::Status ToHost(std::span<const PushItem> items, std::vector<PushItem>* host,
+                      std::vector<std::vector<std::byte>>* storage) override {
+    if (gpu_ == nullptr) return PlacedTransport::ToHost(items, host, storage);
+    return gpu_->ToHost(items, host, storage);
   }
 
   absl::Status MoveFromPlace(const std::string&, const PlacedBytes& from,
@@ -82,6 +143,8 @@ class ShmTransport final : public PlacedTransport {
     CopyBytes(out->data(), from.mapped, from.bytes);
     return absl::OkStatus();
   }
+
+  std::unique_ptr<GpuCopies> gpu_;  // the trainer's GPU's copies; null: host memory only
 };
 
 }  // namespace
