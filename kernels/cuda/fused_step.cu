@@ -982,8 +982,9 @@ __global__ void __launch_bounds__(kThreads) FlatKernel(const FlatParams P) {
                             static_cast<uint16_t>(d.remainder[i]));
       }
       const uint64_t index = d.index_offset + static_cast<uint64_t>(i);
-      if (d.m_stochastic)
+      if (d.m_stochastic) {
         r0[q] = RandomWord(s.seed, RoundingStream::kExpAvg, s.k, d.tensor_index, index);
+      }
       if (d.v_stochastic) {
         r1[q] = RandomWord(s.seed, RoundingStream::kExpAvgSq, s.k, d.tensor_index, index);
       }
