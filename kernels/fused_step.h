@@ -77,9 +77,10 @@ struct AdamwScalars {
 // double; every formula is evaluated in double and rounded once to FP32.
 AdamwScalars MakeAdamwScalars(const AdamwHyper& hyper, int64_t k);
 
-// Where the random bits of stochastic rounding come from (DESIGN.md §3, kernels/philox.h): Philox
-// 4x32-10 with key = seed and counter = (element index within the tensor, low and high 32 bits; k;
-// tensor_index). Word 0 rounds exp_avg, word 1 exp_avg_sq.
+// Where the random bits of stochastic rounding come from (kernels/philox.h, README.md "Numerics"):
+// Philox 4x32-10 with key = seed, one stream per moment, element i of the tensor taking word i % 4
+// of block i / 4, whose counter is (block low 32 bits; block >> 32, plus 2^31 for exp_avg_sq; k;
+// tensor_index).
 struct RngStream {
   uint64_t seed = 0;          // the job's seed
   uint32_t k = 0;             // count of applied steps, the k of MakeAdamwScalars

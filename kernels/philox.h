@@ -38,15 +38,34 @@ PARAMD_HD constexpr PhiloxCounter Philox4x32_10(PhiloxCounter counter, PhiloxKey
   return counter;
 }
 
-// DESIGN.md §3's stochastic rounding of states: key = the job's 64-bit seed (word 0 = low 32 bits),
-// counter = (element index within the tensor, low then high 32 bits; k, the count of applied steps;
-// the tensor's registration index). Word 0 of the output rounds exp_avg, word 1 exp_avg_sq.
+// Stochastic rounding of states (README.md "Numerics", docs/numerics.md): key = the job's 64-bit
+// seed (word 0 = its low 32 bits). Each moment draws from a stream of its own, and each Philox
+// block of a stream covers 4 consecutive elements of the tensor: element i takes word i % 4 of the
+// block numbered i / 4, whose counter is
+//   (block low 32 bits; block >> 32 (below 2^30), plus 2^31 for exp_avg_sq; k; tensor_index),
+// k the count of applied steps and tensor_index the tensor's registration index. Every word of a
+// block is used at full 32-bit resolution, and a moment draws the same bits whether or not the
+// other one rounds stochastically.
+enum class RoundingStream : uint32_t { kExpAvg = 0, kExpAvgSq = 1 };
+inline constexpr int kElementsPerBlock = 4;
+
 PARAMD_HD constexpr PhiloxKey RoundingKey(uint64_t seed) {
   return {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)};
 }
-PARAMD_HD constexpr PhiloxCounter RoundingCounter(uint64_t index, uint32_t k,
+// Counter word 1 of block `block` of `stream`: block >> 32 is below 2^30 (element indices are
+// below 2^64), so bit 31 is free for the stream.
+PARAMD_HD constexpr uint32_t RoundingCounterWord1(uint64_t block, RoundingStream stream) {
+  return static_cast<uint32_t>(block >> 32) | (static_cast<uint32_t>(stream) << 31);
+}
+PARAMD_HD constexpr PhiloxCounter RoundingCounter(uint64_t block, RoundingStream stream, uint32_t k,
                                                   uint32_t tensor_index) {
-  return {static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32), k, tensor_index};
+  return {static_cast<uint32_t>(block), RoundingCounterWord1(block, stream), k, tensor_index};
+}
+// The random word of element `index` of the tensor in `stream`.
+PARAMD_HD constexpr uint32_t RoundingWord(const PhiloxKey& key, RoundingStream stream, uint32_t k,
+                                          uint32_t tensor_index, uint64_t index) {
+  return Philox4x32_10(RoundingCounter(index / kElementsPerBlock, stream, k, tensor_index),
+                       key)[index % kElementsPerBlock];
 }
 
 }  // namespace paramd::kernels

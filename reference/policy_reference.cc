@@ -65,20 +65,11 @@ float ChunkAmax(const float* x, size_t n) {
   return amax;
 }
 
-uint32_t RandomWord(const RngRef& rng, size_t i, int word) {
-  const uint64_t index = i;
-  const std::array<uint32_t, 4> out = PhiloxRef(
-      {static_cast<uint32_t>(index & 0xFFFFFFFFu), static_cast<uint32_t>(index >> 32), rng.k,
-       rng.tensor_index},
-      {static_cast<uint32_t>(rng.seed & 0xFFFFFFFFu), static_cast<uint32_t>(rng.seed >> 32)});
-  return out[static_cast<size_t>(word)];
-}
-
-void StoreMoment(MomentRef type, bool stochastic, const RngRef& rng, int word, const float* x,
-                 size_t c, size_t count, MomentStateRef* st) {
+void StoreMoment(MomentRef type, bool stochastic, const RngRef& rng, StreamRef stream,
+                 const float* x, size_t c, size_t count, MomentStateRef* st) {
   auto random = [&](size_t j, uint32_t* r) -> const uint32_t* {
     if (!stochastic) return nullptr;
-    *r = RandomWord(rng, c + j, word);
+    *r = RandomWordRef(rng, stream, c + j);
     return r;
   };
   uint32_t r;
@@ -160,6 +151,16 @@ std::array<uint32_t, 4> PhiloxRef(std::array<uint32_t, 4> counter, std::array<ui
     key[1] += 0xBB67AE85u;
   }
   return counter;
+}
+
+uint32_t RandomWordRef(const RngRef& rng, StreamRef stream, uint64_t i) {
+  const uint64_t block = i / 4;
+  const uint32_t stream_bit = stream == StreamRef::kExpAvgSq ? 0x80000000u : 0u;
+  const std::array<uint32_t, 4> out = PhiloxRef(
+      {static_cast<uint32_t>(block & 0xFFFFFFFFu), static_cast<uint32_t>(block >> 32) | stream_bit,
+       rng.k, rng.tensor_index},
+      {static_cast<uint32_t>(rng.seed & 0xFFFFFFFFu), static_cast<uint32_t>(rng.seed >> 32)});
+  return out[i % 4];
 }
 
 uint32_t RoundToCodeRef(const MiniFormatRef& f, float x, const uint32_t* random) {
@@ -290,9 +291,10 @@ void PolicyStepRef(const PolicyRef& policy, const Hyper& hyper, int64_t k, const
       const float decayed = p * s.decay;
       StoreMaster(policy, std::fma(-s.step_size, m_new[j] / denom, decayed), i, st);
     }
-    StoreMoment(policy.exp_avg, policy.exp_avg_stochastic, rng, 0, m_new, c, count, &st->exp_avg);
-    StoreMoment(policy.exp_avg_sq, policy.exp_avg_sq_stochastic, rng, 1, v_new, c, count,
-                &st->exp_avg_sq);
+    StoreMoment(policy.exp_avg, policy.exp_avg_stochastic, rng, StreamRef::kExpAvg, m_new, c, count,
+                &st->exp_avg);
+    StoreMoment(policy.exp_avg_sq, policy.exp_avg_sq_stochastic, rng, StreamRef::kExpAvgSq, v_new,
+                c, count, &st->exp_avg_sq);
   }
 }
 

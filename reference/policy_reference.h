@@ -39,6 +39,12 @@ struct RngRef {
 // Philox4x32-10 of a counter under a key, written from the algorithm's definition.
 std::array<uint32_t, 4> PhiloxRef(std::array<uint32_t, 4> counter, std::array<uint32_t, 2> key);
 
+// The random word of element i of a tensor in a moment's stream (README.md "Numerics"): word i % 4
+// of Philox at counter (i / 4 low 32 bits, i / 4 >> 32 plus 2^31 for exp_avg_sq, k,
+// tensor_index), key seed (low 32 bits first).
+enum class StreamRef { kExpAvg, kExpAvgSq };
+uint32_t RandomWordRef(const RngRef& rng, StreamRef stream, uint64_t i);
+
 // A binary format: mantissa bits, smallest normal exponent, largest finite magnitude code, NaN
 // code, total bits, and whether the all-ones exponent is infinity (else those codes are NaN).
 struct MiniFormatRef {
@@ -95,8 +101,8 @@ float ClippedGradRef(float g0, float grad_scale, float clip);
 
 // One step of n elements. g: the gradient per element (ClippedGradRef). Per chunk of 128: each
 // element dequantized and updated as AdamwStepFp32 writes it, the master stored in its type, then
-// each quantized moment re-quantized with the chunk's new scale (stochastic rounding draws word 0
-// for exp_avg, word 1 for exp_avg_sq of Philox at counter (i, i >> 32, k, tensor_index), key seed).
+// each quantized moment re-quantized with the chunk's new scale (stochastic rounding draws
+// RandomWordRef of the moment's stream).
 void PolicyStepRef(const PolicyRef& policy, const Hyper& hyper, int64_t k, const RngRef& rng,
                    const float* g, size_t n, PolicyStateRef* state);
 

@@ -46,9 +46,9 @@ void DecodeForTestAvx512(CodecFormat format, const uint32_t* codes, float* out, 
   DecodeArray<VecAvx512>(format, codes, out, n);
 }
 
-void PhiloxForTestAvx512(const PhiloxKey& key, uint32_t k, uint32_t tensor_index, uint64_t index,
-                         int count, uint32_t* w0, uint32_t* w1) {
-  VecAvx512::PhiloxWords(key, k, tensor_index, index, count, w0, w1);
+void PhiloxForTestAvx512(const PhiloxKey& key, RoundingStream stream, uint32_t k,
+                         uint32_t tensor_index, uint64_t index, int64_t count, uint32_t* words) {
+  DrawArray<VecAvx512>(key, stream, k, tensor_index, index, count, words);
 }
 
 }  // namespace paramd::kernels::cpu_internal

@@ -186,13 +186,16 @@ void DecodeForTest(CpuPath path, CodecFormat format, const uint32_t* codes, floa
   DecodeForTestScalar(format, codes, out, n);
 }
 
-void PhiloxForTest(CpuPath path, uint64_t seed, uint32_t k, uint32_t tensor_index, uint64_t index,
-                   int count, uint32_t* w0, uint32_t* w1) {
+void PhiloxForTest(CpuPath path, uint64_t seed, RoundingStream stream, uint32_t k,
+                   uint32_t tensor_index, uint64_t index, int64_t count, uint32_t* words) {
   const PhiloxKey key = RoundingKey(seed);
-  if (path == CpuPath::kAvx512)
-    return PhiloxForTestAvx512(key, k, tensor_index, index, count, w0, w1);
-  if (path == CpuPath::kAvx2) return PhiloxForTestAvx2(key, k, tensor_index, index, count, w0, w1);
-  PhiloxForTestScalar(key, k, tensor_index, index, count, w0, w1);
+  if (path == CpuPath::kAvx512) {
+    return PhiloxForTestAvx512(key, stream, k, tensor_index, index, count, words);
+  }
+  if (path == CpuPath::kAvx2) {
+    return PhiloxForTestAvx2(key, stream, k, tensor_index, index, count, words);
+  }
+  PhiloxForTestScalar(key, stream, k, tensor_index, index, count, words);
 }
 
 }  // namespace cpu_internal

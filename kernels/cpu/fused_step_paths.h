@@ -72,12 +72,6 @@ inline bool IsAligned(const void* p, uintptr_t alignment) {
   return reinterpret_cast<uintptr_t>(p) % alignment == 0;
 }
 
-// Whether the low counter word wraps inside [c, c + count): the vector Philox forms assume a
-// constant high word, so such a chunk (in tensors past 2^32 elements) runs on the scalar path.
-inline bool CounterWraps(int64_t c, int count) {
-  return (static_cast<uint64_t>(c) & 0xFFFFFFFFu) + static_cast<uint64_t>(count) > 0x100000000u;
-}
-
 // ---- hooks for the unit tests: one path's casts, decodes and Philox on arrays ----
 
 enum class CodecFormat { kE4m3, kFp16, kBf16 };
@@ -88,9 +82,10 @@ void EncodeForTest(CpuPath path, CodecFormat format, const float* x, const uint3
                    uint32_t* codes, int64_t n);
 // out[j] = the value of codes[j]; n a multiple of 16.
 void DecodeForTest(CpuPath path, CodecFormat format, const uint32_t* codes, float* out, int64_t n);
-// Words 0 and 1 of DESIGN.md §3's counters (index + j, k, tensor_index); count a multiple of 16.
-void PhiloxForTest(CpuPath path, uint64_t seed, uint32_t k, uint32_t tensor_index, uint64_t index,
-                   int count, uint32_t* w0, uint32_t* w1);
+// words[j] = stochastic rounding's word of `stream` for element index + j of a tensor
+// (kernels/philox.h's RoundingWord), drawn as the step draws them; any count.
+void PhiloxForTest(CpuPath path, uint64_t seed, RoundingStream stream, uint32_t k,
+                   uint32_t tensor_index, uint64_t index, int64_t count, uint32_t* words);
 
 // Each path's own hooks, behind the three above.
 void EncodeForTestScalar(CodecFormat format, const float* x, const uint32_t* r, uint32_t* codes,
@@ -102,11 +97,11 @@ void EncodeForTestAvx512(CodecFormat format, const float* x, const uint32_t* r, 
 void DecodeForTestScalar(CodecFormat format, const uint32_t* codes, float* out, int64_t n);
 void DecodeForTestAvx2(CodecFormat format, const uint32_t* codes, float* out, int64_t n);
 void DecodeForTestAvx512(CodecFormat format, const uint32_t* codes, float* out, int64_t n);
-void PhiloxForTestScalar(const PhiloxKey& key, uint32_t k, uint32_t tensor_index, uint64_t index,
-                         int count, uint32_t* w0, uint32_t* w1);
-void PhiloxForTestAvx2(const PhiloxKey& key, uint32_t k, uint32_t tensor_index, uint64_t index,
-                       int count, uint32_t* w0, uint32_t* w1);
-void PhiloxForTestAvx512(const PhiloxKey& key, uint32_t k, uint32_t tensor_index, uint64_t index,
-                         int count, uint32_t* w0, uint32_t* w1);
+void PhiloxForTestScalar(const PhiloxKey& key, RoundingStream stream, uint32_t k,
+                         uint32_t tensor_index, uint64_t index, int64_t count, uint32_t* words);
+void PhiloxForTestAvx2(const PhiloxKey& key, RoundingStream stream, uint32_t k,
+                       uint32_t tensor_index, uint64_t index, int64_t count, uint32_t* words);
+void PhiloxForTestAvx512(const PhiloxKey& key, RoundingStream stream, uint32_t k,
+                         uint32_t tensor_index, uint64_t index, int64_t count, uint32_t* words);
 
 }  // namespace paramd::kernels::cpu_internal

@@ -26,9 +26,9 @@ void DecodeForTestScalar(CodecFormat format, const uint32_t* codes, float* out, 
   DecodeArray<VecScalar>(format, codes, out, n);
 }
 
-void PhiloxForTestScalar(const PhiloxKey& key, uint32_t k, uint32_t tensor_index, uint64_t index,
-                         int count, uint32_t* w0, uint32_t* w1) {
-  VecScalar::PhiloxWords(key, k, tensor_index, index, count, w0, w1);
+void PhiloxForTestScalar(const PhiloxKey& key, RoundingStream stream, uint32_t k,
+                         uint32_t tensor_index, uint64_t index, int64_t count, uint32_t* words) {
+  DrawArray<VecScalar>(key, stream, k, tensor_index, index, count, words);
 }
 
 }  // namespace paramd::kernels::cpu_internal

@@ -5,7 +5,8 @@
 // The step runs chunk by chunk (128 elements, the unit of the moments' scales), each chunk in
 // stages over small buffers that stay in L1:
 //   1. dequantize each quantized moment into an FP32 buffer (FP32 moments are used in place);
-//   2. if a moment rounds stochastically, draw Philox words 0 and 1 for the chunk's elements;
+//   2. for each moment that rounds stochastically, draw its stream's Philox blocks for the chunk's
+//      elements (kernels/philox.h: 4 elements per block, every word used);
 //   3. per vector of elements: the gradient from the slots, the AdamW update, the master stored in
 //      its type, the served copies and the running amax of the stored master;
 //   4. re-quantize each quantized moment: the chunk's amax, its power-of-two scale, the cast.
@@ -33,7 +34,6 @@ struct StepContext {
   const FusedStepArgs* args;
   F grad_scale, clip, beta1, beta2, c1, c2, eps, decay, neg_step_size, bc2;
   bool clip_active;
-  bool any_stochastic;
   PhiloxKey key;
   // Served outputs written with non-temporal stores (long, aligned ranges of a vector path).
   bool stream_fp32 = false, stream_bf16 = false, stream_fp16 = false;
@@ -51,8 +51,6 @@ struct StepContext {
         neg_step_size(V::SetF(-a.scalars.step_size)),
         bc2(V::SetF(a.scalars.bc2)),
         clip_active(a.clip != 1.0f),
-        any_stochastic(a.policy.exp_avg_rounding == Rounding::kStochastic ||
-                       a.policy.exp_avg_sq_rounding == Rounding::kStochastic),
         key(RoundingKey(a.rng.seed)) {}
 };
 
@@ -95,6 +93,37 @@ void DequantizeMoment(MomentType type, const void* codes, const float* scale_inv
   for (int j = 0; j < count; j += L) {
     V::StoreF(out + j, V::Mul(DecodeE4m3<V>(V::LoadU8(src + j)), s_inv));
   }
+}
+
+// Room for the words DrawWords draws for up to 128 elements: 33 blocks when the first element is
+// not the first of its block, rounded up to whole calls of every path's PhiloxBlocks.
+inline constexpr int kDrawBlocks = 48;
+inline constexpr int kDrawWords = kElementsPerBlock * kDrawBlocks;
+
+// Stage 2: the random words of `stream` for elements [index, index + count) of the tensor, count <=
+// 128, drawn a block (4 elements) at a time into `buf` (kDrawWords words). Returns where element
+// `index`'s word lies in `buf`; element index + j's is j words further.
+template <class V>
+const uint32_t* DrawWords(const PhiloxKey& key, RoundingStream stream, uint32_t k,
+                          uint32_t tensor_index, uint64_t index, int count, uint32_t* buf) {
+  static_assert(kDrawBlocks % V::kPhiloxBlocks == 0);
+  const uint64_t first = index / kElementsPerBlock;
+  const int skip = static_cast<int>(index % kElementsPerBlock);
+  const int needed = (skip + count + kElementsPerBlock - 1) / kElementsPerBlock;
+  const int blocks = (needed + V::kPhiloxBlocks - 1) / V::kPhiloxBlocks * V::kPhiloxBlocks;
+  const uint32_t low = static_cast<uint32_t>(first);
+  if (uint64_t{low} + static_cast<uint64_t>(blocks) <= (uint64_t{1} << 32)) {
+    V::PhiloxBlocks(key, RoundingCounterWord1(first, stream), k, tensor_index, low, blocks, buf);
+  } else {
+    // The low counter word wraps inside the range (tensors past 2^34 elements), where the vector
+    // forms' constant word 1 would be wrong: block by block.
+    for (int j = 0; j < needed; ++j) {
+      const PhiloxCounter r = Philox4x32_10(
+          RoundingCounter(first + static_cast<uint64_t>(j), stream, k, tensor_index), key);
+      for (int w = 0; w < kElementsPerBlock; ++w) buf[kElementsPerBlock * j + w] = r[w];
+    }
+  }
+  return buf + skip;
 }
 
 template <class V, class Fmt>
@@ -225,8 +254,8 @@ void StepChunk(const StepContext<V>& x, int64_t c, int count, typename V::I* ama
   const StatePolicy& policy = a.policy;
   alignas(64) float m_buf[kChunkElements];
   alignas(64) float v_buf[kChunkElements];
-  alignas(64) uint32_t r0[kChunkElements];
-  alignas(64) uint32_t r1[kChunkElements];
+  alignas(64) uint32_t m_words[kDrawWords];
+  alignas(64) uint32_t v_words[kDrawWords];
 
   float* m = m_buf;
   if (policy.exp_avg == MomentType::kFp32) {
@@ -240,9 +269,18 @@ void StepChunk(const StepContext<V>& x, int64_t c, int count, typename V::I* ama
   } else {
     DequantizeMoment<V>(policy.exp_avg_sq, a.exp_avg_sq, a.exp_avg_sq_scale_inv, c, count, v_buf);
   }
-  if (x.any_stochastic) {
-    V::PhiloxWords(x.key, a.rng.k, a.rng.tensor_index,
-                   a.rng.index_offset + static_cast<uint64_t>(c), count, r0, r1);
+  // Each stochastically rounded moment's words, from its own stream (nullptr: nearest).
+  const uint64_t index = a.rng.index_offset + static_cast<uint64_t>(c);
+  const uint32_t* m_random = nullptr;
+  if (policy.exp_avg != MomentType::kFp32 && policy.exp_avg_rounding == Rounding::kStochastic) {
+    m_random = DrawWords<V>(x.key, RoundingStream::kExpAvg, a.rng.k, a.rng.tensor_index, index,
+                            count, m_words);
+  }
+  const uint32_t* v_random = nullptr;
+  if (policy.exp_avg_sq != MomentType::kFp32 &&
+      policy.exp_avg_sq_rounding == Rounding::kStochastic) {
+    v_random = DrawWords<V>(x.key, RoundingStream::kExpAvgSq, a.rng.k, a.rng.tensor_index, index,
+                            count, v_words);
   }
 
   switch (policy.master) {
@@ -258,14 +296,11 @@ void StepChunk(const StepContext<V>& x, int64_t c, int count, typename V::I* ama
   }
 
   if (policy.exp_avg != MomentType::kFp32) {
-    QuantizeMoment<V>(policy.exp_avg, m_buf,
-                      policy.exp_avg_rounding == Rounding::kStochastic ? r0 : nullptr, a.exp_avg,
-                      a.exp_avg_scale_inv, c, count);
+    QuantizeMoment<V>(policy.exp_avg, m_buf, m_random, a.exp_avg, a.exp_avg_scale_inv, c, count);
   }
   if (policy.exp_avg_sq != MomentType::kFp32) {
-    QuantizeMoment<V>(policy.exp_avg_sq, v_buf,
-                      policy.exp_avg_sq_rounding == Rounding::kStochastic ? r1 : nullptr,
-                      a.exp_avg_sq, a.exp_avg_sq_scale_inv, c, count);
+    QuantizeMoment<V>(policy.exp_avg_sq, v_buf, v_random, a.exp_avg_sq, a.exp_avg_sq_scale_inv, c,
+                      count);
   }
 }
 
@@ -288,7 +323,7 @@ uint32_t RunRange(const FusedStepArgs& a, int64_t begin, int64_t end) {
     if constexpr (V::kLanes > 1) {
       const int64_t ahead = c + kPrefetchAhead;
       if (ahead < end) PrefetchElements(a, ahead, std::min(kChunkElements, end - ahead));
-      if (count % V::kLanes != 0 || (x.any_stochastic && CounterWraps(c, count))) {
+      if (count % V::kLanes != 0) {
         amax_bits = std::max(amax_bits, StepChunkScalar(a, c, count));
         continue;
       }
@@ -322,6 +357,19 @@ void EncodeArray(CodecFormat format, const float* x, const uint32_t* r, uint32_t
         break;
     }
     V::StoreU32(codes + j, code);
+  }
+}
+
+// words[j] = the word of `stream` for element index + j, j < count.
+template <class V>
+void DrawArray(const PhiloxKey& key, RoundingStream stream, uint32_t k, uint32_t tensor_index,
+               uint64_t index, int64_t count, uint32_t* words) {
+  alignas(64) uint32_t buf[kDrawWords];
+  for (int64_t j = 0; j < count; j += kChunkElements) {
+    const int n = static_cast<int>(std::min(kChunkElements, count - j));
+    const uint32_t* r =
+        DrawWords<V>(key, stream, k, tensor_index, index + static_cast<uint64_t>(j), n, buf);
+    std::copy(r, r + n, words + j);
   }
 }
 

@@ -95,16 +95,17 @@ struct VecAvx2 {
     return static_cast<uint32_t>(_mm_cvtsi128_si32(x));
   }
 
-  // 64-bit-lane helpers of PhiloxWords, as VecAvx512's.
+  // 64-bit-lane helpers of PhiloxBlocks, as VecAvx512's.
   static __m256i Set64(uint32_t x) { return _mm256_set1_epi64x(x); }
   static __m256i Hi32(__m256i p) { return _mm256_srli_epi64(p, 32); }
   static __m256i Xor3(__m256i a, __m256i b, __m256i c) {
     return _mm256_xor_si256(_mm256_xor_si256(a, b), c);
   }
 
-  // As VecAvx512::PhiloxWords, four counters per register; count is a multiple of 8.
-  static void PhiloxWords(const PhiloxKey& key, uint32_t k, uint32_t tensor_index, uint64_t index,
-                          int count, uint32_t* w0, uint32_t* w1) {
+  // As VecAvx512::PhiloxBlocks, four counters per register, two registers per round of the loop.
+  static constexpr int kPhiloxBlocks = 8;
+  static void PhiloxBlocks(const PhiloxKey& key, uint32_t word1, uint32_t k, uint32_t tensor_index,
+                           uint32_t block, int count, uint32_t* out) {
     uint32_t k0[kPhiloxRounds], k1[kPhiloxRounds];
     k0[0] = key[0];
     k1[0] = key[1];
@@ -112,7 +113,6 @@ struct VecAvx2 {
       k0[r] = k0[r - 1] + kPhiloxW0;
       k1[r] = k1[r - 1] + kPhiloxW1;
     }
-    const uint32_t word1 = static_cast<uint32_t>(index >> 32);
     const uint64_t r1_p1 = uint64_t{kPhiloxM1} * k;
     const uint32_t r1_x0 = static_cast<uint32_t>(r1_p1 >> 32) ^ word1 ^ k0[0];
     const uint32_t r1_x1 = static_cast<uint32_t>(r1_p1);
@@ -128,7 +128,7 @@ struct VecAvx2 {
     const __m256i lanes = _mm256_set_epi64x(3, 2, 1, 0);
 
     for (int j = 0; j < count; j += 8) {
-      const __m256i base = Set64(static_cast<uint32_t>(index + j));
+      const __m256i base = Set64(block + static_cast<uint32_t>(j));
       __m256i x0[2], x1[2], x2[2], x3[2], p0[2], p1[2];
       for (int h = 0; h < 2; ++h) {
         const __m256i c0 = _mm256_add_epi64(base, _mm256_add_epi64(lanes, Set64(4u * h)));
@@ -146,7 +146,7 @@ struct VecAvx2 {
         x2[h] = _mm256_xor_si256(Hi32(p0[h]), r3_x2_xor);
         x3[h] = p0[h];
       }
-      for (int r = 3; r < kPhiloxRounds - 2; ++r) {
+      for (int r = 3; r < kPhiloxRounds; ++r) {
         const __m256i key0 = Set64(k0[r]);
         const __m256i key1 = Set64(k1[r]);
         for (int h = 0; h < 2; ++h) {
@@ -158,25 +158,17 @@ struct VecAvx2 {
           x3[h] = p0[h];
         }
       }
-      __m256i out0[2], out1[2];
+      // Words (0, 1) and (2, 3) of each block paired in its 64-bit lane, then the pairs of blocks
+      // 0, 1 and of blocks 2, 3 gathered.
       for (int h = 0; h < 2; ++h) {
-        p0[h] = _mm256_mul_epu32(x0[h], m0);
-        p1[h] = _mm256_mul_epu32(x2[h], m1);
-        x1[h] = p1[h];
-        x2[h] = Xor3(Hi32(p0[h]), x3[h], Set64(k1[kPhiloxRounds - 2]));
-        p1[h] = _mm256_mul_epu32(x2[h], m1);
-        out0[h] = Xor3(Hi32(p1[h]), x1[h], Set64(k0[kPhiloxRounds - 1]));
-        out1[h] = p1[h];
+        const __m256i w01 = _mm256_blend_epi32(x0[h], _mm256_slli_epi64(x1[h], 32), 0xAA);
+        const __m256i w23 = _mm256_blend_epi32(x2[h], _mm256_slli_epi64(x3[h], 32), 0xAA);
+        const __m256i even = _mm256_unpacklo_epi64(w01, w23);  // blocks 0 and 2
+        const __m256i odd = _mm256_unpackhi_epi64(w01, w23);   // blocks 1 and 3
+        StoreU32(out + 4 * j + 16 * h, _mm256_permute2x128_si256(even, odd, 0x20));
+        StoreU32(out + 4 * j + 16 * h + 8, _mm256_permute2x128_si256(even, odd, 0x31));
       }
-      StoreU32(w0 + j, EvenWords(out0[0], out0[1]));
-      StoreU32(w1 + j, EvenWords(out1[0], out1[1]));
     }
-  }
-
-  // The low 32-bit halves of 4 + 4 64-bit lanes, in order.
-  static I EvenWords(I a, I b) {
-    const __m256 mixed = _mm256_shuffle_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(b), 0x88);
-    return _mm256_permute4x64_epi64(_mm256_castps_si256(mixed), 0xD8);
   }
 };
 

@@ -84,7 +84,7 @@ struct VecAvx512 {
   static I AddOneIf(M m, I a) { return _mm512_mask_add_epi32(a, m, a, _mm512_set1_epi32(1)); }
   static uint32_t ReduceMaxU(I a) { return _mm512_reduce_max_epu32(a); }
 
-  // 64-bit-lane helpers of PhiloxWords: a 32-bit value in every lane, the high halves moved down,
+  // 64-bit-lane helpers of PhiloxBlocks: a 32-bit value in every lane, the high halves moved down,
   // and a three-way xor.
   static __m512i Set64(uint32_t x) { return _mm512_set1_epi64(x); }
   static __m512i Hi32(__m512i p) { return _mm512_srli_epi64(p, 32); }
@@ -92,14 +92,16 @@ struct VecAvx512 {
     return _mm512_ternarylogic_epi64(a, b, c, 0x96);
   }
 
-  // Words 0 and 1 of Philox4x32-10 for the counters (index + j, k, tensor_index), j < count:
-  // count is a multiple of 16 and the low 32 bits of index + count - 1 must not wrap. Eight
-  // counters per register, one per 64-bit lane (the word in the low half, whatever above it):
-  // _mm512_mul_epu32 then yields full 64-bit products. Counter words 1-3 are the same for every
-  // element, so round 1 needs only the multiply of word 0 and round 2 only that of word 2; the
-  // last round computes only the words asked for.
-  static void PhiloxWords(const PhiloxKey& key, uint32_t k, uint32_t tensor_index, uint64_t index,
-                          int count, uint32_t* w0, uint32_t* w1) {
+  // The four words of Philox4x32-10 at the counters (block + j, word1, k, tensor_index), j <
+  // count, into out[4j .. 4j + 3] (kernels/philox.h's block layout): count is a multiple of
+  // kPhiloxBlocks and block + count - 1 must stay below 2^32 (a range that wraps is drawn with
+  // the scalar form). Eight counters per register, one per 64-bit lane (the word in the low half,
+  // whatever above it): _mm512_mul_epu32 then yields full 64-bit products. Counter words 1-3 are
+  // the same for every block, so round 1 needs only the multiply of word 0 and round 2 only that
+  // of word 2: 18 multiplies per 8 blocks, 32 words.
+  static constexpr int kPhiloxBlocks = 16;
+  static void PhiloxBlocks(const PhiloxKey& key, uint32_t word1, uint32_t k, uint32_t tensor_index,
+                           uint32_t block, int count, uint32_t* out) {
     uint32_t k0[kPhiloxRounds], k1[kPhiloxRounds];
     k0[0] = key[0];
     k1[0] = key[1];
@@ -107,7 +109,6 @@ struct VecAvx512 {
       k0[r] = k0[r - 1] + kPhiloxW0;
       k1[r] = k1[r - 1] + kPhiloxW1;
     }
-    const uint32_t word1 = static_cast<uint32_t>(index >> 32);
     const uint64_t r1_p1 = uint64_t{kPhiloxM1} * k;
     const uint32_t r1_x0 = static_cast<uint32_t>(r1_p1 >> 32) ^ word1 ^ k0[0];
     const uint32_t r1_x1 = static_cast<uint32_t>(r1_p1);
@@ -120,27 +121,24 @@ struct VecAvx512 {
     const __m512i r2_x0_xor = Set64(r1_x1 ^ k0[1]);
     const __m512i r2_x2_xor = Set64(static_cast<uint32_t>(r2_p0 >> 32) ^ k1[1]);
     const __m512i r3_x2_xor = Set64(r2_x3 ^ k1[2]);
-    for (int j = 0; j < count; j += 16) {
-      PhiloxSets<2>(index + j, k0, k1, m0, m1, r1_x2_xor, r2_x0_xor, r2_x2_xor, r3_x2_xor, w0 + j,
-                    w1 + j);
+    for (int j = 0; j < count; j += kPhiloxBlocks) {
+      PhiloxSets<2>(block + static_cast<uint32_t>(j), k0, k1, m0, m1, r1_x2_xor, r2_x0_xor,
+                    r2_x2_xor, r3_x2_xor, out + 4 * j);
     }
   }
 
-  // kSets registers of 8 counters each, from element `index` on: kSets / 2 x 16 words out. Two
-  // sets keep the multiplier busy: it is the bottleneck (17 multiplies per 8 counters), and more
-  // sets only spill registers (measured: 4 sets 30 % slower).
+  // kSets registers of 8 counters each, from block `block` on: kSets x 32 words out. Two sets keep
+  // the multiplier busy: it is the bottleneck, and more sets only spill registers (measured when
+  // each counter gave two words: 4 sets 30 % slower).
   template <int kSets>
-  static void PhiloxSets(uint64_t index, const uint32_t* k0, const uint32_t* k1, __m512i m0,
+  static void PhiloxSets(uint32_t block, const uint32_t* k0, const uint32_t* k1, __m512i m0,
                          __m512i m1, __m512i r1_x2_xor, __m512i r2_x0_xor, __m512i r2_x2_xor,
-                         __m512i r3_x2_xor, uint32_t* w0, uint32_t* w1) {
+                         __m512i r3_x2_xor, uint32_t* out) {
     const __m512i lanes = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
-    // Even 32-bit words of two registers, in order: the low halves of 2 x 8 lanes.
-    const __m512i pack =
-        _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-    const __m512i base = Set64(static_cast<uint32_t>(index));
+    const __m512i base = Set64(block);
     __m512i x0[kSets], x1[kSets], x2[kSets], x3[kSets], p0[kSets], p1[kSets];
     for (int h = 0; h < kSets; ++h) {
-      // Round 1: x0 = element index, x1..x3 constant.
+      // Round 1: x0 = the block number, x1..x3 constant.
       const __m512i c0 = _mm512_add_epi64(base, _mm512_add_epi64(lanes, Set64(8u * h)));
       p0[h] = _mm512_mul_epu32(c0, m0);
       x2[h] = _mm512_xor_si512(Hi32(p0[h]), r1_x2_xor);
@@ -158,7 +156,7 @@ struct VecAvx512 {
       x2[h] = _mm512_xor_si512(Hi32(p0[h]), r3_x2_xor);
       x3[h] = p0[h];
     }
-    for (int r = 3; r < kPhiloxRounds - 2; ++r) {
+    for (int r = 3; r < kPhiloxRounds; ++r) {
       const __m512i key0 = Set64(k0[r]);
       const __m512i key1 = Set64(k1[r]);
       for (int h = 0; h < kSets; ++h) {
@@ -170,20 +168,15 @@ struct VecAvx512 {
         x3[h] = p0[h];
       }
     }
+    // Words (0, 1) and (2, 3) of each block paired in its 64-bit lane, then the pairs interleaved
+    // block by block: blocks 0-3 of the register, then blocks 4-7.
+    const __m512i first = _mm512_set_epi64(11, 3, 10, 2, 9, 1, 8, 0);
+    const __m512i second = _mm512_set_epi64(15, 7, 14, 6, 13, 5, 12, 4);
     for (int h = 0; h < kSets; ++h) {
-      // Round 9: only x1 and x2 feed the words asked for.
-      p0[h] = _mm512_mul_epu32(x0[h], m0);
-      p1[h] = _mm512_mul_epu32(x2[h], m1);
-      x1[h] = p1[h];
-      x2[h] = Xor3(Hi32(p0[h]), x3[h], Set64(k1[kPhiloxRounds - 2]));
-      // Round 10: words 0 and 1 (in x0 and x1).
-      p1[h] = _mm512_mul_epu32(x2[h], m1);
-      x0[h] = Xor3(Hi32(p1[h]), x1[h], Set64(k0[kPhiloxRounds - 1]));
-      x1[h] = p1[h];
-    }
-    for (int h = 0; h < kSets; h += 2) {
-      _mm512_storeu_si512(w0 + 8 * h, _mm512_permutex2var_epi32(x0[h], pack, x0[h + 1]));
-      _mm512_storeu_si512(w1 + 8 * h, _mm512_permutex2var_epi32(x1[h], pack, x1[h + 1]));
+      const __m512i w01 = _mm512_mask_blend_epi32(0xAAAA, x0[h], _mm512_slli_epi64(x1[h], 32));
+      const __m512i w23 = _mm512_mask_blend_epi32(0xAAAA, x2[h], _mm512_slli_epi64(x3[h], 32));
+      _mm512_storeu_si512(out + 32 * h, _mm512_permutex2var_epi64(w01, first, w23));
+      _mm512_storeu_si512(out + 32 * h + 16, _mm512_permutex2var_epi64(w01, second, w23));
     }
   }
 };

@@ -66,13 +66,14 @@ struct VecScalar {
   static I AddOneIf(M m, I a) { return m ? a + 1 : a; }
   static uint32_t ReduceMaxU(I a) { return a; }
 
-  // Words 0 and 1 of Philox4x32-10 for the counters of elements index .. index + count - 1.
-  static void PhiloxWords(const PhiloxKey& key, uint32_t k, uint32_t tensor_index, uint64_t index,
-                          int count, uint32_t* w0, uint32_t* w1) {
+  // As VecAvx512::PhiloxBlocks, one block at a time.
+  static constexpr int kPhiloxBlocks = 1;
+  static void PhiloxBlocks(const PhiloxKey& key, uint32_t word1, uint32_t k, uint32_t tensor_index,
+                           uint32_t block, int count, uint32_t* out) {
     for (int j = 0; j < count; ++j) {
-      const PhiloxCounter r = Philox4x32_10(RoundingCounter(index + j, k, tensor_index), key);
-      w0[j] = r[0];
-      w1[j] = r[1];
+      const PhiloxCounter r =
+          Philox4x32_10({block + static_cast<uint32_t>(j), word1, k, tensor_index}, key);
+      for (int w = 0; w < 4; ++w) out[4 * j + w] = r[w];
     }
   }
 };

@@ -278,13 +278,25 @@ __device__ __forceinline__ uint32_t GroupMaxU(uint32_t x) {
   return x;
 }
 
-// Philox words 0 and 1 of DESIGN.md §3's counter for element `index` of a tensor.
-__device__ __forceinline__ void RandomWords(uint64_t seed, uint32_t k, uint32_t tensor_index,
-                                            uint64_t index, uint32_t* r0, uint32_t* r1) {
-  const PhiloxCounter out =
-      Philox4x32_10(RoundingCounter(index, k, tensor_index), RoundingKey(seed));
-  *r0 = out[0];
-  *r1 = out[1];
+// Stochastic rounding's word of `stream` for element `index` of a tensor (kernels/philox.h).
+__device__ __forceinline__ uint32_t RandomWord(uint64_t seed, RoundingStream stream, uint32_t k,
+                                               uint32_t tensor_index, uint64_t index) {
+  return RoundingWord(RoundingKey(seed), stream, k, tensor_index, index);
+}
+
+// The words of `stream` for elements index .. index + 3: when index is a multiple of 4 they are
+// the four words of one Philox block, else each element's word is drawn on its own.
+__device__ __forceinline__ void RandomWords4(uint64_t seed, RoundingStream stream, uint32_t k,
+                                             uint32_t tensor_index, uint64_t index, uint32_t* r) {
+  if (index % kElementsPerBlock == 0) {
+    const PhiloxCounter out = Philox4x32_10(
+        RoundingCounter(index / kElementsPerBlock, stream, k, tensor_index), RoundingKey(seed));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) r[j] = out[j];
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) r[j] = RandomWord(seed, stream, k, tensor_index, index + j);
+  }
 }
 
 }  // namespace paramd::kernels::cuda_internal

@@ -534,7 +534,6 @@ __device__ __forceinline__ void ComputeSubUnit(const TileParams& P, const StepSc
   // The stores, output by output over all rows (one branch per output kind and sub-unit, the rows
   // straight-line code in between, so their address arithmetic and stores overlap). A sub-unit
   // whose rows are all inside the tile (all but a tile's last, short one) needs no row checks.
-  const bool stochastic = pol.m_stochastic | pol.v_stochastic;
   auto store_rows = [&](auto full_tag) {
     constexpr bool kFull = decltype(full_tag)::value;
     bool valid[kRows];
@@ -563,14 +562,16 @@ __device__ __forceinline__ void ComputeSubUnit(const TileParams& P, const StepSc
 #pragma unroll
     for (int k = 0; k < kRows; ++k) {
       if (!valid[k]) continue;
-      // Random words of stochastic rounding.
+      // Random words of stochastic rounding. The thread's 4 elements start at a multiple of 4
+      // (cols is a multiple of 128 here, and a split tensor's index_offset is r0 * cols), so each
+      // stochastic moment costs one Philox block (RandomWords4 checks it).
       uint32_t r0[4] = {0, 0, 0, 0}, r1[4] = {0, 0, 0, 0};
-      if (stochastic) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          RandomWords(s.seed, s.k, d.tensor_index, d.index_offset + static_cast<uint64_t>(i[k] + j),
-                      &r0[j], &r1[j]);
-        }
+      const uint64_t index = d.index_offset + static_cast<uint64_t>(i[k]);
+      if (pol.m_stochastic) {
+        RandomWords4(s.seed, RoundingStream::kExpAvg, s.k, d.tensor_index, index, r0);
+      }
+      if (pol.v_stochastic) {
+        RandomWords4(s.seed, RoundingStream::kExpAvgSq, s.k, d.tensor_index, index, r1);
       }
       StoreMoment4(pol.m_type, pol.m_stochastic, d.m, i[k], m_scale[k], mn[k], r0);
       StoreMoment4(pol.v_type, pol.v_stochastic, d.v, i[k], v_scale[k], vn[k], r1);
@@ -980,9 +981,12 @@ __global__ void __launch_bounds__(kThreads) FlatKernel(const FlatParams P) {
         p_old = MergeMaster(static_cast<const uint16_t*>(d.master)[i],
                             static_cast<uint16_t>(d.remainder[i]));
       }
-      if (d.m_stochastic | d.v_stochastic) {
-        RandomWords(s.seed, s.k, d.tensor_index, d.index_offset + static_cast<uint64_t>(i), &r0[q],
-                    &r1[q]);
+      const uint64_t index = d.index_offset + static_cast<uint64_t>(i);
+      if (d.m_stochastic) {
+        r0[q] = RandomWord(s.seed, RoundingStream::kExpAvg, s.k, d.tensor_index, index);
+      }
+      if (d.v_stochastic) {
+        r1[q] = RandomWord(s.seed, RoundingStream::kExpAvgSq, s.k, d.tensor_index, index);
       }
       float p;
       AdamwElement(s, g0, m, v, p_old, &mn[q], &vn[q], &p);

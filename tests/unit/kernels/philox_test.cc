@@ -1,6 +1,6 @@
 // Philox 4x32-10 (kernels/philox.h): the published known-answer vectors (Random123's kat_vectors),
-// the reference's own implementation, DESIGN.md §3's key and counter layout, and every CPU path's
-// lane-parallel form against the scalar one.
+// the reference's own implementation, stochastic rounding's key, counter and block layout
+// (README.md "Numerics"), and every CPU path's lane-parallel form against the scalar one.
 #include "kernels/philox.h"
 
 #include <gtest/gtest.h>
@@ -42,9 +42,37 @@ TEST(PhiloxTest, MatchesThePublishedKnownAnswers) {
   }
 }
 
-TEST(PhiloxTest, RoundingKeyAndCounterFollowTheDesignLayout) {
+TEST(PhiloxTest, RoundingKeyAndCounterFollowTheBlockLayout) {
   EXPECT_EQ(RoundingKey(0x0123456789ABCDEFull), (PhiloxKey{0x89ABCDEF, 0x01234567}));
-  EXPECT_EQ(RoundingCounter(0x0000000500000007ull, 9, 4), (PhiloxCounter{7, 5, 9, 4}));
+  // Block 0x5_00000007 of each stream: word 1 holds the block's high bits, plus 2^31 for
+  // exp_avg_sq.
+  EXPECT_EQ(RoundingCounter(0x0000000500000007ull, RoundingStream::kExpAvg, 9, 4),
+            (PhiloxCounter{7, 5, 9, 4}));
+  EXPECT_EQ(RoundingCounter(0x0000000500000007ull, RoundingStream::kExpAvgSq, 9, 4),
+            (PhiloxCounter{7, 0x80000005u, 9, 4}));
+  // The largest block (element indices below 2^64) leaves bit 31 of word 1 to the stream.
+  EXPECT_EQ(RoundingCounter(UINT64_MAX / 4, RoundingStream::kExpAvgSq, 0, 0),
+            (PhiloxCounter{0xFFFFFFFFu, 0xBFFFFFFFu, 0, 0}));
+  // Element i takes word i % 4 of block i / 4: every word of a block is used, by 4 consecutive
+  // elements.
+  const PhiloxKey key = RoundingKey(0x0123456789ABCDEFull);
+  for (const RoundingStream stream : {RoundingStream::kExpAvg, RoundingStream::kExpAvgSq}) {
+    const uint64_t block = (uint64_t{3} << 32) + 11;
+    const PhiloxCounter words = Philox4x32_10(RoundingCounter(block, stream, 9, 4), key);
+    for (uint64_t w = 0; w < 4; ++w) {
+      EXPECT_EQ(RoundingWord(key, stream, 9, 4, 4 * block + w), words[w]);
+    }
+  }
+}
+
+TEST(PhiloxTest, TheTwoStreamsDrawDifferentWords) {
+  const PhiloxKey key = RoundingKey(42);
+  int equal = 0;
+  for (uint64_t i = 0; i < 4096; ++i) {
+    equal += RoundingWord(key, RoundingStream::kExpAvg, 1, 0, i) ==
+             RoundingWord(key, RoundingStream::kExpAvgSq, 1, 0, i);
+  }
+  EXPECT_EQ(equal, 0);  // a chance match has probability 2^-32 per element
 }
 
 TEST(PhiloxTest, KernelsAndReferenceAgreeOnRandomInputs) {
@@ -54,6 +82,20 @@ TEST(PhiloxTest, KernelsAndReferenceAgreeOnRandomInputs) {
                              static_cast<uint32_t>(rng()), static_cast<uint32_t>(rng())};
     const PhiloxKey k = {static_cast<uint32_t>(rng()), static_cast<uint32_t>(rng())};
     ASSERT_EQ(Philox4x32_10(c, k), reference::PhiloxRef(c, k));
+  }
+}
+
+TEST(PhiloxTest, KernelsAndReferenceDrawTheSameRoundingWords) {
+  std::mt19937_64 rng(3);
+  for (int i = 0; i < 10000; ++i) {
+    const reference::RngRef ref{rng(), static_cast<uint32_t>(rng()), static_cast<uint32_t>(rng())};
+    const uint64_t index = i % 2 == 0 ? rng() : rng() % 100000;
+    ASSERT_EQ(RoundingWord(RoundingKey(ref.seed), RoundingStream::kExpAvg, ref.k, ref.tensor_index,
+                           index),
+              reference::RandomWordRef(ref, reference::StreamRef::kExpAvg, index));
+    ASSERT_EQ(RoundingWord(RoundingKey(ref.seed), RoundingStream::kExpAvgSq, ref.k,
+                           ref.tensor_index, index),
+              reference::RandomWordRef(ref, reference::StreamRef::kExpAvgSq, index));
   }
 }
 
@@ -68,22 +110,40 @@ class PhiloxPathTest : public ::testing::TestWithParam<CpuPath> {
 
 TEST_P(PhiloxPathTest, LaneParallelWordsEqualTheScalarGenerator) {
   std::mt19937_64 rng(2);
-  constexpr int kCount = 128;
-  std::vector<uint32_t> w0(kCount), w1(kCount);
-  // Indices with a zero and a non-zero high word, and the last chunk before the low word wraps.
-  const uint64_t starts[] = {0, 128 * 1000, (uint64_t{5} << 32) + 256, 0xFFFFFF80ull,
-                             (uint64_t{0xFFFFFFFF} << 32) | 0xFFFFFF80u};
+  // Elements from the first of a block and from inside one; a zero and a non-zero high word of
+  // the block number; ranges across the block where its low word wraps (element 2^34) and up to
+  // the last element below 2^64.
+  const uint64_t starts[] = {0,
+                             1,
+                             3,
+                             128 * 1000,
+                             128 * 1000 + 2,
+                             (uint64_t{5} << 34) + 256,
+                             (uint64_t{5} << 34) + 257,
+                             (uint64_t{1} << 34) - 128,
+                             (uint64_t{1} << 34) - 130,
+                             (uint64_t{1} << 34) - 3,
+                             (uint64_t{7} << 34) - 64,
+                             UINT64_MAX - 300};
+  // Whole chunks, a part of one, and more than one (the hook draws 128 elements at a time).
+  const int64_t counts[] = {128, 1, 37, 301};
+  std::vector<uint32_t> words(301);
   for (const uint64_t index : starts) {
-    for (int trial = 0; trial < 20; ++trial) {
-      const uint64_t seed = rng();
-      const uint32_t k = static_cast<uint32_t>(rng());
-      const uint32_t tensor = static_cast<uint32_t>(rng());
-      cpu_internal::PhiloxForTest(GetParam(), seed, k, tensor, index, kCount, w0.data(), w1.data());
-      for (int j = 0; j < kCount; ++j) {
-        const PhiloxCounter want =
-            Philox4x32_10(RoundingCounter(index + j, k, tensor), RoundingKey(seed));
-        ASSERT_EQ(w0[j], want[0]) << "index " << index + j;
-        ASSERT_EQ(w1[j], want[1]) << "index " << index + j;
+    for (const int64_t count : counts) {
+      if (static_cast<uint64_t>(count - 1) > UINT64_MAX - index) continue;
+      for (int trial = 0; trial < 8; ++trial) {
+        const uint64_t seed = rng();
+        const uint32_t k = static_cast<uint32_t>(rng());
+        const uint32_t tensor = static_cast<uint32_t>(rng());
+        for (const RoundingStream stream : {RoundingStream::kExpAvg, RoundingStream::kExpAvgSq}) {
+          cpu_internal::PhiloxForTest(GetParam(), seed, stream, k, tensor, index, count,
+                                      words.data());
+          for (int64_t j = 0; j < count; ++j) {
+            const uint64_t i = index + static_cast<uint64_t>(j);
+            ASSERT_EQ(words[j], RoundingWord(RoundingKey(seed), stream, k, tensor, i))
+                << "element " << i << " stream " << static_cast<int>(stream);
+          }
+        }
       }
     }
   }

@@ -153,7 +153,7 @@ TEST_P(CodecPathTest, NearestCastsEqualTheReference) {
 TEST_P(CodecPathTest, StochasticRoundingIsUnbiased) {
   constexpr int kDraws = 8192;
   std::mt19937_64 rng(6);
-  std::vector<uint32_t> w0(kDraws), w1(kDraws), codes(kDraws);
+  std::vector<uint32_t> words(kDraws), codes(kDraws);
   std::vector<float> xs(kDraws);
   for (CodecFormat f : kFormats) {
     const reference::MiniFormatRef& ref = RefFormat(f);
@@ -168,9 +168,9 @@ TEST_P(CodecPathTest, StochasticRoundingIsUnbiased) {
     for (size_t v = 0; v < values.size(); ++v) {
       const float x = values[v];
       std::fill(xs.begin(), xs.end(), x);
-      cpu_internal::PhiloxForTest(GetParam(), 77, static_cast<uint32_t>(v), 1, 0, kDraws, w0.data(),
-                                  w1.data());
-      cpu_internal::EncodeForTest(GetParam(), f, xs.data(), w1.data(), codes.data(), kDraws);
+      cpu_internal::PhiloxForTest(GetParam(), 77, RoundingStream::kExpAvgSq,
+                                  static_cast<uint32_t>(v), 1, 0, kDraws, words.data());
+      cpu_internal::EncodeForTest(GetParam(), f, xs.data(), words.data(), codes.data(), kDraws);
       double sum = 0.0;
       for (uint32_t c : codes) sum += DecodeByFormats(f, c);
       const double mean = sum / kDraws;

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/thread_pool.h"
@@ -338,6 +340,78 @@ TEST(StochasticRoundingTest, SameKeyAndCounterGiveTheSameBitsAndAnyChangeOthers)
     const PolicyTensor c = run(other);
     EXPECT_NE(c.state.exp_avg.u8, a.state.exp_avg.u8);
     EXPECT_NE(c.state.exp_avg_sq.u8, a.state.exp_avg_sq.u8);
+  }
+}
+
+// Each moment draws from a stream of its own (kernels/philox.h): its codes are the same whether
+// or not the other moment rounds stochastically, on every path.
+TEST(StochasticRoundingTest, EachMomentDrawsTheSameBitsWhateverTheOtherRounds) {
+  std::mt19937_64 rng(12);
+  constexpr size_t kN = 1000;
+  const std::vector<float> initial = testing::NormalFloats(rng, kN, 0.02);
+  const Grads grads(rng, SlotType::kFp32, 1, kN);
+  const AdamwScalars s = MakeAdamwScalars(testing::AccuracySetupHyper(), 2);
+  const RngStream stream{77, 2, 5};
+  auto run = [&](Rounding m, Rounding v, CpuPath path) {
+    StatePolicy p = MakeStatePolicy(MasterType::kFp32, MomentType::kFp8, MomentType::kFp8);
+    p.exp_avg_rounding = m;
+    p.exp_avg_sq_rounding = v;
+    PolicyTensor t(p, initial);
+    EXPECT_TRUE(
+        FusedStepCpu(t.Args(grads.ptrs, SlotType::kFp32, 1.0f, 1.0f, s, stream), 0, kN, path).ok());
+    return t;
+  };
+  for (const CpuPath path : {CpuPath::kScalar, CpuPath::kAvx2, CpuPath::kAvx512}) {
+    if (!CpuPathSupported(path)) continue;
+    const PolicyTensor both = run(Rounding::kStochastic, Rounding::kStochastic, path);
+    const PolicyTensor only_v = run(Rounding::kNearest, Rounding::kStochastic, path);
+    const PolicyTensor only_m = run(Rounding::kStochastic, Rounding::kNearest, path);
+    EXPECT_EQ(both.state.exp_avg_sq.u8, only_v.state.exp_avg_sq.u8) << CpuPathName(path);
+    EXPECT_EQ(both.state.exp_avg.u8, only_m.state.exp_avg.u8) << CpuPathName(path);
+    EXPECT_NE(both.state.exp_avg.u8, only_v.state.exp_avg.u8) << CpuPathName(path);
+  }
+}
+
+// Ranges that start inside a Philox block (a bf16 moment has no chunk scales, so its ranges may
+// start anywhere) and a split tensor's index_offset draw each element's word at its index in the
+// whole tensor: the last 301 elements stepped as a tensor of their own, with index_offset 3 and
+// ranges split at odd places, equal the same elements of the whole tensor, on every path.
+TEST(StochasticRoundingTest, RangesAndOffsetsInsideABlockDrawEachElementsOwnWord) {
+  StatePolicy policy = MakeStatePolicy(MasterType::kFp32, MomentType::kBf16, MomentType::kBf16);
+  policy.exp_avg_rounding = Rounding::kStochastic;
+  policy.exp_avg_sq_rounding = Rounding::kStochastic;
+  constexpr size_t kOffset = 3, kN = 301;
+  std::mt19937_64 rng(13);
+  const std::vector<float> initial = testing::NormalFloats(rng, kOffset + kN, 0.02);
+  const Grads grads(rng, SlotType::kFp32, 2, kOffset + kN);
+  const AdamwScalars s = MakeAdamwScalars(testing::AccuracySetupHyper(), 4);
+  const RngStream stream{0xABCDEF0123ull, 4, 1, 0};
+  PolicyTensor whole(policy, initial);
+  ASSERT_TRUE(FusedStepCpu(whole.Args(grads.ptrs, SlotType::kFp32, 1.0f, 1.0f, s, stream), 0,
+                           kOffset + kN, CpuPath::kScalar)
+                  .ok());
+  const std::vector<const void*> tail_slots = {static_cast<const float*>(grads.ptrs[0]) + kOffset,
+                                               static_cast<const float*>(grads.ptrs[1]) + kOffset};
+  auto tail_of = [&](const auto& v) {
+    using T = typename std::decay_t<decltype(v)>::value_type;
+    return std::vector<T>(v.begin() + kOffset, v.end());
+  };
+  for (const CpuPath path : {CpuPath::kScalar, CpuPath::kAvx2, CpuPath::kAvx512}) {
+    if (!CpuPathSupported(path)) continue;
+    PolicyTensor part(policy, tail_of(initial));
+    RngStream part_stream = stream;
+    part_stream.index_offset = kOffset;
+    const FusedStepArgs args = part.Args(tail_slots, SlotType::kFp32, 1.0f, 1.0f, s, part_stream);
+    for (const auto& [begin, end] :
+         {std::pair<int64_t, int64_t>{0, 1}, {1, 6}, {6, 135}, {135, static_cast<int64_t>(kN)}}) {
+      ASSERT_TRUE(FusedStepCpu(args, begin, end, path).ok());
+    }
+    const std::string name = CpuPathName(path);
+    EXPECT_EQ(testing::FirstDifference(part.state.master_fp32, tail_of(whole.state.master_fp32)),
+              -1)
+        << name;
+    EXPECT_EQ(part.state.exp_avg.u16, tail_of(whole.state.exp_avg.u16)) << name;
+    EXPECT_EQ(part.state.exp_avg_sq.u16, tail_of(whole.state.exp_avg_sq.u16)) << name;
   }
 }
 
