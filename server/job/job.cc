@@ -292,6 +292,8 @@ void Job::NoteLandedLocked(size_t index, const v1::PushChunk& chunk, ChunkBuffer
   }
   LandedCheckAbility* ability = backend_->landed_check();
   if (ability == nullptr || landed.state != LandedCheck::State::kNone) return;
+  // Most chunks leave their own slot incomplete: nothing more to look at.
+  if (!set[index][static_cast<size_t>(chunk.rank())].complete()) return;
   const Tensor& t = tensors_[index];
   // The step's slots of the tensor, in the step's order (StepRunner::PrepareLocked): complete,
   // and in host memory.
