@@ -74,9 +74,9 @@ ThreadPool::~ThreadPool() {
   for (std::thread& t : workers_) t.join();
 }
 
-void ThreadPool::Run(int64_t n, int64_t grain, BlockFn fn, void* ctx) {
+void ThreadPool::Run(int64_t n, int64_t grain, BlockFn fn, void* ctx, bool place_caller) {
   if (n <= 0) return;
-  PlaceThisThread();
+  if (place_caller) PlaceThisThread();
   grain = std::max<int64_t>(grain, 1);
   const int64_t num_blocks = (n - 1) / grain + 1;
   if (num_blocks == 1 || workers_.empty() || tls_running_pool == this) {

@@ -37,17 +37,27 @@ class ThreadPool {
   // are serialized; a call from inside fn runs serially on the calling thread. fn must not throw.
   template <typename Fn>
   void ParallelFor(int64_t n, int64_t grain, Fn&& fn) {
-    using F = std::remove_reference_t<Fn>;
-    Run(
-        n, grain,
-        [](void* ctx, int64_t begin, int64_t end) { (*static_cast<F*>(ctx))(begin, end); },
-        const_cast<void*>(static_cast<const void*>(&fn)));
+    Dispatch(n, grain, fn, /*place_caller=*/true);
+  }
+  // ParallelFor from a thread that only borrows the pool now and then (a server's request thread):
+  // the same loop, but the calling thread is not placed on the pool's CPUs.
+  template <typename Fn>
+  void ParallelForAsGuest(int64_t n, int64_t grain, Fn&& fn) {
+    Dispatch(n, grain, fn, /*place_caller=*/false);
   }
 
  private:
   using BlockFn = void (*)(void* ctx, int64_t begin, int64_t end);
 
-  void Run(int64_t n, int64_t grain, BlockFn fn, void* ctx);
+  template <typename Fn>
+  void Dispatch(int64_t n, int64_t grain, Fn& fn, bool place_caller) {
+    using F = std::remove_reference_t<Fn>;
+    Run(
+        n, grain,
+        [](void* ctx, int64_t begin, int64_t end) { (*static_cast<F*>(ctx))(begin, end); },
+        const_cast<void*>(static_cast<const void*>(&fn)), place_caller);
+  }
+  void Run(int64_t n, int64_t grain, BlockFn fn, void* ctx, bool place_caller);
   void WorkerLoop(uint32_t seen_generation);
   void RunBlocks();              // takes blocks of the current loop until none is left
   void PlaceThisThread() const;  // on cpus_, where set

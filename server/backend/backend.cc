@@ -78,6 +78,10 @@ StateBytes PolicyStateBytes(const TensorInfo& info) {
   return bytes;
 }
 
+bool TensorCheck::Answers(float step_grad_scale, bool step_norms) const {
+  return std::memcmp(&grad_scale, &step_grad_scale, sizeof(float)) == 0 && (norms || !step_norms);
+}
+
 void ServedTensor::SetOutcomePending() {
   absl::MutexLock lock(&outcome_mu_);
   outcome_pending_ = true;

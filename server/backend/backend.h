@@ -180,6 +180,20 @@ struct HostTensorState {
   TensorScalars scalars;
 };
 
+// One tensor's share of a GradientCheck, computed as its gradients landed
+// (LandedCheckAbility::CheckLanded): the scale it was computed with, whether its block sums were,
+// its finiteness and its FP64 block sums (DESIGN.md §2), the very values a check at the step gives
+// for the same bytes and scale.
+struct TensorCheck {
+  float grad_scale = 1.0f;
+  bool norms = false;
+  bool finite = true;
+  std::vector<double> block_sums;  // one per 128-row block where `norms`
+  // Whether it is the check a step with this scale asks for: the same FP32 scale, bit for bit (a
+  // different scale rounds gs differently), and the block sums where the step needs them.
+  bool Answers(float step_grad_scale, bool step_norms) const;
+};
+
 // The inputs of one tensor's step.
 struct TensorStep {
   TensorState* state = nullptr;
@@ -196,6 +210,10 @@ struct TensorStep {
   const ServedTensor* previous = nullptr;
   // Called once between the step's pass and the per-tensor pass, with the amax of the new master.
   WholeAmax whole_amax;
+  // The check of these slots computed as they landed (LandedCheckAbility), alive while the step
+  // runs; null where there is none. A backend that has the ability uses it in CheckGradients
+  // instead of reading the gradients again where it Answers the step, else checks them itself.
+  const TensorCheck* landed = nullptr;
 };
 
 // What a step came to (Backend::Step).
@@ -250,7 +268,8 @@ struct StepInput {
 
 // What a backend may hand out besides its core (Backend::exported_memory() and the like): each
 // ability is an interface a backend implements or not, and a caller asks for it (null: the backend
-// has none) instead of calling a method that does nothing. The cpu backend has none; `cuda:N` all.
+// has none) instead of calling a method that does nothing. `cuda:N` has the first three below; the
+// cpu backend only the LandedCheckAbility.
 
 // GPU memory trainers on this node map (DESIGN.md §6), each job's of its own, and trainers' GPU
 // memory lent for a step's gradients. A backend without it (cpu) exports none, and the job keeps
@@ -309,6 +328,30 @@ class DeviceMemoryAbility {
   ~DeviceMemoryAbility() = default;
 };
 
+// The gradient check of one tensor computed when its last slot lands, before the commit
+// (DESIGN.md §2), on the host: the job runs it where the backend has this ability (cpu), outside
+// the job's lock, and hands the result to the step (TensorStep::landed). Exact by construction: it
+// is the same kernel over the same bytes as the step's own check, with the scale the step is
+// expected to run with (a rank's commit of the step, else the previous step's); a step whose scale
+// differs, or whose slots may have changed since, checks them again (CheckGradients).
+class LandedCheckAbility {
+ public:
+  // Finiteness of `slots` (rank order, the step's) * grad_scale and its square, and with `norms`
+  // the block sums of tensor `info`'s gradient: CheckGradients' values for that tensor. Runs on
+  // the caller's thread with the backend's step threads; safe while a step runs.
+  virtual absl::StatusOr<TensorCheck> CheckLanded(const TensorInfo& info,
+                                                  std::span<const void* const> slots,
+                                                  kernels::SlotType slot_type, float grad_scale,
+                                                  bool norms) = 0;
+  // Tensors whose gradients CheckGradients read at a step (no landed check answered it), and
+  // tensors whose landed check it used instead (a test counts them).
+  virtual int64_t checked_at_step() const = 0;
+  virtual int64_t landed_checks_used() const = 0;
+
+ protected:
+  ~LandedCheckAbility() = default;
+};
+
 // A backend's core: its state's creation, import and export, and the step.
 class Backend {
  public:
@@ -335,7 +378,9 @@ class Backend {
   // The pieces of a step decided on the host.
   // Finiteness of the tensors' gradients (g0 * grad_scale and its square), and with `norms` their
   // per-block sums of squares. The first reader of a step's gradients, also of lent ones: its
-  // reads wait for their TensorStep::ready_events on the device.
+  // reads wait for their TensorStep::ready_events on the device. A backend with the
+  // LandedCheckAbility takes a tensor's share from TensorStep::landed where that answers the step,
+  // without reading its gradients.
   virtual absl::StatusOr<GradientCheck> CheckGradients(std::span<TensorStep> tensors,
                                                        float grad_scale, bool norms) = 0;
   // Applies one step to the tensors, in order, after CheckGradients of the same tensors (a
@@ -375,6 +420,7 @@ class Backend {
   virtual ExportedMemoryAbility* exported_memory() { return nullptr; }
   virtual HostStagingAbility* host_staging() { return nullptr; }
   virtual DeviceMemoryAbility* device_memory() { return nullptr; }
+  virtual LandedCheckAbility* landed_check() { return nullptr; }
 };
 
 }  // namespace paramd

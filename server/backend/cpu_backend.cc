@@ -274,9 +274,12 @@ absl::StatusOr<std::unique_ptr<TensorState>> CpuBackend::ImportState(const Tenso
   return OutOfHostMemory(info);
 }
 
-absl::StatusOr<GradientCheck> CpuBackend::CheckGradients(std::span<TensorStep> tensors,
-                                                         float grad_scale, bool norms) {
-  GradientCheck check;
+absl::StatusOr<TensorCheck> CpuBackend::CheckTensor(const TensorInfo& info,
+                                                    const kernels::GradSlots& grad, bool norms,
+                                                    bool guest) {
+  TensorCheck check;
+  check.grad_scale = grad.grad_scale;
+  check.norms = norms;
   std::atomic<bool> finite{true};
   absl::Status status;
   absl::Mutex mu;
@@ -287,30 +290,66 @@ absl::StatusOr<GradientCheck> CpuBackend::CheckGradients(std::span<TensorStep> t
       if (status.ok()) status = FromKernel(st);
     }
   };
+  auto loop = [&](int64_t n, int64_t grain, const auto& fn) {
+    if (guest) {
+      pool_.ParallelForAsGuest(n, grain, fn);
+    } else {
+      pool_.ParallelFor(n, grain, fn);
+    }
+  };
+  if (norms) {
+    std::vector<double>& sums = check.block_sums;
+    sums.assign(static_cast<size_t>(kernels::NumNormBlocks(info.rows)), 0.0);
+    loop(static_cast<int64_t>(sums.size()), 1, [&](int64_t b0, int64_t b1) {
+      // The kernel's status first: it writes block_finite, which `run` reads.
+      bool block_finite = true;
+      const kernels::KStatus st = kernels::GradBlockSumsCpu(grad, info.rows, info.cols, b0, b1,
+                                                            sums.data() + b0, &block_finite);
+      run(st, block_finite);
+    });
+  } else {
+    loop(info.rows * info.cols, kGrain, [&](int64_t begin, int64_t end) {
+      bool block_finite = true;
+      const kernels::KStatus st = kernels::GradFiniteCpu(grad, begin, end, &block_finite);
+      run(st, block_finite);
+    });
+  }
+  if (!status.ok()) return status;
+  check.finite = finite.load();
+  return check;
+}
+
+absl::StatusOr<TensorCheck> CpuBackend::CheckLanded(const TensorInfo& info,
+                                                    std::span<const void* const> slots,
+                                                    kernels::SlotType slot_type, float grad_scale,
+                                                    bool norms) {
+  const kernels::GradSlots grad{slots.data(), static_cast<int>(slots.size()), slot_type,
+                                grad_scale};
+  return CheckTensor(info, grad, norms, /*guest=*/true);
+}
+
+absl::StatusOr<GradientCheck> CpuBackend::CheckGradients(std::span<TensorStep> tensors,
+                                                         float grad_scale, bool norms) {
+  // Each tensor's share is its own blocks' sums, whoever computed them: a landed check that
+  // answers this step (same scale, same bytes) is taken as it is, the others computed now, and
+  // StepDecidedOnHost adds them in tensor then block order either way.
+  GradientCheck check;
   for (TensorStep& t : tensors) {
+    std::vector<double>& sums = check.block_sums.emplace_back();
+    if (t.landed != nullptr && t.landed->Answers(grad_scale, norms)) {
+      landed_checks_used_.fetch_add(1, std::memory_order_relaxed);
+      check.finite = check.finite && t.landed->finite;
+      if (norms) sums = t.landed->block_sums;
+      continue;
+    }
+    checked_at_step_.fetch_add(1, std::memory_order_relaxed);
     const auto& s = *static_cast<const CpuTensorState*>(t.state);
     const kernels::GradSlots grad{t.slots.data(), static_cast<int>(t.slots.size()), t.slot_type,
                                   grad_scale};
-    std::vector<double>& sums = check.block_sums.emplace_back();
-    if (norms) {
-      sums.assign(static_cast<size_t>(kernels::NumNormBlocks(s.info.rows)), 0.0);
-      pool_.ParallelFor(static_cast<int64_t>(sums.size()), 1, [&](int64_t b0, int64_t b1) {
-        // The kernel's status first: it writes block_finite, which `run` reads.
-        bool block_finite = true;
-        const kernels::KStatus st = kernels::GradBlockSumsCpu(grad, s.info.rows, s.info.cols, b0,
-                                                              b1, sums.data() + b0, &block_finite);
-        run(st, block_finite);
-      });
-    } else {
-      pool_.ParallelFor(s.n, kGrain, [&](int64_t begin, int64_t end) {
-        bool block_finite = true;
-        const kernels::KStatus st = kernels::GradFiniteCpu(grad, begin, end, &block_finite);
-        run(st, block_finite);
-      });
-    }
-    if (!status.ok()) return status;
+    PARAMD_ASSIGN_OR_RETURN(TensorCheck mine, CheckTensor(s.info, grad, norms, /*guest=*/false));
+    check.finite = check.finite && mine.finite;
+    sums = std::move(mine.block_sums);
   }
-  check.finite = finite.load();
   return check;
 }
 

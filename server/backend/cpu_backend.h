@@ -3,16 +3,20 @@
 // of each panel right after updating it, while it is in cache.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/step_rules.h"
 #include "server/backend/backend.h"
 
 namespace paramd {
 
-class CpuBackend : public Backend {
+class CpuBackend : public Backend, public LandedCheckAbility {
  public:
   // `name`: "cpu", or "cpu:K" for one of a daemon's several. `cpus`: where its step threads run
   // (DaemonConfig.step_cpus, common/step_cpus.h); empty: wherever the scheduler puts them.
@@ -28,6 +32,13 @@ class CpuBackend : public Backend {
                                                            const WholeAmax& whole_amax) override;
   absl::StatusOr<GradientCheck> CheckGradients(std::span<TensorStep> tensors, float grad_scale,
                                                bool norms) override;
+  absl::StatusOr<TensorCheck> CheckLanded(const TensorInfo& info,
+                                          std::span<const void* const> slots,
+                                          kernels::SlotType slot_type, float grad_scale,
+                                          bool norms) override;
+  int64_t checked_at_step() const override { return checked_at_step_.load(); }
+  int64_t landed_checks_used() const override { return landed_checks_used_.load(); }
+  LandedCheckAbility* landed_check() override { return this; }
   absl::Status ApplyStep(std::span<TensorStep> tensors, const StepScalars& scalars,
                          const std::function<void(size_t)>& tensor_done = nullptr) override;
   absl::Status ReadStateArray(const TensorState& state, StateArray array, int64_t offset,
@@ -38,8 +49,14 @@ class CpuBackend : public Backend {
                                                            ServedTensor* out) override;
 
  private:
+  // One tensor's check on the pool; `guest`: from a thread that is not a step's (CheckLanded).
+  absl::StatusOr<TensorCheck> CheckTensor(const TensorInfo& info, const kernels::GradSlots& grad,
+                                          bool norms, bool guest);
+
   const std::string name_;
   kernels::ThreadPool pool_;
+  std::atomic<int64_t> checked_at_step_{0};
+  std::atomic<int64_t> landed_checks_used_{0};
 };
 
 }  // namespace paramd

@@ -272,7 +272,90 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushLocked(const v1::PushChunk& chunk,
         weights ? "fp32 weights" : v1::ElementType_Name(t.spec.grad_type()),
         "); offsets and sizes must be multiples of ", element, " bytes inside the tensor"));
   }
-  return weights ? PushWeights(t, chunk, wake) : PushGradient(t, chunk);
+  if (weights) return PushWeights(t, chunk, wake);
+  absl::StatusOr<ChunkBuffer::Stored> stored = PushGradient(t, chunk);
+  if (stored.ok()) NoteLandedLocked(static_cast<size_t>(*index), chunk, *stored, wake);
+  return stored;
+}
+
+void Job::NoteLandedLocked(size_t index, const v1::PushChunk& chunk, ChunkBuffer::Stored stored,
+                           std::vector<std::function<void()>>* after) {
+  SlotSet& set = slots_.collecting();
+  LandedCheck& landed = set.landed[index];
+  if (stored == ChunkBuffer::Stored::kDuplicate) {
+    // A data chunk acknowledged again has the stored bytes (ChunkBuffer compared them); an
+    // in-place range marked again may have been written anew before the mark.
+    if (chunk.has_in_place() && landed.state != LandedCheck::State::kNone) {
+      landed.state = LandedCheck::State::kStale;
+    }
+    return;
+  }
+  LandedCheckAbility* ability = backend_->landed_check();
+  if (ability == nullptr || landed.state != LandedCheck::State::kNone) return;
+  // Most chunks leave their own slot incomplete: nothing more to look at.
+  if (!set[index][static_cast<size_t>(chunk.rank())].complete()) return;
+  const Tensor& t = tensors_[index];
+  // The step's slots of the tensor, in the step's order (StepRunner::PrepareLocked): complete,
+  // and in host memory.
+  const size_t first = pre_reduced_ ? static_cast<size_t>(pusher_) : 0;
+  const size_t count = pre_reduced_ ? 1 : set[index].size();
+  std::vector<const void*> slots;
+  for (size_t r = first; r < first + count; ++r) {
+    const ChunkBuffer& slot = set[index][r];
+    if (!slot.holds_memory() || slot.size() != t.grad_bytes || !slot.complete()) return;
+    const DeviceSlot* device = set.FindDevice(index, static_cast<int32_t>(r));
+    if (device != nullptr && device->written) return;  // the step reads it in GPU memory
+    slots.push_back(slot.data());
+  }
+  // The scale the step will run with: a rank's commit says it; before any, the last step's.
+  const std::map<int32_t, RankCommit>& commits = sequence_.commits();
+  const float grad_scale =
+      static_cast<float>(commits.empty() ? last_grad_scale_ : commits.begin()->second.grad_scale);
+  const bool norms = spec_.max_grad_norm() > 0;
+  const kernels::SlotType slot_type = t.spec.grad_type() == v1::ELEMENT_TYPE_BF16
+                                          ? kernels::SlotType::kBf16
+                                          : kernels::SlotType::kFp32;
+  landed.state = LandedCheck::State::kRunning;
+  ++set.landed_running;
+  after->push_back([this, ability, index, step = sequence_.next_step(), info = t.info,
+                    slots = std::move(slots), slot_type, grad_scale, norms] {
+    // The slots stay: the set is neither cleared nor dropped while the check runs.
+    EndLandedCheck(step, index, ability->CheckLanded(info, slots, slot_type, grad_scale, norms));
+  });
+}
+
+void Job::EndLandedCheck(int64_t step, size_t index, absl::StatusOr<TensorCheck> check) {
+  absl::MutexLock lock(&mu_);
+  SlotSet* set = SetOfStepLocked(step);
+  PARAMD_CHECK(set != nullptr) << "job " << name_ << ": the slots of step " << step
+                               << " went while a landed check read them";
+  --set->landed_running;
+  LandedCheck& landed = set->landed[index];
+  if (landed.state != LandedCheck::State::kRunning) return;  // stale: the step checks itself
+  if (!check.ok()) {
+    // The step's own check meets the same failure, and fails the step with it.
+    landed.state = LandedCheck::State::kStale;
+    return;
+  }
+  landed.check = *std::move(check);
+  landed.state = LandedCheck::State::kDone;
+}
+
+SlotSet* Job::SetOfStepLocked(int64_t step) {
+  if (step == sequence_.next_step() && slots_.collecting().made()) return &slots_.collecting();
+  return slots_.IsTaken(step) ? &slots_.Taken(step) : nullptr;
+}
+
+void Job::AwaitLandedChecksLocked(int64_t step) {
+  const auto idle = [this, step]() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // mu_ held
+    return !slots_.IsTaken(step) || slots_.Taken(step).landed_running == 0;
+  };
+  mu_.Await(absl::Condition(&idle));
+}
+
+void Job::DropSlotsLocked(int64_t step) {
+  AwaitLandedChecksLocked(step);
+  slots_.Drop(step);
 }
 
 absl::StatusOr<ChunkBuffer::Stored> Job::PushWeights(Tensor& t, const v1::PushChunk& chunk,
@@ -535,6 +618,7 @@ absl::StatusOr<CommitOutcome> Job::Commit(const v1::CommitRequest& request) {
   if (!outcome.work.has_value()) return outcome;
   // The last rank: the step's slots are handed over with it, and the hyperparameters it runs with.
   slots_.Take(outcome.work->step);
+  last_grad_scale_ = outcome.work->grad_scale;
   if (!outcome.work->lr.has_value()) outcome.work->lr = hyper_.lr();
   outcome.work->weight_decay = hyper_.weight_decay();
   if (outcome.work->step == 0) {
@@ -715,7 +799,7 @@ std::vector<StepReport> Job::RunOrHoldStep(const StepWork& work) {
     absl::MutexLock lock(&mu_);
     // A failed job runs no step again; its taken slots go.
     if (!failed_.ok()) {
-      slots_.Drop(work.step);
+      DropSlotsLocked(work.step);
       sequence_.DropHeld();
       return {};
     }
@@ -810,7 +894,7 @@ StepReport Job::FailStep(const StepWork& work, const absl::Status& why) {
   {
     absl::MutexLock lock(&mu_);
     FailLocked(report.failed, &wake);
-    slots_.Drop(work.step);
+    DropSlotsLocked(work.step);
   }
   for (auto& w : wake) w();
   return report;

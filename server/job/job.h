@@ -195,6 +195,23 @@ class Job {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<ChunkBuffer::Stored> PushGradient(Tensor& t, const v1::PushChunk& chunk)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a gradient chunk of tensor `index` was stored (DESIGN.md §2: the check accumulated as
+  // gradients land): where it completed the tensor's slots of the step collected (every rank's, or
+  // the pusher's when pre-reduced, all in host memory) and the backend has a LandedCheckAbility,
+  // the tensor's check is started, to run from `after` once the lock is let go (EndLandedCheck
+  // records it). An in-place range marked again (its bytes cannot be told from a retry's) makes
+  // a check started before it stale.
+  void NoteLandedLocked(size_t index, const v1::PushChunk& chunk, ChunkBuffer::Stored stored,
+                        std::vector<std::function<void()>>* after)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A landed check of step `step`'s tensor `index` ended: kept where nothing made it stale.
+  void EndLandedCheck(int64_t step, size_t index, absl::StatusOr<TensorCheck> check);
+  // The slot set of `step`: the collecting one, or a taken one; null when neither.
+  SlotSet* SetOfStepLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits until no landed check reads the slots of taken step `step` (none starts on a taken set).
+  void AwaitLandedChecksLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives up taken step `step`'s slots (the job failed), once no landed check reads them.
+  void DropSlotsLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A gradient the trainer lent in its own GPU memory (InPlaceMark.lent): mapped by the backend
   // and read there by the step.
   absl::StatusOr<ChunkBuffer::Stored> MarkLent(Tensor& t, size_t index, const v1::PushChunk& chunk,
@@ -294,6 +311,9 @@ class Job {
   SlotSets slots_ ABSL_GUARDED_BY(mu_);
   // Every tensor's served versions, and the pulls waiting for one.
   ServedVersions served_ ABSL_GUARDED_BY(mu_);
+  // The grad_scale of the last step taken: the scale a landed check expects the step collected
+  // to run with until a rank's commit of it says (1, the default, before the first).
+  double last_grad_scale_ ABSL_GUARDED_BY(mu_) = 1.0;
   double last_step_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t skipped_steps_ ABSL_GUARDED_BY(mu_) = 0;
   double last_clip_ ABSL_GUARDED_BY(mu_) = 1.0;

@@ -8,6 +8,8 @@
 namespace paramd {
 
 void SlotSet::Clear() {
+  PARAMD_CHECK(landed_running == 0) << "a slot set cleared while a landed check reads it";
+  landed.assign(host.size(), LandedCheck{});
   for (auto& per_tensor : host) {
     for (ChunkBuffer& slot : per_tensor) slot.Clear();
   }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/device_bytes.h"
+#include "server/backend/backend.h"
 #include "server/job/chunk_buffer.h"
 
 namespace paramd {
@@ -37,14 +38,31 @@ struct DeviceSlot {
   }
 };
 
+// A tensor's gradient check computed when its last slot landed (DESIGN.md §2; the Job runs it
+// through the backend's LandedCheckAbility, outside the job's lock).
+struct LandedCheck {
+  enum class State {
+    kNone,     // not every slot landed, or the backend checks at the step only
+    kRunning,  // being computed: the set's slots are read, and stay until it ends
+    kDone,     // `check` holds it
+    kStale,    // the slots' bytes may have changed since (an in-place range marked again), or the
+               // check failed: the step checks them itself
+  };
+  State state = State::kNone;
+  TensorCheck check;
+};
+
 // The gradient slots of one step: a host buffer per tensor and rank, and device slots for the
 // ranks that write their gradients into exported GPU memory. A set is made when a step's first
 // push or slot place needs it, so registering costs no per-rank records.
 struct SlotSet {
   std::vector<std::vector<ChunkBuffer>> host;   // [tensor][rank]; empty until made
   std::vector<std::vector<DeviceSlot>> device;  // [tensor][rank], empty until asked for
+  std::vector<LandedCheck> landed;              // [tensor]; sized when made
+  // Landed checks running (kRunning): the set is neither cleared nor given up until none is.
+  int landed_running = 0;
   bool made() const { return !host.empty(); }
-  // Forgets every chunk received and every device mark, keeping the memory.
+  // Forgets every chunk received, every device mark and every landed check, keeping the memory.
   void Clear();
   // The device slot of (tensor, rank), or null when none was allocated.
   DeviceSlot* FindDevice(size_t tensor, int32_t rank);

@@ -29,7 +29,7 @@ StepReport StepRunner::Run() {
   {
     absl::MutexLock lock(&job_.mu_);
     if (!job_.failed_.ok()) {
-      job_.slots_.Drop(work_.step);
+      job_.DropSlotsLocked(work_.step);
       report_.failed = job_.failed_;
       return report_;
     }
@@ -81,6 +81,9 @@ StepReport StepRunner::Run() {
 }
 
 void StepRunner::PrepareLocked() {
+  // A landed check still reading the step's slots ends first (it is the same pass the step's
+  // check would make), so its result is used and the slots stay until the step returns them.
+  job_.AwaitLandedChecksLocked(work_.step);
   SlotSet& slots = job_.slots_.Taken(work_.step);
   kernels::AdamwHyper hyper{work_.lr.value_or(job_.hyper_.lr()), job_.hyper_.beta1(),
                             job_.hyper_.beta2(), job_.hyper_.eps(),
@@ -110,6 +113,11 @@ void StepRunner::PrepareLocked() {
     step.previous = job_.served_.newest(static_cast<int>(i)).get();
     step.whole_amax = job_.agreement_->WholeAmaxOf(i, work_.step, "amax");
     step.out = outputs_[i].get();
+    // The check made as the tensor's gradients landed; the backend uses it where it answers the
+    // step's scale (TensorCheck::Answers), else checks the slots itself.
+    if (i < slots.landed.size() && slots.landed[i].state == LandedCheck::State::kDone) {
+      step.landed = &slots.landed[i].check;
+    }
     steps_.push_back(std::move(step));
   }
 }
