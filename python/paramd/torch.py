@@ -573,22 +573,29 @@ class AdamW(torch.optim.Optimizer):
         """Pushes a bucket (on the push thread). With staleness 1 a rank may push step s before
         another rank committed step s-1 (its forward waited for step s-2 only); the daemon refuses
         such a push (FAILED_PRECONDITION: ahead of the step it collects). The push then waits
-        until the job collects step s and goes again; a refusal for another reason is raised."""
-        try:
+        until the job's status says it collects step s (the daemon at `address`: the owners of a
+        job over several open a step together, give or take a commit in flight) and goes again,
+        four tries in all; a refusal that waiting does not cure is raised."""
+        if not self.staleness:
             job.client.push_gradients(job.name, rank, step, items)
             return
-        except paramd.StatusError as error:
-            if not self.staleness or error.code != "FAILED_PRECONDITION":
-                raise
-            refused = error
         deadline = time.monotonic() + self._timeout_s
-        delay = 0.001
-        while job.client.status(job.name)["jobs"][0]["next_step"] < step:
-            if time.monotonic() > deadline:
-                raise refused
-            time.sleep(delay)
-            delay = min(2 * delay, 0.05)
-        job.client.push_gradients(job.name, rank, step, items)
+        for attempt in range(4):
+            try:
+                job.client.push_gradients(job.name, rank, step, items)
+                return
+            except paramd.StatusError as error:
+                if error.code != "FAILED_PRECONDITION" or attempt == 3:
+                    raise
+                refused = error
+            delay = 0.001
+            while True:
+                time.sleep(delay)
+                if job.client.status(job.name)["jobs"][0]["next_step"] >= step:
+                    break
+                if time.monotonic() > deadline:
+                    raise refused
+                delay = min(2 * delay, 0.05)
 
     # ----- the step -----
 
