@@ -65,10 +65,11 @@ What happens when:
   are computed on version t, and iteration t+2's forward runs on version t+1 (iterations 0 and
   1 on version 0). The version a step() commits is pulled meanwhile and loaded by the next
   step(), before its commit (so the trainer waits only for the step committed an iteration
-  earlier). sync_weights() loads the newest version, which the next iteration then runs on. A
-  rank may then push step t+1 before a slower rank committed step t; the daemon refuses that
-  push as ahead of its step, and the push thread waits (asking the job's status) until the job
-  collects it. Host path only: CUDA parameters over cuda_ipc raise ValueError.
+  earlier). sync_weights() (state_dict() and load_state_dict() too) loads the newest version,
+  which the next iteration then runs on. A rank may then push step t+1 before a slower rank
+  committed step t; the daemon refuses that push as ahead of its step, and the push thread
+  waits (asking the job's status) until the job collects it. Host path only: CUDA parameters
+  over cuda_ipc raise ValueError.
 - CUDA parameters, with the daemon on this node's GPU (`paramd --backend=cuda:N`; the automatic
   choice then picks cuda_ipc): gradients are lent, not copied. A push waits for nothing: it
   records an interprocess event on the current stream at construction (`cuda_stream`) and tells
