@@ -4,6 +4,7 @@ torch.optim.AdamW, and compares the loss curves.
     python examples/lm/train_lm.py --daemon build/server/paramd --policy fp32 --policy fp8 \
         --plot lm_loss.png
     python examples/lm/train_lm.py --device cuda --policy fp32 --policy fp8_gemm --plot lm.png
+    python examples/lm/train_lm.py --policy fp32 --staleness 0 --staleness 1
 
 With --device cuda both ranks train on GPU 0 (gloo still carries the few scalars and DDP's
 all-reduce), the daemon it starts runs `--backend=cuda:0`, and gradients and weights move over
@@ -18,7 +19,9 @@ DistributedDataParallel and steps torch.optim.AdamW; a paramd run swaps in param
 (gradients stream to a real daemon during backward, each layer's new weights are pulled before
 its forward). Both use two param groups (no decay for biases, norms and embeddings) and a
 warm-up + cosine LambdaLR. Rank 0 prints per-step losses (the mean over ranks) and a held-out
-loss at the end; --plot writes every curve to a PNG.
+loss at the end; --plot writes every curve to a PNG. `--staleness 1` runs the paramd policies
+with paramd.torch.AdamW(staleness=1) (each forward one version behind, so it never waits for the
+step committed just before); given twice, `--staleness 0 --staleness 1`, it runs both.
 """
 
 import argparse
@@ -215,7 +218,7 @@ def _rank_main(rank, s, run, port, out_path):
         opt = paramd.torch.AdamW(param_groups(model, s, named=True), lr=s.lr, betas=(0.9, 0.95),
                                  address=run["address"], job=run["job"],
                                  state_policy=run["state_policy"], serve=run["serve"],
-                                 module=model, seed=s.seed)
+                                 module=model, seed=s.seed, staleness=run["staleness"])
         if run["policy"] in FP8_GEMM_POLICIES:
             use_fp8_gemms(model, opt)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(s))
@@ -240,6 +243,7 @@ def _rank_main(rank, s, run, port, out_path):
         result["state_policy"] = opt.daemon_status()[0]["state_policy"]
         result["served_dtype"] = str(opt.served(model.head.weight).data.dtype)
         result["transport"] = opt.transport
+        result["pull_wait_s"] = opt.timings["pull_wait_s"]  # rank 0's waits for weights
         opt.close()
     if rank == 0:
         with open(out_path, "w") as f:
@@ -253,17 +257,19 @@ def _free_port():
         return sock.getsockname()[1]
 
 
-def run(s, optimizer="torch", policy="fp32", address=None, job=None, autocast=None):
+def run(s, optimizer="torch", policy="fp32", address=None, job=None, autocast=None, staleness=0):
     """Trains with `world_size` spawned ranks; returns rank 0's {'losses', 'held_out', ...}.
-    On CUDA every policy but fp32 runs under bf16 autocast unless `autocast` says otherwise."""
+    On CUDA every policy but fp32 runs under bf16 autocast unless `autocast` says otherwise.
+    `staleness` is paramd.torch.AdamW's (a paramd run's)."""
     state_policy, serve = POLICIES[policy]
     if autocast is None:
         autocast = s.device == "cuda" and policy != "fp32"
     if policy in FP8_GEMM_POLICIES and s.device != "cuda":
         raise ValueError(f"policy {policy} computes FP8 GEMMs on the GPU: use --device cuda")
-    spec = {"optimizer": optimizer, "address": address, "job": job or f"lm-{policy}",
+    spec = {"optimizer": optimizer, "address": address,
+            "job": job or f"lm-{policy}" + (f"-stale{staleness}" if staleness else ""),
             "state_policy": state_policy, "serve": serve, "policy": policy,
-            "autocast": autocast}
+            "autocast": autocast, "staleness": staleness}
     with tempfile.TemporaryDirectory() as tmp:
         out_path = os.path.join(tmp, "result.json")
         mp.spawn(_rank_main, args=(s, spec, _free_port(), out_path), nprocs=s.world_size)
@@ -286,6 +292,17 @@ _COLORS = {"torch": (0, 0, 0), "torch_bf16": (127, 127, 127), "fp32": (31, 119, 
            "fp8": (214, 39, 40), "fp8_all": (44, 160, 44), "fp8_gemm": (148, 103, 189)}
 
 
+def run_name(policy, staleness):
+    """A paramd run's name in the tables: the policy, `+stale1` with staleness 1."""
+    return policy + (f"+stale{staleness}" if staleness else "")
+
+
+def color_of(name):
+    """A run's curve colour: its policy's, lighter with staleness."""
+    color = _COLORS[name.split("+")[0]]
+    return color if "+" not in name else tuple((c + 255) // 2 for c in color)
+
+
 def reference_of(s, policy):
     """The torch run a policy is compared with: fp32, or bf16 autocast on CUDA."""
     return "torch_bf16" if s.device == "cuda" and policy != "fp32" else "torch"
@@ -297,6 +314,9 @@ def main():
     parser.add_argument("--address", help="use a running daemon instead of starting one")
     parser.add_argument("--policy", action="append", choices=sorted(POLICIES),
                         help="paramd policies to run (repeatable; default fp32 and fp8)")
+    parser.add_argument("--staleness", type=int, action="append", choices=(0, 1),
+                        help="paramd.torch.AdamW's staleness for the paramd runs (repeatable: "
+                             "each policy runs once per value; default 0)")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="where the ranks train (cuda: GPU 0, daemon on --backend=cuda:0)")
@@ -307,6 +327,7 @@ def main():
                      f"(torch {torch.__version__}, CUDA build {torch.version.cuda})")
     policies = args.policy or (["fp32", "fp8_gemm"] if args.device == "cuda" else ["fp32", "fp8"])
     s = Settings(steps=args.steps, device=args.device)
+    stalenesses = args.staleness or [0]
 
     from paramd.daemon import Daemon
     backend = "cuda:0" if args.device == "cuda" else "cpu"
@@ -317,7 +338,9 @@ def main():
         if any(reference_of(s, p) == "torch_bf16" for p in policies):
             results["torch_bf16"] = run(s, "torch", autocast=True)
         for policy in policies:
-            results[policy] = run(s, "paramd", policy, address)
+            for staleness in stalenesses:
+                results[run_name(policy, staleness)] = run(s, "paramd", policy, address,
+                                                           staleness=staleness)
     finally:
         if daemon is not None:
             daemon.stop()
@@ -329,14 +352,18 @@ def main():
     print("held  " + "  ".join(f"{results[n]['held_out']:9.5f}" for n in names))
     for policy in policies:
         ref = reference_of(s, policy)
-        per_step, held = compare(results[ref], results[policy])
-        print(f"{policy} (against {ref}, transport {results[policy]['transport']}): max per-step "
-              f"relative loss difference {per_step:.2e}, held-out {held:.2e}, "
-              f"{results[policy]['seconds']:.2f} s ({ref} {results[ref]['seconds']:.2f} s)")
+        for name in (run_name(policy, staleness) for staleness in stalenesses):
+            r = results[name]
+            per_step, held = compare(results[ref], r)
+            print(f"{name} (against {ref}, transport {r['transport']}): max per-step relative "
+                  f"loss difference {per_step:.2e}, final loss {r['losses'][-1]:.5f} "
+                  f"({ref} {results[ref]['losses'][-1]:.5f}), held-out {r['held_out']:.5f} "
+                  f"({held:.2e}), {r['seconds']:.2f} s ({ref} {results[ref]['seconds']:.2f} s; "
+                  f"rank 0 waited {r['pull_wait_s']:.2f} s for weights)")
     if args.plot:
-        png.plot_curves(args.plot, [(results[n]["losses"], _COLORS[n]) for n in names])
+        png.plot_curves(args.plot, [(results[n]["losses"], color_of(n)) for n in names])
         print(f"wrote {args.plot}: " + ", ".join(
-            f"{n} = rgb{_COLORS[n]}" for n in names))
+            f"{n} = rgb{color_of(n)}" for n in names))
 
 
 if __name__ == "__main__":

@@ -59,6 +59,17 @@ What happens when:
   iteration under way pushes nothing. A loop whose batch is a function of `opt.next_step` ends
   bit-identical to a run without the restart, if it checks `opt.next_step` again after its final
   sync_weights() (a restart found there moves it back too). `restarts` counts them.
+- `staleness=1` (opt-in; default 0): one step of staleness, for a daemon whose step takes about
+  as long as a forward and backward (a cpu daemon). The forward and backward after step() run on
+  the weights the parameters already hold, while the daemon steps; the gradients of step t+1
+  are computed on version t, and iteration t+2's forward runs on version t+1 (iterations 0 and
+  1 on version 0). The version a step() commits is pulled meanwhile and loaded by the next
+  step(), before its commit (so the trainer waits only for the step committed an iteration
+  earlier). sync_weights() (state_dict() and load_state_dict() too) loads the newest version,
+  which the next iteration then runs on. A rank may then push step t+1 before a slower rank
+  committed step t; the daemon refuses that push as ahead of its step, and the push thread
+  waits (asking the job's status) until the job collects it. Host path only: CUDA parameters
+  over cuda_ipc raise ValueError.
 - CUDA parameters, with the daemon on this node's GPU (`paramd --backend=cuda:N`; the automatic
   choice then picks cuda_ipc): gradients are lent, not copied. A push waits for nothing: it
   records an interprocess event on the current stream at construction (`cuda_stream`) and tells
@@ -313,7 +324,7 @@ class AdamW(torch.optim.Optimizer):
                  max_grad_norm=0.0, bucket_bytes=None, stream_pushes=True,
                  write_weights=True, weights_in_place=False, lend_gradients=True,
                  timeout_s=300.0, reconnect_timeout_s=0.0, daemons=None, push_mode="full",
-                 sharded_device_path=True, token_file=None, host_dma=True):
+                 sharded_device_path=True, token_file=None, host_dma=True, staleness=0):
         groups = self._named_groups(params)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
         super().__init__([{**g, "params": [p for _, p in g["params"]]} for g in groups],
@@ -340,6 +351,11 @@ class AdamW(torch.optim.Optimizer):
             raise ValueError("push_mode='pre_reduced' reduces the gradients with "
                              "torch.distributed: initialize its process group first")
         self.push_mode = push_mode
+        if type(staleness) is not int or staleness not in (0, 1):
+            raise ValueError(f"staleness is 0 (every forward runs on the newest version) or 1 "
+                             f"(one version behind: see the module doc), not {staleness!r}")
+        self.staleness = staleness
+        self._stale = {}  # staleness 1: id(param) -> _PendingPull held back until the next step()
         self._max_grad_norm = max_grad_norm
         self._lock = threading.Lock()
         self._bucket = {}  # job name -> [(tensor name, bytes)], filled by the grad hooks
@@ -498,6 +514,10 @@ class AdamW(torch.optim.Optimizer):
                 self._bucket_bytes = 32 << 20
             else:
                 self._bucket_bytes = (256 << 20) if self._push_device else (1 << 20)
+        if self.staleness and self._direct:
+            raise ValueError(f"staleness=1 runs on the host path; {self.device} parameters over "
+                             f"{self.transport} view the daemon's GPU memory, whose step does not "
+                             f"hold the next forward back (use staleness=0)")
         if self.weights_in_place and not self._direct:
             raise ValueError(f"weights_in_place needs CUDA parameters and a transport that views "
                              f"device memory in place, cuda_ipc (this optimizer has "
@@ -576,7 +596,35 @@ class AdamW(torch.optim.Optimizer):
                 # unchanged, until the step's version is loaded (_load_device).
                 self._lent.setdefault(job.name, []).extend(keep for _, _, keep in bucket)
             self._pushes.submit(
-                lambda: (job.client.push_gradients(job.name, rank, step, items), bucket))
+                lambda: (self._push_gradients(job, rank, step, items), bucket))
+
+    def _push_gradients(self, job, rank, step, items):
+        """Pushes a bucket (on the push thread). With staleness 1 a rank may push step s before
+        another rank committed step s-1 (its forward waited for step s-2 only); the daemon refuses
+        such a push (FAILED_PRECONDITION: ahead of the step it collects). The push then waits
+        until the job's status says it collects step s (the daemon at `address`: the owners of a
+        job over several open a step together, give or take a commit in flight) and goes again,
+        four tries in all; a refusal that waiting does not cure is raised."""
+        if not self.staleness:
+            job.client.push_gradients(job.name, rank, step, items)
+            return
+        deadline = time.monotonic() + self._timeout_s
+        for attempt in range(4):
+            try:
+                job.client.push_gradients(job.name, rank, step, items)
+                return
+            except paramd.StatusError as error:
+                if error.code != "FAILED_PRECONDITION" or attempt == 3:
+                    raise
+                refused = error
+            delay = 0.001
+            while True:
+                time.sleep(delay)
+                if job.client.status(job.name)["jobs"][0]["next_step"] >= step:
+                    break
+                if time.monotonic() > deadline:
+                    raise refused
+                delay = min(2 * delay, 0.05)
 
     # ----- the step -----
 
@@ -587,7 +635,12 @@ class AdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         # Weights of modules the last forward did not run are loaded now, so every parameter
-        # holds the version this step's gradients belong to.
+        # holds the version this step's gradients belong to. With staleness 1 the version held
+        # back at the last step() (the step before this one's) is loaded too, before this step is
+        # committed: the daemon serves a tensor's newest version only, and cannot publish the next
+        # one until this rank commits.
+        self._pending.update(self._stale)
+        self._stale = {}
         self._load_all()
         if self._resumed:
             # The daemon restarted during this iteration: its gradients belong to a step the
@@ -628,7 +681,11 @@ class AdamW(torch.optim.Optimizer):
         self.timings["commit_s"] += time.perf_counter() - pushed
         self._step += 1
         self._start_pulls(self._step)
-        if self._module is None:
+        if self.staleness:
+            # The next forward and backward run on the weights loaded now; the version this
+            # commit makes is pulled meanwhile and loaded at the next step().
+            self._stale, self._pending = self._pending, {}
+        elif self._module is None:
             self.sync_weights()
         return loss
 
@@ -712,12 +769,16 @@ class AdamW(torch.optim.Optimizer):
     def _copy_to_gpu(self, t, fmt, view, write, pending):
         """One leased view copied to the GPU on the current (copy) stream: into `t`'s parameter
         where `write` and its dtype is the format's, else into a buffer of its own (with `write`,
-        dequantized into pending.weight). The ServedWeight of the copy."""
+        dequantized into pending.weight; with staleness 1, always a buffer). The ServedWeight of
+        the copy."""
         raw = _formats.host_bytes(view)
         fields = view.fields
         param = t.param.data
-        if (write and _formats.is_plain(fmt) and param.dtype == _formats.data_dtype(fmt)
-                and param.is_contiguous() and param.numel() * param.element_size() == len(raw)):
+        # With staleness 1 the next forward and backward read the parameters while this version
+        # is copied: it lands in a buffer, written into them when it is loaded.
+        if (write and not self.staleness and _formats.is_plain(fmt)
+                and param.dtype == _formats.data_dtype(fmt) and param.is_contiguous()
+                and param.numel() * param.element_size() == len(raw)):
             into = param.view(-1).view(torch.uint8)
             into.copy_(raw, non_blocking=True)
             return _formats.served_view(into, fields)
@@ -882,6 +943,7 @@ class AdamW(torch.optim.Optimizer):
         self._pushes.drain()
         self._pulls.drain()
         self._pending = {}
+        self._stale = {}
         self._device_pending = []
         self._served = {}
         self._versions = {}
@@ -904,7 +966,10 @@ class AdamW(torch.optim.Optimizer):
 
     def sync_weights(self):
         """Waits for every tensor of the version being loaded and writes it (e.g. before
-        evaluating or saving the model outside a forward)."""
+        evaluating or saving the model outside a forward). With staleness 1 that is the newest
+        version, of the step committed last: the next iteration runs on it."""
+        self._pending.update(self._stale)
+        self._stale = {}
         self._load_all()
         # A point where the caller waits anyway: the earlier versions' GPU views go now.
         if self._direct:
