@@ -853,6 +853,8 @@ class PyClient {
       d["state_bytes"] = j.state_bytes();
       d["served_bytes"] = j.served_bytes();
       d["slot_bytes"] = j.slot_bytes();
+      d["reserved_host_bytes"] = j.reserved_host_bytes();
+      d["reserved_device_bytes"] = j.reserved_device_bytes();
       d["leases"] = j.leases();
       d["hyperparams"] = HyperparamsDict(j.hyperparams());
       d["state_policy"] = PolicyDict(j.state_policy());

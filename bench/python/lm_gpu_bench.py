@@ -29,7 +29,12 @@ of its own), --warmup steps then --steps timed steps, with the device synchroniz
                     gradients by DMA into its shared memory, weights by DMA straight into the
                     parameters (docs/host_tier.md). Its peer is torch_bf16_master; none_bf16 is
                     its memory floor
+  paramd_host_stale the host tier with one step of staleness (staleness=1): the forward and
+                    backward of step t+1 run on version t while the daemon computes version t+1
   paramd_host_copies the same through host copies (host_dma=False): the path before the host tier
+  torchao_offload   torchao's CPUOffloadOptimizer (torch's fused AdamW on the CPU over pinned
+                    copies of the bf16 parameters; its wheel on PYTHONPATH) (not in the default
+                    rows): the host tier's peer among the alternatives
   paramd_sharded2   paramd's job sharded over two cuda:0 daemons on the same GPU (not in the
                     default rows): the GPU path of a sharded job (sharded_device_path) (each owner's gradient rows
                     pushed from GPU memory, each owner's pieces viewed in place and a split
@@ -55,8 +60,8 @@ import time
 ROWS = ["none", "none_bf16", "torch_fused", "torch_bf16_master", "paramd", "paramd_fp32",
         "paramd_bf16", "paramd_fp8_gemm"]
 BF16_ROWS = ("none_bf16", "torch_bf16_master", "paramd_bf16", "paramd_fp8_gemm", "paramd_host",
-             "paramd_host_copies")
-HOST_ROWS = ("paramd_host", "paramd_host_copies")
+             "paramd_host_stale", "paramd_host_copies", "torchao_offload")
+HOST_ROWS = ("paramd_host", "paramd_host_stale", "paramd_host_copies")
 
 
 def peer_of(row):
@@ -157,6 +162,10 @@ def one_row(row, address, steps, warmup, profile=False, trace=None, sync_debug=F
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=True)
     elif row == "torch_bf16_master":
         opt = Bf16MasterAdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+    elif row == "torchao_offload":
+        from torchao.optim import CPUOffloadOptimizer
+        opt = CPUOffloadOptimizer(model.parameters(), torch.optim.AdamW, fused=True, lr=1e-4,
+                                  weight_decay=0.1)
     elif row.startswith("paramd"):
         import paramd.torch
         serve = {"paramd_fp8_gemm": ["bf16", "fp8_tensor"], "paramd_fp32": ["fp32"]}.get(
@@ -168,7 +177,8 @@ def one_row(row, address, steps, warmup, profile=False, trace=None, sync_debug=F
                                  module=model, daemons=daemons,
                                  sharded_device_path=daemons is not None,
                                  weights_in_place=row not in ("paramd", "paramd_sharded2") + HOST_ROWS,
-                                 host_dma=row != "paramd_host_copies")
+                                 host_dma=row != "paramd_host_copies",
+                                 staleness=1 if row == "paramd_host_stale" else 0)
         if row == "paramd_fp8_gemm":
             use_fp8_gemms(model, opt)
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -252,6 +262,11 @@ def one_row(row, address, steps, warmup, profile=False, trace=None, sync_debug=F
     out["host_forward_intervals_ms"] = [round(1e3 * p / steps, 2) for p in points]
     if opt is not None and hasattr(opt, "transport"):
         out["transport"] = opt.transport
+        status = opt.daemon_status()[0]
+        out["daemon_step_ms"] = 1e3 * status["last_step_seconds"]
+        # What the daemon holds per parameter: its reservation (the budget a job takes).
+        out["daemon_host_bytes_per_param"] = status["reserved_host_bytes"] / params
+        out["daemon_state_bytes_per_param"] = status["state_bytes"] / params
         # Per timed step: what step() waited for pushes, its commits, and what the forward
         # pre-hooks waited for the next version.
         for key, value in opt.timings.items():
