@@ -67,5 +67,19 @@ PARAMD_HD constexpr uint32_t RoundingWord(const PhiloxKey& key, RoundingStream s
   return Philox4x32_10(RoundingCounter(index / kElementsPerBlock, stream, k, tensor_index),
                        key)[index % kElementsPerBlock];
 }
+// The words of `stream` for elements index .. index + 3 into r[0..3]: one Philox block where
+// index is a multiple of 4 (the block's four words), else each element's RoundingWord. The GPU
+// kernel's threads that own 4 consecutive elements draw with it; philox_test checks it against
+// RoundingWord on the host.
+PARAMD_HD constexpr void RoundingWords4(const PhiloxKey& key, RoundingStream stream, uint32_t k,
+                                        uint32_t tensor_index, uint64_t index, uint32_t* r) {
+  if (index % kElementsPerBlock == 0) {
+    const PhiloxCounter out =
+        Philox4x32_10(RoundingCounter(index / kElementsPerBlock, stream, k, tensor_index), key);
+    for (int j = 0; j < 4; ++j) r[j] = out[j];
+  } else {
+    for (int j = 0; j < 4; ++j) r[j] = RoundingWord(key, stream, k, tensor_index, index + j);
+  }
+}
 
 }  // namespace paramd::kernels

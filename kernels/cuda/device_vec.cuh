@@ -284,19 +284,11 @@ __device__ __forceinline__ uint32_t RandomWord(uint64_t seed, RoundingStream str
   return RoundingWord(RoundingKey(seed), stream, k, tensor_index, index);
 }
 
-// The words of `stream` for elements index .. index + 3: when index is a multiple of 4 they are
-// the four words of one Philox block, else each element's word is drawn on its own.
+// The words of `stream` for elements index .. index + 3 (kernels/philox.h's RoundingWords4: one
+// Philox block where index is a multiple of 4).
 __device__ __forceinline__ void RandomWords4(uint64_t seed, RoundingStream stream, uint32_t k,
                                              uint32_t tensor_index, uint64_t index, uint32_t* r) {
-  if (index % kElementsPerBlock == 0) {
-    const PhiloxCounter out = Philox4x32_10(
-        RoundingCounter(index / kElementsPerBlock, stream, k, tensor_index), RoundingKey(seed));
-#pragma unroll
-    for (int j = 0; j < 4; ++j) r[j] = out[j];
-  } else {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) r[j] = RandomWord(seed, stream, k, tensor_index, index + j);
-  }
+  RoundingWords4(RoundingKey(seed), stream, k, tensor_index, index, r);
 }
 
 }  // namespace paramd::kernels::cuda_internal

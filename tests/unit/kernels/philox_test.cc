@@ -65,6 +65,25 @@ TEST(PhiloxTest, RoundingKeyAndCounterFollowTheBlockLayout) {
   }
 }
 
+// The GPU kernel's draw for a thread's 4 consecutive elements, run here: the words of one block
+// where the first index is a multiple of 4, each element's own word elsewhere, always equal to
+// RoundingWord element by element (high block numbers included).
+TEST(PhiloxTest, FourWordsAtOnceEqualEachElementsWord) {
+  const PhiloxKey key = RoundingKey(0x0123456789abcdefull);
+  for (const RoundingStream stream : {RoundingStream::kExpAvg, RoundingStream::kExpAvgSq}) {
+    for (const uint64_t base : {uint64_t{0}, uint64_t{4096}, (uint64_t{1} << 34) + 8}) {
+      for (uint64_t index = base; index < base + 12; ++index) {
+        uint32_t words[4];
+        RoundingWords4(key, stream, 7, 3, index, words);
+        for (int j = 0; j < 4; ++j) {
+          ASSERT_EQ(words[j], RoundingWord(key, stream, 7, 3, index + j))
+              << "index " << index << " + " << j;
+        }
+      }
+    }
+  }
+}
+
 TEST(PhiloxTest, TheTwoStreamsDrawDifferentWords) {
   const PhiloxKey key = RoundingKey(42);
   int equal = 0;
