@@ -103,6 +103,29 @@ PARAMD_LANES_INLINE typename V::I EncodeBf16Nearest(typename V::F y) {
   return V::Select(V::GtS(mag, V::SetI(0x7F800000u)), V::SetI(0x7FFF), hi);
 }
 
+// FP32 -> E4M3, nearest even: the short form of Encode<V, E4m3Format, false> (same codes; the unit
+// tests check every FP32 input of the exponents where the two forms' cases meet). At or above
+// E4M3's smallest normal 2^-6, adding 2^19 - 1 plus the lowest kept bit to the FP32 bits rounds
+// off their 20 low bits (a carry bumps the exponent) and the exponent is rebiased in the same add.
+// Below it, an FP32 add of 2^14, whose last place is E4M3's subnormal step 2^-9, rounds |y| to a
+// multiple of the step by the FPU's nearest even and leaves the code (0 to 8, 8 the smallest
+// normal) in the sum's low bits. Then saturation (infinity included), the sign, NaN -> 0x7F.
+template <class V>
+PARAMD_LANES_INLINE typename V::I EncodeE4m3Nearest(typename V::F y) {
+  using I = typename V::I;
+  const I bits = V::AsI(y);
+  const I mag = V::And(bits, V::SetI(0x7FFFFFFFu));
+  const I lsb = V::And(V::template Shr<20>(mag), V::SetI(1));
+  const I normal =
+      V::template Shr<20>(V::AddI(V::AddI(mag, V::SetI(0x7FFFFu - (120u << 23))), lsb));
+  const I subnormal = V::SubI(V::AsI(V::Add(V::AsF(mag), V::SetF(0x1p14f))), V::SetI(141u << 23));
+  // Signed compares: mag is below 2^31.
+  const I code = V::MinU(V::Select(V::GtS(V::SetI(121u << 23), mag), subnormal, normal),
+                         V::SetI(E4m3Format::kMaxFinite));
+  const I sign = V::And(V::template Shr<24>(bits), V::SetI(0x80));
+  return V::Select(V::GtS(mag, V::SetI(0x7F800000u)), V::SetI(E4m3Format::kNaN), V::Or(code, sign));
+}
+
 // Code -> FP32, exactly as kernels/formats.h decodes: normals by moving the fields, subnormals as
 // an exact integer-to-float conversion times a power of two; NaN codes give the quiet NaN of the
 // code's sign, FP16's infinity codes infinity.

@@ -126,11 +126,45 @@ const uint32_t* DrawWords(const PhiloxKey& key, RoundingStream stream, uint32_t 
   return buf + skip;
 }
 
-template <class V, class Fmt>
+// The cast of one vector of a moment: stochastic with the words at r + j, or nearest (the short
+// forms where there is one).
+template <class V, class Fmt, bool kStochastic>
 PARAMD_LANES_INLINE typename V::I EncodeAs(typename V::F y, const uint32_t* r, int j) {
-  if (r != nullptr) return Encode<V, Fmt, true>(y, V::LoadU32(r + j));
-  if constexpr (std::is_same_v<Fmt, Bf16Format>) return EncodeBf16Nearest<V>(y);
-  return Encode<V, Fmt, false>(y, V::SetI(0));
+  if constexpr (kStochastic) {
+    return Encode<V, Fmt, true>(y, V::LoadU32(r + j));
+  } else if constexpr (std::is_same_v<Fmt, Bf16Format>) {
+    return EncodeBf16Nearest<V>(y);
+  } else if constexpr (std::is_same_v<Fmt, E4m3Format>) {
+    return EncodeE4m3Nearest<V>(y);
+  } else {
+    return Encode<V, Fmt, false>(y, V::SetI(0));
+  }
+}
+
+// The cast loops of QuantizeMoment, one instantiation per rounding so that neither carries the
+// other's constants (with AVX2's 16 registers a shared loop rebuilt them on every vector).
+template <class V, bool kStochastic>
+void CastMoment(MomentType type, const float* in, const uint32_t* r, void* codes,
+                typename V::F scale, int64_t c, int count) {
+  constexpr int L = V::kLanes;
+  if (type == MomentType::kBf16) {
+    uint16_t* dst = static_cast<uint16_t*>(codes) + c;
+    for (int j = 0; j < count; j += L) {
+      V::StoreU16(dst + j, EncodeAs<V, Bf16Format, kStochastic>(V::LoadF(in + j), r, j));
+    }
+  } else if (type == MomentType::kFp16) {
+    uint16_t* dst = static_cast<uint16_t*>(codes) + c;
+    for (int j = 0; j < count; j += L) {
+      V::StoreU16(dst + j,
+                  EncodeAs<V, Fp16Format, kStochastic>(V::Mul(V::LoadF(in + j), scale), r, j));
+    }
+  } else {
+    uint8_t* dst = static_cast<uint8_t*>(codes) + c;
+    for (int j = 0; j < count; j += L) {
+      V::StoreU8(dst + j,
+                 EncodeAs<V, E4m3Format, kStochastic>(V::Mul(V::LoadF(in + j), scale), r, j));
+    }
+  }
 }
 
 // Stage 4: FP32 values of elements [c, c + count) -> codes, with the chunk's new scale for the
@@ -139,30 +173,20 @@ template <class V>
 void QuantizeMoment(MomentType type, const float* in, const uint32_t* r, void* codes,
                     float* scale_inv, int64_t c, int count) {
   constexpr int L = V::kLanes;
-  if (type == MomentType::kBf16) {
-    uint16_t* dst = static_cast<uint16_t*>(codes) + c;
-    for (int j = 0; j < count; j += L) {
-      V::StoreU16(dst + j, EncodeAs<V, Bf16Format>(V::LoadF(in + j), r, j));
-    }
-    return;
+  typename V::F scale = V::SetF(1.0f);
+  if (type != MomentType::kBf16) {
+    typename V::I amax = V::SetI(0);
+    for (int j = 0; j < count; j += L) amax = V::MaxU(amax, MagnitudeBits<V>(V::LoadF(in + j)));
+    const float amax_value = std::bit_cast<float>(V::ReduceMaxU(amax));
+    const float top = type == MomentType::kFp16 ? 32768.0f : kE4m3Max;
+    const float s = Pow2Scale(amax_value, top);
+    scale_inv[c / kChunkElements] = 1.0f / s;  // exact: s is a power of two in [2^-126, 2^126]
+    scale = V::SetF(s);
   }
-  typename V::I amax = V::SetI(0);
-  for (int j = 0; j < count; j += L) amax = V::MaxU(amax, MagnitudeBits<V>(V::LoadF(in + j)));
-  const float amax_value = std::bit_cast<float>(V::ReduceMaxU(amax));
-  const float top = type == MomentType::kFp16 ? 32768.0f : kE4m3Max;
-  const float s = Pow2Scale(amax_value, top);
-  scale_inv[c / kChunkElements] = 1.0f / s;  // exact: s is a power of two in [2^-126, 2^126]
-  const typename V::F scale = V::SetF(s);
-  if (type == MomentType::kFp16) {
-    uint16_t* dst = static_cast<uint16_t*>(codes) + c;
-    for (int j = 0; j < count; j += L) {
-      V::StoreU16(dst + j, EncodeAs<V, Fp16Format>(V::Mul(V::LoadF(in + j), scale), r, j));
-    }
-    return;
-  }
-  uint8_t* dst = static_cast<uint8_t*>(codes) + c;
-  for (int j = 0; j < count; j += L) {
-    V::StoreU8(dst + j, EncodeAs<V, E4m3Format>(V::Mul(V::LoadF(in + j), scale), r, j));
+  if (r != nullptr) {
+    CastMoment<V, true>(type, in, r, codes, scale, c, count);
+  } else {
+    CastMoment<V, false>(type, in, r, codes, scale, c, count);
   }
 }
 
@@ -345,8 +369,7 @@ void EncodeArray(CodecFormat format, const float* x, const uint32_t* r, uint32_t
     typename V::I code;
     switch (format) {
       case CodecFormat::kE4m3:
-        code =
-            r != nullptr ? Encode<V, E4m3Format, true>(y, rj) : Encode<V, E4m3Format, false>(y, rj);
+        code = r != nullptr ? Encode<V, E4m3Format, true>(y, rj) : EncodeE4m3Nearest<V>(y);
         break;
       case CodecFormat::kFp16:
         code =
