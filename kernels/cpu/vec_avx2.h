@@ -130,6 +130,7 @@ struct VecAvx2 {
     for (int j = 0; j < count; j += 8) {
       const __m256i base = Set64(block + static_cast<uint32_t>(j));
       __m256i x0[2], x1[2], x2[2], x3[2], p0[2], p1[2];
+#pragma GCC unroll 4
       for (int h = 0; h < 2; ++h) {
         const __m256i c0 = _mm256_add_epi64(base, _mm256_add_epi64(lanes, Set64(4u * h)));
         p0[h] = _mm256_mul_epu32(c0, m0);
@@ -146,9 +147,11 @@ struct VecAvx2 {
         x2[h] = _mm256_xor_si256(Hi32(p0[h]), r3_x2_xor);
         x3[h] = p0[h];
       }
+#pragma GCC unroll 8
       for (int r = 3; r < kPhiloxRounds; ++r) {
         const __m256i key0 = Set64(k0[r]);
         const __m256i key1 = Set64(k1[r]);
+#pragma GCC unroll 4
         for (int h = 0; h < 2; ++h) {
           p0[h] = _mm256_mul_epu32(x0[h], m0);
           p1[h] = _mm256_mul_epu32(x2[h], m1);
@@ -158,8 +161,9 @@ struct VecAvx2 {
           x3[h] = p0[h];
         }
       }
-      // Words (0, 1) and (2, 3) of each block paired in its 64-bit lane, then the pairs of blocks
-      // 0, 1 and of blocks 2, 3 gathered.
+// Words (0, 1) and (2, 3) of each block paired in its 64-bit lane, then the pairs of blocks
+// 0, 1 and of blocks 2, 3 gathered.
+#pragma GCC unroll 4
       for (int h = 0; h < 2; ++h) {
         const __m256i w01 = _mm256_blend_epi32(x0[h], _mm256_slli_epi64(x1[h], 32), 0xAA);
         const __m256i w23 = _mm256_blend_epi32(x2[h], _mm256_slli_epi64(x3[h], 32), 0xAA);
