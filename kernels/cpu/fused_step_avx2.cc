@@ -15,7 +15,7 @@
 #include "kernels/philox.h"
 
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 
 #include "kernels/cpu/state_codec.h"
 #include "kernels/cpu/step_pipeline.h"

@@ -154,6 +154,55 @@ PARAMD_LANES_INLINE typename V::F DecodeFp16(typename V::I code) {
   return V::AsF(V::Or(value, sign));
 }
 
+// FP16 <-> FP32 where the path converts in hardware (V::kHasF16c: F16C, AVX-512F), else as
+// Encode<V, Fp16Format, false> and DecodeFp16. The hardware rounds to nearest even and converts
+// exactly, but an overflow becomes infinity and a NaN keeps its payload, where DESIGN.md §3
+// saturates to the largest finite code and the codecs give one NaN per sign (0x7FFF; the quiet
+// NaN of the code's sign): both fixed up after the conversion. The same codes and values as the
+// integer forms (the unit tests check every code, and every FP32 input of whole exponents).
+template <class V>
+PARAMD_LANES_INLINE typename V::I EncodeFp16Nearest(typename V::F y) {
+  using I = typename V::I;
+  if constexpr (V::kHasF16c) {
+    const I h = V::CvtToF16(y);
+    const I mag = V::And(h, V::SetI(0x7FFF));
+    const I code = V::Or(V::MinU(mag, V::SetI(Fp16Format::kMaxFinite)), V::Xor(h, mag));
+    return V::Select(V::GtS(mag, V::SetI(0x7C00)), V::SetI(Fp16Format::kNaN), code);
+  } else {
+    return Encode<V, Fp16Format, false>(y, V::SetI(0));
+  }
+}
+
+// A hardware-decoded FP16 value with its NaN made the codecs' one.
+template <class V>
+PARAMD_LANES_INLINE typename V::F CanonicalFp16NaN(typename V::F x) {
+  using I = typename V::I;
+  const I bits = V::AsI(x);
+  const I mag = V::And(bits, V::SetI(0x7FFFFFFFu));
+  return V::AsF(
+      V::Select(V::GtS(mag, V::SetI(0x7F800000u)), V::And(bits, V::SetI(0xFFC00000u)), bits));
+}
+
+// Codes (zero-extended lanes) -> FP32, as DecodeFp16.
+template <class V>
+PARAMD_LANES_INLINE typename V::F DecodeFp16Codes(typename V::I code) {
+  if constexpr (V::kHasF16c) {
+    return CanonicalFp16NaN<V>(V::CvtFromF16(code));
+  } else {
+    return DecodeFp16<V>(code);
+  }
+}
+
+// kLanes codes at p -> FP32, as DecodeFp16.
+template <class V>
+PARAMD_LANES_INLINE typename V::F LoadFp16(const uint16_t* p) {
+  if constexpr (V::kHasF16c) {
+    return CanonicalFp16NaN<V>(V::LoadF16(p));
+  } else {
+    return DecodeFp16<V>(V::LoadU16(p));
+  }
+}
+
 template <class V>
 PARAMD_LANES_INLINE typename V::F DecodeBf16(typename V::I code) {
   return V::AsF(V::template Shl<16>(code));

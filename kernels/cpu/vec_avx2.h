@@ -31,6 +31,16 @@ struct VecAvx2 {
   static F AsF(I x) { return _mm256_castsi256_ps(x); }
   static F CvtI32ToF(I x) { return _mm256_cvtepi32_ps(x); }
 
+  // F16C's conversions (see VecAvx512).
+  static constexpr bool kHasF16c = true;
+  static I CvtToF16(F x) {
+    return _mm256_cvtepu16_epi32(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  static F CvtFromF16(I code) { return _mm256_cvtph_ps(Pack16(code)); }
+  static F LoadF16(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+
   static I SetI(uint32_t x) { return _mm256_set1_epi32(static_cast<int>(x)); }
   static I LoadU32(const uint32_t* p) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));

@@ -38,6 +38,18 @@ struct VecAvx512 {
   static F AsF(I x) { return _mm512_castsi512_ps(x); }
   static F CvtI32ToF(I x) { return _mm512_cvtepi32_ps(x); }
 
+  // Hardware FP16 conversions: exact, nearest even, but overflow gives infinity and NaN keeps its
+  // payload (state_codec.h fixes both up). CvtToF16 gives the codes zero-extended in 32-bit
+  // lanes; CvtFromF16 takes them so; LoadF16 reads kLanes codes.
+  static constexpr bool kHasF16c = true;
+  static I CvtToF16(F x) {
+    return _mm512_cvtepu16_epi32(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  static F CvtFromF16(I code) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(code)); }
+  static F LoadF16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+
   static I SetI(uint32_t x) { return _mm512_set1_epi32(static_cast<int>(x)); }
   static I LoadU32(const uint32_t* p) { return _mm512_loadu_si512(p); }
   static void StoreU32(uint32_t* p, I x) { _mm512_storeu_si512(p, x); }
