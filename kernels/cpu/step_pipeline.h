@@ -54,19 +54,21 @@ struct StepContext {
         key(RoundingKey(a.rng.seed)) {}
 };
 
-// g0 of the lanes at element i: the rank-ordered FP32 sum of the slots.
+// g0 of the lanes at element i: the rank-ordered FP32 sum of the slots; `first` is slots[0], read
+// once per call by the caller.
 template <class V>
-PARAMD_LANES_INLINE typename V::F SlotSum(const FusedStepArgs& a, int64_t i) {
-  if (a.slot_type == SlotType::kFp32) {
-    typename V::F g0 = V::LoadF(static_cast<const float*>(a.slots[0]) + i);
-    for (int r = 1; r < a.num_slots; ++r) {
-      g0 = V::Add(g0, V::LoadF(static_cast<const float*>(a.slots[r]) + i));
+PARAMD_LANES_INLINE typename V::F SlotSum(SlotType type, const void* first,
+                                          const void* const* slots, int num_slots, int64_t i) {
+  if (type == SlotType::kFp32) {
+    typename V::F g0 = V::LoadF(static_cast<const float*>(first) + i);
+    for (int r = 1; r < num_slots; ++r) {
+      g0 = V::Add(g0, V::LoadF(static_cast<const float*>(slots[r]) + i));
     }
     return g0;
   }
-  typename V::F g0 = DecodeBf16<V>(V::LoadU16(static_cast<const uint16_t*>(a.slots[0]) + i));
-  for (int r = 1; r < a.num_slots; ++r) {
-    g0 = V::Add(g0, DecodeBf16<V>(V::LoadU16(static_cast<const uint16_t*>(a.slots[r]) + i)));
+  typename V::F g0 = DecodeBf16<V>(V::LoadU16(static_cast<const uint16_t*>(first) + i));
+  for (int r = 1; r < num_slots; ++r) {
+    g0 = V::Add(g0, DecodeBf16<V>(V::LoadU16(static_cast<const uint16_t*>(slots[r]) + i)));
   }
   return g0;
 }
@@ -218,23 +220,37 @@ void UpdateLanes(const StepContext<V>& x, int64_t c, int count, float* m, float*
   using F = typename V::F;
   using I = typename V::I;
   constexpr int L = V::kLanes;
+  // The arguments' fields in locals: the vector stores may alias anything, so a field read through
+  // x.args in the loop would be read again after every store.
   const FusedStepArgs& a = *x.args;
+  const SlotType slot_type = a.slot_type;
+  const void* const* slots = a.slots;
+  const void* slot0 = slots[0];
+  const int num_slots = a.num_slots;
+  void* const master = a.master;
+  int16_t* const master_remainder = a.master_remainder;
+  float* const out_fp32 = a.out_fp32;
+  uint16_t* const out_bf16 = a.out_bf16;
+  uint16_t* const out_fp16 = a.out_fp16;
+  const bool clip_active = x.clip_active;
+  const bool stream_fp32 = x.stream_fp32, stream_bf16 = x.stream_bf16, stream_fp16 = x.stream_fp16;
+  I amax_lanes = *amax;
   for (int j = 0; j < count; j += L) {
     const int64_t i = c + j;
-    F g = V::Mul(SlotSum<V>(a, i), x.grad_scale);
-    if (x.clip_active) g = V::Mul(g, x.clip);
+    F g = V::Mul(SlotSum<V>(slot_type, slot0, slots, num_slots, i), x.grad_scale);
+    if (clip_active) g = V::Mul(g, x.clip);
     const F m_new = V::Fma(x.beta1, V::LoadF(m + j), V::Mul(x.c1, g));
     const F v_new = V::Fma(x.beta2, V::LoadF(v + j), V::Mul(x.c2, V::Mul(g, g)));
     const F d = V::Fma(V::Sqrt(v_new), x.bc2, x.eps);
     F p_old;
     if constexpr (kMaster == MasterType::kFp32) {
-      p_old = V::LoadF(static_cast<const float*>(a.master) + i);
+      p_old = V::LoadF(static_cast<const float*>(master) + i);
     } else if constexpr (kMaster == MasterType::kBf16Remainder) {
       p_old = MergeBf16RemainderLanes<V>(
-          V::LoadU16(static_cast<const uint16_t*>(a.master) + i),
-          V::LoadU16(reinterpret_cast<const uint16_t*>(a.master_remainder) + i));
+          V::LoadU16(static_cast<const uint16_t*>(master) + i),
+          V::LoadU16(reinterpret_cast<const uint16_t*>(master_remainder) + i));
     } else {
-      p_old = LoadFp16<V>(static_cast<const uint16_t*>(a.master) + i);
+      p_old = LoadFp16<V>(static_cast<const uint16_t*>(master) + i);
     }
     F p = V::Mul(p_old, x.decay);
     p = V::Fma(x.neg_step_size, V::Div(m_new, d), p);
@@ -244,33 +260,33 @@ void UpdateLanes(const StepContext<V>& x, int64_t c, int count, float* m, float*
     // The stored master, and every served copy from it.
     F served = p;
     if constexpr (kMaster == MasterType::kFp32) {
-      V::StoreF(static_cast<float*>(a.master) + i, p);
-      if (a.out_bf16 != nullptr)
-        StoreOutU16<V>(a.out_bf16 + i, EncodeBf16Nearest<V>(p), x.stream_bf16);
-      if (a.out_fp16 != nullptr) {
-        StoreOutU16<V>(a.out_fp16 + i, EncodeFp16Nearest<V>(p), x.stream_fp16);
+      V::StoreF(static_cast<float*>(master) + i, p);
+      if (out_bf16 != nullptr) StoreOutU16<V>(out_bf16 + i, EncodeBf16Nearest<V>(p), stream_bf16);
+      if (out_fp16 != nullptr) {
+        StoreOutU16<V>(out_fp16 + i, EncodeFp16Nearest<V>(p), stream_fp16);
       }
     } else if constexpr (kMaster == MasterType::kBf16Remainder) {
       I hi, remainder;
       SplitBf16RemainderLanes<V>(p, &hi, &remainder);
-      V::StoreU16(static_cast<uint16_t*>(a.master) + i, hi);
-      V::StoreU16(reinterpret_cast<uint16_t*>(a.master_remainder) + i, remainder);
-      if (a.out_bf16 != nullptr) StoreOutU16<V>(a.out_bf16 + i, hi, x.stream_bf16);
-      if (a.out_fp16 != nullptr) {
-        StoreOutU16<V>(a.out_fp16 + i, EncodeFp16Nearest<V>(p), x.stream_fp16);
+      V::StoreU16(static_cast<uint16_t*>(master) + i, hi);
+      V::StoreU16(reinterpret_cast<uint16_t*>(master_remainder) + i, remainder);
+      if (out_bf16 != nullptr) StoreOutU16<V>(out_bf16 + i, hi, stream_bf16);
+      if (out_fp16 != nullptr) {
+        StoreOutU16<V>(out_fp16 + i, EncodeFp16Nearest<V>(p), stream_fp16);
       }
     } else {
       const I code = EncodeFp16Nearest<V>(p);
-      V::StoreU16(static_cast<uint16_t*>(a.master) + i, code);
+      V::StoreU16(static_cast<uint16_t*>(master) + i, code);
       served = DecodeFp16Codes<V>(code);
-      if (a.out_bf16 != nullptr) {
-        StoreOutU16<V>(a.out_bf16 + i, EncodeBf16Nearest<V>(served), x.stream_bf16);
+      if (out_bf16 != nullptr) {
+        StoreOutU16<V>(out_bf16 + i, EncodeBf16Nearest<V>(served), stream_bf16);
       }
-      if (a.out_fp16 != nullptr) StoreOutU16<V>(a.out_fp16 + i, code, x.stream_fp16);
+      if (out_fp16 != nullptr) StoreOutU16<V>(out_fp16 + i, code, stream_fp16);
     }
-    if (a.out_fp32 != nullptr) StoreOutF<V>(a.out_fp32 + i, served, x.stream_fp32);
-    *amax = V::MaxU(*amax, MagnitudeBits<V>(served));
+    if (out_fp32 != nullptr) StoreOutF<V>(out_fp32 + i, served, stream_fp32);
+    amax_lanes = V::MaxU(amax_lanes, MagnitudeBits<V>(served));
   }
+  *amax = amax_lanes;
 }
 
 // One chunk [c, c + count): count <= 128 and a multiple of V::kLanes.
