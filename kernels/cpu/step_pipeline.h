@@ -2,14 +2,15 @@
 // (vec_scalar.h, vec_avx2.h, vec_avx512.h) and instantiated by each path's translation unit under
 // its own target. Everything here is a template on V, so the copies never collide.
 //
-// The step runs chunk by chunk (128 elements, the unit of the moments' scales), each chunk in
-// stages over small buffers that stay in L1:
+// The step runs a span of up to four chunks at a time (a chunk: 128 elements, the unit of the
+// moments' scales; a span of four amortizes the per-call work: prefetches, Philox's key schedule,
+// loop set-up), each span in stages over small buffers that stay in L1:
 //   1. dequantize each quantized moment into an FP32 buffer (FP32 moments are used in place);
 //   2. for each moment that rounds stochastically, draw its stream's Philox blocks for the chunk's
 //      elements (kernels/philox.h: 4 elements per block, every word used);
 //   3. per vector of elements: the gradient from the slots, the AdamW update, the master stored in
 //      its type, the served copies and the running amax of the stored master;
-//   4. re-quantize each quantized moment: the chunk's amax, its power-of-two scale, the cast.
+//   4. re-quantize each quantized moment chunk by chunk: its amax, power-of-two scale, the cast.
 // Every operation is per element and the same in every instantiation, so every path gives the
 // same bits. A vector path hands chunks that are not whole vectors to the scalar instantiation.
 #pragma once
@@ -73,10 +74,14 @@ PARAMD_LANES_INLINE typename V::F SlotSum(SlotType type, const void* first,
   return g0;
 }
 
-// Stage 1: moment codes of elements [c, c + count) -> FP32 values q * (1 / s).
+// The elements a StepChunk call takes at most: four chunks.
+inline constexpr int kSpanElements = 4 * kChunkElements;
+
+// Stage 1: moment codes of elements [c, c + count) -> FP32 values q * (1 / s), c a chunk's first
+// element, count <= 128.
 template <class V>
-void DequantizeMoment(MomentType type, const void* codes, const float* scale_inv, int64_t c,
-                      int count, float* out) {
+void DequantizeChunk(MomentType type, const void* codes, const float* scale_inv, int64_t c,
+                     int count, float* out) {
   constexpr int L = V::kLanes;
   if (type == MomentType::kBf16) {
     const uint16_t* src = static_cast<const uint16_t*>(codes) + c;
@@ -97,13 +102,23 @@ void DequantizeMoment(MomentType type, const void* codes, const float* scale_inv
   }
 }
 
-// Room for the words DrawWords draws for up to 128 elements: 33 blocks when the first element is
-// not the first of its block, rounded up to whole calls of every path's PhiloxBlocks.
-inline constexpr int kDrawBlocks = 48;
+// The same for a span [c, c + count): chunk by chunk, each with its own scale.
+template <class V>
+void DequantizeMoment(MomentType type, const void* codes, const float* scale_inv, int64_t c,
+                      int count, float* out) {
+  for (int k = 0; k < count; k += kChunkElements) {
+    DequantizeChunk<V>(type, codes, scale_inv, c + k, std::min<int>(kChunkElements, count - k),
+                       out + k);
+  }
+}
+
+// Room for the words DrawWords draws for up to a span's 512 elements: 129 blocks when the first
+// element is not the first of its block, rounded up to whole calls of every path's PhiloxBlocks.
+inline constexpr int kDrawBlocks = 144;
 inline constexpr int kDrawWords = kElementsPerBlock * kDrawBlocks;
 
 // Stage 2: the random words of `stream` for elements [index, index + count) of the tensor, count <=
-// 128, drawn a block (4 elements) at a time into `buf` (kDrawWords words). Returns where element
+// 512, drawn a block (4 elements) at a time into `buf` (kDrawWords words). Returns where element
 // `index`'s word lies in `buf`; element index + j's is j words further.
 template <class V>
 const uint32_t* DrawWords(const PhiloxKey& key, RoundingStream stream, uint32_t k,
@@ -174,8 +189,8 @@ void CastMoment(MomentType type, const float* in, const uint32_t* r, void* codes
 // Stage 4: FP32 values of elements [c, c + count) -> codes, with the chunk's new scale for the
 // scaled types. r: the chunk's random words, or nullptr for nearest rounding.
 template <class V>
-void QuantizeMoment(MomentType type, const float* in, const uint32_t* r, void* codes,
-                    float* scale_inv, int64_t c, int count) {
+void QuantizeChunk(MomentType type, const float* in, const uint32_t* r, void* codes,
+                   float* scale_inv, int64_t c, int count) {
   constexpr int L = V::kLanes;
   typename V::F scale = V::SetF(1.0f);
   if (type != MomentType::kBf16) {
@@ -191,6 +206,16 @@ void QuantizeMoment(MomentType type, const float* in, const uint32_t* r, void* c
     CastMoment<V, true>(type, in, r, codes, scale, c, count);
   } else {
     CastMoment<V, false>(type, in, r, codes, scale, c, count);
+  }
+}
+
+// The same for a span [c, c + count): chunk by chunk, each with its own scale.
+template <class V>
+void QuantizeMoment(MomentType type, const float* in, const uint32_t* r, void* codes,
+                    float* scale_inv, int64_t c, int count) {
+  for (int k = 0; k < count; k += kChunkElements) {
+    QuantizeChunk<V>(type, in + k, r != nullptr ? r + k : nullptr, codes, scale_inv, c + k,
+                     std::min<int>(kChunkElements, count - k));
   }
 }
 
@@ -289,13 +314,13 @@ void UpdateLanes(const StepContext<V>& x, int64_t c, int count, float* m, float*
   *amax = amax_lanes;
 }
 
-// One chunk [c, c + count): count <= 128 and a multiple of V::kLanes.
+// One span [c, c + count): c a chunk's first element, count <= 512 and a multiple of V::kLanes.
 template <class V>
 void StepChunk(const StepContext<V>& x, int64_t c, int count, typename V::I* amax) {
   const FusedStepArgs& a = *x.args;
   const StatePolicy& policy = a.policy;
-  alignas(64) float m_buf[kChunkElements];
-  alignas(64) float v_buf[kChunkElements];
+  alignas(64) float m_buf[kSpanElements];
+  alignas(64) float v_buf[kSpanElements];
   alignas(64) uint32_t m_words[kDrawWords];
   alignas(64) uint32_t v_words[kDrawWords];
 
@@ -346,7 +371,7 @@ void StepChunk(const StepContext<V>& x, int64_t c, int count, typename V::I* ama
   }
 }
 
-// The whole range [begin, end): chunks of 128 elements from `begin`, each prefetched kPrefetchAhead
+// The whole range [begin, end): spans of 512 elements from `begin`, each prefetched kPrefetchAhead
 // elements before it runs. Returns the amax bits of the new stored master (see FusedStepScalar).
 template <class V>
 uint32_t RunRange(const FusedStepArgs& a, int64_t begin, int64_t end) {
@@ -360,13 +385,17 @@ uint32_t RunRange(const FusedStepArgs& a, int64_t begin, int64_t end) {
   }
   typename V::I amax = V::SetI(0);
   uint32_t amax_bits = 0;
-  for (int64_t c = begin; c < end; c += kChunkElements) {
-    const int count = static_cast<int>(std::min(kChunkElements, end - c));
+  for (int64_t c = begin; c < end; c += kSpanElements) {
+    const int count = static_cast<int>(std::min<int64_t>(kSpanElements, end - c));
     if constexpr (V::kLanes > 1) {
       const int64_t ahead = c + kPrefetchAhead;
-      if (ahead < end) PrefetchElements(a, ahead, std::min(kChunkElements, end - ahead));
+      if (ahead < end) PrefetchElements(a, ahead, std::min<int64_t>(kSpanElements, end - ahead));
       if (count % V::kLanes != 0) {
-        amax_bits = std::max(amax_bits, StepChunkScalar(a, c, count));
+        // The range's last span, whose last chunk is not whole vectors: the chunks before it here,
+        // that chunk by the scalar instantiation.
+        const int whole = count / kChunkElements * kChunkElements;
+        if (whole > 0) StepChunk<V>(x, c, whole, &amax);
+        amax_bits = std::max(amax_bits, StepChunkScalar(a, c + whole, count - whole));
         continue;
       }
     }
