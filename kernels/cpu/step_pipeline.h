@@ -38,6 +38,8 @@ struct StepContext {
   PhiloxKey key;
   // Served outputs written with non-temporal stores (long, aligned ranges of a vector path).
   bool stream_fp32 = false, stream_bf16 = false, stream_fp16 = false;
+  // The end of the range a vector path prefetches up to (0: no prefetching).
+  int64_t prefetch_end = 0;
 
   explicit StepContext(const FusedStepArgs& a)
       : args(&a),
@@ -350,16 +352,26 @@ void StepChunk(const StepContext<V>& x, int64_t c, int count, typename V::I* ama
                             count, v_words);
   }
 
-  switch (policy.master) {
-    case MasterType::kFp32:
-      UpdateLanes<V, MasterType::kFp32>(x, c, count, m, v, amax);
-      break;
-    case MasterType::kBf16Remainder:
-      UpdateLanes<V, MasterType::kBf16Remainder>(x, c, count, m, v, amax);
-      break;
-    case MasterType::kFp16:
-      UpdateLanes<V, MasterType::kFp16>(x, c, count, m, v, amax);
-      break;
+  // Chunk by chunk, each first prefetching the chunk kPrefetchAhead elements on: the prefetches
+  // spread as the loads go (a span's worth at once overran the outstanding misses the cores keep,
+  // measured: the fp32 policy 20 % slower on this VM's 2 cores).
+  for (int k = 0; k < count; k += kChunkElements) {
+    const int n = std::min<int>(kChunkElements, count - k);
+    const int64_t ahead = c + k + kPrefetchAhead;
+    if (ahead < x.prefetch_end) {
+      PrefetchElements(a, ahead, std::min<int64_t>(kChunkElements, x.prefetch_end - ahead));
+    }
+    switch (policy.master) {
+      case MasterType::kFp32:
+        UpdateLanes<V, MasterType::kFp32>(x, c + k, n, m + k, v + k, amax);
+        break;
+      case MasterType::kBf16Remainder:
+        UpdateLanes<V, MasterType::kBf16Remainder>(x, c + k, n, m + k, v + k, amax);
+        break;
+      case MasterType::kFp16:
+        UpdateLanes<V, MasterType::kFp16>(x, c + k, n, m + k, v + k, amax);
+        break;
+    }
   }
 
   if (policy.exp_avg != MomentType::kFp32) {
@@ -371,8 +383,9 @@ void StepChunk(const StepContext<V>& x, int64_t c, int count, typename V::I* ama
   }
 }
 
-// The whole range [begin, end): spans of 512 elements from `begin`, each prefetched kPrefetchAhead
-// elements before it runs. Returns the amax bits of the new stored master (see FusedStepScalar).
+// The whole range [begin, end): spans of 512 elements from `begin`, each chunk prefetched
+// kPrefetchAhead elements before it runs (in StepChunk). Returns the amax bits of the new stored
+// master (see FusedStepScalar).
 template <class V>
 uint32_t RunRange(const FusedStepArgs& a, int64_t begin, int64_t end) {
   StepContext<V> x(a);
@@ -383,13 +396,12 @@ uint32_t RunRange(const FusedStepArgs& a, int64_t begin, int64_t end) {
       x.stream_fp16 = a.out_fp16 != nullptr && IsAligned(a.out_fp16 + begin, V::kLanes * 2);
     }
   }
+  if constexpr (V::kLanes > 1) x.prefetch_end = end;
   typename V::I amax = V::SetI(0);
   uint32_t amax_bits = 0;
   for (int64_t c = begin; c < end; c += kSpanElements) {
     const int count = static_cast<int>(std::min<int64_t>(kSpanElements, end - c));
     if constexpr (V::kLanes > 1) {
-      const int64_t ahead = c + kPrefetchAhead;
-      if (ahead < end) PrefetchElements(a, ahead, std::min<int64_t>(kSpanElements, end - ahead));
       if (count % V::kLanes != 0) {
         // The range's last span, whose last chunk is not whole vectors: the chunks before it here,
         // that chunk by the scalar instantiation.
