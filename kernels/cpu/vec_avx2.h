@@ -1,7 +1,7 @@
 // Internal to kernels/cpu: 8 FP32 / 32-bit lanes of AVX2 + FMA for the step pipeline
 // (step_pipeline.h); the contract of each member is in vec_avx512.h. Include only from a
-// translation unit compiled for AVX2 and FMA (under `#pragma GCC target`), after every header that
-// must stay baseline code. Predicates are full-lane masks (all ones = true).
+// translation unit compiled for AVX2, FMA and F16C (under `#pragma GCC target`), after every header
+// that must stay baseline code. Predicates are full-lane masks (all ones = true).
 #pragma once
 
 #include <cstdint>
