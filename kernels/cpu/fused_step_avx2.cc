@@ -1,6 +1,6 @@
-// The AVX2 + FMA path: the step pipeline on 8 lanes (vec_avx2.h). Every header that must stay
-// baseline code is included before the target pragma, so only this file's own instantiations are
-// compiled for AVX2.
+// The AVX2 + FMA + F16C path: the step pipeline on 8 lanes (vec_avx2.h). Every header that must
+// stay baseline code is included before the target pragma, so only this file's own instantiations
+// are compiled for AVX2.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -15,7 +15,7 @@
 #include "kernels/philox.h"
 
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 
 #include "kernels/cpu/state_codec.h"
 #include "kernels/cpu/step_pipeline.h"

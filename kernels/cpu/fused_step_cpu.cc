@@ -115,7 +115,8 @@ bool CpuPathSupported(CpuPath path) {
     case CpuPath::kScalar:
       return true;
     case CpuPath::kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
     case CpuPath::kAvx512:
       // The AVX-512 path also uses AVX2/FMA-encoded 256-bit helpers.
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&

@@ -45,6 +45,24 @@ PARAMD_AVX2 inline __m256i Encode8(__m256 x) {
   return _mm256_blendv_epi8(code, Set(F::kNaNCode), nan);
 }
 
+// E4M3's nearest cast in a short form, the codes of Encode8<E4m3> (kernels/cpu/state_codec.h's
+// EncodeE4m3Nearest, which says how; recipes_test checks every FP32 input of the exponents where
+// its cases meet): an integer round of the bits at and above 2^-6, an FP32 add of 2^14 below.
+PARAMD_AVX2 inline __m256i E4m3Nearest8(__m256 x) {
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m256i abs = _mm256_and_si256(bits, Set(0x7FFFFFFFu));
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(abs, 20), Set(1));
+  const __m256i normal = _mm256_srli_epi32(
+      _mm256_add_epi32(_mm256_add_epi32(abs, Set(0x7FFFFu - (120u << 23))), lsb), 20);
+  const __m256i subnormal = _mm256_sub_epi32(
+      _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(abs), _mm256_set1_ps(0x1p14f))),
+      Set(141u << 23));
+  __m256i code = _mm256_blendv_epi8(normal, subnormal, _mm256_cmpgt_epi32(Set(121u << 23), abs));
+  code = _mm256_min_epu32(code, Set(E4m3::kMaxFiniteCode));
+  code = _mm256_or_si256(code, _mm256_and_si256(_mm256_srli_epi32(bits, 24), Set(0x80)));
+  return _mm256_blendv_epi8(code, Set(E4m3::kNaNCode), _mm256_cmpgt_epi32(abs, Set(0x7F800000u)));
+}
+
 PARAMD_AVX2 inline __m256i Bf16x8(__m256 x) {
   const __m256i bits = _mm256_castps_si256(x);
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), Set(1));
@@ -109,7 +127,7 @@ PARAMD_AVX2 void E4m3Scaled(const float* x, int64_t n, float scale, uint8_t* out
   const __m256 s = _mm256_set1_ps(scale);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    Store8(out + i, Encode8<E4m3>(_mm256_mul_ps(_mm256_loadu_ps(x + i), s)));
+    Store8(out + i, E4m3Nearest8(_mm256_mul_ps(_mm256_loadu_ps(x + i), s)));
   }
   for (; i < n; ++i) out[i] = E4m3FromFloat(x[i] * scale);
 }
@@ -118,7 +136,7 @@ PARAMD_AVX2 void E4m3ScaledEach(const float* x, int64_t n, const float* scales, 
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     Store8(out + i,
-           Encode8<E4m3>(_mm256_mul_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(scales + i))));
+           E4m3Nearest8(_mm256_mul_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(scales + i))));
   }
   for (; i < n; ++i) out[i] = E4m3FromFloat(x[i] * scales[i]);
 }
@@ -134,7 +152,7 @@ PARAMD_AVX2 void MxRow(const float* x, int64_t n, uint8_t* out, uint8_t* codes) 
     }
     const uint8_t code = MxScaleCode(AmaxFromBits(HorizontalMax(a)));
     const __m256 s = _mm256_set1_ps(MxDataScale(code));
-    for (int k = 0; k < 4; ++k) Store8(out + c0 + 8 * k, Encode8<E4m3>(_mm256_mul_ps(v[k], s)));
+    for (int k = 0; k < 4; ++k) Store8(out + c0 + 8 * k, E4m3Nearest8(_mm256_mul_ps(v[k], s)));
     *codes++ = code;
   }
   if (c0 < n) *codes = MxBlockScalar(x + c0, n - c0, out + c0);

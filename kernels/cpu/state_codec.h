@@ -103,6 +103,29 @@ PARAMD_LANES_INLINE typename V::I EncodeBf16Nearest(typename V::F y) {
   return V::Select(V::GtS(mag, V::SetI(0x7F800000u)), V::SetI(0x7FFF), hi);
 }
 
+// FP32 -> E4M3, nearest even: the short form of Encode<V, E4m3Format, false> (same codes; the unit
+// tests check every FP32 input of the exponents where the two forms' cases meet). At or above
+// E4M3's smallest normal 2^-6, adding 2^19 - 1 plus the lowest kept bit to the FP32 bits rounds
+// off their 20 low bits (a carry bumps the exponent) and the exponent is rebiased in the same add.
+// Below it, an FP32 add of 2^14, whose last place is E4M3's subnormal step 2^-9, rounds |y| to a
+// multiple of the step by the FPU's nearest even and leaves the code (0 to 8, 8 the smallest
+// normal) in the sum's low bits. Then saturation (infinity included), the sign, NaN -> 0x7F.
+template <class V>
+PARAMD_LANES_INLINE typename V::I EncodeE4m3Nearest(typename V::F y) {
+  using I = typename V::I;
+  const I bits = V::AsI(y);
+  const I mag = V::And(bits, V::SetI(0x7FFFFFFFu));
+  const I lsb = V::And(V::template Shr<20>(mag), V::SetI(1));
+  const I normal =
+      V::template Shr<20>(V::AddI(V::AddI(mag, V::SetI(0x7FFFFu - (120u << 23))), lsb));
+  const I subnormal = V::SubI(V::AsI(V::Add(V::AsF(mag), V::SetF(0x1p14f))), V::SetI(141u << 23));
+  // Signed compares: mag is below 2^31.
+  const I code = V::MinU(V::Select(V::GtS(V::SetI(121u << 23), mag), subnormal, normal),
+                         V::SetI(E4m3Format::kMaxFinite));
+  const I sign = V::And(V::template Shr<24>(bits), V::SetI(0x80));
+  return V::Select(V::GtS(mag, V::SetI(0x7F800000u)), V::SetI(E4m3Format::kNaN), V::Or(code, sign));
+}
+
 // Code -> FP32, exactly as kernels/formats.h decodes: normals by moving the fields, subnormals as
 // an exact integer-to-float conversion times a power of two; NaN codes give the quiet NaN of the
 // code's sign, FP16's infinity codes infinity.
@@ -129,6 +152,55 @@ PARAMD_LANES_INLINE typename V::F DecodeFp16(typename V::I code) {
   value = V::Select(V::Eq(mag, V::SetI(0x7C00)), V::SetI(0x7F800000u), value);
   value = V::Select(V::GtU(mag, V::SetI(0x7C00)), V::SetI(0x7FC00000u), value);
   return V::AsF(V::Or(value, sign));
+}
+
+// FP16 <-> FP32 where the path converts in hardware (V::kHasF16c: F16C, AVX-512F), else as
+// Encode<V, Fp16Format, false> and DecodeFp16. The hardware rounds to nearest even and converts
+// exactly, but an overflow becomes infinity and a NaN keeps its payload, where DESIGN.md §3
+// saturates to the largest finite code and the codecs give one NaN per sign (0x7FFF; the quiet
+// NaN of the code's sign): both fixed up after the conversion. The same codes and values as the
+// integer forms (the unit tests check every code, and every FP32 input of whole exponents).
+template <class V>
+PARAMD_LANES_INLINE typename V::I EncodeFp16Nearest(typename V::F y) {
+  using I = typename V::I;
+  if constexpr (V::kHasF16c) {
+    const I h = V::CvtToF16(y);
+    const I mag = V::And(h, V::SetI(0x7FFF));
+    const I code = V::Or(V::MinU(mag, V::SetI(Fp16Format::kMaxFinite)), V::Xor(h, mag));
+    return V::Select(V::GtS(mag, V::SetI(0x7C00)), V::SetI(Fp16Format::kNaN), code);
+  } else {
+    return Encode<V, Fp16Format, false>(y, V::SetI(0));
+  }
+}
+
+// A hardware-decoded FP16 value with its NaN made the codecs' one.
+template <class V>
+PARAMD_LANES_INLINE typename V::F CanonicalFp16NaN(typename V::F x) {
+  using I = typename V::I;
+  const I bits = V::AsI(x);
+  const I mag = V::And(bits, V::SetI(0x7FFFFFFFu));
+  return V::AsF(
+      V::Select(V::GtS(mag, V::SetI(0x7F800000u)), V::And(bits, V::SetI(0xFFC00000u)), bits));
+}
+
+// Codes (zero-extended lanes) -> FP32, as DecodeFp16.
+template <class V>
+PARAMD_LANES_INLINE typename V::F DecodeFp16Codes(typename V::I code) {
+  if constexpr (V::kHasF16c) {
+    return CanonicalFp16NaN<V>(V::CvtFromF16(code));
+  } else {
+    return DecodeFp16<V>(code);
+  }
+}
+
+// kLanes codes at p -> FP32, as DecodeFp16.
+template <class V>
+PARAMD_LANES_INLINE typename V::F LoadFp16(const uint16_t* p) {
+  if constexpr (V::kHasF16c) {
+    return CanonicalFp16NaN<V>(V::LoadF16(p));
+  } else {
+    return DecodeFp16<V>(V::LoadU16(p));
+  }
 }
 
 template <class V>

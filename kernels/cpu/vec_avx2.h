@@ -1,7 +1,7 @@
 // Internal to kernels/cpu: 8 FP32 / 32-bit lanes of AVX2 + FMA for the step pipeline
 // (step_pipeline.h); the contract of each member is in vec_avx512.h. Include only from a
-// translation unit compiled for AVX2 and FMA (under `#pragma GCC target`), after every header that
-// must stay baseline code. Predicates are full-lane masks (all ones = true).
+// translation unit compiled for AVX2, FMA and F16C (under `#pragma GCC target`), after every header
+// that must stay baseline code. Predicates are full-lane masks (all ones = true).
 #pragma once
 
 #include <cstdint>
@@ -30,6 +30,16 @@ struct VecAvx2 {
   static I AsI(F x) { return _mm256_castps_si256(x); }
   static F AsF(I x) { return _mm256_castsi256_ps(x); }
   static F CvtI32ToF(I x) { return _mm256_cvtepi32_ps(x); }
+
+  // F16C's conversions (see VecAvx512).
+  static constexpr bool kHasF16c = true;
+  static I CvtToF16(F x) {
+    return _mm256_cvtepu16_epi32(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  static F CvtFromF16(I code) { return _mm256_cvtph_ps(Pack16(code)); }
+  static F LoadF16(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
 
   static I SetI(uint32_t x) { return _mm256_set1_epi32(static_cast<int>(x)); }
   static I LoadU32(const uint32_t* p) {
@@ -130,6 +140,7 @@ struct VecAvx2 {
     for (int j = 0; j < count; j += 8) {
       const __m256i base = Set64(block + static_cast<uint32_t>(j));
       __m256i x0[2], x1[2], x2[2], x3[2], p0[2], p1[2];
+#pragma GCC unroll 4
       for (int h = 0; h < 2; ++h) {
         const __m256i c0 = _mm256_add_epi64(base, _mm256_add_epi64(lanes, Set64(4u * h)));
         p0[h] = _mm256_mul_epu32(c0, m0);
@@ -146,9 +157,11 @@ struct VecAvx2 {
         x2[h] = _mm256_xor_si256(Hi32(p0[h]), r3_x2_xor);
         x3[h] = p0[h];
       }
+#pragma GCC unroll 8
       for (int r = 3; r < kPhiloxRounds; ++r) {
         const __m256i key0 = Set64(k0[r]);
         const __m256i key1 = Set64(k1[r]);
+#pragma GCC unroll 4
         for (int h = 0; h < 2; ++h) {
           p0[h] = _mm256_mul_epu32(x0[h], m0);
           p1[h] = _mm256_mul_epu32(x2[h], m1);
@@ -158,8 +171,9 @@ struct VecAvx2 {
           x3[h] = p0[h];
         }
       }
-      // Words (0, 1) and (2, 3) of each block paired in its 64-bit lane, then the pairs of blocks
-      // 0, 1 and of blocks 2, 3 gathered.
+// Words (0, 1) and (2, 3) of each block paired in its 64-bit lane, then the pairs of blocks
+// 0, 1 and of blocks 2, 3 gathered.
+#pragma GCC unroll 4
       for (int h = 0; h < 2; ++h) {
         const __m256i w01 = _mm256_blend_epi32(x0[h], _mm256_slli_epi64(x1[h], 32), 0xAA);
         const __m256i w23 = _mm256_blend_epi32(x2[h], _mm256_slli_epi64(x3[h], 32), 0xAA);

@@ -38,6 +38,18 @@ struct VecAvx512 {
   static F AsF(I x) { return _mm512_castsi512_ps(x); }
   static F CvtI32ToF(I x) { return _mm512_cvtepi32_ps(x); }
 
+  // Hardware FP16 conversions: exact, nearest even, but overflow gives infinity and NaN keeps its
+  // payload (state_codec.h fixes both up). CvtToF16 gives the codes zero-extended in 32-bit
+  // lanes; CvtFromF16 takes them so; LoadF16 reads kLanes codes.
+  static constexpr bool kHasF16c = true;
+  static I CvtToF16(F x) {
+    return _mm512_cvtepu16_epi32(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  static F CvtFromF16(I code) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(code)); }
+  static F LoadF16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+
   static I SetI(uint32_t x) { return _mm512_set1_epi32(static_cast<int>(x)); }
   static I LoadU32(const uint32_t* p) { return _mm512_loadu_si512(p); }
   static void StoreU32(uint32_t* p, I x) { _mm512_storeu_si512(p, x); }
@@ -137,6 +149,7 @@ struct VecAvx512 {
     const __m512i lanes = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
     const __m512i base = Set64(block);
     __m512i x0[kSets], x1[kSets], x2[kSets], x3[kSets], p0[kSets], p1[kSets];
+#pragma GCC unroll 4
     for (int h = 0; h < kSets; ++h) {
       // Round 1: x0 = the block number, x1..x3 constant.
       const __m512i c0 = _mm512_add_epi64(base, _mm512_add_epi64(lanes, Set64(8u * h)));
@@ -156,9 +169,11 @@ struct VecAvx512 {
       x2[h] = _mm512_xor_si512(Hi32(p0[h]), r3_x2_xor);
       x3[h] = p0[h];
     }
+#pragma GCC unroll 8
     for (int r = 3; r < kPhiloxRounds; ++r) {
       const __m512i key0 = Set64(k0[r]);
       const __m512i key1 = Set64(k1[r]);
+#pragma GCC unroll 4
       for (int h = 0; h < kSets; ++h) {
         p0[h] = _mm512_mul_epu32(x0[h], m0);
         p1[h] = _mm512_mul_epu32(x2[h], m1);
@@ -172,6 +187,7 @@ struct VecAvx512 {
     // block by block: blocks 0-3 of the register, then blocks 4-7.
     const __m512i first = _mm512_set_epi64(11, 3, 10, 2, 9, 1, 8, 0);
     const __m512i second = _mm512_set_epi64(15, 7, 14, 6, 13, 5, 12, 4);
+#pragma GCC unroll 4
     for (int h = 0; h < kSets; ++h) {
       const __m512i w01 = _mm512_mask_blend_epi32(0xAAAA, x0[h], _mm512_slli_epi64(x1[h], 32));
       const __m512i w23 = _mm512_mask_blend_epi32(0xAAAA, x2[h], _mm512_slli_epi64(x3[h], 32));

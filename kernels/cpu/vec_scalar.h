@@ -32,6 +32,9 @@ struct VecScalar {
   static F AsF(I x) { return std::bit_cast<float>(x); }
   static F CvtI32ToF(I x) { return static_cast<float>(static_cast<int32_t>(x)); }
 
+  // No hardware FP16 conversions: state_codec.h casts in integer operations.
+  static constexpr bool kHasF16c = false;
+
   static I SetI(uint32_t x) { return x; }
   static I LoadU32(const uint32_t* p) { return *p; }
   static void StoreU32(uint32_t* p, I x) { *p = x; }

@@ -19,6 +19,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/cpu/recipes_paths.h"
 #include "kernels/formats.h"
 #include "reference/quantize_reference.h"
 #include "tests/unit/kernels/kernels_test_util.h"
@@ -474,6 +475,51 @@ TEST_P(AmaxPathTest, IsNaNIfAnyIsNaNElseTheLargestMagnitudeAtEveryPosition) {
   EXPECT_EQ(AmaxCombine(AmaxRowsCpu(rows.data(), 5, 0, 128, GetParam()),
                         AmaxRowsCpu(rows.data(), 5, 128, 300, GetParam())),
             AmaxCpu(rows.data(), 300 * 5, GetParam()));
+}
+
+// The vector paths cast to E4M3 in a short form of their own (an integer round at and above 2^-6,
+// an FP32 add below it): every FP32 input of the exponents where its cases meet or end (FP32
+// subnormals, E4M3's whole subnormal range and the normal boundary, the overflow edge, infinity and
+// NaN), both signs, gives kernels/formats.h's code in each path's scaled casts and MX rows.
+TEST_P(AmaxPathTest, E4m3CastsEqualTheFormatsHeaderOverWholeExponents) {
+  const cpu_internal::ServeKernels& k =
+      GetParam() == CpuPath::kAvx512 ? cpu_internal::Avx512ServeKernels()
+      : GetParam() == CpuPath::kAvx2 ? cpu_internal::Avx2ServeKernels()
+                                     : cpu_internal::ScalarServeKernels();
+  constexpr uint32_t kExponents[] = {0,       127 - 11, 127 - 10, 127 - 9, 127 - 8, 127 - 7,
+                                     127 - 6, 127 - 5,  127 + 8,  127 + 9, 255};
+  constexpr int64_t kMantissas = int64_t{1} << 23;
+  std::vector<float> x(kMantissas);
+  const std::vector<float> ones(kMantissas, 1.0f);
+  std::vector<uint8_t> codes(kMantissas), each(kMantissas);
+  for (uint32_t e : kExponents) {
+    for (uint32_t sign : {0u, 0x80000000u}) {
+      for (int64_t m = 0; m < kMantissas; ++m) {
+        x[m] = std::bit_cast<float>(sign | e << 23 | static_cast<uint32_t>(m));
+      }
+      k.e4m3_scaled(x.data(), kMantissas, 1.0f, codes.data());
+      k.e4m3_scaled_each(x.data(), kMantissas, ones.data(), each.data());
+      for (int64_t m = 0; m < kMantissas; ++m) {
+        ASSERT_EQ(codes[m], E4m3FromFloat(x[m]))
+            << "e4m3 of 0x" << std::hex << std::bit_cast<uint32_t>(x[m]);
+        ASSERT_EQ(each[m], codes[m]) << "e4m3 of 0x" << std::hex << std::bit_cast<uint32_t>(x[m]);
+      }
+    }
+  }
+  // MX rows: blocks of 32 with their own power-of-two scales, against the scalar block.
+  std::mt19937_64 rng(9);
+  std::uniform_int_distribution<uint32_t> bits;
+  std::vector<float> row(4096 + 17);
+  for (float& v : row) v = std::bit_cast<float>(bits(rng) & 0xBFFFFFFFu);  // no inf or NaN
+  std::vector<uint8_t> out(row.size()), want(row.size());
+  std::vector<uint8_t> scales((row.size() + 31) / 32), want_scales(scales.size());
+  k.mx_row(row.data(), static_cast<int64_t>(row.size()), out.data(), scales.data());
+  for (size_t b = 0; b < scales.size(); ++b) {
+    const int64_t n = std::min<int64_t>(32, static_cast<int64_t>(row.size() - 32 * b));
+    want_scales[b] = cpu_internal::MxBlockScalar(row.data() + 32 * b, n, want.data() + 32 * b);
+  }
+  EXPECT_EQ(out, want);
+  EXPECT_EQ(scales, want_scales);
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryPath, AmaxPathTest, ::testing::ValuesIn(kAllPaths),

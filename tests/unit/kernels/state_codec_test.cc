@@ -148,6 +148,42 @@ TEST_P(CodecPathTest, NearestCastsEqualTheReference) {
   }
 }
 
+// The nearest E4M3 cast has a short form of its own (an integer round at and above the smallest
+// normal, an FP32 add below it), and the vector paths cast to FP16 in hardware with fix-ups:
+// every FP32 input of the exponents where their cases meet or end (FP32 subnormals; E4M3's whole
+// subnormal range and normal boundary; FP16's smallest subnormal, half of it and its normal
+// boundary; each overflow edge; infinity and NaN) gives the code of kernels/formats.h, both signs.
+TEST_P(CodecPathTest, NearestShortFormsEqualTheFormatsHeaderOverWholeExponents) {
+  struct Case {
+    CodecFormat format;
+    std::vector<uint32_t> exponents;
+  };
+  const Case cases[] = {
+      {CodecFormat::kE4m3,
+       {0, 127 - 11, 127 - 10, 127 - 9, 127 - 8, 127 - 7, 127 - 6, 127 - 5, 127 + 8, 127 + 9, 255}},
+      {CodecFormat::kFp16,
+       {0, 127 - 26, 127 - 25, 127 - 24, 127 - 15, 127 - 14, 127 - 13, 127 + 15, 127 + 16, 255}},
+  };
+  constexpr int64_t kMantissas = int64_t{1} << 23;
+  std::vector<float> x(kMantissas);
+  std::vector<uint32_t> codes(kMantissas);
+  for (const Case& c : cases) {
+    for (uint32_t e : c.exponents) {
+      for (uint32_t sign : {0u, 0x80000000u}) {
+        for (int64_t m = 0; m < kMantissas; ++m) {
+          x[m] = std::bit_cast<float>(sign | e << 23 | static_cast<uint32_t>(m));
+        }
+        cpu_internal::EncodeForTest(GetParam(), c.format, x.data(), nullptr, codes.data(),
+                                    kMantissas);
+        for (int64_t m = 0; m < kMantissas; ++m) {
+          ASSERT_EQ(codes[m], NearestByFormats(c.format, x[m]))
+              << Name(c.format) << " of 0x" << std::hex << std::bit_cast<uint32_t>(x[m]);
+        }
+      }
+    }
+  }
+}
+
 // The mean of many stochastic roundings of x (random words from Philox at distinct counters) is x,
 // within a few standard errors of a two-point draw between the neighbouring codes.
 TEST_P(CodecPathTest, StochasticRoundingIsUnbiased) {
