@@ -1,5 +1,7 @@
 // FusedStepCpu: argument checks, per-step scalars, and the run-time choice of the code path. The
 // paths themselves are instantiations of step_pipeline.h in fused_step_{scalar,avx2,avx512}.cc.
+#include <cpuid.h>
+
 #include <bit>
 #include <cmath>
 #include <string>
@@ -90,6 +92,12 @@ KStatus Validate(const FusedStepArgs& a, int64_t begin, int64_t end) {
   return KStatus::Ok();
 }
 
+// F16C, from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports does not know it.
+bool HasF16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+
 }  // namespace
 
 AdamwScalars MakeAdamwScalars(const AdamwHyper& hyper, int64_t k) {
@@ -115,8 +123,7 @@ bool CpuPathSupported(CpuPath path) {
     case CpuPath::kScalar:
       return true;
     case CpuPath::kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && HasF16c();
     case CpuPath::kAvx512:
       // The AVX-512 path also uses AVX2/FMA-encoded 256-bit helpers.
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
