@@ -5,7 +5,7 @@
 // The step runs a span of up to four chunks at a time (a chunk: 128 elements, the unit of the
 // moments' scales; a span of four amortizes the per-call work: prefetches, Philox's key schedule,
 // loop set-up), each span in stages over small buffers that stay in L1:
-//   1. dequantize each quantized moment into an FP32 buffer (FP32 moments are used in place);
+//   1. dequantize each quantized moment into an FP32 buffer (FP32 moments are used where they lie);
 //   2. for each moment that rounds stochastically, draw its stream's Philox blocks for the chunk's
 //      elements (kernels/philox.h: 4 elements per block, every word used);
 //   3. per vector of elements: the gradient from the slots, the AdamW update, the master stored in
@@ -13,6 +13,8 @@
 //   4. re-quantize each quantized moment chunk by chunk: its amax, power-of-two scale, the cast.
 // Every operation is per element and the same in every instantiation, so every path gives the
 // same bits. A vector path hands chunks that are not whole vectors to the scalar instantiation.
+// The state is read from its sources (FusedStepArgs' *_in) when they are set, else from the
+// destinations: in place, through the same code as before there were sources (UpdateLanes).
 #pragma once
 
 #include <algorithm>
@@ -40,6 +42,15 @@ struct StepContext {
   bool stream_fp32 = false, stream_bf16 = false, stream_fp16 = false;
   // The end of the range a vector path prefetches up to (0: no prefetching).
   int64_t prefetch_end = 0;
+  // Where the state is read from (fused_step.h): the *_in sources, or the destinations when in
+  // place; `separate` when any differs from its destination (UpdateLanes' second instantiation).
+  const void* master_in;
+  const int16_t* master_remainder_in;
+  const void* exp_avg_in;
+  const float* exp_avg_scale_inv_in;
+  const void* exp_avg_sq_in;
+  const float* exp_avg_sq_scale_inv_in;
+  bool separate;
 
   explicit StepContext(const FusedStepArgs& a)
       : args(&a),
@@ -54,7 +65,17 @@ struct StepContext {
         neg_step_size(V::SetF(-a.scalars.step_size)),
         bc2(V::SetF(a.scalars.bc2)),
         clip_active(a.clip != 1.0f),
-        key(RoundingKey(a.rng.seed)) {}
+        key(RoundingKey(a.rng.seed)),
+        master_in(StateSource(a.master_in, a.master)),
+        master_remainder_in(StateSource(a.master_remainder_in, a.master_remainder)),
+        exp_avg_in(StateSource(a.exp_avg_in, a.exp_avg)),
+        exp_avg_scale_inv_in(StateSource(a.exp_avg_scale_inv_in, a.exp_avg_scale_inv)),
+        exp_avg_sq_in(StateSource(a.exp_avg_sq_in, a.exp_avg_sq)),
+        exp_avg_sq_scale_inv_in(StateSource(a.exp_avg_sq_scale_inv_in, a.exp_avg_sq_scale_inv)),
+        separate(master_in != a.master ||
+                 (a.policy.master == MasterType::kBf16Remainder &&
+                  master_remainder_in != a.master_remainder) ||
+                 exp_avg_in != a.exp_avg || exp_avg_sq_in != a.exp_avg_sq) {}
 };
 
 // g0 of the lanes at element i: the rank-ordered FP32 sum of the slots; `first` is slots[0], read
@@ -239,11 +260,13 @@ PARAMD_LANES_INLINE void StoreOutU16(uint16_t* p, typename V::I x, bool stream) 
   }
 }
 
-// Stage 3 for elements [c, c + count): m and v are the FP32 moments of the chunk (in place for FP32
-// moments, else the stage-1 buffers), overwritten with the new moments.
-template <class V, MasterType kMaster>
-void UpdateLanes(const StepContext<V>& x, int64_t c, int count, float* m, float* v,
-                 typename V::I* amax) {
+// Stage 3 for elements [c, c + count): m and v receive the FP32 moments of the chunk (the state
+// for FP32 moments, else the stage-1 buffers), read from m_in and v_in when kSeparate (the state
+// read from its sources: the master from x.master_in too), else from m and v themselves (in place:
+// this instantiation is the step's code as it was before there were sources).
+template <class V, MasterType kMaster, bool kSeparate>
+void UpdateLanes(const StepContext<V>& x, int64_t c, int count, const float* m_in, float* m,
+                 const float* v_in, float* v, typename V::I* amax) {
   using F = typename V::F;
   using I = typename V::I;
   constexpr int L = V::kLanes;
@@ -256,6 +279,10 @@ void UpdateLanes(const StepContext<V>& x, int64_t c, int count, float* m, float*
   const int num_slots = a.num_slots;
   void* const master = a.master;
   int16_t* const master_remainder = a.master_remainder;
+  const void* const master_src = kSeparate ? x.master_in : master;
+  const int16_t* const master_remainder_src = kSeparate ? x.master_remainder_in : master_remainder;
+  const float* const m_src = kSeparate ? m_in : m;
+  const float* const v_src = kSeparate ? v_in : v;
   float* const out_fp32 = a.out_fp32;
   uint16_t* const out_bf16 = a.out_bf16;
   uint16_t* const out_fp16 = a.out_fp16;
@@ -266,18 +293,18 @@ void UpdateLanes(const StepContext<V>& x, int64_t c, int count, float* m, float*
     const int64_t i = c + j;
     F g = V::Mul(SlotSum<V>(slot_type, slot0, slots, num_slots, i), x.grad_scale);
     if (clip_active) g = V::Mul(g, x.clip);
-    const F m_new = V::Fma(x.beta1, V::LoadF(m + j), V::Mul(x.c1, g));
-    const F v_new = V::Fma(x.beta2, V::LoadF(v + j), V::Mul(x.c2, V::Mul(g, g)));
+    const F m_new = V::Fma(x.beta1, V::LoadF(m_src + j), V::Mul(x.c1, g));
+    const F v_new = V::Fma(x.beta2, V::LoadF(v_src + j), V::Mul(x.c2, V::Mul(g, g)));
     const F d = V::Fma(V::Sqrt(v_new), x.bc2, x.eps);
     F p_old;
     if constexpr (kMaster == MasterType::kFp32) {
-      p_old = V::LoadF(static_cast<const float*>(master) + i);
+      p_old = V::LoadF(static_cast<const float*>(master_src) + i);
     } else if constexpr (kMaster == MasterType::kBf16Remainder) {
       p_old = MergeBf16RemainderLanes<V>(
-          V::LoadU16(static_cast<const uint16_t*>(master) + i),
-          V::LoadU16(reinterpret_cast<const uint16_t*>(master_remainder) + i));
+          V::LoadU16(static_cast<const uint16_t*>(master_src) + i),
+          V::LoadU16(reinterpret_cast<const uint16_t*>(master_remainder_src) + i));
     } else {
-      p_old = LoadFp16<V>(static_cast<const uint16_t*>(master) + i);
+      p_old = LoadFp16<V>(static_cast<const uint16_t*>(master_src) + i);
     }
     F p = V::Mul(p_old, x.decay);
     p = V::Fma(x.neg_step_size, V::Div(m_new, d), p);
@@ -316,6 +343,23 @@ void UpdateLanes(const StepContext<V>& x, int64_t c, int count, float* m, float*
   *amax = amax_lanes;
 }
 
+// UpdateLanes of the policy's master.
+template <class V, bool kSeparate>
+void UpdateSpan(const StepContext<V>& x, MasterType master, int64_t c, int n, const float* m_in,
+                float* m, const float* v_in, float* v, typename V::I* amax) {
+  switch (master) {
+    case MasterType::kFp32:
+      UpdateLanes<V, MasterType::kFp32, kSeparate>(x, c, n, m_in, m, v_in, v, amax);
+      break;
+    case MasterType::kBf16Remainder:
+      UpdateLanes<V, MasterType::kBf16Remainder, kSeparate>(x, c, n, m_in, m, v_in, v, amax);
+      break;
+    case MasterType::kFp16:
+      UpdateLanes<V, MasterType::kFp16, kSeparate>(x, c, n, m_in, m, v_in, v, amax);
+      break;
+  }
+}
+
 // One span [c, c + count): c a chunk's first element, count <= 512 and a multiple of V::kLanes.
 template <class V>
 void StepChunk(const StepContext<V>& x, int64_t c, int count, typename V::I* amax) {
@@ -326,17 +370,24 @@ void StepChunk(const StepContext<V>& x, int64_t c, int count, typename V::I* ama
   alignas(64) uint32_t m_words[kDrawWords];
   alignas(64) uint32_t v_words[kDrawWords];
 
+  // The moments read (from the state's sources) and written (to the state) in FP32: the state
+  // itself for FP32 moments, else the stage-1 buffers for both.
   float* m = m_buf;
+  const float* m_in = m_buf;
   if (policy.exp_avg == MomentType::kFp32) {
     m = static_cast<float*>(a.exp_avg) + c;
+    m_in = static_cast<const float*>(x.exp_avg_in) + c;
   } else {
-    DequantizeMoment<V>(policy.exp_avg, a.exp_avg, a.exp_avg_scale_inv, c, count, m_buf);
+    DequantizeMoment<V>(policy.exp_avg, x.exp_avg_in, x.exp_avg_scale_inv_in, c, count, m_buf);
   }
   float* v = v_buf;
+  const float* v_in = v_buf;
   if (policy.exp_avg_sq == MomentType::kFp32) {
     v = static_cast<float*>(a.exp_avg_sq) + c;
+    v_in = static_cast<const float*>(x.exp_avg_sq_in) + c;
   } else {
-    DequantizeMoment<V>(policy.exp_avg_sq, a.exp_avg_sq, a.exp_avg_sq_scale_inv, c, count, v_buf);
+    DequantizeMoment<V>(policy.exp_avg_sq, x.exp_avg_sq_in, x.exp_avg_sq_scale_inv_in, c, count,
+                        v_buf);
   }
   // Each stochastically rounded moment's words, from its own stream (nullptr: nearest).
   const uint64_t index = a.rng.index_offset + static_cast<uint64_t>(c);
@@ -361,16 +412,10 @@ void StepChunk(const StepContext<V>& x, int64_t c, int count, typename V::I* ama
     if (ahead < x.prefetch_end) {
       PrefetchElements(a, ahead, std::min<int64_t>(kChunkElements, x.prefetch_end - ahead));
     }
-    switch (policy.master) {
-      case MasterType::kFp32:
-        UpdateLanes<V, MasterType::kFp32>(x, c + k, n, m + k, v + k, amax);
-        break;
-      case MasterType::kBf16Remainder:
-        UpdateLanes<V, MasterType::kBf16Remainder>(x, c + k, n, m + k, v + k, amax);
-        break;
-      case MasterType::kFp16:
-        UpdateLanes<V, MasterType::kFp16>(x, c + k, n, m + k, v + k, amax);
-        break;
+    if (x.separate) {
+      UpdateSpan<V, true>(x, policy.master, c + k, n, m_in + k, m + k, v_in + k, v + k, amax);
+    } else {
+      UpdateSpan<V, false>(x, policy.master, c + k, n, m_in + k, m + k, v_in + k, v + k, amax);
     }
   }
 
