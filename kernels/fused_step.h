@@ -155,7 +155,8 @@ enum class CpuPath { kAuto, kScalar, kAvx2, kAvx512 };
 // tensor may run concurrently on several threads (ThreadPool::ParallelFor in
 // kernels/cpu/thread_pool.h with a grain that is a multiple of 128). No alignment is required;
 // outputs must not overlap inputs. On ranges of 4096 elements or more the vector paths write the
-// served outputs with non-temporal stores where aligned, and fence them before returning.
+// served outputs (and, out of place, FP32 moments) with non-temporal stores where aligned, and
+// fence them before returning.
 //
 // `master_amax` (optional) receives the amax of the new stored master over [begin, end): NaN if any
 // is NaN, else the largest magnitude (0 for an empty range); combine calls with AmaxCombine

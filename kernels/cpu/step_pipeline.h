@@ -40,6 +40,9 @@ struct StepContext {
   PhiloxKey key;
   // Served outputs written with non-temporal stores (long, aligned ranges of a vector path).
   bool stream_fp32 = false, stream_bf16 = false, stream_fp16 = false;
+  // FP32 moments written with non-temporal stores: out of place only (a destination read from
+  // nowhere in the pass, whose lines would otherwise be read for ownership first).
+  bool stream_m = false, stream_v = false;
   // The end of the range a vector path prefetches up to (0: no prefetching).
   int64_t prefetch_end = 0;
   // Where the state is read from (fused_step.h): the *_in sources, or the destinations when in
@@ -260,13 +263,14 @@ PARAMD_LANES_INLINE void StoreOutU16(uint16_t* p, typename V::I x, bool stream) 
   }
 }
 
-// Stage 3 for elements [c, c + count): m and v receive the FP32 moments of the chunk (the state
-// for FP32 moments, else the stage-1 buffers), read from m_in and v_in when kSeparate (the state
-// read from its sources: the master from x.master_in too), else from m and v themselves (in place:
-// this instantiation is the step's code as it was before there were sources).
+// Stage 3 for elements [c, c + count): m and v are the FP32 moments of the chunk (the state for
+// FP32 moments, else the stage-1 buffers), overwritten with the new moments. With kSeparate the
+// state is read from its sources (x.master_in, ...; FP32 moments from x.exp_avg_in, ...) and
+// written here; without, it is updated in place by the very code the step had before there were
+// sources (same arguments, kept out of line as the compiler kept it).
 template <class V, MasterType kMaster, bool kSeparate>
-void UpdateLanes(const StepContext<V>& x, int64_t c, int count, const float* m_in, float* m,
-                 const float* v_in, float* v, typename V::I* amax) {
+[[gnu::noinline]] void UpdateLanes(const StepContext<V>& x, int64_t c, int count, float* m,
+                                   float* v, typename V::I* amax) {
   using F = typename V::F;
   using I = typename V::I;
   constexpr int L = V::kLanes;
@@ -281,13 +285,18 @@ void UpdateLanes(const StepContext<V>& x, int64_t c, int count, const float* m_i
   int16_t* const master_remainder = a.master_remainder;
   const void* const master_src = kSeparate ? x.master_in : master;
   const int16_t* const master_remainder_src = kSeparate ? x.master_remainder_in : master_remainder;
-  const float* const m_src = kSeparate ? m_in : m;
-  const float* const v_src = kSeparate ? v_in : v;
+  const float* const m_src = kSeparate && a.policy.exp_avg == MomentType::kFp32
+                                 ? static_cast<const float*>(x.exp_avg_in) + c
+                                 : m;
+  const float* const v_src = kSeparate && a.policy.exp_avg_sq == MomentType::kFp32
+                                 ? static_cast<const float*>(x.exp_avg_sq_in) + c
+                                 : v;
   float* const out_fp32 = a.out_fp32;
   uint16_t* const out_bf16 = a.out_bf16;
   uint16_t* const out_fp16 = a.out_fp16;
   const bool clip_active = x.clip_active;
   const bool stream_fp32 = x.stream_fp32, stream_bf16 = x.stream_bf16, stream_fp16 = x.stream_fp16;
+  const bool stream_m = x.stream_m, stream_v = x.stream_v;
   I amax_lanes = *amax;
   for (int j = 0; j < count; j += L) {
     const int64_t i = c + j;
@@ -308,8 +317,13 @@ void UpdateLanes(const StepContext<V>& x, int64_t c, int count, const float* m_i
     }
     F p = V::Mul(p_old, x.decay);
     p = V::Fma(x.neg_step_size, V::Div(m_new, d), p);
-    V::StoreF(m + j, m_new);
-    V::StoreF(v + j, v_new);
+    if constexpr (kSeparate) {
+      StoreOutF<V>(m + j, m_new, stream_m);
+      StoreOutF<V>(v + j, v_new, stream_v);
+    } else {
+      V::StoreF(m + j, m_new);
+      V::StoreF(v + j, v_new);
+    }
 
     // The stored master, and every served copy from it.
     F served = p;
@@ -345,17 +359,17 @@ void UpdateLanes(const StepContext<V>& x, int64_t c, int count, const float* m_i
 
 // UpdateLanes of the policy's master.
 template <class V, bool kSeparate>
-void UpdateSpan(const StepContext<V>& x, MasterType master, int64_t c, int n, const float* m_in,
-                float* m, const float* v_in, float* v, typename V::I* amax) {
+void UpdateSpan(const StepContext<V>& x, MasterType master, int64_t c, int n, float* m, float* v,
+                typename V::I* amax) {
   switch (master) {
     case MasterType::kFp32:
-      UpdateLanes<V, MasterType::kFp32, kSeparate>(x, c, n, m_in, m, v_in, v, amax);
+      UpdateLanes<V, MasterType::kFp32, kSeparate>(x, c, n, m, v, amax);
       break;
     case MasterType::kBf16Remainder:
-      UpdateLanes<V, MasterType::kBf16Remainder, kSeparate>(x, c, n, m_in, m, v_in, v, amax);
+      UpdateLanes<V, MasterType::kBf16Remainder, kSeparate>(x, c, n, m, v, amax);
       break;
     case MasterType::kFp16:
-      UpdateLanes<V, MasterType::kFp16, kSeparate>(x, c, n, m_in, m, v_in, v, amax);
+      UpdateLanes<V, MasterType::kFp16, kSeparate>(x, c, n, m, v, amax);
       break;
   }
 }
@@ -370,21 +384,17 @@ void StepChunk(const StepContext<V>& x, int64_t c, int count, typename V::I* ama
   alignas(64) uint32_t m_words[kDrawWords];
   alignas(64) uint32_t v_words[kDrawWords];
 
-  // The moments read (from the state's sources) and written (to the state) in FP32: the state
-  // itself for FP32 moments, else the stage-1 buffers for both.
+  // The FP32 moments: the state itself for FP32 moments (read from its sources by UpdateLanes),
+  // else the stage-1 buffers, dequantized from the sources.
   float* m = m_buf;
-  const float* m_in = m_buf;
   if (policy.exp_avg == MomentType::kFp32) {
     m = static_cast<float*>(a.exp_avg) + c;
-    m_in = static_cast<const float*>(x.exp_avg_in) + c;
   } else {
     DequantizeMoment<V>(policy.exp_avg, x.exp_avg_in, x.exp_avg_scale_inv_in, c, count, m_buf);
   }
   float* v = v_buf;
-  const float* v_in = v_buf;
   if (policy.exp_avg_sq == MomentType::kFp32) {
     v = static_cast<float*>(a.exp_avg_sq) + c;
-    v_in = static_cast<const float*>(x.exp_avg_sq_in) + c;
   } else {
     DequantizeMoment<V>(policy.exp_avg_sq, x.exp_avg_sq_in, x.exp_avg_sq_scale_inv_in, c, count,
                         v_buf);
@@ -413,9 +423,9 @@ void StepChunk(const StepContext<V>& x, int64_t c, int count, typename V::I* ama
       PrefetchElements(a, ahead, std::min<int64_t>(kChunkElements, x.prefetch_end - ahead));
     }
     if (x.separate) {
-      UpdateSpan<V, true>(x, policy.master, c + k, n, m_in + k, m + k, v_in + k, v + k, amax);
+      UpdateSpan<V, true>(x, policy.master, c + k, n, m + k, v + k, amax);
     } else {
-      UpdateSpan<V, false>(x, policy.master, c + k, n, m_in + k, m + k, v_in + k, v + k, amax);
+      UpdateSpan<V, false>(x, policy.master, c + k, n, m + k, v + k, amax);
     }
   }
 
@@ -439,6 +449,10 @@ uint32_t RunRange(const FusedStepArgs& a, int64_t begin, int64_t end) {
       x.stream_fp32 = a.out_fp32 != nullptr && IsAligned(a.out_fp32 + begin, V::kLanes * 4);
       x.stream_bf16 = a.out_bf16 != nullptr && IsAligned(a.out_bf16 + begin, V::kLanes * 2);
       x.stream_fp16 = a.out_fp16 != nullptr && IsAligned(a.out_fp16 + begin, V::kLanes * 2);
+      x.stream_m = a.policy.exp_avg == MomentType::kFp32 && x.exp_avg_in != a.exp_avg &&
+                   IsAligned(static_cast<float*>(a.exp_avg) + begin, V::kLanes * 4);
+      x.stream_v = a.policy.exp_avg_sq == MomentType::kFp32 && x.exp_avg_sq_in != a.exp_avg_sq &&
+                   IsAligned(static_cast<float*>(a.exp_avg_sq) + begin, V::kLanes * 4);
     }
   }
   if constexpr (V::kLanes > 1) x.prefetch_end = end;
@@ -459,7 +473,7 @@ uint32_t RunRange(const FusedStepArgs& a, int64_t begin, int64_t end) {
     StepChunk<V>(x, c, count, &amax);
   }
   // Streaming stores are weakly ordered: fence them before the caller publishes the outputs.
-  if (x.stream_fp32 || x.stream_bf16 || x.stream_fp16) V::Fence();
+  if (x.stream_fp32 || x.stream_bf16 || x.stream_fp16 || x.stream_m || x.stream_v) V::Fence();
   return std::max(amax_bits, V::ReduceMaxU(amax));
 }
 
