@@ -7,6 +7,8 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -347,6 +349,63 @@ INSTANTIATE_TEST_SUITE_P(AllPaths, OutOfPlaceTest,
                          [](const ::testing::TestParamInfo<CpuPath>& info) {
                            return std::string(CpuPathName(info.param));
                          });
+
+// Long ranges with 64-byte aligned FP32 moment destinations, which the vector paths write with
+// non-temporal stores out of place: the same bits as in place.
+TEST_P(OutOfPlaceTest, AlignedFp32MomentDestinationsGetTheInPlaceBits) {
+  const CpuPath path = GetParam();
+  std::mt19937_64 rng(17);
+  constexpr size_t kN = 3 * 4096 + 128 + 5;
+  struct Aligned {
+    explicit Aligned(size_t bytes) : p(static_cast<char*>(std::aligned_alloc(64, bytes))) {}
+    ~Aligned() { std::free(p); }
+    char* p;
+  };
+  for (const MasterType master :
+       {MasterType::kFp32, MasterType::kBf16Remainder, MasterType::kFp16}) {
+    const StatePolicy policy = MakeStatePolicy(master, MomentType::kFp32, MomentType::kFp32);
+    SCOPED_TRACE(PolicyName(policy));
+    PolicyTensor in_place(policy, std::vector<float>(kN, 0.0f));
+    FillEdgeState(rng, &in_place);
+    PolicyTensor source = in_place;
+    const PolicyTensor source_before = source;
+    const Grads grads(rng, SlotType::kFp32, 2, kN);
+    const AdamwScalars scalars = MakeAdamwScalars(testing::AccuracySetupHyper(), 7);
+    const RngStream stream{};
+    ASSERT_TRUE(
+        FusedStepCpu(in_place.Args(grads.ptrs, SlotType::kFp32, 1.0f, 1.0f, scalars, stream), 0, kN,
+                     path)
+            .ok());
+
+    PolicyTensor dest = source;  // its served copies; the state goes to the aligned buffers
+    Aligned master_out(kN * 4), remainder_out(kN * 2), m_out(kN * 4), v_out(kN * 4);
+    FusedStepArgs args = dest.Args(grads.ptrs, SlotType::kFp32, 1.0f, 1.0f, scalars, stream);
+    source.SetAsSources(&args);
+    args.master = master_out.p;
+    args.master_remainder = reinterpret_cast<int16_t*>(remainder_out.p);
+    args.exp_avg = m_out.p;
+    args.exp_avg_sq = v_out.p;
+    // Two ranges, the second from an aligned element past the first vectors.
+    ASSERT_TRUE(FusedStepCpu(args, 0, 4096, path).ok());
+    ASSERT_TRUE(FusedStepCpu(args, 4096, kN, path).ok());
+    EXPECT_EQ(CompareTensors(source, source_before), "");
+    auto same = [&](const char* what, const void* got, const void* want, size_t bytes) {
+      EXPECT_EQ(std::memcmp(got, want, bytes), 0) << what;
+    };
+    same("exp_avg", m_out.p, in_place.state.exp_avg.fp32.data(), kN * 4);
+    same("exp_avg_sq", v_out.p, in_place.state.exp_avg_sq.fp32.data(), kN * 4);
+    if (master == MasterType::kFp32) {
+      same("master", master_out.p, in_place.state.master_fp32.data(), kN * 4);
+    } else {
+      same("master", master_out.p, in_place.state.master_u16.data(), kN * 2);
+    }
+    if (master == MasterType::kBf16Remainder) {
+      same("remainder", remainder_out.p, in_place.state.master_remainder.data(), kN * 2);
+    }
+    EXPECT_EQ(CompareTensors(dest, in_place, /*outputs=*/true).find("out_"), std::string::npos)
+        << CompareTensors(dest, in_place);
+  }
+}
 
 // The sources are all set or none, and each is its destination or clear of it: anything else is
 // refused before a byte is written, the sources' and the destinations'.
