@@ -58,7 +58,9 @@ inline const T* StateSource(const T* in, U* out) {
 }
 
 // Prefetches the input streams of elements [c, c + count): the slots and the state's sources.
-inline void PrefetchElements(const FusedStepArgs& a, int64_t c, int64_t count) {
+// Inlined into the step's chunk loop, as the compiler did on its own before it had sources.
+[[gnu::always_inline]] inline void PrefetchElements(const FusedStepArgs& a, int64_t c,
+                                                    int64_t count) {
   const int64_t slot_bytes = a.slot_type == SlotType::kFp32 ? 4 : 2;
   for (int r = 0; r < a.num_slots; ++r) {
     PrefetchBytes(a.slots[r], c * slot_bytes, count * slot_bytes);
