@@ -14,7 +14,8 @@
 // Every operation is per element and the same in every instantiation, so every path gives the
 // same bits. A vector path hands chunks that are not whole vectors to the scalar instantiation.
 // The state is read from its sources (FusedStepArgs' *_in) when they are set, else from the
-// destinations: in place, through the same code as before there were sources (UpdateLanes).
+// destinations: in place, through the same code as before there were sources (StepSpan and
+// UpdateLanes without kSeparate).
 #pragma once
 
 #include <algorithm>
@@ -46,7 +47,7 @@ struct StepContext {
   // The end of the range a vector path prefetches up to (0: no prefetching).
   int64_t prefetch_end = 0;
   // Where the state is read from (fused_step.h): the *_in sources, or the destinations when in
-  // place; `separate` when any differs from its destination (UpdateLanes' second instantiation).
+  // place; `separate` when any differs from its destination (the kSeparate code).
   const void* master_in;
   const int16_t* master_remainder_in;
   const void* exp_avg_in;
@@ -357,26 +358,12 @@ template <class V, MasterType kMaster, bool kSeparate>
   *amax = amax_lanes;
 }
 
-// UpdateLanes of the policy's master.
-template <class V, bool kSeparate>
-void UpdateSpan(const StepContext<V>& x, MasterType master, int64_t c, int n, float* m, float* v,
-                typename V::I* amax) {
-  switch (master) {
-    case MasterType::kFp32:
-      UpdateLanes<V, MasterType::kFp32, kSeparate>(x, c, n, m, v, amax);
-      break;
-    case MasterType::kBf16Remainder:
-      UpdateLanes<V, MasterType::kBf16Remainder, kSeparate>(x, c, n, m, v, amax);
-      break;
-    case MasterType::kFp16:
-      UpdateLanes<V, MasterType::kFp16, kSeparate>(x, c, n, m, v, amax);
-      break;
-  }
-}
-
 // One span [c, c + count): c a chunk's first element, count <= 512 and a multiple of V::kLanes.
-template <class V>
-void StepChunk(const StepContext<V>& x, int64_t c, int count, typename V::I* amax) {
+// kSeparate: the state read from its sources (all set: FusedStepCpu checked), else in place, by
+// the code the step had before there were sources (kept out of line as the compiler kept it).
+template <class V, bool kSeparate>
+[[gnu::noinline]] void StepSpan(const StepContext<V>& x, int64_t c, int count,
+                                typename V::I* amax) {
   const FusedStepArgs& a = *x.args;
   const StatePolicy& policy = a.policy;
   alignas(64) float m_buf[kSpanElements];
@@ -390,13 +377,15 @@ void StepChunk(const StepContext<V>& x, int64_t c, int count, typename V::I* ama
   if (policy.exp_avg == MomentType::kFp32) {
     m = static_cast<float*>(a.exp_avg) + c;
   } else {
-    DequantizeMoment<V>(policy.exp_avg, x.exp_avg_in, x.exp_avg_scale_inv_in, c, count, m_buf);
+    DequantizeMoment<V>(policy.exp_avg, kSeparate ? a.exp_avg_in : a.exp_avg,
+                        kSeparate ? a.exp_avg_scale_inv_in : a.exp_avg_scale_inv, c, count, m_buf);
   }
   float* v = v_buf;
   if (policy.exp_avg_sq == MomentType::kFp32) {
     v = static_cast<float*>(a.exp_avg_sq) + c;
   } else {
-    DequantizeMoment<V>(policy.exp_avg_sq, x.exp_avg_sq_in, x.exp_avg_sq_scale_inv_in, c, count,
+    DequantizeMoment<V>(policy.exp_avg_sq, kSeparate ? a.exp_avg_sq_in : a.exp_avg_sq,
+                        kSeparate ? a.exp_avg_sq_scale_inv_in : a.exp_avg_sq_scale_inv, c, count,
                         v_buf);
   }
   // Each stochastically rounded moment's words, from its own stream (nullptr: nearest).
@@ -420,12 +409,19 @@ void StepChunk(const StepContext<V>& x, int64_t c, int count, typename V::I* ama
     const int n = std::min<int>(kChunkElements, count - k);
     const int64_t ahead = c + k + kPrefetchAhead;
     if (ahead < x.prefetch_end) {
-      PrefetchElements(a, ahead, std::min<int64_t>(kChunkElements, x.prefetch_end - ahead));
+      PrefetchElements<kSeparate>(a, ahead,
+                                  std::min<int64_t>(kChunkElements, x.prefetch_end - ahead));
     }
-    if (x.separate) {
-      UpdateSpan<V, true>(x, policy.master, c + k, n, m + k, v + k, amax);
-    } else {
-      UpdateSpan<V, false>(x, policy.master, c + k, n, m + k, v + k, amax);
+    switch (policy.master) {
+      case MasterType::kFp32:
+        UpdateLanes<V, MasterType::kFp32, kSeparate>(x, c + k, n, m + k, v + k, amax);
+        break;
+      case MasterType::kBf16Remainder:
+        UpdateLanes<V, MasterType::kBf16Remainder, kSeparate>(x, c + k, n, m + k, v + k, amax);
+        break;
+      case MasterType::kFp16:
+        UpdateLanes<V, MasterType::kFp16, kSeparate>(x, c + k, n, m + k, v + k, amax);
+        break;
     }
   }
 
@@ -435,6 +431,16 @@ void StepChunk(const StepContext<V>& x, int64_t c, int count, typename V::I* ama
   if (policy.exp_avg_sq != MomentType::kFp32) {
     QuantizeMoment<V>(policy.exp_avg_sq, v_buf, v_random, a.exp_avg_sq, a.exp_avg_sq_scale_inv, c,
                       count);
+  }
+}
+
+// One span, in place or from the sources.
+template <class V>
+inline void StepChunk(const StepContext<V>& x, int64_t c, int count, typename V::I* amax) {
+  if (x.separate) {
+    StepSpan<V, true>(x, c, count, amax);
+  } else {
+    StepSpan<V, false>(x, c, count, amax);
   }
 }
 
