@@ -95,6 +95,14 @@ struct RngStream {
 // State buffers are typed by `policy` (see MasterType / MomentType); scale arrays hold
 // NumChunks(numel) FP32 values 1 / s (powers of two), read before and rewritten by the step; a new
 // tensor starts with zero codes and scales 1.
+//
+// The state is updated in place, or read from the *_in sources and written to the destinations
+// (master, exp_avg, ...): a second copy of the state, stepped while the first stays as it was, in
+// the same single pass (no copy first). The sources are all null (in place), or every one the
+// policy uses is set (a mix is kInvalidArgument); each has its destination's type and extent, and
+// is either the destination's own pointer (in place for that buffer) or a buffer that does not
+// overlap it (nor any other output). Sources the policy does not use are ignored, as are such
+// destinations. The step never writes a source.
 struct FusedStepArgs {
   const void* const* slots = nullptr;  // num_slots gradient buffers, rank order
   int num_slots = 0;
@@ -107,12 +115,21 @@ struct FusedStepArgs {
   int64_t numel = 0;  // elements of the whole tensor; required with chunk-scaled moments,
                       // otherwise optional (0 = ranges not checked against it)
 
-  void* master = nullptr;                 // updated in place
-  int16_t* master_remainder = nullptr;    // kBf16Remainder only
-  void* exp_avg = nullptr;                // updated in place
-  float* exp_avg_scale_inv = nullptr;     // kFp16 / kFp8 exp_avg only
-  void* exp_avg_sq = nullptr;             // updated in place
+  // Each updated in place, or read from its *_in source below and written here.
+  void* master = nullptr;
+  int16_t* master_remainder = nullptr;  // kBf16Remainder only
+  void* exp_avg = nullptr;
+  float* exp_avg_scale_inv = nullptr;  // kFp16 / kFp8 exp_avg only
+  void* exp_avg_sq = nullptr;
   float* exp_avg_sq_scale_inv = nullptr;  // kFp16 / kFp8 exp_avg_sq only
+
+  // Optional sources of the state (see above): null = in place.
+  const void* master_in = nullptr;
+  const int16_t* master_remainder_in = nullptr;  // kBf16Remainder only
+  const void* exp_avg_in = nullptr;
+  const float* exp_avg_scale_inv_in = nullptr;  // kFp16 / kFp8 exp_avg only
+  const void* exp_avg_sq_in = nullptr;
+  const float* exp_avg_sq_scale_inv_in = nullptr;  // kFp16 / kFp8 exp_avg_sq only
 
   // Optional served copies of the new master, each computed from the stored master value (the
   // FP16 value of an fp16 master, the reconstructed FP32 of bf16+remainder): FP32; BF16 (round to
@@ -138,14 +155,16 @@ enum class CpuPath { kAuto, kScalar, kAvx2, kAvx512 };
 // tensor may run concurrently on several threads (ThreadPool::ParallelFor in
 // kernels/cpu/thread_pool.h with a grain that is a multiple of 128). No alignment is required;
 // outputs must not overlap inputs. On ranges of 4096 elements or more the vector paths write the
-// served outputs with non-temporal stores where aligned, and fence them before returning.
+// served outputs (and, out of place, FP32 moments) with non-temporal stores where aligned, and
+// fence them before returning.
 //
 // `master_amax` (optional) receives the amax of the new stored master over [begin, end): NaN if any
 // is NaN, else the largest magnitude (0 for an empty range); combine calls with AmaxCombine
 // (kernels/formats.h), e.g. for the fp8_tensor scale of the second pass.
 //
-// Returns kInvalidArgument for a bad range or missing buffers (nothing is written), kUnimplemented
-// for a path this CPU cannot run.
+// Returns kInvalidArgument for a bad range, missing buffers, a mixed set of sources or a source
+// that partly overlaps its destination (nothing is written), kUnimplemented for a path this CPU
+// cannot run.
 KStatus FusedStepCpu(const FusedStepArgs& args, int64_t begin, int64_t end,
                      CpuPath path = CpuPath::kAuto, float* master_amax = nullptr);
 

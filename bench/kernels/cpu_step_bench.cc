@@ -9,11 +9,12 @@
 // The step is the daemon's (kernels/cpu_step.h: 128-row panels over the threads); policies that
 // serve FP8 quantize it with kernels/recipes.h panel by panel, while the panel is in cache. A
 // table, or with --json one JSON line per policy for scripts. --grain sets the blocks of the
-// ceiling loops and of the fill.
+// ceiling loops and of the fill. --out-of-place steps a second copy of the state: read from one
+// (FusedStepArgs' *_in), written to the other, the same bytes per element.
 //
 //   paramd_cpu_step_bench [--threads N] [--n ELEMENTS] [--reps R] [--grain G]
 //                         [--path auto|scalar|avx2|avx512] [--policy NAME[,NAME...]|all] [--json]
-//                         [--list]
+//                         [--out-of-place] [--list]
 
 // GCC 12 reports its own _mm512_undefined_*() placeholders as (maybe-)uninitialized (a known false
 // positive of the AVX-512 intrinsic headers), so those warnings are off for them.
@@ -96,13 +97,14 @@ struct Options {
   CpuPath path = CpuPath::kAuto;
   std::vector<const BenchPolicy*> policies;
   bool json_only = false;
+  bool out_of_place = false;
 };
 
 [[noreturn]] void Usage(const char* why) {
   std::fprintf(stderr,
                "%s\nusage: paramd_cpu_step_bench [--threads N] [--n ELEMENTS] [--reps R] "
                "[--grain G] [--path auto|scalar|avx2|avx512] [--policy NAME[,NAME...]|all] "
-               "[--json] [--list]\n",
+               "[--json] [--out-of-place] [--list]\n",
                why);
   std::exit(2);
 }
@@ -158,6 +160,8 @@ Options ParseFlags(int argc, char** argv) {
       o.policies = ParsePolicies(value());
     } else if (flag == "--json") {
       o.json_only = true;
+    } else if (flag == "--out-of-place") {
+      o.out_of_place = true;
     } else if (flag == "--list") {
       for (const BenchPolicy& p : Policies()) std::printf("%-14s %s\n", p.name, p.what);
       std::exit(0);
@@ -430,6 +434,18 @@ Result Measure(const Options& o, const BenchPolicy& bp, ThreadPool& pool, const 
   args.exp_avg_scale_inv = b.m_scale.as<float>();
   args.exp_avg_sq = b.v.as<void>();
   args.exp_avg_sq_scale_inv = b.v_scale.as<float>();
+  // Out of place: the state read from a second copy, the same bytes per element.
+  PolicyBuffers source;
+  if (o.out_of_place) {
+    source = Allocate(bp, n, kCols);
+    Fill(bp, source, pool, n, o.grain);
+    args.master_in = source.master.as<void>();
+    args.master_remainder_in = source.remainder.as<int16_t>();
+    args.exp_avg_in = source.m.as<void>();
+    args.exp_avg_scale_inv_in = source.m_scale.as<float>();
+    args.exp_avg_sq_in = source.v.as<void>();
+    args.exp_avg_sq_scale_inv_in = source.v_scale.as<float>();
+  }
   if (bp.serve == Serve::kBf16) args.out_bf16 = b.out.as<uint16_t>();
   if (bp.serve == Serve::kFp16) args.out_fp16 = b.out.as<uint16_t>();
 
@@ -504,9 +520,9 @@ int Main(int argc, char** argv) {
   if (!o.json_only) {
     std::printf(
         "paramd CPU fused step, 1 fp32 gradient slot: n=%lld elements, threads=%d, "
-        "path=%s, grain=%lld, best of %d\n",
+        "path=%s, grain=%lld, best of %d%s\n",
         static_cast<long long>(o.n), o.threads, CpuPathName(path), static_cast<long long>(o.grain),
-        o.reps);
+        o.reps, o.out_of_place ? ", out of place" : "");
     std::printf("%-14s %6s %8s %8s %8s %8s %9s %8s  %s\n", "policy", "B/elem", "Gelem/s", "median",
                 "GB/s", "ceil GB/s", "/ceiling", "memcpy", "what");
   }

@@ -4,6 +4,7 @@
 
 #include <bit>
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 #include "kernels/cpu/fused_step_paths.h"
@@ -43,6 +44,56 @@ KStatus ValidateMoment(const char* name, MomentType type, Rounding rounding, con
   return KStatus::Ok();
 }
 
+// The *_in sources (fused_step.h): none set, or every one the policy uses; each its destination's
+// own pointer or clear of it over the tensor's extent (numel, or the range's end without it).
+KStatus ValidateSources(const FusedStepArgs& a, int64_t end) {
+  const StatePolicy& p = a.policy;
+  const int64_t extent = a.numel > 0 ? a.numel : end;
+  const int64_t chunk_bytes = NumChunks(extent) * 4;
+  struct Source {
+    const char* name;
+    bool used;
+    const void* in;
+    const void* out;
+    int64_t bytes;
+  };
+  const Source sources[] = {
+      {"master_in", true, a.master_in, a.master, extent * (p.master == MasterType::kFp32 ? 4 : 2)},
+      {"master_remainder_in", p.master == MasterType::kBf16Remainder, a.master_remainder_in,
+       a.master_remainder, extent * 2},
+      {"exp_avg_in", true, a.exp_avg_in, a.exp_avg, extent * cpu_internal::MomentBytes(p.exp_avg)},
+      {"exp_avg_scale_inv_in", HasChunkScales(p.exp_avg), a.exp_avg_scale_inv_in,
+       a.exp_avg_scale_inv, chunk_bytes},
+      {"exp_avg_sq_in", true, a.exp_avg_sq_in, a.exp_avg_sq,
+       extent * cpu_internal::MomentBytes(p.exp_avg_sq)},
+      {"exp_avg_sq_scale_inv_in", HasChunkScales(p.exp_avg_sq), a.exp_avg_sq_scale_inv_in,
+       a.exp_avg_sq_scale_inv, chunk_bytes},
+  };
+  std::string set, missing;
+  for (const Source& s : sources) {
+    if (!s.used) continue;
+    std::string& list = s.in != nullptr ? set : missing;
+    list += (list.empty() ? "" : ", ") + std::string(s.name);
+  }
+  if (set.empty()) return KStatus::Ok();
+  if (!missing.empty()) {
+    return Invalid("the state's sources are all set or none: " + set + " set but " + missing +
+                   " null");
+  }
+  for (const Source& s : sources) {
+    if (!s.used || s.in == s.out) continue;
+    const uintptr_t in = reinterpret_cast<uintptr_t>(s.in);
+    const uintptr_t out = reinterpret_cast<uintptr_t>(s.out);
+    const uintptr_t bytes = static_cast<uintptr_t>(s.bytes);
+    if (in < out + bytes && out < in + bytes) {
+      return Invalid(std::string(s.name) +
+                     " partly overlaps its destination (it must be the destination itself, or "
+                     "clear of it)");
+    }
+  }
+  return KStatus::Ok();
+}
+
 KStatus Validate(const FusedStepArgs& a, int64_t begin, int64_t end) {
   if (begin < 0 || end < begin) {
     return Invalid("bad element range [" + std::to_string(begin) + ", " + std::to_string(end) +
@@ -78,6 +129,7 @@ KStatus Validate(const FusedStepArgs& a, int64_t begin, int64_t end) {
     return Invalid("range end " + std::to_string(end) + " is past numel " +
                    std::to_string(a.numel));
   }
+  if (KStatus st = ValidateSources(a, end); !st.ok()) return st;
   if (HasChunkScales(p.exp_avg) || HasChunkScales(p.exp_avg_sq)) {
     if (a.numel == 0) return Invalid("chunk-scaled moments need numel");
     const bool aligned =

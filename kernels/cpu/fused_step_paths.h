@@ -51,21 +51,29 @@ inline int64_t MomentBytes(MomentType t) {
   return t == MomentType::kFp32 ? 4 : t == MomentType::kFp8 ? 1 : 2;
 }
 
-// Prefetches the input streams of elements [c, c + count).
+// Prefetches the input streams of elements [c, c + count): the slots and the state, read from its
+// sources (all set: FusedStepCpu checked) when kSeparate, else in place.
+template <bool kSeparate>
 inline void PrefetchElements(const FusedStepArgs& a, int64_t c, int64_t count) {
   const int64_t slot_bytes = a.slot_type == SlotType::kFp32 ? 4 : 2;
   for (int r = 0; r < a.num_slots; ++r) {
     PrefetchBytes(a.slots[r], c * slot_bytes, count * slot_bytes);
   }
   const int64_t master_bytes = a.policy.master == MasterType::kFp32 ? 4 : 2;
-  PrefetchBytes(a.master, c * master_bytes, count * master_bytes);
+  PrefetchBytes(kSeparate ? a.master_in : a.master, c * master_bytes, count * master_bytes);
   if (a.policy.master == MasterType::kBf16Remainder) {
-    PrefetchBytes(a.master_remainder, c * 2, count * 2);
+    PrefetchBytes(kSeparate ? a.master_remainder_in : a.master_remainder, c * 2, count * 2);
   }
   const int64_t m_bytes = MomentBytes(a.policy.exp_avg);
-  PrefetchBytes(a.exp_avg, c * m_bytes, count * m_bytes);
+  PrefetchBytes(kSeparate ? a.exp_avg_in : a.exp_avg, c * m_bytes, count * m_bytes);
   const int64_t v_bytes = MomentBytes(a.policy.exp_avg_sq);
-  PrefetchBytes(a.exp_avg_sq, c * v_bytes, count * v_bytes);
+  PrefetchBytes(kSeparate ? a.exp_avg_sq_in : a.exp_avg_sq, c * v_bytes, count * v_bytes);
+}
+
+// Where a state buffer is read from: its *_in source, or the destination itself (in place).
+template <class T, class U>
+inline const T* StateSource(const T* in, U* out) {
+  return in != nullptr ? in : out;
 }
 
 inline bool IsAligned(const void* p, uintptr_t alignment) {

@@ -5,7 +5,7 @@
 // The step runs a span of up to four chunks at a time (a chunk: 128 elements, the unit of the
 // moments' scales; a span of four amortizes the per-call work: prefetches, Philox's key schedule,
 // loop set-up), each span in stages over small buffers that stay in L1:
-//   1. dequantize each quantized moment into an FP32 buffer (FP32 moments are used in place);
+//   1. dequantize each quantized moment into an FP32 buffer (FP32 moments are used where they lie);
 //   2. for each moment that rounds stochastically, draw its stream's Philox blocks for the chunk's
 //      elements (kernels/philox.h: 4 elements per block, every word used);
 //   3. per vector of elements: the gradient from the slots, the AdamW update, the master stored in
@@ -13,6 +13,9 @@
 //   4. re-quantize each quantized moment chunk by chunk: its amax, power-of-two scale, the cast.
 // Every operation is per element and the same in every instantiation, so every path gives the
 // same bits. A vector path hands chunks that are not whole vectors to the scalar instantiation.
+// The state is read from its sources (FusedStepArgs' *_in) when they are set, else from the
+// destinations: in place, through the same code as before there were sources (StepSpan and
+// UpdateLanes without kSeparate).
 #pragma once
 
 #include <algorithm>
@@ -38,8 +41,20 @@ struct StepContext {
   PhiloxKey key;
   // Served outputs written with non-temporal stores (long, aligned ranges of a vector path).
   bool stream_fp32 = false, stream_bf16 = false, stream_fp16 = false;
+  // FP32 moments written with non-temporal stores: out of place only (a destination read from
+  // nowhere in the pass, whose lines would otherwise be read for ownership first).
+  bool stream_m = false, stream_v = false;
   // The end of the range a vector path prefetches up to (0: no prefetching).
   int64_t prefetch_end = 0;
+  // Where the state is read from (fused_step.h): the *_in sources, or the destinations when in
+  // place; `separate` when any differs from its destination (the kSeparate code).
+  const void* master_in;
+  const int16_t* master_remainder_in;
+  const void* exp_avg_in;
+  const float* exp_avg_scale_inv_in;
+  const void* exp_avg_sq_in;
+  const float* exp_avg_sq_scale_inv_in;
+  bool separate;
 
   explicit StepContext(const FusedStepArgs& a)
       : args(&a),
@@ -54,7 +69,17 @@ struct StepContext {
         neg_step_size(V::SetF(-a.scalars.step_size)),
         bc2(V::SetF(a.scalars.bc2)),
         clip_active(a.clip != 1.0f),
-        key(RoundingKey(a.rng.seed)) {}
+        key(RoundingKey(a.rng.seed)),
+        master_in(StateSource(a.master_in, a.master)),
+        master_remainder_in(StateSource(a.master_remainder_in, a.master_remainder)),
+        exp_avg_in(StateSource(a.exp_avg_in, a.exp_avg)),
+        exp_avg_scale_inv_in(StateSource(a.exp_avg_scale_inv_in, a.exp_avg_scale_inv)),
+        exp_avg_sq_in(StateSource(a.exp_avg_sq_in, a.exp_avg_sq)),
+        exp_avg_sq_scale_inv_in(StateSource(a.exp_avg_sq_scale_inv_in, a.exp_avg_sq_scale_inv)),
+        separate(master_in != a.master ||
+                 (a.policy.master == MasterType::kBf16Remainder &&
+                  master_remainder_in != a.master_remainder) ||
+                 exp_avg_in != a.exp_avg || exp_avg_sq_in != a.exp_avg_sq) {}
 };
 
 // g0 of the lanes at element i: the rank-ordered FP32 sum of the slots; `first` is slots[0], read
@@ -239,11 +264,14 @@ PARAMD_LANES_INLINE void StoreOutU16(uint16_t* p, typename V::I x, bool stream) 
   }
 }
 
-// Stage 3 for elements [c, c + count): m and v are the FP32 moments of the chunk (in place for FP32
-// moments, else the stage-1 buffers), overwritten with the new moments.
-template <class V, MasterType kMaster>
-void UpdateLanes(const StepContext<V>& x, int64_t c, int count, float* m, float* v,
-                 typename V::I* amax) {
+// Stage 3 for elements [c, c + count): m and v are the FP32 moments of the chunk (the state for
+// FP32 moments, else the stage-1 buffers), overwritten with the new moments. With kSeparate the
+// state is read from its sources (x.master_in, ...; FP32 moments from x.exp_avg_in, ...) and
+// written here; without, it is updated in place by the very code the step had before there were
+// sources (same arguments, kept out of line as the compiler kept it).
+template <class V, MasterType kMaster, bool kSeparate>
+[[gnu::noinline]] void UpdateLanes(const StepContext<V>& x, int64_t c, int count, float* m,
+                                   float* v, typename V::I* amax) {
   using F = typename V::F;
   using I = typename V::I;
   constexpr int L = V::kLanes;
@@ -256,33 +284,47 @@ void UpdateLanes(const StepContext<V>& x, int64_t c, int count, float* m, float*
   const int num_slots = a.num_slots;
   void* const master = a.master;
   int16_t* const master_remainder = a.master_remainder;
+  const void* const master_src = kSeparate ? x.master_in : master;
+  const int16_t* const master_remainder_src = kSeparate ? x.master_remainder_in : master_remainder;
+  const float* const m_src = kSeparate && a.policy.exp_avg == MomentType::kFp32
+                                 ? static_cast<const float*>(x.exp_avg_in) + c
+                                 : m;
+  const float* const v_src = kSeparate && a.policy.exp_avg_sq == MomentType::kFp32
+                                 ? static_cast<const float*>(x.exp_avg_sq_in) + c
+                                 : v;
   float* const out_fp32 = a.out_fp32;
   uint16_t* const out_bf16 = a.out_bf16;
   uint16_t* const out_fp16 = a.out_fp16;
   const bool clip_active = x.clip_active;
   const bool stream_fp32 = x.stream_fp32, stream_bf16 = x.stream_bf16, stream_fp16 = x.stream_fp16;
+  const bool stream_m = x.stream_m, stream_v = x.stream_v;
   I amax_lanes = *amax;
   for (int j = 0; j < count; j += L) {
     const int64_t i = c + j;
     F g = V::Mul(SlotSum<V>(slot_type, slot0, slots, num_slots, i), x.grad_scale);
     if (clip_active) g = V::Mul(g, x.clip);
-    const F m_new = V::Fma(x.beta1, V::LoadF(m + j), V::Mul(x.c1, g));
-    const F v_new = V::Fma(x.beta2, V::LoadF(v + j), V::Mul(x.c2, V::Mul(g, g)));
+    const F m_new = V::Fma(x.beta1, V::LoadF(m_src + j), V::Mul(x.c1, g));
+    const F v_new = V::Fma(x.beta2, V::LoadF(v_src + j), V::Mul(x.c2, V::Mul(g, g)));
     const F d = V::Fma(V::Sqrt(v_new), x.bc2, x.eps);
     F p_old;
     if constexpr (kMaster == MasterType::kFp32) {
-      p_old = V::LoadF(static_cast<const float*>(master) + i);
+      p_old = V::LoadF(static_cast<const float*>(master_src) + i);
     } else if constexpr (kMaster == MasterType::kBf16Remainder) {
       p_old = MergeBf16RemainderLanes<V>(
-          V::LoadU16(static_cast<const uint16_t*>(master) + i),
-          V::LoadU16(reinterpret_cast<const uint16_t*>(master_remainder) + i));
+          V::LoadU16(static_cast<const uint16_t*>(master_src) + i),
+          V::LoadU16(reinterpret_cast<const uint16_t*>(master_remainder_src) + i));
     } else {
-      p_old = LoadFp16<V>(static_cast<const uint16_t*>(master) + i);
+      p_old = LoadFp16<V>(static_cast<const uint16_t*>(master_src) + i);
     }
     F p = V::Mul(p_old, x.decay);
     p = V::Fma(x.neg_step_size, V::Div(m_new, d), p);
-    V::StoreF(m + j, m_new);
-    V::StoreF(v + j, v_new);
+    if constexpr (kSeparate) {
+      StoreOutF<V>(m + j, m_new, stream_m);
+      StoreOutF<V>(v + j, v_new, stream_v);
+    } else {
+      V::StoreF(m + j, m_new);
+      V::StoreF(v + j, v_new);
+    }
 
     // The stored master, and every served copy from it.
     F served = p;
@@ -317,8 +359,11 @@ void UpdateLanes(const StepContext<V>& x, int64_t c, int count, float* m, float*
 }
 
 // One span [c, c + count): c a chunk's first element, count <= 512 and a multiple of V::kLanes.
-template <class V>
-void StepChunk(const StepContext<V>& x, int64_t c, int count, typename V::I* amax) {
+// kSeparate: the state read from its sources (all set: FusedStepCpu checked), else in place, by
+// the code the step had before there were sources (kept out of line as the compiler kept it).
+template <class V, bool kSeparate>
+[[gnu::noinline]] void StepSpan(const StepContext<V>& x, int64_t c, int count,
+                                typename V::I* amax) {
   const FusedStepArgs& a = *x.args;
   const StatePolicy& policy = a.policy;
   alignas(64) float m_buf[kSpanElements];
@@ -326,17 +371,22 @@ void StepChunk(const StepContext<V>& x, int64_t c, int count, typename V::I* ama
   alignas(64) uint32_t m_words[kDrawWords];
   alignas(64) uint32_t v_words[kDrawWords];
 
+  // The FP32 moments: the state itself for FP32 moments (read from its sources by UpdateLanes),
+  // else the stage-1 buffers, dequantized from the sources.
   float* m = m_buf;
   if (policy.exp_avg == MomentType::kFp32) {
     m = static_cast<float*>(a.exp_avg) + c;
   } else {
-    DequantizeMoment<V>(policy.exp_avg, a.exp_avg, a.exp_avg_scale_inv, c, count, m_buf);
+    DequantizeMoment<V>(policy.exp_avg, kSeparate ? a.exp_avg_in : a.exp_avg,
+                        kSeparate ? a.exp_avg_scale_inv_in : a.exp_avg_scale_inv, c, count, m_buf);
   }
   float* v = v_buf;
   if (policy.exp_avg_sq == MomentType::kFp32) {
     v = static_cast<float*>(a.exp_avg_sq) + c;
   } else {
-    DequantizeMoment<V>(policy.exp_avg_sq, a.exp_avg_sq, a.exp_avg_sq_scale_inv, c, count, v_buf);
+    DequantizeMoment<V>(policy.exp_avg_sq, kSeparate ? a.exp_avg_sq_in : a.exp_avg_sq,
+                        kSeparate ? a.exp_avg_sq_scale_inv_in : a.exp_avg_sq_scale_inv, c, count,
+                        v_buf);
   }
   // Each stochastically rounded moment's words, from its own stream (nullptr: nearest).
   const uint64_t index = a.rng.index_offset + static_cast<uint64_t>(c);
@@ -359,17 +409,18 @@ void StepChunk(const StepContext<V>& x, int64_t c, int count, typename V::I* ama
     const int n = std::min<int>(kChunkElements, count - k);
     const int64_t ahead = c + k + kPrefetchAhead;
     if (ahead < x.prefetch_end) {
-      PrefetchElements(a, ahead, std::min<int64_t>(kChunkElements, x.prefetch_end - ahead));
+      PrefetchElements<kSeparate>(a, ahead,
+                                  std::min<int64_t>(kChunkElements, x.prefetch_end - ahead));
     }
     switch (policy.master) {
       case MasterType::kFp32:
-        UpdateLanes<V, MasterType::kFp32>(x, c + k, n, m + k, v + k, amax);
+        UpdateLanes<V, MasterType::kFp32, kSeparate>(x, c + k, n, m + k, v + k, amax);
         break;
       case MasterType::kBf16Remainder:
-        UpdateLanes<V, MasterType::kBf16Remainder>(x, c + k, n, m + k, v + k, amax);
+        UpdateLanes<V, MasterType::kBf16Remainder, kSeparate>(x, c + k, n, m + k, v + k, amax);
         break;
       case MasterType::kFp16:
-        UpdateLanes<V, MasterType::kFp16>(x, c + k, n, m + k, v + k, amax);
+        UpdateLanes<V, MasterType::kFp16, kSeparate>(x, c + k, n, m + k, v + k, amax);
         break;
     }
   }
@@ -380,6 +431,16 @@ void StepChunk(const StepContext<V>& x, int64_t c, int count, typename V::I* ama
   if (policy.exp_avg_sq != MomentType::kFp32) {
     QuantizeMoment<V>(policy.exp_avg_sq, v_buf, v_random, a.exp_avg_sq, a.exp_avg_sq_scale_inv, c,
                       count);
+  }
+}
+
+// One span, in place or from the sources.
+template <class V>
+inline void StepChunk(const StepContext<V>& x, int64_t c, int count, typename V::I* amax) {
+  if (x.separate) {
+    StepSpan<V, true>(x, c, count, amax);
+  } else {
+    StepSpan<V, false>(x, c, count, amax);
   }
 }
 
@@ -394,6 +455,10 @@ uint32_t RunRange(const FusedStepArgs& a, int64_t begin, int64_t end) {
       x.stream_fp32 = a.out_fp32 != nullptr && IsAligned(a.out_fp32 + begin, V::kLanes * 4);
       x.stream_bf16 = a.out_bf16 != nullptr && IsAligned(a.out_bf16 + begin, V::kLanes * 2);
       x.stream_fp16 = a.out_fp16 != nullptr && IsAligned(a.out_fp16 + begin, V::kLanes * 2);
+      x.stream_m = a.policy.exp_avg == MomentType::kFp32 && x.exp_avg_in != a.exp_avg &&
+                   IsAligned(static_cast<float*>(a.exp_avg) + begin, V::kLanes * 4);
+      x.stream_v = a.policy.exp_avg_sq == MomentType::kFp32 && x.exp_avg_sq_in != a.exp_avg_sq &&
+                   IsAligned(static_cast<float*>(a.exp_avg_sq) + begin, V::kLanes * 4);
     }
   }
   if constexpr (V::kLanes > 1) x.prefetch_end = end;
@@ -414,7 +479,7 @@ uint32_t RunRange(const FusedStepArgs& a, int64_t begin, int64_t end) {
     StepChunk<V>(x, c, count, &amax);
   }
   // Streaming stores are weakly ordered: fence them before the caller publishes the outputs.
-  if (x.stream_fp32 || x.stream_bf16 || x.stream_fp16) V::Fence();
+  if (x.stream_fp32 || x.stream_bf16 || x.stream_fp16 || x.stream_m || x.stream_v) V::Fence();
   return std::max(amax_bits, V::ReduceMaxU(amax));
 }
 

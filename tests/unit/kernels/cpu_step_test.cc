@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -134,6 +135,80 @@ TEST(CpuTensorStepTest, EqualsItsKernelsInSequenceAtEveryThreadCountAndShape) {
       EXPECT_EQ(got.amax, plain.amax);
       EXPECT_EQ(got.tensor_scale, plain.tensor_scale);
       EXPECT_GT(got.amax, 0.0f);
+    }
+  }
+}
+
+// A state mid-training: finite E4M3 codes (v's non-negative) and power-of-two scales, from `seed`.
+void FillMoments(Tensor* t, uint32_t seed) {
+  std::mt19937 gen(seed);
+  for (int64_t i = 0; i < t->n; ++i) {
+    t->m[i] = static_cast<uint8_t>(gen() % 0x7F) | static_cast<uint8_t>(gen() & 0x80);
+    t->v[i] = static_cast<uint8_t>(gen() % 0x7F);
+  }
+  for (int64_t c = 0; c < NumChunks(t->n); ++c) {
+    t->m_scale[c] = std::ldexp(1.0f, -static_cast<int>(gen() % 20));
+    t->v_scale[c] = std::ldexp(1.0f, -static_cast<int>(gen() % 30));
+  }
+}
+
+// Everything a step writes: its outputs and its state.
+std::vector<std::vector<uint8_t>> Written(const Tensor& t) {
+  auto bytes = [](const auto& v) {
+    const uint8_t* p = reinterpret_cast<const uint8_t*>(v.data());
+    return std::vector<uint8_t>(p, p + v.size() * sizeof(v[0]));
+  };
+  std::vector<std::vector<uint8_t>> out = t.bytes;
+  for (const auto& b : {bytes(t.fp32), bytes(t.master), bytes(t.m), bytes(t.v), bytes(t.m_scale),
+                        bytes(t.v_scale)}) {
+    out.push_back(b);
+  }
+  return out;
+}
+
+// Out of place (FusedStepArgs' *_in) through the composed step, on every path and over panels or
+// element blocks: the destination gets the bytes an in-place step gives (state, scales, the cut
+// formats and the per-tensor fp8 ones), whatever it held, and the source is left as it was.
+TEST(CpuTensorStepTest, OutOfPlaceWritesTheInPlaceBytesAndLeavesTheSource) {
+  const int64_t shapes[][2] = {{300, 200}, {100, 96}};
+  for (const auto& shape : shapes) {
+    for (const CpuPath path : {CpuPath::kScalar, CpuPath::kAvx2, CpuPath::kAvx512}) {
+      if (!CpuPathSupported(path)) continue;
+      SCOPED_TRACE(::testing::Message()
+                   << shape[0] << "x" << shape[1] << ", " << CpuPathName(path));
+      const int64_t rows = shape[0], cols = shape[1];
+      Tensor in_place(rows, cols, 11), source(rows, cols, 11), dest(rows, cols, 11);
+      FillMoments(&in_place, 5);
+      FillMoments(&source, 5);
+      FillMoments(&dest, 6);  // stale state, unlike the source's
+      for (float& x : dest.master) x = -x;
+      const auto source_before = Written(source);
+      ThreadPool pool(3);
+      auto run = [&](const FusedStepArgs& step, Tensor& t) {
+        CpuTensorStepArgs args;
+        args.step = step;
+        args.rows = rows;
+        args.cols = cols;
+        args.cut = t.cut;
+        args.per_tensor = t.per_tensor;
+        args.previous_tensor_scale = 32.0f;
+        args.path = path;
+        CpuTensorStepResult result;
+        EXPECT_TRUE(CpuTensorStep(args, pool, &result).ok());
+        return result;
+      };
+      const CpuTensorStepResult want = run(in_place.Step(), in_place);
+      FusedStepArgs step = dest.Step();
+      step.master_in = source.master.data();
+      step.exp_avg_in = source.m.data();
+      step.exp_avg_scale_inv_in = source.m_scale.data();
+      step.exp_avg_sq_in = source.v.data();
+      step.exp_avg_sq_scale_inv_in = source.v_scale.data();
+      const CpuTensorStepResult got = run(step, dest);
+      EXPECT_EQ(Written(dest), Written(in_place));
+      EXPECT_EQ(Written(source), source_before) << "a source was written";
+      EXPECT_EQ(got.amax, want.amax);
+      EXPECT_EQ(got.tensor_scale, want.tensor_scale);
     }
   }
 }

@@ -146,6 +146,20 @@ struct PolicyTensor {
     a.out_fp16 = out_fp16.data();
     return a;
   }
+
+  // Points a's state sources (FusedStepArgs' *_in) at this tensor's state: a step of another
+  // tensor's args then reads this state and writes that tensor's.
+  void SetAsSources(FusedStepArgs* a) {
+    a->master_in = policy.master == MasterType::kFp32
+                       ? static_cast<const void*>(state.master_fp32.data())
+                       : state.master_u16.data();
+    a->master_remainder_in =
+        policy.master == MasterType::kBf16Remainder ? state.master_remainder.data() : nullptr;
+    a->exp_avg_in = MomentData(policy.exp_avg, state.exp_avg);
+    a->exp_avg_scale_inv_in = state.exp_avg.scale_inv.data();
+    a->exp_avg_sq_in = MomentData(policy.exp_avg_sq, state.exp_avg_sq);
+    a->exp_avg_sq_scale_inv_in = state.exp_avg_sq.scale_inv.data();
+  }
 };
 
 inline std::string ToHex(uint32_t x) {

@@ -7,6 +7,8 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -266,6 +268,212 @@ INSTANTIATE_TEST_SUITE_P(VectorPaths, CpuPathPolicyTest,
                          [](const ::testing::TestParamInfo<CpuPath>& info) {
                            return std::string(CpuPathName(info.param));
                          });
+
+// --- (b2) out of place: the state read from its sources (FusedStepArgs' *_in)
+// ---------------------
+
+class OutOfPlaceTest : public CpuPathPolicyTest {};
+
+// Junk in a tensor's served copies, so a step that forgot one would show.
+void ScribbleOutputs(PolicyTensor* t) {
+  std::fill(t->out_fp32.begin(), t->out_fp32.end(), std::bit_cast<float>(0x7FBADBADu));
+  std::fill(t->out_bf16.begin(), t->out_bf16.end(), uint16_t{0xBADu});
+  std::fill(t->out_fp16.begin(), t->out_fp16.end(), uint16_t{0xBADu});
+}
+
+// Every policy on every path: a step that reads one copy of the state and writes another gives the
+// destination the very bytes (state and served copies) and amax an in-place step from the same
+// state gives, whatever the destination held, and leaves its sources as they were; sources that
+// are their destinations' own pointers are the in-place step.
+TEST_P(OutOfPlaceTest, EveryPolicyWritesTheInPlaceBytesAndLeavesItsSources) {
+  const CpuPath path = GetParam();
+  std::mt19937_64 rng(7);
+  const AdamwHyper hyper = testing::AccuracySetupHyper();
+  for (const StatePolicy& policy : testing::AllPolicies()) {
+    for (const size_t n : {size_t{16}, size_t{643}, size_t{4096 + 3 * 128 + 77}}) {
+      std::vector<float> zeros(n, 0.0f);
+      PolicyTensor in_place(policy, zeros);
+      FillEdgeState(rng, &in_place);
+      PolicyTensor dest(policy, zeros);
+      for (int64_t k : {1, 2, 1000}) {
+        SCOPED_TRACE(PolicyName(policy) + " n=" + std::to_string(n) + " k=" + std::to_string(k));
+        PolicyTensor source = in_place;
+        const PolicyTensor source_before = source;
+        PolicyTensor self = in_place;  // stepped with its own buffers as sources
+        FillEdgeState(rng, &dest);     // stale state, unlike the source's
+        // (but for the scales of unscaled moments, which no step reads or writes)
+        if (!HasChunkScales(policy.exp_avg)) {
+          dest.state.exp_avg.scale_inv = in_place.state.exp_avg.scale_inv;
+        }
+        if (!HasChunkScales(policy.exp_avg_sq)) {
+          dest.state.exp_avg_sq.scale_inv = in_place.state.exp_avg_sq.scale_inv;
+        }
+        ScribbleOutputs(&dest);
+        const SlotType slot_type = k == 2 ? SlotType::kBf16 : SlotType::kFp32;
+        const Grads grads(rng, slot_type, k == 1000 ? 3 : 1, n);
+        const float clip = k == 1 ? 0.5f : 1.0f;
+        const RngStream stream{~uint64_t{0} - static_cast<uint64_t>(k), static_cast<uint32_t>(k),
+                               3};
+        const AdamwScalars scalars = MakeAdamwScalars(hyper, k);
+        // Two ranges, split at a chunk boundary, so the second starts away from element 0.
+        const int64_t end = static_cast<int64_t>(n);
+        const int64_t split = std::min<int64_t>(end, 128);
+        auto run = [&](const FusedStepArgs& args) {
+          float amax_a = 0.0f, amax_b = 0.0f;
+          const KStatus st_a = FusedStepCpu(args, 0, split, path, &amax_a);
+          EXPECT_TRUE(st_a.ok()) << st_a.message();
+          const KStatus st_b = FusedStepCpu(args, split, end, path, &amax_b);
+          EXPECT_TRUE(st_b.ok()) << st_b.message();
+          return std::bit_cast<uint32_t>(AmaxCombine(amax_a, amax_b));
+        };
+        const uint32_t amax_in_place =
+            run(in_place.Args(grads.ptrs, slot_type, 0.37f, clip, scalars, stream));
+
+        FusedStepArgs args = dest.Args(grads.ptrs, slot_type, 0.37f, clip, scalars, stream);
+        source.SetAsSources(&args);
+        EXPECT_EQ(run(args), amax_in_place);
+        ASSERT_EQ(CompareTensors(dest, in_place), "");
+        ASSERT_EQ(CompareTensors(source, source_before), "") << "a source was written";
+
+        FusedStepArgs own = self.Args(grads.ptrs, slot_type, 0.37f, clip, scalars, stream);
+        self.SetAsSources(&own);
+        EXPECT_EQ(run(own), amax_in_place);
+        ASSERT_EQ(CompareTensors(self, in_place), "");
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllPaths, OutOfPlaceTest,
+                         ::testing::Values(CpuPath::kScalar, CpuPath::kAvx2, CpuPath::kAvx512),
+                         [](const ::testing::TestParamInfo<CpuPath>& info) {
+                           return std::string(CpuPathName(info.param));
+                         });
+
+// Long ranges with 64-byte aligned FP32 moment destinations, which the vector paths write with
+// non-temporal stores out of place: the same bits as in place.
+TEST_P(OutOfPlaceTest, AlignedFp32MomentDestinationsGetTheInPlaceBits) {
+  const CpuPath path = GetParam();
+  std::mt19937_64 rng(17);
+  constexpr size_t kN = 3 * 4096 + 128 + 5;
+  struct Aligned {
+    explicit Aligned(size_t bytes) : p(static_cast<char*>(std::aligned_alloc(64, bytes))) {}
+    ~Aligned() { std::free(p); }
+    char* p;
+  };
+  for (const MasterType master :
+       {MasterType::kFp32, MasterType::kBf16Remainder, MasterType::kFp16}) {
+    const StatePolicy policy = MakeStatePolicy(master, MomentType::kFp32, MomentType::kFp32);
+    SCOPED_TRACE(PolicyName(policy));
+    PolicyTensor in_place(policy, std::vector<float>(kN, 0.0f));
+    FillEdgeState(rng, &in_place);
+    PolicyTensor source = in_place;
+    const PolicyTensor source_before = source;
+    const Grads grads(rng, SlotType::kFp32, 2, kN);
+    const AdamwScalars scalars = MakeAdamwScalars(testing::AccuracySetupHyper(), 7);
+    const RngStream stream{};
+    ASSERT_TRUE(
+        FusedStepCpu(in_place.Args(grads.ptrs, SlotType::kFp32, 1.0f, 1.0f, scalars, stream), 0, kN,
+                     path)
+            .ok());
+
+    PolicyTensor dest = source;  // its served copies; the state goes to the aligned buffers
+    Aligned master_out(kN * 4), remainder_out(kN * 2), m_out(kN * 4), v_out(kN * 4);
+    FusedStepArgs args = dest.Args(grads.ptrs, SlotType::kFp32, 1.0f, 1.0f, scalars, stream);
+    source.SetAsSources(&args);
+    args.master = master_out.p;
+    args.master_remainder = reinterpret_cast<int16_t*>(remainder_out.p);
+    args.exp_avg = m_out.p;
+    args.exp_avg_sq = v_out.p;
+    // Two ranges, the second from an aligned element past the first vectors.
+    ASSERT_TRUE(FusedStepCpu(args, 0, 4096, path).ok());
+    ASSERT_TRUE(FusedStepCpu(args, 4096, kN, path).ok());
+    EXPECT_EQ(CompareTensors(source, source_before), "");
+    auto same = [&](const char* what, const void* got, const void* want, size_t bytes) {
+      EXPECT_EQ(std::memcmp(got, want, bytes), 0) << what;
+    };
+    same("exp_avg", m_out.p, in_place.state.exp_avg.fp32.data(), kN * 4);
+    same("exp_avg_sq", v_out.p, in_place.state.exp_avg_sq.fp32.data(), kN * 4);
+    if (master == MasterType::kFp32) {
+      same("master", master_out.p, in_place.state.master_fp32.data(), kN * 4);
+    } else {
+      same("master", master_out.p, in_place.state.master_u16.data(), kN * 2);
+    }
+    if (master == MasterType::kBf16Remainder) {
+      same("remainder", remainder_out.p, in_place.state.master_remainder.data(), kN * 2);
+    }
+    EXPECT_EQ(CompareTensors(dest, in_place, /*outputs=*/true).find("out_"), std::string::npos)
+        << CompareTensors(dest, in_place);
+  }
+}
+
+// The sources are all set or none, and each is its destination or clear of it: anything else is
+// refused before a byte is written, the sources' and the destinations'.
+TEST(OutOfPlaceRulesTest, AMixedSetOrAPartialOverlapIsRefusedAndWritesNothing) {
+  const StatePolicy policy =
+      MakeStatePolicy(MasterType::kBf16Remainder, MomentType::kFp8, MomentType::kFp16);
+  std::mt19937_64 rng(5);
+  constexpr size_t kN = 300;
+  PolicyTensor source(policy, testing::NormalFloats(rng, kN, 0.02));
+  PolicyTensor dest(policy, testing::NormalFloats(rng, kN, 0.02));
+  const Grads grads(rng, SlotType::kFp32, 1, kN);
+  FusedStepArgs good =
+      dest.Args(grads.ptrs, SlotType::kFp32, 1.0f, 1.0f, MakeAdamwScalars({}, 1), {});
+  source.SetAsSources(&good);
+  const PolicyTensor source_before = source, dest_before = dest;
+
+  // Each used source left out in turn: a mixed set.
+  const std::pair<const char*, void (*)(FusedStepArgs*)> drop[] = {
+      {"master_in", [](FusedStepArgs* a) { a->master_in = nullptr; }},
+      {"master_remainder_in", [](FusedStepArgs* a) { a->master_remainder_in = nullptr; }},
+      {"exp_avg_in", [](FusedStepArgs* a) { a->exp_avg_in = nullptr; }},
+      {"exp_avg_scale_inv_in", [](FusedStepArgs* a) { a->exp_avg_scale_inv_in = nullptr; }},
+      {"exp_avg_sq_in", [](FusedStepArgs* a) { a->exp_avg_sq_in = nullptr; }},
+      {"exp_avg_sq_scale_inv_in", [](FusedStepArgs* a) { a->exp_avg_sq_scale_inv_in = nullptr; }},
+  };
+  for (const auto& [name, clear] : drop) {
+    FusedStepArgs bad = good;
+    clear(&bad);
+    for (const CpuPath path : {CpuPath::kScalar, CpuPath::kAuto}) {
+      const KStatus st = FusedStepCpu(bad, 0, static_cast<int64_t>(kN), path);
+      EXPECT_EQ(st.code(), Code::kInvalidArgument) << name;
+      EXPECT_NE(st.message().find(name), std::string::npos) << st.message();
+    }
+  }
+  // A source that overlaps its own destination without being it.
+  FusedStepArgs bad = good;
+  bad.master_in = dest.state.master_u16.data() + 1;
+  EXPECT_EQ(FusedStepCpu(bad, 0, 128).code(), Code::kInvalidArgument);
+  bad = good;
+  bad.exp_avg_in = dest.state.exp_avg.u8.data() + 64;
+  EXPECT_EQ(FusedStepCpu(bad, 0, 128).code(), Code::kInvalidArgument);
+  bad = good;
+  bad.exp_avg_sq_scale_inv_in = dest.state.exp_avg_sq.scale_inv.data() + 1;
+  EXPECT_EQ(FusedStepCpu(bad, 0, 128).code(), Code::kInvalidArgument);
+  bad = good;
+  bad.master_remainder_in = dest.state.master_remainder.data() + kN - 1;
+  EXPECT_EQ(FusedStepCpu(bad, 0, 128).code(), Code::kInvalidArgument);
+  EXPECT_EQ(CompareTensors(dest, dest_before), "") << "a refused call wrote its destination";
+  EXPECT_EQ(CompareTensors(source, source_before), "") << "a refused call wrote a source";
+
+  // The whole set is accepted, and leaves its sources as they were.
+  EXPECT_TRUE(FusedStepCpu(good, 0, static_cast<int64_t>(kN)).ok());
+  EXPECT_EQ(CompareTensors(source, source_before), "");
+  EXPECT_NE(CompareTensors(dest, dest_before), "");
+
+  // A source the policy does not use is ignored (as such destinations are): in place.
+  const std::vector<float> initial = testing::NormalFloats(rng, kN, 0.02);
+  PolicyTensor plain(MakeStatePolicy(MasterType::kFp32, MomentType::kFp32, MomentType::kFp32),
+                     initial);
+  PolicyTensor ignoring = plain;
+  const AdamwScalars scalars = MakeAdamwScalars({}, 1);
+  ASSERT_TRUE(
+      FusedStepCpu(plain.Args(grads.ptrs, SlotType::kFp32, 1.0f, 1.0f, scalars, {}), 0, kN).ok());
+  FusedStepArgs unused = ignoring.Args(grads.ptrs, SlotType::kFp32, 1.0f, 1.0f, scalars, {});
+  unused.master_remainder_in = dest.state.master_remainder.data();
+  ASSERT_TRUE(FusedStepCpu(unused, 0, kN).ok());
+  EXPECT_EQ(CompareTensors(ignoring, plain), "");
+}
 
 // --- (c) bf16+remainder is the fp32 policy, bit for bit ------------------------------------------
 
