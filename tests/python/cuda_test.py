@@ -311,6 +311,33 @@ class CudaTest(unittest.TestCase):
             self.assertTrue(torch.equal(da, ha))
             self.assertTrue(torch.equal(ds, hs))
 
+    def test_one_step_of_staleness_trains_the_same_over_the_host_tier_and_host_copies(self):
+        """staleness=1 with bf16 parameters: the host tier (each version copied into a GPU buffer
+        while the next forward runs, written into the parameters at the next step()) and the host
+        copies give the same losses and weights bit for bit, and the model learns."""
+        runs = []
+        for host_dma in (True, False):
+            model = make_model(seed=9, dtype=torch.bfloat16)
+            opt = self.adamw(model, address=self.cpu_daemon.address, state_policy="fp32",
+                             serve="bf16", host_dma=host_dma, staleness=1)
+            self.assertEqual(opt._dma, host_dma)
+            losses = []
+            for step in range(8):
+                x, y = batch(0, torch.bfloat16)  # one batch: its loss must fall
+                loss = F.cross_entropy(model(x).float(), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                losses.append(loss.item())
+            opt.sync_weights()
+            runs.append((losses, weights(model)))
+            opt.close()
+        (dma_losses, dma_weights), (host_losses, host_weights) = runs
+        self.assertEqual(dma_losses, host_losses)
+        self.assertLess(host_losses[-1], 0.9 * host_losses[0], host_losses)
+        for a, b in zip(dma_weights, host_weights):
+            self.assertTrue(torch.equal(a, b))
+
     def test_a_trainer_killed_while_its_gradients_are_copied_leaves_no_slot_marked(self):
         """A trainer pushing 1 GiB of gradients by DMA is killed (SIGKILL) while the push runs:
         the daemon has no byte of step 0 marked (the marks follow the copies), refuses a commit
