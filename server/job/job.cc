@@ -72,6 +72,10 @@ Job::Job(const v1::RegisterRequest& spec, Backend* backend,
     t.grad_bytes = t.elements * ElementBytes(t.spec.grad_type());
     tensor_index_.emplace(t.spec.name(), i);
   }
+  if (spec_.early_step() && backend_->early_step() != nullptr) {
+    early_.resize(tensors_.size());
+    early_thread_ = std::thread([this] { RunEarlySteps(); });
+  }
   if (!sharded()) {
     agreement_ = IdentityAgreement();
     return;
@@ -98,7 +102,10 @@ Job::~Job() {
     absl::MutexLock lock(&mu_);
     threads.swap(initial_threads_);
     open = failed_.ok();
+    early_stop_ = true;
   }
+  // Ends once the early steps queued have ended (none runs once the job failed).
+  if (early_thread_.joinable()) early_thread_.join();
   // A round still waiting ends now.
   if (sharded() && open && !threads.empty()) {
     peers_.exchange->CloseJob(name_, absl::CancelledError("the daemon stopped"));
@@ -317,11 +324,89 @@ void Job::NoteLandedLocked(size_t index, const v1::PushChunk& chunk, ChunkBuffer
                                           : kernels::SlotType::kFp32;
   landed.state = LandedCheck::State::kRunning;
   ++set.landed_running;
+  if (!early_.empty()) QueueEarlyLocked(index, slots, slot_type);
   after->push_back([this, ability, index, step = sequence_.next_step(), info = t.info,
                     slots = std::move(slots), slot_type, grad_scale, norms] {
     // The slots stay: the set is neither cleared nor dropped while the check runs.
     EndLandedCheck(step, index, ability->CheckLanded(info, slots, slot_type, grad_scale, norms));
   });
+}
+
+void Job::QueueEarlyLocked(size_t index, std::vector<const void*> slots,
+                           kernels::SlotType slot_type) {
+  // A step taken or running reads and writes the state (in staleness mode trainers push the next
+  // step meanwhile): no early step then. A tensor split over daemons needs its owners' amax.
+  if (slots_.any_taken() || tensors_[index].spec.whole_rows() != 0) return;
+  EarlyStep& early = early_[index];
+  const int64_t step = sequence_.next_step();
+  if (early.step != step) early = EarlyStep{};  // an earlier step's that never ran: let go
+  if (early.state != EarlyStep::State::kNone) return;
+  if (early.served == nullptr) {
+    // The next version's buffers, only where one is free now: a landing never waits for readers.
+    absl::StatusOr<std::shared_ptr<ServedTensor>> served = FreshServed(static_cast<int>(index));
+    if (!served.ok() || *served == nullptr) return;
+    early.served = *std::move(served);
+  }
+  early.step = step;
+  early.slots = std::move(slots);
+  early.slot_type = slot_type;
+  // Predicted now, as the landed check's scale is: what the job knows when the gradients landed.
+  early.scalars = PredictedScalarsLocked();
+  early.state = EarlyStep::State::kQueued;
+  // The set's slots stay (neither cleared nor dropped) until it ran: a step waits for it.
+  ++slots_.collecting().landed_running;
+  early_queue_.push_back(index);
+}
+
+StepScalars Job::PredictedScalarsLocked() const {
+  // A rank's commit of the step says its lr and grad_scale; before any, the last step's.
+  const std::map<int32_t, RankCommit>& commits = sequence_.commits();
+  const std::optional<double> lr = commits.empty() ? last_commit_lr_ : commits.begin()->second.lr;
+  const double grad_scale = commits.empty() ? last_grad_scale_ : commits.begin()->second.grad_scale;
+  return StepScalarsOf(hyper_, lr.value_or(hyper_.lr()), hyper_.weight_decay(), applied_steps_ + 1,
+                       grad_scale, spec_.seed());
+}
+
+void Job::RunEarlySteps() {
+  EarlyStepAbility* ability = backend_->early_step();
+  mu_.Lock();
+  for (;;) {
+    const auto ready = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // mu_ held
+      return early_stop_ || !early_queue_.empty();
+    };
+    mu_.Await(absl::Condition(&ready));
+    if (early_queue_.empty()) break;  // the job goes
+    const size_t index = early_queue_.front();
+    early_queue_.pop_front();
+    EarlyStep& early = early_[index];
+    absl::Status status = failed_;
+    if (status.ok()) {
+      early.state = EarlyStep::State::kRunning;
+      TensorStep step;
+      step.slots = early.slots;
+      step.slot_type = early.slot_type;
+      step.out = early.served.get();
+      const StepScalars scalars = early.scalars;
+      Tensor& t = tensors_[index];
+      // The tensor's state, shadow and buffers are this early step's alone while it runs: no step
+      // of the job was taken when it was queued, and the step of `early.step` waits for it.
+      const TensorState& from = *t.state;
+      std::unique_ptr<TensorState>* into = &t.shadow;
+      mu_.Unlock();
+      status = ability->StepEarly(from, into, step, scalars);
+      mu_.Lock();
+      if (!status.ok()) {
+        PARAMD_LOG(WARNING) << "job " << name_ << ": the early step of tensor "
+                            << Quoted(t.spec.name()) << " failed (the step steps it): " << status;
+      }
+    }
+    early.state = status.ok() ? EarlyStep::State::kDone : EarlyStep::State::kFailed;
+    SlotSet* set = SetOfStepLocked(early.step);
+    PARAMD_CHECK(set != nullptr) << "job " << name_ << ": the slots of step " << early.step
+                                 << " went while an early step read them";
+    --set->landed_running;
+  }
+  mu_.Unlock();
 }
 
 void Job::EndLandedCheck(int64_t step, size_t index, absl::StatusOr<TensorCheck> check) {
@@ -619,6 +704,7 @@ absl::StatusOr<CommitOutcome> Job::Commit(const v1::CommitRequest& request) {
   // The last rank: the step's slots are handed over with it, and the hyperparameters it runs with.
   slots_.Take(outcome.work->step);
   last_grad_scale_ = outcome.work->grad_scale;
+  last_commit_lr_ = outcome.work->lr;
   if (!outcome.work->lr.has_value()) outcome.work->lr = hyper_.lr();
   outcome.work->weight_decay = hyper_.weight_decay();
   if (outcome.work->step == 0) {
@@ -857,6 +943,12 @@ absl::Status Job::FreshServedForStep(int64_t step,
   bool warned = false;
   for (int i = 0; i < static_cast<int>(tensors_.size()); ++i) {
     const Tensor& t = tensors_[static_cast<size_t>(i)];
+    if (!early_.empty() && early_[static_cast<size_t>(i)].step == step &&
+        early_[static_cast<size_t>(i)].served != nullptr) {
+      // Taken when the tensor's gradients landed: its early step (if it ran) wrote them.
+      out->push_back(early_[static_cast<size_t>(i)].served);
+      continue;
+    }
     for (;;) {
       PARAMD_RETURN_IF_ERROR(failed_);  // deleted while it waited
       PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<ServedTensor> served, FreshServed(i));
