@@ -104,7 +104,7 @@ Job::~Job() {
     open = failed_.ok();
     early_stop_ = true;
   }
-  // Ends once the early steps queued have ended (none runs once the job failed).
+  // Ends once the early steps queued have ended (none runs from now on).
   if (early_thread_.joinable()) early_thread_.join();
   // A round still waiting ends now.
   if (sharded() && open && !threads.empty()) {
@@ -380,6 +380,7 @@ void Job::RunEarlySteps() {
     early_queue_.pop_front();
     EarlyStep& early = early_[index];
     absl::Status status = failed_;
+    if (status.ok() && early_stop_) status = absl::CancelledError("the job goes");
     if (status.ok()) {
       early.state = EarlyStep::State::kRunning;
       TensorStep step;

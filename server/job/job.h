@@ -55,6 +55,10 @@ struct StepReport {
   bool skipped = false;  // a gradient was not finite: the state stayed, the version advanced
   float clip = 1.0f;     // the global-norm clip factor applied
   absl::Status failed;   // the backend failed the step: the job failed with this status
+  // Tensors whose early step (RegisterRequest.early_step) this step adopted, and whose early
+  // result it discarded.
+  int64_t early_adopted = 0;
+  int64_t early_discarded = 0;
 };
 
 class Job {

@@ -94,6 +94,8 @@ StepReport StepRunner::Run() {
   job_.last_step_seconds_ = report_.seconds;
   report_.skipped = outcome->skipped;
   report_.clip = outcome->clip;
+  report_.early_adopted = outcome->skipped ? 0 : adopting_;
+  report_.early_discarded = early_mismatched_ + (outcome->skipped ? adopting_ : 0);
   for (const Job::Tensor& t : job_.tensors_) report_.elements += t.elements;
   job_.slots_.Return(work_.step);
   return report_;
@@ -147,6 +149,7 @@ void StepRunner::PrepareLocked() {
         ++adopting_;
       } else if (early.state == Job::EarlyStep::State::kDone) {
         ++job_.early_discarded_;
+        ++early_mismatched_;
       }
       early = Job::EarlyStep{};
     }

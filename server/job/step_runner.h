@@ -50,6 +50,7 @@ class StepRunner {
   size_t published_ = 0;
   bool counted_ = false;                // CountLocked ran
   int64_t adopting_ = 0;                // tensors handed an early step's state (TensorStep::adopt)
+  int64_t early_mismatched_ = 0;        // early results that did not answer the step
   std::vector<ServedTensor*> pending_;  // published before the outcome was known
   StepReport report_;
 };
