@@ -334,28 +334,59 @@ void Job::NoteLandedLocked(size_t index, const v1::PushChunk& chunk, ChunkBuffer
 
 void Job::QueueEarlyLocked(size_t index, std::vector<const void*> slots,
                            kernels::SlotType slot_type) {
-  // A step taken or running reads and writes the state (in staleness mode trainers push the next
-  // step meanwhile): no early step then. A tensor split over daemons needs its owners' amax.
-  if (slots_.any_taken() || tensors_[index].spec.whole_rows() != 0) return;
-  EarlyStep& early = early_[index];
+  // A tensor split over daemons needs its owners' amax.
+  if (tensors_[index].spec.whole_rows() != 0) return;
   const int64_t step = sequence_.next_step();
-  if (early.step != step) early = EarlyStep{};  // an earlier step's that never ran: let go
-  if (early.state != EarlyStep::State::kNone) return;
-  if (early.served == nullptr) {
-    // The next version's buffers, only where one is free now: a landing never waits for readers.
-    absl::StatusOr<std::shared_ptr<ServedTensor>> served = FreshServed(static_cast<int>(index));
-    if (!served.ok() || *served == nullptr) return;
-    early.served = *std::move(served);
+  if (slots_.any_taken()) {
+    // A step taken or running reads and writes the state (in staleness mode trainers push the
+    // next step meanwhile), and its tensors' records are its own: once it ran.
+    early_deferred_.push_back(DeferredEarly{index, step, std::move(slots), slot_type});
+    return;
   }
+  EarlyStep& early = early_[index];
+  // No step is taken: every record of an earlier step that ran was handed to it. One left is of a
+  // step that never ran (the job failed): let go.
+  if (early.step != step) early = EarlyStep{};
+  if (early.state != EarlyStep::State::kNone) return;
   early.step = step;
   early.slots = std::move(slots);
   early.slot_type = slot_type;
-  // Predicted now, as the landed check's scale is: what the job knows when the gradients landed.
+  if (!QueueRecordLocked(index)) early = EarlyStep{};
+}
+
+bool Job::QueueRecordLocked(size_t index) {
+  EarlyStep& early = early_[index];
+  if (early.served == nullptr) {
+    // The next version's buffers, only where one is free now: a landing never waits for readers.
+    absl::StatusOr<std::shared_ptr<ServedTensor>> served = FreshServed(static_cast<int>(index));
+    if (!served.ok() || *served == nullptr) return false;
+    early.served = *std::move(served);
+  }
+  // Predicted now, as the landed check's scale is: what the job knows when its state is free and
+  // the gradients landed.
   early.scalars = PredictedScalarsLocked();
   early.state = EarlyStep::State::kQueued;
   // The set's slots stay (neither cleared nor dropped) until it ran: a step waits for it.
   ++slots_.collecting().landed_running;
   early_queue_.push_back(index);
+  return true;
+}
+
+void Job::QueueDeferredEarlyLocked() {
+  if (early_deferred_.empty() || slots_.any_taken()) return;
+  const int64_t step = sequence_.next_step();
+  for (DeferredEarly& deferred : early_deferred_) {
+    // Of the step collected (a later step's never waits here: its step came first).
+    if (deferred.step != step) continue;
+    EarlyStep& early = early_[deferred.index];
+    if (early.step != step) early = EarlyStep{};
+    if (early.state != EarlyStep::State::kNone) continue;
+    early.step = step;
+    early.slots = std::move(deferred.slots);
+    early.slot_type = deferred.slot_type;
+    if (!QueueRecordLocked(deferred.index)) early = EarlyStep{};
+  }
+  early_deferred_.clear();
 }
 
 StepScalars Job::PredictedScalarsLocked() const {

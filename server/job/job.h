@@ -235,8 +235,16 @@ class Job {
   // Queues tensor `index`'s early step of the step collected where the job steps early, the
   // backend can, no step of the job is taken or running (its state is then free) and a served
   // buffer of the next version is free now; `slots` are the step's, complete, in host memory.
+  // While a step is taken or running (staleness: trainers push the next step meanwhile) it is
+  // deferred until that step ran (QueueDeferredEarlyLocked).
   void QueueEarlyLocked(size_t index, std::vector<const void*> slots, kernels::SlotType slot_type)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues tensor `index`'s early step (its record holds the step's slots) where a served buffer
+  // is free now; false, leaving no early step for it, where none is.
+  bool QueueRecordLocked(size_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A step ran: the early steps deferred meanwhile are queued, in landing order, where no step is
+  // taken now (else the step collected runs next, and steps its tensors itself).
+  void QueueDeferredEarlyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // early_thread_'s loop: runs the queued early steps in landing order until the job goes.
   void RunEarlySteps();
   // The scalars a step of the step collected is expected to run with (EarlyStep::scalars).
@@ -365,6 +373,15 @@ class Job {
   // tensor-steps adopted and discarded, and the thread that runs them (until early_stop_).
   std::vector<EarlyStep> early_ ABSL_GUARDED_BY(mu_);
   std::deque<size_t> early_queue_ ABSL_GUARDED_BY(mu_);
+  // Tensors of the step collected that landed while a step was taken or running, in landing
+  // order, with the step's slots: queued once no step is (QueueDeferredEarlyLocked).
+  struct DeferredEarly {
+    size_t index = 0;
+    int64_t step = 0;
+    std::vector<const void*> slots;
+    kernels::SlotType slot_type = kernels::SlotType::kFp32;
+  };
+  std::vector<DeferredEarly> early_deferred_ ABSL_GUARDED_BY(mu_);
   std::optional<double> last_commit_lr_ ABSL_GUARDED_BY(mu_);
   int64_t early_adopted_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t early_discarded_ ABSL_GUARDED_BY(mu_) = 0;

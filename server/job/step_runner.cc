@@ -98,6 +98,7 @@ StepReport StepRunner::Run() {
   report_.early_discarded = early_mismatched_ + (outcome->skipped ? adopting_ : 0);
   for (const Job::Tensor& t : job_.tensors_) report_.elements += t.elements;
   job_.slots_.Return(work_.step);
+  job_.QueueDeferredEarlyLocked();
   return report_;
 }
 

@@ -3,7 +3,8 @@
 // early_step serves the same bytes, exports the same state and counts the same steps as the same
 // job without it, bit for bit, over several steps, state policies and serve formats, and through
 // the cases that discard an early result: a non-finite gradient (the step skipped), a commit
-// whose lr differs from the predicted one, and an in-place range marked again after it landed.
+// whose lr differs from the predicted one, and an in-place range marked again after it landed;
+// gradients that land while a step is taken are stepped early once it ran.
 // Every case also checks that early results were adopted, so it cannot pass without any. Register
 // refuses early_step with clipping, and a budget without room for the second state. The outcomes
 // do not depend on timing: a step waits for the early steps of its tensors.
@@ -128,6 +129,17 @@ class Driver {
     if (outcome->work) return RunTakenStep(*job_, *outcome->work).failed;
     return absl::OkStatus();
   }
+  // Commits without running the step: the last commit's work, which Run runs later.
+  std::optional<StepWork> CommitHeld(int rank, int64_t step) {
+    v1::CommitRequest request;
+    request.set_job(spec_.job());
+    request.set_rank(rank);
+    request.set_step(step);
+    absl::StatusOr<CommitOutcome> outcome = job_->Commit(request);
+    EXPECT_TRUE(outcome.ok()) << outcome.status();
+    return outcome.ok() ? outcome->work : std::nullopt;
+  }
+  absl::Status Run(const StepWork& work) { return RunTakenStep(*job_, work).failed; }
   // The job's state as an export streams it.
   std::vector<v1::StateChunk> Export() {
     absl::StatusOr<std::unique_ptr<StateExport>> exporter =
@@ -407,6 +419,50 @@ TEST(EarlyStepTest, AnInPlaceRangeMarkedAgainAfterItLandedIsSteppedAtTheStep) {
   const Counters counters = ExpectSameSteps(spec, 3, script, /*placed=*/true);
   EXPECT_EQ(counters.discarded, 3);
   EXPECT_EQ(counters.adopted, 3 * (spec.tensors_size() - 1));
+}
+
+TEST(EarlyStepTest, GradientsThatLandWhileAStepIsTakenAreSteppedOnceItRan) {
+  // Staleness: step 1's gradients land while step 0 is taken and not yet run (its state is not
+  // free): their early steps wait until step 0 ran, and step 1 adopts them. Step 2's land while
+  // step 1 is taken, and step 2 is committed before step 1 runs: step 2 steps its tensors itself.
+  const v1::RegisterRequest spec = CaseSpec(Cases()[1]);
+  const auto push = [&spec](Driver& d, int64_t step) {
+    const StepGradients grads = RandomGradients(spec, 71 + static_cast<uint64_t>(step));
+    for (int r = 0; r < spec.world_size(); ++r) {
+      for (int i = spec.tensors_size() - 1; i >= 0; --i) {
+        ASSERT_TRUE(d.PushTensor(r, step, i, grads[static_cast<size_t>(i)][r], 1000).ok());
+      }
+    }
+  };
+  const auto commit = [&spec](Driver& d, int64_t step) {
+    std::optional<StepWork> work;
+    for (int r = 0; r < spec.world_size(); ++r) {
+      std::optional<StepWork> w = d.CommitHeld(r, step);
+      if (w) work = w;
+    }
+    EXPECT_TRUE(work.has_value());
+    return work.value_or(StepWork{});
+  };
+  const auto script = [&push, &commit](Driver& d, int64_t step) {
+    if (step == 0) {
+      push(d, 0);
+      const StepWork work = commit(d, 0);
+      push(d, 1);  // while step 0 waits to run
+      ASSERT_TRUE(d.Run(work).ok());
+    } else if (step == 1) {
+      const StepWork one = commit(d, 1);
+      push(d, 2);  // while step 1 waits to run
+      const StepWork two = commit(d, 2);
+      ASSERT_TRUE(d.Run(one).ok());
+      ASSERT_TRUE(d.Run(two).ok());
+    } else if (step == 3) {
+      push(d, 3);
+      ASSERT_TRUE(d.Run(commit(d, 3)).ok());
+    }
+  };
+  const Counters counters = ExpectSameSteps(spec, 4, script);
+  EXPECT_EQ(counters.adopted, 3 * spec.tensors_size());  // steps 0, 1 and 3
+  EXPECT_EQ(counters.discarded, 0);
 }
 
 TEST(EarlyStepTest, RegisterRefusesEarlyStepWithClipping) {
