@@ -61,15 +61,29 @@ class CpuTensorState : public TensorState {
 
   StateBytes state_bytes() const override { return PolicyStateBytes(info); }
 
-  // Takes `from`'s arrays and scalars (the same tensor's), reusing its own buffers; the working
-  // copy is only sized (each step writes it before reading it).
-  void CopyFrom(const CpuTensorState& from) {
-    master = from.master;
-    remainder = from.remainder;
-    exp_avg = from.exp_avg;
-    exp_avg_sq = from.exp_avg_sq;
-    exp_avg_scale_inv = from.exp_avg_scale_inv;
-    exp_avg_sq_scale_inv = from.exp_avg_sq_scale_inv;
+  // Takes `from`'s arrays and scalars (the same tensor's), reusing its own buffers (sized once),
+  // the arrays copied by `pool`'s threads; the working copy is only sized (each step writes it
+  // before reading it).
+  void CopyFrom(const CpuTensorState& from, kernels::ThreadPool& pool) {
+    auto copy = [&pool](auto& to, const auto& source) {
+      to.resize(source.size());
+      const size_t bytes = source.size() * sizeof(source[0]);
+      auto* out = reinterpret_cast<uint8_t*>(to.data());
+      const auto* in = reinterpret_cast<const uint8_t*>(source.data());
+      constexpr size_t kBlock = size_t{1} << 20;
+      pool.ParallelFor(static_cast<int64_t>((bytes + kBlock - 1) / kBlock), 1,
+                       [&](int64_t b0, int64_t b1) {
+                         const size_t begin = static_cast<size_t>(b0) * kBlock;
+                         const size_t end = std::min(bytes, static_cast<size_t>(b1) * kBlock);
+                         std::memcpy(out + begin, in + begin, end - begin);
+                       });
+    };
+    copy(master, from.master);
+    copy(remainder, from.remainder);
+    copy(exp_avg, from.exp_avg);
+    copy(exp_avg_sq, from.exp_avg_sq);
+    copy(exp_avg_scale_inv, from.exp_avg_scale_inv);
+    copy(exp_avg_sq_scale_inv, from.exp_avg_sq_scale_inv);
     working.resize(from.working.size());
     tensor_scale = from.tensor_scale;
     delayed_scale = from.delayed_scale;
@@ -225,7 +239,7 @@ absl::Status CpuBackend::StepEarly(const TensorState& from, std::unique_ptr<Tens
   const auto& source = static_cast<const CpuTensorState&>(from);
   if (*into == nullptr) *into = std::make_unique<CpuTensorState>(source.info);
   auto& target = static_cast<CpuTensorState&>(**into);
-  target.CopyFrom(source);
+  target.CopyFrom(source, pool_);
   TensorStep t = step;
   t.state = &target;
   t.adopt = nullptr;
