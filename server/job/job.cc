@@ -324,12 +324,21 @@ void Job::NoteLandedLocked(size_t index, const v1::PushChunk& chunk, ChunkBuffer
                                           : kernels::SlotType::kFp32;
   landed.state = LandedCheck::State::kRunning;
   ++set.landed_running;
-  if (!early_.empty()) QueueEarlyLocked(index, slots, slot_type);
-  after->push_back([this, ability, index, step = sequence_.next_step(), info = t.info,
-                    slots = std::move(slots), slot_type, grad_scale, norms] {
-    // The slots stay: the set is neither cleared nor dropped while the check runs.
-    EndLandedCheck(step, index, ability->CheckLanded(info, slots, slot_type, grad_scale, norms));
-  });
+  // The slots stay: the set is neither cleared nor dropped while the check runs.
+  auto check = [this, ability, index, step = sequence_.next_step(), info = t.info, slots, slot_type,
+                grad_scale, norms](bool cancelled) {
+    EndLandedCheck(step, index,
+                   cancelled ? absl::StatusOr<TensorCheck>(absl::CancelledError("the job goes"))
+                             : ability->CheckLanded(info, slots, slot_type, grad_scale, norms));
+  };
+  if (early_.empty()) {
+    after->push_back([check = std::move(check)] { check(/*cancelled=*/false); });
+    return;
+  }
+  // A job that steps early checks on its early-step thread too, each tensor's check before its
+  // early step, in landing order: the thread that delivered the chunk only queues them.
+  early_queue_.push_back(EarlyWork{index, std::move(check)});
+  QueueEarlyLocked(index, std::move(slots), slot_type);
 }
 
 void Job::QueueEarlyLocked(size_t index, std::vector<const void*> slots,
@@ -368,7 +377,7 @@ bool Job::QueueRecordLocked(size_t index) {
   early.state = EarlyStep::State::kQueued;
   // The set's slots stay (neither cleared nor dropped) until it ran: a step waits for it.
   ++slots_.collecting().landed_running;
-  early_queue_.push_back(index);
+  early_queue_.push_back(EarlyWork{index, nullptr});
   return true;
 }
 
@@ -407,8 +416,17 @@ void Job::RunEarlySteps() {
     };
     mu_.Await(absl::Condition(&ready));
     if (early_queue_.empty()) break;  // the job goes
-    const size_t index = early_queue_.front();
+    EarlyWork work = std::move(early_queue_.front());
     early_queue_.pop_front();
+    if (work.check) {
+      // A landed check (EndLandedCheck records it, under the lock).
+      const bool cancelled = early_stop_;
+      mu_.Unlock();
+      work.check(cancelled);
+      mu_.Lock();
+      continue;
+    }
+    const size_t index = work.index;
     EarlyStep& early = early_[index];
     absl::Status status = failed_;
     if (status.ok() && early_stop_) status = absl::CancelledError("the job goes");

@@ -227,8 +227,9 @@ class Job {
   // gradients land): where it completed the tensor's slots of the step collected (every rank's, or
   // the pusher's when pre-reduced, all in host memory) and the backend has a LandedCheckAbility,
   // the tensor's check is started, to run from `after` once the lock is let go (EndLandedCheck
-  // records it). An in-place range marked again (its bytes cannot be told from a retry's) makes
-  // a check started before it stale.
+  // records it), or for a job with early_step queued for early_thread_ with its early step. An
+  // in-place range marked again (its bytes cannot be told from a retry's) makes a check started
+  // before it stale.
   void NoteLandedLocked(size_t index, const v1::PushChunk& chunk, ChunkBuffer::Stored stored,
                         std::vector<std::function<void()>>* after)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -245,7 +246,8 @@ class Job {
   // A step ran: the early steps deferred meanwhile are queued, in landing order, where no step is
   // taken now (else the step collected runs next, and steps its tensors itself).
   void QueueDeferredEarlyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // early_thread_'s loop: runs the queued early steps in landing order until the job goes.
+  // early_thread_'s loop: runs the queued landed checks and early steps in landing order until
+  // the job goes.
   void RunEarlySteps();
   // The scalars a step of the step collected is expected to run with (EarlyStep::scalars).
   StepScalars PredictedScalarsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -372,7 +374,13 @@ class Job {
   // queued in landing order, the lr of the last step taken's commits (none: the job's), the
   // tensor-steps adopted and discarded, and the thread that runs them (until early_stop_).
   std::vector<EarlyStep> early_ ABSL_GUARDED_BY(mu_);
-  std::deque<size_t> early_queue_ ABSL_GUARDED_BY(mu_);
+  // What early_thread_ runs, in order: a tensor's landed check (`check`, which EndLandedCheck
+  // ends; cancelled once the job goes), or its early step (no `check`).
+  struct EarlyWork {
+    size_t index = 0;
+    std::function<void(bool cancelled)> check;
+  };
+  std::deque<EarlyWork> early_queue_ ABSL_GUARDED_BY(mu_);
   // Tensors of the step collected that landed while a step was taken or running, in landing
   // order, with the step's slots: queued once no step is (QueueDeferredEarlyLocked).
   struct DeferredEarly {
