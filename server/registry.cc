@@ -91,7 +91,7 @@ absl::StatusOr<v1::RegisterResponse> JobRegistry::Register(const v1::RegisterReq
       if (budget_ != nullptr) {
         absl::StatusOr<MemoryBudget::Reservation> reserved =
             budget_->Reserve(Quoted(request.job()), footprint);
-        if (!reserved.ok() && holds.early_step()) {
+        if (!reserved.ok() && EarlyStepBytes(holds) > 0 && backend_->device_memory() == nullptr) {
           return WithReason(
               absl::Status(reserved.status().code(),
                            absl::StrCat(reserved.status().message(), "; early_step counts ",

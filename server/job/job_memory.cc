@@ -89,7 +89,8 @@ MemoryBytes JobFootprint(const v1::RegisterRequest& raw, BackendPlacement placem
       host += state + static_cast<Wide>(CpuWorkingBytes(info, formats));
     }
   }
-  host += static_cast<Wide>(EarlyStepBytes(spec));
+  // A backend that keeps the state on the device has no early step (it ignores the option).
+  if (!placement.state_on_device) host += static_cast<Wide>(EarlyStepBytes(spec));
   return MemoryBytes{Saturated(host), Saturated(device)};
 }
 

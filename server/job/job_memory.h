@@ -29,12 +29,12 @@ struct BackendPlacement {
 };
 
 // The bytes a job of this (validated) description may hold, host and GPU, saturated at int64's
-// maximum; with early_step, EarlyStepBytes more in host memory.
+// maximum; with early_step, EarlyStepBytes more in host memory where the state is (the cpu
+// backend).
 MemoryBytes JobFootprint(const v1::RegisterRequest& spec, BackendPlacement placement);
 
 // The second copy of the state a job with early_step keeps (each tensor's shadow: its state and
-// the cpu backend's working copy); 0 without early_step. Counted in host memory whatever the
-// backend: a backend that cannot step early ignores the option, and the count is an upper bound.
+// the cpu backend's working copy); 0 without early_step.
 int64_t EarlyStepBytes(const v1::RegisterRequest& spec);
 
 // Bytes of bookkeeping per tensor, and per (tensor, rank) slot record of one slot set; what the

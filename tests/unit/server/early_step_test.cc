@@ -16,6 +16,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -465,6 +466,29 @@ TEST(EarlyStepTest, GradientsThatLandWhileAStepIsTakenAreSteppedOnceItRan) {
   EXPECT_EQ(counters.discarded, 0);
 }
 
+TEST(EarlyStepTest, ATensorWhoseServedVersionsAreAllLeasedWhenItLandsIsSteppedAtTheStep) {
+  // A reader leases versions 1, 2 and 3 of "scalar" (every buffer it may have): when step 3's
+  // gradients land no buffer of its version 4 is free, so it is not stepped early; the lease of
+  // version 1 ends before the commits, and the step steps it.
+  const v1::RegisterRequest spec = CaseSpec(Cases()[0]);
+  std::map<Driver*, std::vector<std::shared_ptr<const ServedTensor>>> leases;
+  const auto script = [&spec, &leases](Driver& d, int64_t step) {
+    const StepGradients grads = RandomGradients(spec, 81 + static_cast<uint64_t>(step));
+    for (int r = 0; r < spec.world_size(); ++r) {
+      for (int i = 0; i < spec.tensors_size(); ++i) {
+        ASSERT_TRUE(d.PushTensor(r, step, i, grads[static_cast<size_t>(i)][r], 1000).ok());
+      }
+    }
+    std::vector<std::shared_ptr<const ServedTensor>>& held = leases[&d];
+    if (step == 3) held.erase(held.begin());  // version 1's lease ends
+    for (int r = 0; r < spec.world_size(); ++r) ASSERT_TRUE(d.Commit(r, step).ok());
+    if (step <= 2) held.push_back(d.job().Served(0, step + 1));
+  };
+  const Counters counters = ExpectSameSteps(spec, 4, script);
+  EXPECT_EQ(counters.adopted, 4 * spec.tensors_size() - 1);
+  EXPECT_EQ(counters.discarded, 0);
+}
+
 TEST(EarlyStepTest, RegisterRefusesEarlyStepWithClipping) {
   v1::RegisterRequest spec = JobSpec(v1::StatePolicy());
   spec.set_early_step(true);
@@ -499,6 +523,12 @@ TEST(EarlyStepTest, ABudgetWithoutRoomForTheSecondStateRefusesEarlyStep) {
   }
   EXPECT_EQ(second, state);  // FP32 master and served FP32: no working copy
   EXPECT_EQ(early, plain + second);
+  // A backend whose state lies on the device ignores early_step: nothing more is reserved.
+  v1::RegisterRequest without = spec;
+  without.set_early_step(false);
+  const MemoryBytes on_device = JobFootprint(spec, BackendPlacement{true});
+  EXPECT_EQ(on_device.host, JobFootprint(without, BackendPlacement{true}).host);
+  EXPECT_EQ(on_device.device, JobFootprint(without, BackendPlacement{true}).device);
 
   CpuBackend backend(1);
   MemoryBudget budget({plain, 0});  // room for the job, not for its second state
