@@ -4,17 +4,23 @@
 //   - shm push: a gradient of --mib MiB written into its slot and marked (Attach + copy + mark)
 //   - shm pull: the served FP32 weights copied out under a lease; and leased in place (no copy)
 //   - step: push + commit + pull of --elements FP32 parameters (one rank) over each transport
+//   - exposed step (--exposed_tensors N > 0, shm): --elements FP32 parameters in N tensors pushed
+//     one by one in backward's order, --backward_ms apart, then the time from the last tensor's
+//     mark to every tensor's new version leased in place (commit + step + publish), the job
+//     registered with early_step as --early_step says (docs/host_tier.md)
 // Prints one line per figure and a last `RESULT key=value ...` line for bench/run_shm_bench.sh.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "client/client.h"
@@ -38,6 +44,12 @@ ABSL_FLAG(int, call_kib, 4, "Size of the per-call figures' tensor, KiB");
 ABSL_FLAG(int, many_tensors, 291, "Tensors of the many-tensor pull figure (0: none)");
 ABSL_FLAG(int, many_kib, 256, "Size of each tensor of the many-tensor pull figure, KiB");
 ABSL_FLAG(int, many_iters, 10, "Timed steps per way of pulling in the many-tensor figure");
+ABSL_FLAG(int, exposed_tensors, 0,
+          "Tensors of the exposed-step figure (0: none); the other figures are then skipped");
+ABSL_FLAG(int, backward_ms, 0,
+          "Exposed-step figure: the simulated backward, ms, spread between the tensors' pushes");
+ABSL_FLAG(bool, early_step, false,
+          "Exposed-step figure: register the job with early_step (RegisterRequest.early_step)");
 
 namespace paramd {
 namespace {
@@ -137,6 +149,54 @@ StepTimes StepSeconds(const std::string& transport, int64_t elements) {
     PullTarget target{job, "t", pulled_format, i + 1};
     Check(client->Pull(target, std::chrono::seconds(600), &pulled), "step pull");
     if (i > 0) seconds.push_back(Seconds(start));  // the first step allocates the slots
+  }
+  return {Median(seconds), *std::min_element(seconds.begin(), seconds.end())};
+}
+
+// The exposed step over shm (--exposed_tensors): `elements` FP32 parameters in `tensors` tensors,
+// pushed last first --backward_ms apart as backward hands them over, then the seconds from the
+// last push's return (its mark) to every tensor's next version leased: median and best.
+StepTimes ExposedSeconds(int64_t elements, int tensors) {
+  std::unique_ptr<Client> client = Connect("shm");
+  const std::string job =
+      absl::StrCat("exposed_", absl::GetFlag(FLAGS_early_step) ? "early" : "plain");
+  const int64_t each = elements / tensors;
+  const int64_t cols = each % 4096 == 0 ? 4096 : each;
+  v1::RegisterRequest request = Job(job, each);
+  request.clear_tensors();
+  PullManyTarget target{job, {}, {}, 0};
+  for (int i = 0; i < tensors; ++i) {
+    v1::TensorSpec* t = request.add_tensors();
+    t->set_name(absl::StrCat("t", i));
+    t->set_rows(each / cols);
+    t->set_cols(cols);
+    t->set_grad_type(v1::ELEMENT_TYPE_FP32);
+    target.tensors.push_back(t->name());
+  }
+  request.set_early_step(absl::GetFlag(FLAGS_early_step));
+  Check(client->Register(request).status(), "register exposed job");
+  std::vector<float> values(static_cast<size_t>(each), 1e-3f);
+  const auto bytes = std::as_bytes(std::span<const float>(values));
+  std::vector<PushItem> initial;
+  for (const std::string& name : target.tensors) initial.push_back({name, bytes});
+  Check(client->UploadInitialWeights(job, initial), "upload");
+  const auto gap = std::chrono::microseconds(absl::GetFlag(FLAGS_backward_ms) * 1000 / tensors);
+  std::vector<double> seconds;
+  for (int i = 0; i < absl::GetFlag(FLAGS_step_iters) + 1; ++i) {
+    values[0] = static_cast<float>(i);
+    for (int t = tensors - 1; t >= 0; --t) {
+      std::this_thread::sleep_for(gap);  // the backward of layer t
+      const PushItem item{target.tensors[static_cast<size_t>(t)], bytes};
+      Check(client->PushGradients(job, 0, i, std::span<const PushItem>(&item, 1)), "exposed push");
+    }
+    const auto start = Clock::now();
+    Check(client->Commit(job, 0, i).status(), "exposed commit");
+    target.min_version = i + 1;
+    absl::StatusOr<std::vector<PulledView>> views =
+        client->PullInPlaceMany(target, std::chrono::seconds(600), std::chrono::seconds(60));
+    Check(views.status(), "exposed pull");
+    if (i > 0) seconds.push_back(Seconds(start));  // the first step allocates the slots
+    Check(client->Release(*views), "exposed release");
   }
   return {Median(seconds), *std::min_element(seconds.begin(), seconds.end())};
 }
@@ -304,6 +364,18 @@ void MeasureTransfers(std::string* result) {
 }
 
 int Main() {
+  if (const int tensors = absl::GetFlag(FLAGS_exposed_tensors); tensors > 0) {
+    const int64_t elements = absl::GetFlag(FLAGS_elements);
+    const StepTimes t = ExposedSeconds(elements, tensors);
+    std::printf(
+        "exposed step of %lld parameters in %d tensors over shm, backward %d ms, early_step %d: "
+        "%.1f ms (median), %.1f ms (best)\n",
+        static_cast<long long>(elements), tensors, absl::GetFlag(FLAGS_backward_ms),
+        absl::GetFlag(FLAGS_early_step) ? 1 : 0, t.median * 1e3, t.best * 1e3);
+    std::printf("RESULT exposed_ms=%.2f exposed_best_ms=%.2f early_step=%d\n", t.median * 1e3,
+                t.best * 1e3, absl::GetFlag(FLAGS_early_step) ? 1 : 0);
+    return 0;
+  }
   if (const std::string policy = absl::GetFlag(FLAGS_step_policy);
       policy != "fp32" && policy != "fp8") {
     std::fprintf(stderr, "shm_bench: --step_policy is fp32 or fp8, not %s\n", policy.c_str());

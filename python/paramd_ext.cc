@@ -642,7 +642,7 @@ class PyClient {
       const std::vector<std::tuple<std::string, int64_t, int64_t, std::string>>& tensors,
       const py::dict& hyperparams, const py::dict& state_policy,
       const std::vector<std::string>& serve, uint64_t seed, double max_grad_norm,
-      const std::vector<std::string>& daemons, const std::string& push_mode) {
+      const std::vector<std::string>& daemons, const std::string& push_mode, bool early_step) {
     v1::RegisterRequest request;
     request.set_job(job);
     request.set_rank(rank);
@@ -659,6 +659,7 @@ class PyClient {
     for (const std::string& format : serve) *request.add_serve() = ParseFormat(format);
     request.set_seed(seed);
     request.set_max_grad_norm(max_grad_norm);
+    request.set_early_step(early_step);
     request.mutable_daemons()->Assign(daemons.begin(), daemons.end());
     if (push_mode == "pre_reduced") {
       request.set_push_mode(v1::PUSH_MODE_PRE_REDUCED);
@@ -850,6 +851,8 @@ class PyClient {
       d["skipped_steps"] = j.skipped_steps();
       d["last_step_seconds"] = j.last_step_seconds();
       d["last_clip"] = j.last_clip();
+      d["early_steps_adopted"] = j.early_steps_adopted();
+      d["early_steps_discarded"] = j.early_steps_discarded();
       d["state_bytes"] = j.state_bytes();
       d["served_bytes"] = j.served_bytes();
       d["slot_bytes"] = j.slot_bytes();
@@ -1087,12 +1090,13 @@ PYBIND11_MODULE(_paramd, m) {
            py::arg("tensors"), py::arg("hyperparams"), py::arg("state_policy") = py::dict(),
            py::arg("serve") = std::vector<std::string>(), py::arg("seed") = 0,
            py::arg("max_grad_norm") = 0.0, py::arg("daemons") = std::vector<std::string>(),
-           py::arg("push_mode") = "full",
+           py::arg("push_mode") = "full", py::arg("early_step") = false,
            "tensors: [(name, rows, cols, grad_type 'fp32'|'bf16')]. daemons: the job's daemons as "
            "they advertise themselves, in any order (sent sorted); [] = a one-daemon job. This "
            "client still talks to its own daemon alone. push_mode: 'full' (every rank pushes its "
            "gradients) or 'pre_reduced' (the ranks reduce among themselves and one rank pushes "
-           "each daemon's part, PUSH_MODE_PRE_REDUCED)")
+           "each daemon's part, PUSH_MODE_PRE_REDUCED). early_step: step each tensor as its "
+           "gradients land (RegisterRequest.early_step; needs max_grad_norm 0)")
       .def("upload_initial_weights", &PyClient::UploadInitialWeights, py::arg("job"),
            py::arg("items"))
       .def("push_gradients", &PyClient::PushGradients, py::arg("job"), py::arg("rank"),

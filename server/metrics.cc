@@ -148,6 +148,11 @@ Metrics::Metrics()
       peer_rounds_(prometheus::BuildCounter()
                        .Name("paramd_peer_rounds_total")
                        .Help("Rounds of sharded jobs' agreement, by job and outcome (ok, failed)")
+                       .Register(*registry_)),
+      early_steps_(prometheus::BuildCounter()
+                       .Name("paramd_early_steps_total")
+                       .Help("Tensor-steps stepped as their gradients landed (early_step), by job "
+                             "and outcome (adopted by the step, or discarded)")
                        .Register(*registry_)) {}
 
 Metrics::~Metrics() = default;
@@ -231,6 +236,17 @@ void Metrics::StepDone(const std::string& job, double seconds, int64_t elements,
   steps_.Add({{"training_job", job}, {"outcome", skipped ? "skipped" : "applied"}}).Increment();
   if (!skipped) {
     stepped_elements_.Add({{"training_job", job}}).Increment(static_cast<double>(elements));
+  }
+}
+
+void Metrics::EarlySteps(const std::string& job, int64_t adopted, int64_t discarded) {
+  if (adopted > 0) {
+    early_steps_.Add({{"training_job", job}, {"outcome", "adopted"}})
+        .Increment(static_cast<double>(adopted));
+  }
+  if (discarded > 0) {
+    early_steps_.Add({{"training_job", job}, {"outcome", "discarded"}})
+        .Increment(static_cast<double>(discarded));
   }
 }
 

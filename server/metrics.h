@@ -37,6 +37,9 @@ class Metrics {
       const std::string& basic_auth = "");
 
   void StepDone(const std::string& job, double seconds, int64_t elements, bool skipped);
+  // A step of a job with early_step adopted `adopted` tensors' early results and discarded
+  // `discarded` (the JobStatus counters).
+  void EarlySteps(const std::string& job, int64_t adopted, int64_t discarded);
   // A step the backend failed (the job failed with it).
   void StepFailed(const std::string& job);
   // A round of a sharded job's agreement ended (the Peer service): how long this daemon waited.
@@ -91,6 +94,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& checkpoint_time_;
   prometheus::Family<prometheus::Histogram>& peer_round_seconds_;
   prometheus::Family<prometheus::Counter>& peer_rounds_;
+  prometheus::Family<prometheus::Counter>& early_steps_;
   absl::Mutex job_version_mu_;
   // The series set, by job.
   std::map<std::string, prometheus::Gauge*> job_versions_ ABSL_GUARDED_BY(job_version_mu_);

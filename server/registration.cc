@@ -273,6 +273,12 @@ absl::Status ValidateRegistration(const v1::RegisterRequest& r) {
     return absl::InvalidArgumentError(absl::StrCat("max_grad_norm = ", r.max_grad_norm(),
                                                    " must be finite and >= 0 (0 = no clipping)"));
   }
+  if (r.early_step() && r.max_grad_norm() > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "early_step with max_grad_norm = ", r.max_grad_norm(),
+        ": early steps need clipping off (max_grad_norm 0), since the clip depends on every "
+        "tensor's gradient"));
+  }
   if (!v1::PushMode_IsValid(r.push_mode())) {
     return absl::InvalidArgumentError(absl::StrCat("push_mode ", r.push_mode(), " is unknown"));
   }

@@ -91,6 +91,15 @@ absl::StatusOr<v1::RegisterResponse> JobRegistry::Register(const v1::RegisterReq
       if (budget_ != nullptr) {
         absl::StatusOr<MemoryBudget::Reservation> reserved =
             budget_->Reserve(Quoted(request.job()), footprint);
+        if (!reserved.ok() && EarlyStepBytes(holds) > 0 && backend_->device_memory() == nullptr) {
+          return WithReason(
+              absl::Status(reserved.status().code(),
+                           absl::StrCat(reserved.status().message(), "; early_step counts ",
+                                        EarlyStepBytes(holds),
+                                        " bytes of it (a second copy of the state): register "
+                                        "without early_step, or raise the daemon's memory budget")),
+              v1::ERROR_REASON_MEMORY_BUDGET);
+        }
         if (!reserved.ok()) return reserved.status();
         reservation = *std::move(reserved);
       }

@@ -32,6 +32,8 @@ of its own), --warmup steps then --steps timed steps, with the device synchroniz
   paramd_host_stale the host tier with one step of staleness (staleness=1): the forward and
                     backward of step t+1 run on version t while the daemon computes version t+1
   paramd_host_copies the same through host copies (host_dma=False): the path before the host tier
+  paramd_host_early paramd_host with early_step=True: the daemon steps each tensor as its
+                    gradients land, the step after backward adopts those results
   torchao_offload   torchao's CPUOffloadOptimizer (torch's fused AdamW on the CPU over pinned
                     copies of the bf16 parameters; its wheel on PYTHONPATH) (not in the default
                     rows): the host tier's peer among the alternatives
@@ -60,8 +62,8 @@ import time
 ROWS = ["none", "none_bf16", "torch_fused", "torch_bf16_master", "paramd", "paramd_fp32",
         "paramd_bf16", "paramd_fp8_gemm"]
 BF16_ROWS = ("none_bf16", "torch_bf16_master", "paramd_bf16", "paramd_fp8_gemm", "paramd_host",
-             "paramd_host_stale", "paramd_host_copies", "torchao_offload")
-HOST_ROWS = ("paramd_host", "paramd_host_stale", "paramd_host_copies")
+             "paramd_host_stale", "paramd_host_copies", "paramd_host_early", "torchao_offload")
+HOST_ROWS = ("paramd_host", "paramd_host_stale", "paramd_host_copies", "paramd_host_early")
 
 
 def peer_of(row):
@@ -178,7 +180,8 @@ def one_row(row, address, steps, warmup, profile=False, trace=None, sync_debug=F
                                  sharded_device_path=daemons is not None,
                                  weights_in_place=row not in ("paramd", "paramd_sharded2") + HOST_ROWS,
                                  host_dma=row != "paramd_host_copies",
-                                 staleness=1 if row == "paramd_host_stale" else 0)
+                                 staleness=1 if row == "paramd_host_stale" else 0,
+                                 early_step=row == "paramd_host_early")
         if row == "paramd_fp8_gemm":
             use_fp8_gemms(model, opt)
     g = torch.Generator(device="cuda").manual_seed(1)

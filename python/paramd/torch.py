@@ -324,7 +324,8 @@ class AdamW(torch.optim.Optimizer):
                  max_grad_norm=0.0, bucket_bytes=None, stream_pushes=True,
                  write_weights=True, weights_in_place=False, lend_gradients=True,
                  timeout_s=300.0, reconnect_timeout_s=0.0, daemons=None, push_mode="full",
-                 sharded_device_path=True, token_file=None, host_dma=True, staleness=0):
+                 sharded_device_path=True, token_file=None, host_dma=True, staleness=0,
+                 early_step=False):
         groups = self._named_groups(params)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
         super().__init__([{**g, "params": [p for _, p in g["params"]]} for g in groups],
@@ -357,6 +358,9 @@ class AdamW(torch.optim.Optimizer):
         self.staleness = staleness
         self._stale = {}  # staleness 1: id(param) -> _PendingPull held back until the next step()
         self._max_grad_norm = max_grad_norm
+        # The daemon steps each tensor as its gradients land (RegisterRequest.early_step; a cpu
+        # daemon, max_grad_norm 0): the same weights, less of the step after backward.
+        self._early_step = bool(early_step)
         self._lock = threading.Lock()
         self._bucket = {}  # job name -> [(tensor name, bytes)], filled by the grad hooks
         self._bucket_size = {}
@@ -465,7 +469,7 @@ class AdamW(torch.optim.Optimizer):
                 hyperparams=j.registered, state_policy=self.state_policy,
                 serve=self.serve, seed=self._seed,
                 max_grad_norm=self._max_grad_norm, daemons=self._daemons,
-                push_mode=self.push_mode)
+                push_mode=self.push_mode, early_step=self._early_step)
             self.transport = reply["transport"]  # for display; decisions read the traits
             self._transport_traits = reply["transport_traits"]  # one per owner daemon
             if self.restarts > 0 and reply["version"] < 0:

@@ -214,6 +214,11 @@ struct TensorStep {
   // runs; null where there is none. A backend that has the ability uses it in CheckGradients
   // instead of reading the gradients again where it Answers the step, else checks them itself.
   const TensorCheck* landed = nullptr;
+  // The state an early step of this tensor made for this very step (EarlyStepAbility::StepEarly,
+  // with the step's scalars, from `state` and these slots), whose served bytes `out` already
+  // holds; null where there is none. An applied step takes it in place of `state` (an O(1) swap
+  // of their buffers) instead of stepping the tensor; a skipped step leaves both as they are.
+  TensorState* adopt = nullptr;
 };
 
 // What a step came to (Backend::Step).
@@ -269,7 +274,7 @@ struct StepInput {
 // What a backend may hand out besides its core (Backend::exported_memory() and the like): each
 // ability is an interface a backend implements or not, and a caller asks for it (null: the backend
 // has none) instead of calling a method that does nothing. `cuda:N` has the first three below; the
-// cpu backend only the LandedCheckAbility.
+// cpu backend the LandedCheckAbility and the EarlyStepAbility.
 
 // GPU memory trainers on this node map (DESIGN.md §6), each job's of its own, and trainers' GPU
 // memory lent for a step's gradients. A backend without it (cpu) exports none, and the job keeps
@@ -352,6 +357,26 @@ class LandedCheckAbility {
   ~LandedCheckAbility() = default;
 };
 
+// The early step (RegisterRequest.early_step, docs/host_tier.md): one tensor stepped as soon as its
+// gradients landed, before the commits, into a second state (a shadow) and the next version's
+// served bytes, leaving the tensor's state as it is; the job hands the shadow to the step
+// (TensorStep::adopt) where the step turns out to be the one predicted. The cpu backend has it.
+class EarlyStepAbility {
+ public:
+  // Steps `from` with `step`'s slots and `scalars` (clip 1) into `*into` (made now where null, a
+  // state of `from`'s tensor), and writes every format of `step.out`: the state and bytes a step
+  // of `from` with these inputs gives, bit for bit; `from` is only read. step.state is ignored.
+  // Runs on the caller's thread with the backend's step threads; the job runs no step of the
+  // tensor meanwhile.
+  virtual absl::Status StepEarly(const TensorState& from, std::unique_ptr<TensorState>* into,
+                                 const TensorStep& step, const StepScalars& scalars) = 0;
+  // Tensors whose early state a step adopted (a test counts them).
+  virtual int64_t early_steps_adopted() const = 0;
+
+ protected:
+  ~EarlyStepAbility() = default;
+};
+
 // A backend's core: its state's creation, import and export, and the step.
 class Backend {
  public:
@@ -389,7 +414,7 @@ class Backend {
   // later tensors are still being stepped; every tensor is reported before ApplyStep returns OK. A
   // backend whose served bytes lie in GPU memory may report them once their writes are queued,
   // with its step event recorded after them (DeviceExports); the state is final when ApplyStep
-  // returns.
+  // returns. A tensor whose TensorStep::adopt is set takes that state instead of being stepped.
   virtual absl::Status ApplyStep(std::span<TensorStep> tensors, const StepScalars& scalars,
                                  const std::function<void(size_t)>& tensor_done = nullptr) = 0;
   // A skipped step: each tensor's new version re-serves its `previous` bytes, wherever they lie;
@@ -421,6 +446,7 @@ class Backend {
   virtual HostStagingAbility* host_staging() { return nullptr; }
   virtual DeviceMemoryAbility* device_memory() { return nullptr; }
   virtual LandedCheckAbility* landed_check() { return nullptr; }
+  virtual EarlyStepAbility* early_step() { return nullptr; }
 };
 
 }  // namespace paramd

@@ -61,6 +61,48 @@ class CpuTensorState : public TensorState {
 
   StateBytes state_bytes() const override { return PolicyStateBytes(info); }
 
+  // Takes `from`'s arrays and scalars (the same tensor's), reusing its own buffers (sized once),
+  // the arrays copied by `pool`'s threads; the working copy is only sized (each step writes it
+  // before reading it).
+  void CopyFrom(const CpuTensorState& from, kernels::ThreadPool& pool) {
+    auto copy = [&pool](auto& to, const auto& source) {
+      to.resize(source.size());
+      const size_t bytes = source.size() * sizeof(source[0]);
+      auto* out = reinterpret_cast<uint8_t*>(to.data());
+      const auto* in = reinterpret_cast<const uint8_t*>(source.data());
+      constexpr size_t kBlock = size_t{1} << 20;
+      pool.ParallelFor(static_cast<int64_t>((bytes + kBlock - 1) / kBlock), 1,
+                       [&](int64_t b0, int64_t b1) {
+                         const size_t begin = static_cast<size_t>(b0) * kBlock;
+                         const size_t end = std::min(bytes, static_cast<size_t>(b1) * kBlock);
+                         std::memcpy(out + begin, in + begin, end - begin);
+                       });
+    };
+    copy(master, from.master);
+    copy(remainder, from.remainder);
+    copy(exp_avg, from.exp_avg);
+    copy(exp_avg_sq, from.exp_avg_sq);
+    copy(exp_avg_scale_inv, from.exp_avg_scale_inv);
+    copy(exp_avg_sq_scale_inv, from.exp_avg_sq_scale_inv);
+    working.resize(from.working.size());
+    tensor_scale = from.tensor_scale;
+    delayed_scale = from.delayed_scale;
+    history = from.history;
+  }
+  // Trades every array and scalar with `other` (the same tensor's state): O(1).
+  void Swap(CpuTensorState& other) {
+    master.swap(other.master);
+    remainder.swap(other.remainder);
+    exp_avg.swap(other.exp_avg);
+    exp_avg_sq.swap(other.exp_avg_sq);
+    exp_avg_scale_inv.swap(other.exp_avg_scale_inv);
+    exp_avg_sq_scale_inv.swap(other.exp_avg_sq_scale_inv);
+    working.swap(other.working);
+    std::swap(tensor_scale, other.tensor_scale);
+    std::swap(delayed_scale, other.delayed_scale);
+    std::swap(history, other.history);
+  }
+
   const TensorInfo info;
   const int64_t n;
   std::vector<uint8_t> master;     // FP32, FP16 codes, or the served BF16 halves
@@ -174,14 +216,44 @@ absl::Status CpuBackend::ApplyStep(std::span<TensorStep> tensors, const StepScal
   // Tensor by tensor, each with every thread, and each reported as soon as it is done: the job
   // publishes it while the next ones are stepped. A small tensor is one ParallelFor of few
   // blocks; grouping small tensors would save little next to the publish it would delay.
-  std::vector<kernels::ServeArgs> cut, per_tensor;
   for (size_t index = 0; index < tensors.size(); ++index) {
     TensorStep& t = tensors[index];
+    if (t.adopt != nullptr) {
+      // Its early step made this step's state and served bytes already: the two states trade
+      // their buffers.
+      auto& s = *static_cast<CpuTensorState*>(t.state);
+      s.Swap(*static_cast<CpuTensorState*>(t.adopt));
+      early_steps_adopted_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      PARAMD_RETURN_IF_ERROR(StepTensor(t, scalars));
+    }
+    if (tensor_done) tensor_done(index);
+  }
+  return absl::OkStatus();
+}
+
+// TODO(out-of-place): once kernels::FusedStepArgs reads its state from the *_in sources, this
+// passes `from`'s arrays there and steps into `into` in one pass, without the copy.
+absl::Status CpuBackend::StepEarly(const TensorState& from, std::unique_ptr<TensorState>* into,
+                                   const TensorStep& step, const StepScalars& scalars) try {
+  const auto& source = static_cast<const CpuTensorState&>(from);
+  if (*into == nullptr) *into = std::make_unique<CpuTensorState>(source.info);
+  auto& target = static_cast<CpuTensorState&>(**into);
+  target.CopyFrom(source, pool_);
+  TensorStep t = step;
+  t.state = &target;
+  t.adopt = nullptr;
+  return StepTensor(t, scalars);
+} catch (const std::bad_alloc&) {
+  return OutOfHostMemory(static_cast<const CpuTensorState&>(from).info);
+}
+
+absl::Status CpuBackend::StepTensor(TensorStep& t, const StepScalars& scalars) {
+  std::vector<kernels::ServeArgs> cut, per_tensor;
+  {
     auto& s = *static_cast<CpuTensorState*>(t.state);
     // fp8_delayed's scale comes from earlier steps' amaxes: known now.
     const float delayed = s.history.NextScale(s.info.delayed_margin, s.delayed_scale).scale;
-    cut.clear();
-    per_tensor.clear();
     for (ServedFormat& f : t.out->formats) {
       if (IsElementwise(f)) continue;  // written by the step's own pass
       if (IsPerTensor(f)) {
@@ -216,7 +288,6 @@ absl::Status CpuBackend::ApplyStep(std::span<TensorStep> tensors, const StepScal
     s.tensor_scale = result.tensor_scale;
     s.delayed_scale = delayed;
     s.history.Append(result.amax);  // after the cast; a skipped step appends nothing
-    if (tensor_done) tensor_done(index);
   }
   return absl::OkStatus();
 }

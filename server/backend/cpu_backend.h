@@ -16,7 +16,7 @@
 
 namespace paramd {
 
-class CpuBackend : public Backend, public LandedCheckAbility {
+class CpuBackend : public Backend, public LandedCheckAbility, public EarlyStepAbility {
  public:
   // `name`: "cpu", or "cpu:K" for one of a daemon's several. `cpus`: where its step threads run
   // (DaemonConfig.step_cpus, common/step_cpus.h); empty: wherever the scheduler puts them.
@@ -39,6 +39,10 @@ class CpuBackend : public Backend, public LandedCheckAbility {
   int64_t checked_at_step() const override { return checked_at_step_.load(); }
   int64_t landed_checks_used() const override { return landed_checks_used_.load(); }
   LandedCheckAbility* landed_check() override { return this; }
+  absl::Status StepEarly(const TensorState& from, std::unique_ptr<TensorState>* into,
+                         const TensorStep& step, const StepScalars& scalars) override;
+  int64_t early_steps_adopted() const override { return early_steps_adopted_.load(); }
+  EarlyStepAbility* early_step() override { return this; }
   absl::Status ApplyStep(std::span<TensorStep> tensors, const StepScalars& scalars,
                          const std::function<void(size_t)>& tensor_done = nullptr) override;
   absl::Status ReadStateArray(const TensorState& state, StateArray array, int64_t offset,
@@ -50,6 +54,8 @@ class CpuBackend : public Backend, public LandedCheckAbility {
 
  private:
   // One tensor's check on the pool; `guest`: from a thread that is not a step's (CheckLanded).
+  // One tensor's step (ApplyStep's body): its state and every served format.
+  absl::Status StepTensor(TensorStep& t, const StepScalars& scalars);
   absl::StatusOr<TensorCheck> CheckTensor(const TensorInfo& info, const kernels::GradSlots& grad,
                                           bool norms, bool guest);
 
@@ -57,6 +63,7 @@ class CpuBackend : public Backend, public LandedCheckAbility {
   kernels::ThreadPool pool_;
   std::atomic<int64_t> checked_at_step_{0};
   std::atomic<int64_t> landed_checks_used_{0};
+  std::atomic<int64_t> early_steps_adopted_{0};
 };
 
 }  // namespace paramd

@@ -72,6 +72,10 @@ Job::Job(const v1::RegisterRequest& spec, Backend* backend,
     t.grad_bytes = t.elements * ElementBytes(t.spec.grad_type());
     tensor_index_.emplace(t.spec.name(), i);
   }
+  if (spec_.early_step() && backend_->early_step() != nullptr) {
+    early_.resize(tensors_.size());
+    early_thread_ = std::thread([this] { RunEarlySteps(); });
+  }
   if (!sharded()) {
     agreement_ = IdentityAgreement();
     return;
@@ -98,7 +102,10 @@ Job::~Job() {
     absl::MutexLock lock(&mu_);
     threads.swap(initial_threads_);
     open = failed_.ok();
+    early_stop_ = true;
   }
+  // Ends once the early steps queued have ended (none runs from now on).
+  if (early_thread_.joinable()) early_thread_.join();
   // A round still waiting ends now.
   if (sharded() && open && !threads.empty()) {
     peers_.exchange->CloseJob(name_, absl::CancelledError("the daemon stopped"));
@@ -317,11 +324,139 @@ void Job::NoteLandedLocked(size_t index, const v1::PushChunk& chunk, ChunkBuffer
                                           : kernels::SlotType::kFp32;
   landed.state = LandedCheck::State::kRunning;
   ++set.landed_running;
-  after->push_back([this, ability, index, step = sequence_.next_step(), info = t.info,
-                    slots = std::move(slots), slot_type, grad_scale, norms] {
-    // The slots stay: the set is neither cleared nor dropped while the check runs.
-    EndLandedCheck(step, index, ability->CheckLanded(info, slots, slot_type, grad_scale, norms));
-  });
+  // The slots stay: the set is neither cleared nor dropped while the check runs.
+  auto check = [this, ability, index, step = sequence_.next_step(), info = t.info, slots, slot_type,
+                grad_scale, norms](bool cancelled) {
+    EndLandedCheck(step, index,
+                   cancelled ? absl::StatusOr<TensorCheck>(absl::CancelledError("the job goes"))
+                             : ability->CheckLanded(info, slots, slot_type, grad_scale, norms));
+  };
+  if (early_.empty()) {
+    after->push_back([check = std::move(check)] { check(/*cancelled=*/false); });
+    return;
+  }
+  // A job that steps early checks on its early-step thread too, each tensor's check before its
+  // early step, in landing order: the thread that delivered the chunk only queues them.
+  early_queue_.push_back(EarlyWork{index, std::move(check)});
+  QueueEarlyLocked(index, std::move(slots), slot_type);
+}
+
+void Job::QueueEarlyLocked(size_t index, std::vector<const void*> slots,
+                           kernels::SlotType slot_type) {
+  // A tensor split over daemons needs its owners' amax.
+  if (tensors_[index].spec.whole_rows() != 0) return;
+  const int64_t step = sequence_.next_step();
+  if (slots_.any_taken()) {
+    // A step taken or running reads and writes the state (in staleness mode trainers push the
+    // next step meanwhile), and its tensors' records are its own: once it ran.
+    early_deferred_.push_back(DeferredEarly{index, step, std::move(slots), slot_type});
+    return;
+  }
+  EarlyStep& early = early_[index];
+  // No step is taken: every record of an earlier step that ran was handed to it. One left is of a
+  // step that never ran (the job failed): let go.
+  if (early.step != step) early = EarlyStep{};
+  if (early.state != EarlyStep::State::kNone) return;
+  early.step = step;
+  early.slots = std::move(slots);
+  early.slot_type = slot_type;
+  if (!QueueRecordLocked(index)) early = EarlyStep{};
+}
+
+bool Job::QueueRecordLocked(size_t index) {
+  EarlyStep& early = early_[index];
+  if (early.served == nullptr) {
+    // The next version's buffers, only where one is free now: a landing never waits for readers.
+    absl::StatusOr<std::shared_ptr<ServedTensor>> served = FreshServed(static_cast<int>(index));
+    if (!served.ok() || *served == nullptr) return false;
+    early.served = *std::move(served);
+  }
+  // Predicted now, as the landed check's scale is: what the job knows when its state is free and
+  // the gradients landed.
+  early.scalars = PredictedScalarsLocked();
+  early.state = EarlyStep::State::kQueued;
+  // The set's slots stay (neither cleared nor dropped) until it ran: a step waits for it.
+  ++slots_.collecting().landed_running;
+  early_queue_.push_back(EarlyWork{index, nullptr});
+  return true;
+}
+
+void Job::QueueDeferredEarlyLocked() {
+  if (early_deferred_.empty() || slots_.any_taken()) return;
+  const int64_t step = sequence_.next_step();
+  for (DeferredEarly& deferred : early_deferred_) {
+    // Of the step collected (a later step's never waits here: its step came first).
+    if (deferred.step != step) continue;
+    EarlyStep& early = early_[deferred.index];
+    if (early.step != step) early = EarlyStep{};
+    if (early.state != EarlyStep::State::kNone) continue;
+    early.step = step;
+    early.slots = std::move(deferred.slots);
+    early.slot_type = deferred.slot_type;
+    if (!QueueRecordLocked(deferred.index)) early = EarlyStep{};
+  }
+  early_deferred_.clear();
+}
+
+StepScalars Job::PredictedScalarsLocked() const {
+  // A rank's commit of the step says its lr and grad_scale; before any, the last step's.
+  const std::map<int32_t, RankCommit>& commits = sequence_.commits();
+  const std::optional<double> lr = commits.empty() ? last_commit_lr_ : commits.begin()->second.lr;
+  const double grad_scale = commits.empty() ? last_grad_scale_ : commits.begin()->second.grad_scale;
+  return StepScalarsOf(hyper_, lr.value_or(hyper_.lr()), hyper_.weight_decay(), applied_steps_ + 1,
+                       grad_scale, spec_.seed());
+}
+
+void Job::RunEarlySteps() {
+  EarlyStepAbility* ability = backend_->early_step();
+  mu_.Lock();
+  for (;;) {
+    const auto ready = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // mu_ held
+      return early_stop_ || !early_queue_.empty();
+    };
+    mu_.Await(absl::Condition(&ready));
+    if (early_queue_.empty()) break;  // the job goes
+    EarlyWork work = std::move(early_queue_.front());
+    early_queue_.pop_front();
+    if (work.check) {
+      // A landed check (EndLandedCheck records it, under the lock).
+      const bool cancelled = early_stop_;
+      mu_.Unlock();
+      work.check(cancelled);
+      mu_.Lock();
+      continue;
+    }
+    const size_t index = work.index;
+    EarlyStep& early = early_[index];
+    absl::Status status = failed_;
+    if (status.ok() && early_stop_) status = absl::CancelledError("the job goes");
+    if (status.ok()) {
+      early.state = EarlyStep::State::kRunning;
+      TensorStep step;
+      step.slots = early.slots;
+      step.slot_type = early.slot_type;
+      step.out = early.served.get();
+      const StepScalars scalars = early.scalars;
+      Tensor& t = tensors_[index];
+      // The tensor's state, shadow and buffers are this early step's alone while it runs: no step
+      // of the job was taken when it was queued, and the step of `early.step` waits for it.
+      const TensorState& from = *t.state;
+      std::unique_ptr<TensorState>* into = &t.shadow;
+      mu_.Unlock();
+      status = ability->StepEarly(from, into, step, scalars);
+      mu_.Lock();
+      if (!status.ok()) {
+        PARAMD_LOG(WARNING) << "job " << name_ << ": the early step of tensor "
+                            << Quoted(t.spec.name()) << " failed (the step steps it): " << status;
+      }
+    }
+    early.state = status.ok() ? EarlyStep::State::kDone : EarlyStep::State::kFailed;
+    SlotSet* set = SetOfStepLocked(early.step);
+    PARAMD_CHECK(set != nullptr) << "job " << name_ << ": the slots of step " << early.step
+                                 << " went while an early step read them";
+    --set->landed_running;
+  }
+  mu_.Unlock();
 }
 
 void Job::EndLandedCheck(int64_t step, size_t index, absl::StatusOr<TensorCheck> check) {
@@ -619,6 +754,7 @@ absl::StatusOr<CommitOutcome> Job::Commit(const v1::CommitRequest& request) {
   // The last rank: the step's slots are handed over with it, and the hyperparameters it runs with.
   slots_.Take(outcome.work->step);
   last_grad_scale_ = outcome.work->grad_scale;
+  last_commit_lr_ = outcome.work->lr;
   if (!outcome.work->lr.has_value()) outcome.work->lr = hyper_.lr();
   outcome.work->weight_decay = hyper_.weight_decay();
   if (outcome.work->step == 0) {
@@ -857,6 +993,12 @@ absl::Status Job::FreshServedForStep(int64_t step,
   bool warned = false;
   for (int i = 0; i < static_cast<int>(tensors_.size()); ++i) {
     const Tensor& t = tensors_[static_cast<size_t>(i)];
+    if (!early_.empty() && early_[static_cast<size_t>(i)].step == step &&
+        early_[static_cast<size_t>(i)].served != nullptr) {
+      // Taken when the tensor's gradients landed: its early step (if it ran) wrote them.
+      out->push_back(early_[static_cast<size_t>(i)].served);
+      continue;
+    }
     for (;;) {
       PARAMD_RETURN_IF_ERROR(failed_);  // deleted while it waited
       PARAMD_ASSIGN_OR_RETURN(std::shared_ptr<ServedTensor> served, FreshServed(i));

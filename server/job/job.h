@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -54,6 +55,10 @@ struct StepReport {
   bool skipped = false;  // a gradient was not finite: the state stayed, the version advanced
   float clip = 1.0f;     // the global-norm clip factor applied
   absl::Status failed;   // the backend failed the step: the job failed with this status
+  // Tensors whose early step (RegisterRequest.early_step) this step adopted, and whose early
+  // result it discarded.
+  int64_t early_adopted = 0;
+  int64_t early_discarded = 0;
 };
 
 class Job {
@@ -181,6 +186,29 @@ class Job {
     // A split tensor's version 0, made on a thread of its own (its amax round waits for the other
     // owners, which no RPC thread may do) once its upload is complete.
     bool creating = false;
+    // early_step: the second state an early step writes (EarlyStepAbility::StepEarly), made at
+    // the tensor's first early step; the step adopts it by trading buffers with `state`.
+    std::unique_ptr<TensorState> shadow;
+  };
+  // A tensor's early step of the step collected (RegisterRequest.early_step): queued when its
+  // gradients landed, run on early_thread_, and handed to the step, which adopts its result where
+  // it answers the step (StepRunner::PrepareLocked).
+  struct EarlyStep {
+    enum class State {
+      kNone,     // none for `step`
+      kQueued,   // waits in early_queue_; the set's slots are read (SlotSet::landed_running)
+      kRunning,  // being computed into the tensor's shadow and `served`
+      kDone,     // the shadow and `served` hold the step with `scalars`
+      kFailed,   // the job failed meanwhile, or the backend failed it: the step steps the tensor
+    };
+    State state = State::kNone;
+    int64_t step = -1;
+    std::vector<const void*> slots;  // the step's, in its order
+    kernels::SlotType slot_type = kernels::SlotType::kFp32;
+    StepScalars scalars;  // predicted when it was queued (PredictedScalarsLocked)
+    // The next version's buffers, taken at landing; the step of `step` writes this tensor's
+    // version into them, whether it adopts the early result or not.
+    std::shared_ptr<ServedTensor> served;
   };
 
   absl::Status CheckRank(int32_t rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -199,11 +227,30 @@ class Job {
   // gradients land): where it completed the tensor's slots of the step collected (every rank's, or
   // the pusher's when pre-reduced, all in host memory) and the backend has a LandedCheckAbility,
   // the tensor's check is started, to run from `after` once the lock is let go (EndLandedCheck
-  // records it). An in-place range marked again (its bytes cannot be told from a retry's) makes
-  // a check started before it stale.
+  // records it), or for a job with early_step queued for early_thread_ with its early step. An
+  // in-place range marked again (its bytes cannot be told from a retry's) makes a check started
+  // before it stale.
   void NoteLandedLocked(size_t index, const v1::PushChunk& chunk, ChunkBuffer::Stored stored,
                         std::vector<std::function<void()>>* after)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues tensor `index`'s early step of the step collected where the job steps early, the
+  // backend can, no step of the job is taken or running (its state is then free) and a served
+  // buffer of the next version is free now; `slots` are the step's, complete, in host memory.
+  // While a step is taken or running (staleness: trainers push the next step meanwhile) it is
+  // deferred until that step ran (QueueDeferredEarlyLocked).
+  void QueueEarlyLocked(size_t index, std::vector<const void*> slots, kernels::SlotType slot_type)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues tensor `index`'s early step (its record holds the step's slots) where a served buffer
+  // is free now; false, leaving no early step for it, where none is.
+  bool QueueRecordLocked(size_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A step ran: the early steps deferred meanwhile are queued, in landing order, where no step is
+  // taken now (else the step collected runs next, and steps its tensors itself).
+  void QueueDeferredEarlyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // early_thread_'s loop: runs the queued landed checks and early steps in landing order until
+  // the job goes.
+  void RunEarlySteps();
+  // The scalars a step of the step collected is expected to run with (EarlyStep::scalars).
+  StepScalars PredictedScalarsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A landed check of step `step`'s tensor `index` ended: kept where nothing made it stale.
   void EndLandedCheck(int64_t step, size_t index, absl::StatusOr<TensorCheck> check);
   // The slot set of `step`: the collecting one, or a taken one; null when neither.
@@ -323,6 +370,31 @@ class Job {
   absl::Status failed_ ABSL_GUARDED_BY(mu_);  // not OK once the job failed or was deleted
   std::vector<std::thread> initial_threads_ ABSL_GUARDED_BY(mu_);  // CreateSplitState's
   bool reshapable_ ABSL_GUARDED_BY(mu_) = false;  // MarkRestored, until a rank registers
+  // early_step: each tensor's early step (empty where the job does not step early), the tensors
+  // queued in landing order, the lr of the last step taken's commits (none: the job's), the
+  // tensor-steps adopted and discarded, and the thread that runs them (until early_stop_).
+  std::vector<EarlyStep> early_ ABSL_GUARDED_BY(mu_);
+  // What early_thread_ runs, in order: a tensor's landed check (`check`, which EndLandedCheck
+  // ends; cancelled once the job goes), or its early step (no `check`).
+  struct EarlyWork {
+    size_t index = 0;
+    std::function<void(bool cancelled)> check;
+  };
+  std::deque<EarlyWork> early_queue_ ABSL_GUARDED_BY(mu_);
+  // Tensors of the step collected that landed while a step was taken or running, in landing
+  // order, with the step's slots: queued once no step is (QueueDeferredEarlyLocked).
+  struct DeferredEarly {
+    size_t index = 0;
+    int64_t step = 0;
+    std::vector<const void*> slots;
+    kernels::SlotType slot_type = kernels::SlotType::kFp32;
+  };
+  std::vector<DeferredEarly> early_deferred_ ABSL_GUARDED_BY(mu_);
+  std::optional<double> last_commit_lr_ ABSL_GUARDED_BY(mu_);
+  int64_t early_adopted_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t early_discarded_ ABSL_GUARDED_BY(mu_) = 0;
+  bool early_stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread early_thread_;
 };
 
 // The job as its state's export reads it (server/state/state_transfer.h's StateExport): when the

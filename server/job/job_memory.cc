@@ -36,6 +36,19 @@ int64_t SlotRecordBytes(int64_t slot_bytes) {
   return static_cast<int64_t>(sizeof(ChunkBuffer)) + HeapOverhead(slot_bytes) + 64 + 48;
 }
 
+int64_t EarlyStepBytes(const v1::RegisterRequest& raw) {
+  if (!raw.early_step()) return 0;
+  const v1::RegisterRequest spec = NormalizedSpec(raw);
+  const std::vector<FormatKey> formats = ServedFormats(spec);
+  Wide bytes = 0;
+  for (int i = 0; i < spec.tensors_size(); ++i) {
+    const TensorInfo info = TensorInfoOf(spec, i);
+    bytes += static_cast<Wide>(PolicyStateBytes(info).total()) +
+             static_cast<Wide>(CpuWorkingBytes(info, formats));
+  }
+  return Saturated(bytes);
+}
+
 MemoryBytes JobFootprint(const v1::RegisterRequest& raw, BackendPlacement placement) {
   const v1::RegisterRequest spec = NormalizedSpec(raw);
   const std::vector<FormatKey> formats = ServedFormats(spec);
@@ -76,6 +89,8 @@ MemoryBytes JobFootprint(const v1::RegisterRequest& raw, BackendPlacement placem
       host += state + static_cast<Wide>(CpuWorkingBytes(info, formats));
     }
   }
+  // A backend that keeps the state on the device has no early step (it ignores the option).
+  if (!placement.state_on_device) host += static_cast<Wide>(EarlyStepBytes(spec));
   return MemoryBytes{Saturated(host), Saturated(device)};
 }
 

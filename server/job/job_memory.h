@@ -29,8 +29,13 @@ struct BackendPlacement {
 };
 
 // The bytes a job of this (validated) description may hold, host and GPU, saturated at int64's
-// maximum.
+// maximum; with early_step, EarlyStepBytes more in host memory where the state is (the cpu
+// backend).
 MemoryBytes JobFootprint(const v1::RegisterRequest& spec, BackendPlacement placement);
+
+// The second copy of the state a job with early_step keeps (each tensor's shadow: its state and
+// the cpu backend's working copy); 0 without early_step.
+int64_t EarlyStepBytes(const v1::RegisterRequest& spec);
 
 // Bytes of bookkeeping per tensor, and per (tensor, rank) slot record of one slot set; what the
 // footprint counts for them (their sizes in this build, with the allocator's overhead).

@@ -54,6 +54,8 @@ v1::JobStatus Job::Status() const {
     s.mutable_failure()->set_code(static_cast<int32_t>(failed_.code()));
     s.mutable_failure()->set_message(std::string(failed_.message()));
   }
+  s.set_early_steps_adopted(early_adopted_);
+  s.set_early_steps_discarded(early_discarded_);
   s.set_reserved_host_bytes(reservation_.bytes().host);
   s.set_reserved_device_bytes(reservation_.bytes().device);
   return s;

@@ -59,7 +59,8 @@ struct SlotSet {
   std::vector<std::vector<ChunkBuffer>> host;   // [tensor][rank]; empty until made
   std::vector<std::vector<DeviceSlot>> device;  // [tensor][rank], empty until asked for
   std::vector<LandedCheck> landed;              // [tensor]; sized when made
-  // Landed checks running (kRunning): the set is neither cleared nor given up until none is.
+  // Landed checks running (kRunning) and early steps queued or running (Job::EarlyStep): the set
+  // is neither cleared nor given up until none is.
   int landed_running = 0;
   bool made() const { return !host.empty(); }
   // Forgets every chunk received, every device mark and every landed check, keeping the memory.

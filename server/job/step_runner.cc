@@ -1,5 +1,6 @@
 #include "server/job/step_runner.h"
 
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +16,24 @@ double Seconds(std::chrono::steady_clock::time_point from,
 }
 
 }  // namespace
+
+StepScalars StepScalarsOf(const v1::AdamwHyperparams& hyper, double lr, double weight_decay,
+                          int64_t k, double grad_scale, uint64_t seed) {
+  const kernels::AdamwHyper adamw{lr, hyper.beta1(), hyper.beta2(), hyper.eps(), weight_decay};
+  StepScalars scalars;
+  scalars.k = k;
+  scalars.adamw = kernels::MakeAdamwScalars(adamw, k);
+  scalars.grad_scale = static_cast<float>(grad_scale);
+  scalars.seed = seed;
+  return scalars;
+}
+
+bool SameScalars(const StepScalars& a, const StepScalars& b) {
+  static_assert(sizeof(kernels::AdamwScalars) == 8 * sizeof(float), "AdamwScalars is 8 floats");
+  return std::memcmp(&a.adamw, &b.adamw, sizeof(a.adamw)) == 0 &&
+         std::memcmp(&a.grad_scale, &b.grad_scale, sizeof(float)) == 0 &&
+         std::memcmp(&a.clip, &b.clip, sizeof(float)) == 0 && a.seed == b.seed && a.k == b.k;
+}
 
 StepRunner::StepRunner(Job& job, const StepWork& work)
     : job_(job), work_(work), start_(std::chrono::steady_clock::now()), report_{work.step,
@@ -75,8 +94,11 @@ StepReport StepRunner::Run() {
   job_.last_step_seconds_ = report_.seconds;
   report_.skipped = outcome->skipped;
   report_.clip = outcome->clip;
+  report_.early_adopted = outcome->skipped ? 0 : adopting_;
+  report_.early_discarded = early_mismatched_ + (outcome->skipped ? adopting_ : 0);
   for (const Job::Tensor& t : job_.tensors_) report_.elements += t.elements;
   job_.slots_.Return(work_.step);
+  job_.QueueDeferredEarlyLocked();
   return report_;
 }
 
@@ -85,13 +107,9 @@ void StepRunner::PrepareLocked() {
   // check would make), so its result is used and the slots stay until the step returns them.
   job_.AwaitLandedChecksLocked(work_.step);
   SlotSet& slots = job_.slots_.Taken(work_.step);
-  kernels::AdamwHyper hyper{work_.lr.value_or(job_.hyper_.lr()), job_.hyper_.beta1(),
-                            job_.hyper_.beta2(), job_.hyper_.eps(),
-                            work_.weight_decay.value_or(job_.hyper_.weight_decay())};
-  scalars_.k = job_.applied_steps_ + 1;
-  scalars_.adamw = kernels::MakeAdamwScalars(hyper, scalars_.k);
-  scalars_.grad_scale = static_cast<float>(work_.grad_scale);
-  scalars_.seed = job_.spec_.seed();
+  scalars_ = StepScalarsOf(job_.hyper_, work_.lr.value_or(job_.hyper_.lr()),
+                           work_.weight_decay.value_or(job_.hyper_.weight_decay()),
+                           job_.applied_steps_ + 1, work_.grad_scale, job_.spec_.seed());
   for (size_t i = 0; i < job_.tensors_.size(); ++i) {
     Job::Tensor& t = job_.tensors_[i];
     TensorStep step;
@@ -117,6 +135,24 @@ void StepRunner::PrepareLocked() {
     // step's scale (TensorCheck::Answers), else checks the slots itself.
     if (i < slots.landed.size() && slots.landed[i].state == LandedCheck::State::kDone) {
       step.landed = &slots.landed[i].check;
+    }
+    if (i < job_.early_.size() && job_.early_[i].step == work_.step) {
+      // The tensor's early step (ended: the landed checks awaited above include it) answers the
+      // step where it ran with the step's scalars and its slots were not marked again since; the
+      // backend adopts it where the step is applied. Its served buffers are outputs_[i] either way.
+      Job::EarlyStep& early = job_.early_[i];
+      const bool unchanged = i < slots.landed.size() &&
+                             slots.landed[i].state != LandedCheck::State::kStale &&
+                             slots.landed[i].state != LandedCheck::State::kNone;
+      if (early.state == Job::EarlyStep::State::kDone && unchanged &&
+          job_.spec_.max_grad_norm() == 0 && SameScalars(early.scalars, scalars_)) {
+        step.adopt = t.shadow.get();
+        ++adopting_;
+      } else if (early.state == Job::EarlyStep::State::kDone) {
+        ++job_.early_discarded_;
+        ++early_mismatched_;
+      }
+      early = Job::EarlyStep{};
     }
     steps_.push_back(std::move(step));
   }
@@ -173,8 +209,10 @@ void StepRunner::CountLocked(const StepOutcome& outcome) {
   counted_ = true;
   if (outcome.skipped) {
     ++job_.skipped_steps_;
+    job_.early_discarded_ += adopting_;  // the state stays: no early result is taken
   } else {
     ++job_.applied_steps_;
+    job_.early_adopted_ += adopting_;
   }
   job_.sequence_.StepRan(work_.step);
   job_.last_step_seconds_ = Seconds(start_, std::chrono::steady_clock::now());

@@ -18,6 +18,13 @@
 
 namespace paramd {
 
+// The scalars of a step with these hyperparameters (lr and weight_decay as the step takes them),
+// `k` applied steps including it, and `grad_scale`; clip 1 (a clipped step sets its own).
+StepScalars StepScalarsOf(const v1::AdamwHyperparams& hyper, double lr, double weight_decay,
+                          int64_t k, double grad_scale, uint64_t seed);
+// Whether two steps' scalars are the same, bit for bit (an early step's answers the step).
+bool SameScalars(const StepScalars& a, const StepScalars& b);
+
 class StepRunner {
  public:
   StepRunner(Job& job, const StepWork& work);
@@ -42,6 +49,8 @@ class StepRunner {
   StepScalars scalars_;
   size_t published_ = 0;
   bool counted_ = false;                // CountLocked ran
+  int64_t adopting_ = 0;                // tensors handed an early step's state (TensorStep::adopt)
+  int64_t early_mismatched_ = 0;        // early results that did not answer the step
   std::vector<ServedTensor*> pending_;  // published before the outcome was known
   StepReport report_;
 };

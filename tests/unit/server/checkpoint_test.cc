@@ -154,6 +154,45 @@ TEST_F(CheckpointTest, AWrittenCheckpointRestoresAndTrainingContinuesBitForBit) 
   EXPECT_TRUE(chunks.front().has_header());
 }
 
+TEST_F(CheckpointTest, AnEarlyStepJobKeepsTheOptionAndContinuesBitForBitAfterARestore) {
+  // The option is part of the registration the manifest keeps; a job restored from it steps
+  // early from the imported state, and the same bits come out as from a job without it.
+  v1::RegisterRequest spec = Spec();
+  spec.set_early_step(true);
+  v1::RegisterRequest plain_spec = spec;
+  plain_spec.set_early_step(false);
+  RegistryJobHarness a(spec);
+  ASSERT_TRUE(a.Start(PolicyWeights(spec)).ok());
+  RegistryJobHarness plain(plain_spec);
+  ASSERT_TRUE(plain.Start(PolicyWeights(spec)).ok());
+  for (int64_t step = 0; step < 2; ++step) {
+    const auto grads = RandomGradients(spec, 60 + static_cast<uint64_t>(step));
+    ASSERT_TRUE(a.RunStep(step, grads).ok());
+    ASSERT_TRUE(plain.RunStep(step, grads).ok());
+  }
+  absl::StatusOr<std::string> dir = Write(a, 16 << 10);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  absl::StatusOr<v1::CheckpointManifest> manifest = ReadCheckpoint(
+      *dir, kChunkBytes, [](const v1::StateChunk&, std::string_view) { return absl::OkStatus(); });
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  EXPECT_TRUE(manifest->registration().early_step());
+
+  RegistryJobHarness b(manifest->registration());
+  ASSERT_TRUE(b.Start(RandomWeights(spec, 9)).ok());
+  // A step before the restore leaves its shadow states behind: the restore replaces the state.
+  ASSERT_TRUE(b.RunStep(0, RandomGradients(spec, 99)).ok());
+  ASSERT_TRUE(Restore(*dir, b).ok());
+  for (int64_t step = 2; step < 4; ++step) {
+    const auto grads = RandomGradients(spec, 60 + static_cast<uint64_t>(step));
+    ASSERT_TRUE(plain.RunStep(step, grads).ok());
+    ASSERT_TRUE(b.RunStep(step, grads).ok());
+  }
+  ExpectSameServed(plain, b, spec);
+  // Step 0 before the restore and steps 2 and 3 after it, every tensor adopted.
+  EXPECT_EQ(b.job().Status().early_steps_adopted(), 3 * spec.tensors_size());
+  EXPECT_EQ(b.job().Status().early_steps_discarded(), 0);
+}
+
 // Holds a writer thread before each chunk it writes until Release (or a deadline, so a test whose
 // writer waits forever fails instead of hanging).
 class HeldDisk {
