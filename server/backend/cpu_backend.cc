@@ -61,29 +61,15 @@ class CpuTensorState : public TensorState {
 
   StateBytes state_bytes() const override { return PolicyStateBytes(info); }
 
-  // Takes `from`'s arrays and scalars (the same tensor's), reusing its own buffers (sized once),
-  // the arrays copied by `pool`'s threads; the working copy is only sized (each step writes it
-  // before reading it).
-  void CopyFrom(const CpuTensorState& from, kernels::ThreadPool& pool) {
-    auto copy = [&pool](auto& to, const auto& source) {
-      to.resize(source.size());
-      const size_t bytes = source.size() * sizeof(source[0]);
-      auto* out = reinterpret_cast<uint8_t*>(to.data());
-      const auto* in = reinterpret_cast<const uint8_t*>(source.data());
-      constexpr size_t kBlock = size_t{1} << 20;
-      pool.ParallelFor(static_cast<int64_t>((bytes + kBlock - 1) / kBlock), 1,
-                       [&](int64_t b0, int64_t b1) {
-                         const size_t begin = static_cast<size_t>(b0) * kBlock;
-                         const size_t end = std::min(bytes, static_cast<size_t>(b1) * kBlock);
-                         std::memcpy(out + begin, in + begin, end - begin);
-                       });
-    };
-    copy(master, from.master);
-    copy(remainder, from.remainder);
-    copy(exp_avg, from.exp_avg);
-    copy(exp_avg_sq, from.exp_avg_sq);
-    copy(exp_avg_scale_inv, from.exp_avg_scale_inv);
-    copy(exp_avg_sq_scale_inv, from.exp_avg_sq_scale_inv);
+  // Takes `from`'s sizes and scalars (the same tensor's), reusing its own buffers (sized once):
+  // a step from `from` into this state (StepArgs' sources) writes every array before it is read.
+  void ShapedAs(const CpuTensorState& from) {
+    master.resize(from.master.size());
+    remainder.resize(from.remainder.size());
+    exp_avg.resize(from.exp_avg.size());
+    exp_avg_sq.resize(from.exp_avg_sq.size());
+    exp_avg_scale_inv.resize(from.exp_avg_scale_inv.size());
+    exp_avg_sq_scale_inv.resize(from.exp_avg_sq_scale_inv.size());
     working.resize(from.working.size());
     tensor_scale = from.tensor_scale;
     delayed_scale = from.delayed_scale;
@@ -159,7 +145,10 @@ kernels::ServeArgs ServeArgsFor(const CpuTensorState& s, ServedTensor* out, Serv
                      tensor_scale, f);
 }
 
-kernels::FusedStepArgs StepArgs(CpuTensorState& s, const TensorStep& t, const StepScalars& k) {
+// The kernel's arguments for stepping `s`, in place, or from `from`'s arrays into `s`'s (an early
+// step: `from` is only read).
+kernels::FusedStepArgs StepArgs(CpuTensorState& s, const TensorStep& t, const StepScalars& k,
+                                const CpuTensorState* from) {
   kernels::FusedStepArgs args;
   args.slots = t.slots.data();
   args.num_slots = static_cast<int>(t.slots.size());
@@ -177,6 +166,15 @@ kernels::FusedStepArgs StepArgs(CpuTensorState& s, const TensorStep& t, const St
   args.exp_avg_sq = s.exp_avg_sq.data();
   args.exp_avg_sq_scale_inv =
       s.exp_avg_sq_scale_inv.empty() ? nullptr : s.exp_avg_sq_scale_inv.data();
+  if (from != nullptr) {
+    const auto or_null = [](const auto& v) { return v.empty() ? nullptr : v.data(); };
+    args.master_in = from->master.data();
+    args.master_remainder_in = or_null(from->remainder);
+    args.exp_avg_in = from->exp_avg.data();
+    args.exp_avg_scale_inv_in = or_null(from->exp_avg_scale_inv);
+    args.exp_avg_sq_in = from->exp_avg_sq.data();
+    args.exp_avg_sq_scale_inv_in = or_null(from->exp_avg_sq_scale_inv);
+  }
   if (!s.working.empty()) args.out_fp32 = s.working.data();
   for (ServedFormat& f : t.out->formats) {
     if (!IsElementwise(f)) continue;
@@ -232,23 +230,23 @@ absl::Status CpuBackend::ApplyStep(std::span<TensorStep> tensors, const StepScal
   return absl::OkStatus();
 }
 
-// TODO(out-of-place): once kernels::FusedStepArgs reads its state from the *_in sources, this
-// passes `from`'s arrays there and steps into `into` in one pass, without the copy.
+// One pass: the kernel reads `from`'s arrays and writes the shadow's (FusedStepArgs' sources).
 absl::Status CpuBackend::StepEarly(const TensorState& from, std::unique_ptr<TensorState>* into,
                                    const TensorStep& step, const StepScalars& scalars) try {
   const auto& source = static_cast<const CpuTensorState&>(from);
   if (*into == nullptr) *into = std::make_unique<CpuTensorState>(source.info);
   auto& target = static_cast<CpuTensorState&>(**into);
-  target.CopyFrom(source, pool_);
+  target.ShapedAs(source);
   TensorStep t = step;
   t.state = &target;
   t.adopt = nullptr;
-  return StepTensor(t, scalars);
+  return StepTensor(t, scalars, &source);
 } catch (const std::bad_alloc&) {
   return OutOfHostMemory(static_cast<const CpuTensorState&>(from).info);
 }
 
-absl::Status CpuBackend::StepTensor(TensorStep& t, const StepScalars& scalars) {
+absl::Status CpuBackend::StepTensor(TensorStep& t, const StepScalars& scalars,
+                                    const TensorState* from) {
   std::vector<kernels::ServeArgs> cut, per_tensor;
   {
     auto& s = *static_cast<CpuTensorState*>(t.state);
@@ -263,7 +261,7 @@ absl::Status CpuBackend::StepTensor(TensorStep& t, const StepScalars& scalars) {
       }
     }
     kernels::CpuTensorStepArgs args;
-    args.step = StepArgs(s, t, scalars);
+    args.step = StepArgs(s, t, scalars, static_cast<const CpuTensorState*>(from));
     args.rows = s.info.rows;
     args.cols = s.info.cols;
     args.cut = cut;

@@ -53,9 +53,11 @@ class CpuBackend : public Backend, public LandedCheckAbility, public EarlyStepAb
                                                            ServedTensor* out) override;
 
  private:
+  // One tensor's step (ApplyStep's body): its state and every served format, in place, or from
+  // `from`'s arrays into t.state's (an early step, StepEarly).
+  absl::Status StepTensor(TensorStep& t, const StepScalars& scalars,
+                          const TensorState* from = nullptr);
   // One tensor's check on the pool; `guest`: from a thread that is not a step's (CheckLanded).
-  // One tensor's step (ApplyStep's body): its state and every served format.
-  absl::Status StepTensor(TensorStep& t, const StepScalars& scalars);
   absl::StatusOr<TensorCheck> CheckTensor(const TensorInfo& info, const kernels::GradSlots& grad,
                                           bool norms, bool guest);
 
