@@ -70,6 +70,11 @@ What happens when:
   committed step t; the daemon refuses that push as ahead of its step, and the push thread
   waits (asking the job's status) until the job collects it. Host path only: CUDA parameters
   over cuda_ipc raise ValueError.
+- `early_step=True` (opt-in; a cpu daemon with max_grad_norm 0): the daemon steps each tensor as
+  its gradients land, during backward, into a second copy of its state that the commit adopts
+  where its scalars were predicted right (the same bits as without it); costs the state's bytes
+  again in the daemon's memory. A learning rate the loop changes (a schedule) is told to the
+  daemon (set_hyperparams) before the step's first push, so the prediction holds.
 - CUDA parameters, with the daemon on this node's GPU (`paramd --backend=cuda:N`; the automatic
   choice then picks cuda_ipc): gradients are lent, not copied. A push waits for nothing: it
   records an interprocess event on the current stream at construction (`cuda_stream`) and tells
@@ -172,6 +177,9 @@ class _Job:
         self.registered = None  # hyper-parameters as registered (betas and eps cannot change)
         self.pieces = {}  # pre_reduced: tensor name -> [(owner index, first row, end row)]
         self.pushes = True  # pre_reduced: whether this rank pushes some owner's part
+        # early_step: the lr the daemon predicts the next step with (the last commit's, or the
+        # last one set); None: not known, told at the next push
+        self.told_lr = None
 
 
 class _Worker:
@@ -599,8 +607,19 @@ class AdamW(torch.optim.Optimizer):
                 # The daemon may read them where they lie when the step runs: they stay alive,
                 # unchanged, until the step's version is loaded (_load_device).
                 self._lent.setdefault(job.name, []).extend(keep for _, _, keep in bucket)
+            # The step's lr as the loop set it (a schedule moves it after step()): with
+            # early_step the daemon is told before the gradients land, so it predicts it.
+            lr = float(job.group["lr"]) if self._early_step else None
             self._pushes.submit(
-                lambda: (self._push_gradients(job, rank, step, items), bucket))
+                lambda: (self._announce_lr(job, lr), self._push_gradients(job, rank, step, items),
+                         bucket))
+
+    def _announce_lr(self, job, lr):
+        """early_step: tells the daemon the step's lr where it is not the one it predicts (the
+        last commit's), before the step's first gradient lands (on the push thread)."""
+        if lr is not None and lr != job.told_lr:
+            job.client.set_hyperparams(job.name, lr=lr)
+            job.told_lr = lr
 
     def _push_gradients(self, job, rank, step, items):
         """Pushes a bucket (on the push thread). With staleness 1 a rank may push step s before
@@ -676,6 +695,7 @@ class AdamW(torch.optim.Optimizer):
                 self._update_hyperparams(j)
                 j.client.commit(j.name, self.rank, self._step, lr=float(j.group["lr"]),
                                 grad_scale=1.0 / self.world_size)
+                j.told_lr = float(j.group["lr"])
         except paramd.StatusError as error:
             if not self._restarted(error):
                 raise
@@ -952,6 +972,8 @@ class AdamW(torch.optim.Optimizer):
         self._served = {}
         self._versions = {}
         self._retired = []
+        for j in self._jobs:
+            j.told_lr = None  # the restored job predicts its own
         self.restarts += 1
         self._step = self._register_and_load()
 

@@ -1083,7 +1083,12 @@ absl::StatusOr<v1::AdamwHyperparams> Job::SetHyperparams(const v1::SetHyperparam
   }
   absl::MutexLock lock(&mu_);
   PARAMD_RETURN_IF_ERROR(failed_);
-  if (request.has_lr()) hyper_.set_lr(request.lr());
+  if (request.has_lr()) {
+    hyper_.set_lr(request.lr());
+    // The lr set now is the one the next early steps predict (a schedule announced before the
+    // step's gradients land), not the last commit's.
+    last_commit_lr_.reset();
+  }
   if (request.has_weight_decay()) hyper_.set_weight_decay(request.weight_decay());
   return hyper_;
 }

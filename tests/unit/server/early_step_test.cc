@@ -371,6 +371,38 @@ TEST(EarlyStepTest, ACommitWhoseLrDiffersFromThePredictionIsSteppedAtTheStep) {
   EXPECT_EQ(counters.adopted, 3 * spec.tensors_size());
 }
 
+TEST(EarlyStepTest, ALearningRateScheduleAnnouncedBeforeThePushesIsPredicted) {
+  // An lr that changes every step (a schedule): told by SetHyperparams before each step's
+  // gradients land (as paramd.torch does with early_step), every early result is adopted; the
+  // commits say the same lr. Unannounced, each step's commit lr differs from the last one's and
+  // every early result is discarded, the bytes the same either way.
+  const v1::RegisterRequest spec = CaseSpec(Cases()[1]);
+  const auto lr = [](int64_t step) { return 1e-3 / static_cast<double>(step + 1); };
+  for (const bool announced : {true, false}) {
+    SCOPED_TRACE(announced ? "announced" : "not announced");
+    const StepScript commit = PushAllThenCommit(spec, 41, lr);
+    const auto script = [&spec, &lr, &commit, announced](Driver& d, int64_t step) {
+      if (announced) {
+        v1::SetHyperparamsRequest request;
+        request.set_job(spec.job());
+        request.set_lr(lr(step));
+        ASSERT_TRUE(d.job().SetHyperparams(request).ok());
+      }
+      commit(d, step);
+    };
+    const Counters counters = ExpectSameSteps(spec, 3, script);
+    if (announced) {
+      EXPECT_EQ(counters.adopted, 3 * spec.tensors_size());
+      EXPECT_EQ(counters.discarded, 0);
+    } else {
+      // Step 0 predicts the job's registered lr, the later ones the last commit's: all miss but
+      // where the registered lr is step 0's.
+      EXPECT_EQ(counters.adopted + counters.discarded, 3 * spec.tensors_size());
+      EXPECT_GE(counters.discarded, 2 * spec.tensors_size());
+    }
+  }
+}
+
 TEST(EarlyStepTest, SetHyperparamsChangesThePredictionOfTheNextStep) {
   const v1::RegisterRequest spec = CaseSpec(Cases()[0]);
   // The weight decay changes between the pushes and the commits of step 1: its early results
