@@ -3,6 +3,7 @@
 // memcpy and, for a trainer with a GPU (TransportContext::cuda_device), GPU memory by DMA
 // (transport/shm/gpu_copies.h): its segments are page-locked as they are mapped.
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/copy_bytes.h"
@@ -111,17 +112,21 @@ class ShmTransport final : public PlacedTransport {
   absl::Status MoveToPlaces(const std::string&, std::span<const ToPlace> moves) override {
     absl::Status s;
     bool queued = false;
+    std::vector<const ToPlace*> host;  // each item's memory asked once (a driver call)
+    host.reserve(moves.size());
     for (const ToPlace& move : moves) {
       const std::span<const std::byte> data = move.item->data;
-      if (!OnGpu(data)) continue;
+      if (!OnGpu(data)) {
+        host.push_back(&move);
+        continue;
+      }
       s = gpu_->QueueToHost(move.slot.mapped, data.data(), data.size());
       queued = true;
       if (!s.ok()) break;
     }
     if (s.ok()) {
-      for (const ToPlace& move : moves) {
-        const std::span<const std::byte> data = move.item->data;
-        if (!OnGpu(data)) CopyBytes(move.slot.mapped, data.data(), data.size());
+      for (const ToPlace* move : host) {
+        CopyBytes(move->slot.mapped, move->item->data.data(), move->item->data.size());
       }
     }
     if (queued) {
