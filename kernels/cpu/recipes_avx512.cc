@@ -32,13 +32,12 @@ PARAMD_AVX512 inline __m512i AbsBits16(__m512 x) {
   return _mm512_and_si512(_mm512_castps_si512(x), Set(0x7FFFFFFFu));
 }
 
-// MiniFloat F's Encode on 16 lanes, the codes in the low bits of each 32-bit lane.
 // E4M3's nearest cast in a short form, the codes of Encode16<E4m3> (kernels/cpu/state_codec.h's
 // EncodeE4m3Nearest, which says how; recipes_test checks every FP32 input of the exponents where
 // its cases meet): an integer round of the bits at and above 2^-6, an FP32 add of 2^14 below.
 PARAMD_AVX512 inline __m512i E4m3Nearest16(__m512 x) {
   const __m512i bits = _mm512_castps_si512(x);
-  const __m512i abs = _mm512_and_si512(bits, Set(0x7FFFFFFFu));
+  const __m512i abs = AbsBits16(x);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(abs, 20), Set(1));
   const __m512i normal = _mm512_srli_epi32(
       _mm512_add_epi32(_mm512_add_epi32(abs, Set(0x7FFFFu - (120u << 23))), lsb), 20);
@@ -54,10 +53,11 @@ PARAMD_AVX512 inline __m512i E4m3Nearest16(__m512 x) {
                                Set(E4m3::kNaNCode));
 }
 
+// MiniFloat F's Encode on 16 lanes, the codes in the low bits of each 32-bit lane.
 template <typename F>
 PARAMD_AVX512 inline __m512i Encode16(__m512 x) {
   const __m512i bits = _mm512_castps_si512(x);
-  const __m512i abs = _mm512_and_si512(bits, Set(0x7FFFFFFFu));
+  const __m512i abs = AbsBits16(x);
   const __m512i one = Set(1);
   const __m512i field = _mm512_srli_epi32(abs, 23);
   const __m512i eff = _mm512_max_epu32(field, one);
