@@ -270,6 +270,9 @@ def one_row(row, address, steps, warmup, profile=False, trace=None, sync_debug=F
         # What the daemon holds per parameter: its reservation (the budget a job takes).
         out["daemon_host_bytes_per_param"] = status["reserved_host_bytes"] / params
         out["daemon_state_bytes_per_param"] = status["state_bytes"] / params
+        for key in ("early_steps_adopted", "early_steps_discarded"):
+            if key in status:
+                out[key] = status[key]
         # Per timed step: what step() waited for pushes, its commits, and what the forward
         # pre-hooks waited for the next version.
         for key, value in opt.timings.items():

@@ -357,7 +357,9 @@ TEST_P(OutOfPlaceTest, AlignedFp32MomentDestinationsGetTheInPlaceBits) {
   std::mt19937_64 rng(17);
   constexpr size_t kN = 3 * 4096 + 128 + 5;
   struct Aligned {
-    explicit Aligned(size_t bytes) : p(static_cast<char*>(std::aligned_alloc(64, bytes))) {}
+    // aligned_alloc wants a size that is a multiple of the alignment.
+    explicit Aligned(size_t bytes)
+        : p(static_cast<char*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64))) {}
     ~Aligned() { std::free(p); }
     char* p;
   };
