@@ -48,6 +48,10 @@ ABSL_FLAG(int, exposed_tensors, 0,
           "Tensors of the exposed-step figure (0: none); the other figures are then skipped");
 ABSL_FLAG(int, backward_ms, 0,
           "Exposed-step figure: the simulated backward, ms, spread between the tensors' pushes");
+ABSL_FLAG(bool, backward_spin, false,
+          "Exposed step: the pushing thread spins through each backward gap instead of sleeping "
+          "(a trainer whose thread keeps a core busy while backward runs, as a spinning CUDA wait "
+          "does)");
 ABSL_FLAG(bool, early_step, false,
           "Exposed-step figure: register the job with early_step (RegisterRequest.early_step)");
 
@@ -185,7 +189,12 @@ StepTimes ExposedSeconds(int64_t elements, int tensors) {
   for (int i = 0; i < absl::GetFlag(FLAGS_step_iters) + 1; ++i) {
     values[0] = static_cast<float>(i);
     for (int t = tensors - 1; t >= 0; --t) {
-      std::this_thread::sleep_for(gap);  // the backward of layer t
+      if (absl::GetFlag(FLAGS_backward_spin)) {  // the backward of layer t
+        for (const auto until = Clock::now() + gap; Clock::now() < until;) {
+        }
+      } else {
+        std::this_thread::sleep_for(gap);
+      }
       const PushItem item{target.tensors[static_cast<size_t>(t)], bytes};
       Check(client->PushGradients(job, 0, i, std::span<const PushItem>(&item, 1)), "exposed push");
     }
