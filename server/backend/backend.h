@@ -15,6 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/aligned_vector.h"
 #include "common/device_bytes.h"
 #include "common/host_buffer.h"
 #include "common/kernel_formats.h"
@@ -171,12 +172,13 @@ struct TensorScalars {
 // array has its policy's size, unused ones are empty; the history holds at most
 // info.delayed_history entries).
 struct HostTensorState {
-  std::vector<uint8_t> master;
-  std::vector<int16_t> remainder;
-  std::vector<uint8_t> exp_avg;
-  std::vector<float> exp_avg_scale_inv;
-  std::vector<uint8_t> exp_avg_sq;
-  std::vector<float> exp_avg_sq_scale_inv;
+  // 64-byte aligned (common/aligned_vector.h): a cpu backend keeps them as its state's arrays.
+  AlignedVector<uint8_t> master;
+  AlignedVector<int16_t> remainder;
+  AlignedVector<uint8_t> exp_avg;
+  AlignedVector<float> exp_avg_scale_inv;
+  AlignedVector<uint8_t> exp_avg_sq;
+  AlignedVector<float> exp_avg_sq_scale_inv;
   TensorScalars scalars;
 };
 

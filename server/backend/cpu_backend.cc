@@ -91,15 +91,16 @@ class CpuTensorState : public TensorState {
 
   const TensorInfo info;
   const int64_t n;
-  std::vector<uint8_t> master;     // FP32, FP16 codes, or the served BF16 halves
-  std::vector<int16_t> remainder;  // bf16+remainder only
-  std::vector<uint8_t> exp_avg;
-  std::vector<uint8_t> exp_avg_sq;
-  std::vector<float> exp_avg_scale_inv;
-  std::vector<float> exp_avg_sq_scale_inv;
+  // 64-byte aligned, so that a step out of place (an early step's) streams its FP32 moments.
+  AlignedVector<uint8_t> master;     // FP32, FP16 codes, or the served BF16 halves
+  AlignedVector<int16_t> remainder;  // bf16+remainder only
+  AlignedVector<uint8_t> exp_avg;
+  AlignedVector<uint8_t> exp_avg_sq;
+  AlignedVector<float> exp_avg_scale_inv;
+  AlignedVector<float> exp_avg_sq_scale_inv;
   // The step's FP32 values, which the block and per-tensor formats are cut from, where the job
   // does not serve FP32 and the master is not FP32 itself (empty otherwise).
-  std::vector<float> working;
+  AlignedVector<float> working;
   float tensor_scale = 1.0f;   // fp8_tensor: the previous step's scale
   float delayed_scale = 1.0f;  // fp8_delayed: likewise
   kernels::AmaxHistory history{16};

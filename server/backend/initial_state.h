@@ -14,10 +14,10 @@
 namespace paramd {
 
 struct InitialState {
-  std::vector<uint8_t> master;     // FP32, FP16 codes, or the served BF16 halves
-  std::vector<int16_t> remainder;  // bf16+remainder only
-  float fp8_tensor_scale = 1.0f;   // fp8_tensor's scale of version 0 (the next step's previous)
-  float delayed_scale = 1.0f;      // fp8_delayed's (empty history: 1)
+  AlignedVector<uint8_t> master;     // FP32, FP16 codes, or the served BF16 halves
+  AlignedVector<int16_t> remainder;  // bf16+remainder only
+  float fp8_tensor_scale = 1.0f;     // fp8_tensor's scale of version 0 (the next step's previous)
+  float delayed_scale = 1.0f;        // fp8_delayed's (empty history: 1)
 };
 
 // Fills `state` and every format of `out` (sized by the job) from the initial FP32 weights; a row

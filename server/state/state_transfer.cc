@@ -412,7 +412,7 @@ absl::StatusOr<StagedState> StateImport::Finish(bool new_serve_formats) {
       // Scales are read as divisors and multipliers: positive and finite, or the import would
       // publish garbage.
       const HostTensorState& s = staged_.tensors[t];
-      const std::vector<float>* scales = nullptr;
+      const AlignedVector<float>* scales = nullptr;
       float scalar = 1.0f;
       switch (expected_[t][f].kind) {
         case StateFieldKind::kExpAvgScales:
