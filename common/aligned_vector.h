@@ -19,7 +19,7 @@ struct CacheLineAllocator {
   CacheLineAllocator(const CacheLineAllocator<U>&) {}  // NOLINT: rebinding, as allocators do
 
   T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), kAlignment)); }
-  void deallocate(T* p, size_t n) { ::operator delete(p, n * sizeof(T), kAlignment); }
+  void deallocate(T* p, size_t) { ::operator delete(p, kAlignment); }
 
   template <typename U>
   friend bool operator==(const CacheLineAllocator&, const CacheLineAllocator<U>&) {
