@@ -395,12 +395,12 @@ absl::Status Client::UploadInitialWeights(const std::string& job, std::span<cons
 }
 
 absl::Status Client::PushGradients(const std::string& job, int32_t rank, int64_t step,
-                                   std::span<const PushItem> items) {
+                                   std::span<const PushItem> items, uintptr_t ready_event) {
   if (sharded_ != nullptr && sharded_->job() == job) {
-    return sharded_->Push(v1::PUSH_KIND_GRADIENT, rank, step, items);
+    return sharded_->Push(v1::PUSH_KIND_GRADIENT, rank, step, items, ready_event);
   }
   if (absl::Status s = NeedTransport(); !s.ok()) return s;
-  PushTarget target{job, rank, step, v1::PUSH_KIND_GRADIENT};
+  PushTarget target{job, rank, step, v1::PUSH_KIND_GRADIENT, ready_event};
   return RetryData([&] { return transport_->Push(target, items, NextDeadline()); });
 }
 

@@ -121,9 +121,11 @@ class Client {
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
   // Rank 0 uploads the initial FP32 weights (version 0).
   absl::Status UploadInitialWeights(const std::string& job, std::span<const PushItem> items);
-  // Pushes gradients of `step` from `rank`.
+  // Pushes gradients of `step` from `rank`. `ready_event`: for gradients in GPU memory, a
+  // cudaEvent_t recorded after backward wrote them (PushTarget::ready_event): the copies wait for
+  // it, not for all the work queued on ClientOptions::cuda_stream so far.
   absl::Status PushGradients(const std::string& job, int32_t rank, int64_t step,
-                             std::span<const PushItem> items);
+                             std::span<const PushItem> items, uintptr_t ready_event = 0);
   absl::StatusOr<v1::CommitResponse> Commit(const std::string& job, int32_t rank, int64_t step,
                                             std::optional<double> lr = std::nullopt,
                                             std::optional<double> grad_scale = std::nullopt);

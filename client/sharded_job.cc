@@ -88,7 +88,7 @@ absl::StatusOr<const ShardedJob::Tensor*> ShardedJob::Find(const std::string& na
 }
 
 absl::Status ShardedJob::Push(v1::PushKind kind, int32_t rank, int64_t step,
-                              std::span<const PushItem> items) {
+                              std::span<const PushItem> items, uintptr_t ready_event) {
   // Each owner's rows of each tensor: a contiguous range of its row-major bytes.
   std::vector<std::vector<PushItem>> by_owner(clients_.size());
   for (const PushItem& item : items) {
@@ -118,7 +118,7 @@ absl::Status ShardedJob::Push(v1::PushKind kind, int32_t rank, int64_t step,
     if (kind == v1::PUSH_KIND_INITIAL_WEIGHTS) {
       return clients_[i]->UploadInitialWeights(job_, by_owner[i]);
     }
-    return clients_[i]->PushGradients(job_, rank, step, by_owner[i]);
+    return clients_[i]->PushGradients(job_, rank, step, by_owner[i], ready_event);
   });
 }
 

@@ -36,8 +36,10 @@ class ShardedJob {
 
   const std::string& job() const { return job_; }
   // Each owner's rows of each item (a whole tensor's bytes) to that owner; pre-reduced, only to
-  // the owners whose part this rank pushes (owner index mod world size).
-  absl::Status Push(v1::PushKind kind, int32_t rank, int64_t step, std::span<const PushItem> items);
+  // the owners whose part this rank pushes (owner index mod world size). `ready_event` as
+  // Client::PushGradients'.
+  absl::Status Push(v1::PushKind kind, int32_t rank, int64_t step, std::span<const PushItem> items,
+                    uintptr_t ready_event = 0);
   // Every daemon of the job gets the commit; the first daemon's answer.
   absl::StatusOr<v1::CommitResponse> Commit(int32_t rank, int64_t step, std::optional<double> lr,
                                             std::optional<double> grad_scale);

@@ -692,10 +692,11 @@ class PyClient {
   }
 
   void PushGradients(const std::string& job, int rank, int64_t step,
-                     const std::vector<std::pair<std::string, py::object>>& items) {
+                     const std::vector<std::pair<std::string, py::object>>& items,
+                     uintptr_t ready_event) {
     const std::shared_ptr<Client> client = Open();
     PushBuffers(*client, items, [&](std::span<const PushItem> push_items) {
-      return client->PushGradients(job, rank, step, push_items);
+      return client->PushGradients(job, rank, step, push_items, ready_event);
     });
   }
 
@@ -853,6 +854,7 @@ class PyClient {
       d["last_clip"] = j.last_clip();
       d["early_steps_adopted"] = j.early_steps_adopted();
       d["early_steps_discarded"] = j.early_steps_discarded();
+      d["early_steps_late"] = j.early_steps_late();
       d["state_bytes"] = j.state_bytes();
       d["served_bytes"] = j.served_bytes();
       d["slot_bytes"] = j.slot_bytes();
@@ -1100,7 +1102,9 @@ PYBIND11_MODULE(_paramd, m) {
       .def("upload_initial_weights", &PyClient::UploadInitialWeights, py::arg("job"),
            py::arg("items"))
       .def("push_gradients", &PyClient::PushGradients, py::arg("job"), py::arg("rank"),
-           py::arg("step"), py::arg("items"))
+           py::arg("step"), py::arg("items"), py::arg("ready_event") = 0,
+           "ready_event: for CUDA gradients, a cudaEvent_t (torch.cuda.Event.cuda_event) "
+           "recorded after backward wrote them; their copies wait for it alone")
       .def("commit", &PyClient::Commit, py::arg("job"), py::arg("rank"), py::arg("step"),
            py::arg("lr") = std::nullopt, py::arg("grad_scale") = std::nullopt)
       .def("pull", &PyClient::Pull, py::arg("job"), py::arg("tensor"), py::arg("format") = "fp32",

@@ -152,7 +152,8 @@ Metrics::Metrics()
       early_steps_(prometheus::BuildCounter()
                        .Name("paramd_early_steps_total")
                        .Help("Tensor-steps stepped as their gradients landed (early_step), by job "
-                             "and outcome (adopted by the step, or discarded)")
+                             "and outcome (adopted by the step, discarded, or late: not begun when the step "
+                             "was taken)")
                        .Register(*registry_)) {}
 
 Metrics::~Metrics() = default;
@@ -239,14 +240,14 @@ void Metrics::StepDone(const std::string& job, double seconds, int64_t elements,
   }
 }
 
-void Metrics::EarlySteps(const std::string& job, int64_t adopted, int64_t discarded) {
-  if (adopted > 0) {
-    early_steps_.Add({{"training_job", job}, {"outcome", "adopted"}})
-        .Increment(static_cast<double>(adopted));
-  }
-  if (discarded > 0) {
-    early_steps_.Add({{"training_job", job}, {"outcome", "discarded"}})
-        .Increment(static_cast<double>(discarded));
+void Metrics::EarlySteps(const std::string& job, int64_t adopted, int64_t discarded,
+                         int64_t late) {
+  const std::pair<const char*, int64_t> outcomes[] = {
+      {"adopted", adopted}, {"discarded", discarded}, {"late", late}};
+  for (const auto& [outcome, count] : outcomes) {
+    if (count == 0) continue;
+    early_steps_.Add({{"training_job", job}, {"outcome", outcome}})
+        .Increment(static_cast<double>(count));
   }
 }
 

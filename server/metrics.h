@@ -37,9 +37,9 @@ class Metrics {
       const std::string& basic_auth = "");
 
   void StepDone(const std::string& job, double seconds, int64_t elements, bool skipped);
-  // A step of a job with early_step adopted `adopted` tensors' early results and discarded
-  // `discarded` (the JobStatus counters).
-  void EarlySteps(const std::string& job, int64_t adopted, int64_t discarded);
+  // A step of a job with early_step adopted `adopted` tensors' early results, discarded
+  // `discarded`, and stepped `late` tensors itself (the JobStatus counters).
+  void EarlySteps(const std::string& job, int64_t adopted, int64_t discarded, int64_t late);
   // A step the backend failed (the job failed with it).
   void StepFailed(const std::string& job);
   // A round of a sharded job's agreement ended (the Peer service): how long this daemon waited.

@@ -411,7 +411,7 @@ PlacedTransport::PlacedTransport(const TransportContext& context, std::string na
 
 PlacedTransport::~PlacedTransport() { Stop(); }
 
-absl::Status PlacedTransport::BeforePush() { return absl::OkStatus(); }
+absl::Status PlacedTransport::BeforePush(uintptr_t) { return absl::OkStatus(); }
 absl::StatusOr<std::vector<PlacedTransport::Lent>> PlacedTransport::Lend(
     std::span<const PushItem>) {
   return std::vector<Lent>();
@@ -464,7 +464,7 @@ absl::Status PlacedTransport::Push(const PushTarget& target, std::span<const Pus
   if (target.kind == v1::PUSH_KIND_INITIAL_WEIGHTS) {
     return PushInline(target, items, deadline);  // once per job, from rank 0
   }
-  if (absl::Status s = BeforePush(); !s.ok()) return s;
+  if (absl::Status s = BeforePush(target.ready_event); !s.ok()) return s;
   if (context_.lend_gradients) return PushLending(target, items, deadline);
   return slots_->PushFollowingRestarts([&] { return PushPlaced(target, items, deadline); });
 }

@@ -200,8 +200,8 @@ class PlacedTransport : public Transport {
   // Judges a probe's answer (already remembered): OK when this process reaches the daemon's
   // memory.
   virtual absl::Status CheckProbe(const v1::AttachResponse& response, Deadline deadline) = 0;
-  // Runs before a push reads the caller's buffers.
-  virtual absl::Status BeforePush();
+  // Runs before a push reads the caller's buffers; `ready_event` as PushTarget's.
+  virtual absl::Status BeforePush(uintptr_t ready_event);
   // OK where the regions are mapped in this process, so PullInPlace can give views of them; else
   // why not (FAILED_PRECONDITION; nothing is leased).
   virtual absl::Status CanViewInPlace() const { return absl::OkStatus(); }

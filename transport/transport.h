@@ -46,6 +46,10 @@ struct PushTarget {
   int32_t rank = 0;
   int64_t step = 0;
   v1::PushKind kind = v1::PUSH_KIND_GRADIENT;
+  // Items in GPU memory: a cudaEvent_t recorded after the work that wrote them (a gradient's
+  // backward), which the push's copies wait for instead of all the work queued on the trainer's
+  // stream so far (shm, nccl; cuda_ipc's daemon reads them after the commit). 0: that work.
+  uintptr_t ready_event = 0;
 };
 
 struct PullTarget {

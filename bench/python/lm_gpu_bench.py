@@ -270,7 +270,7 @@ def one_row(row, address, steps, warmup, profile=False, trace=None, sync_debug=F
         # What the daemon holds per parameter: its reservation (the budget a job takes).
         out["daemon_host_bytes_per_param"] = status["reserved_host_bytes"] / params
         out["daemon_state_bytes_per_param"] = status["state_bytes"] / params
-        for key in ("early_steps_adopted", "early_steps_discarded"):
+        for key in ("early_steps_adopted", "early_steps_discarded", "early_steps_late"):
             if key in status:
                 out[key] = status[key]
         # Per timed step: what step() waited for pushes, its commits, and what the forward

@@ -98,8 +98,9 @@ What happens when:
   tier, docs/host_tier.md): the GPU holds the weights and gradients alone. The client page-locks
   the daemon's shared-memory segments for this GPU once (`cuda_device`); gradients go
   device-to-host by DMA straight into their slots as backward produces them (a copy stream of the
-  client's waits for the current stream on the device; the push thread, not the trainer's, waits
-  for the copies); each new weight, as the daemon publishes it in forward order, goes
+  client's waits on the device for an event each bucket's gradient hook recorded on backward's
+  stream, not for the rest of backward; the push thread, not the trainer's, waits for the copies,
+  then marks them, so a gradient lands in the daemon while backward still runs); each new weight, as the daemon publishes it in forward order, goes
   host-to-device by DMA straight from the served bytes into its parameter where the parameter's
   dtype is the first format's (bf16 parameters with serve="bf16"), else into a GPU buffer that is
   dequantized into it; the other formats land in GPU buffers that served() gives. The copies wait
@@ -610,9 +611,16 @@ class AdamW(torch.optim.Optimizer):
             # The step's lr as the loop set it (a schedule moves it after step()): with
             # early_step the daemon is told before the gradients land, so it predicts it.
             lr = float(job.group["lr"]) if self._early_step else None
+            # GPU gradients: an event after the work that wrote them, recorded here (in
+            # backward, on its stream), so their copies wait for it and not for the rest of
+            # backward, which the host has queued by the time the push thread gets to them.
+            ready = None
+            if self._push_device and self.device.type == "cuda":
+                ready = torch.cuda.Event()
+                ready.record()
             self._pushes.submit(
-                lambda: (self._announce_lr(job, lr), self._push_gradients(job, rank, step, items),
-                         bucket))
+                lambda: (self._announce_lr(job, lr),
+                         self._push_gradients(job, rank, step, items, ready), bucket))
 
     def _announce_lr(self, job, lr):
         """early_step: tells the daemon the step's lr where it is not the one it predicts (the
@@ -621,20 +629,22 @@ class AdamW(torch.optim.Optimizer):
             job.client.set_hyperparams(job.name, lr=lr)
             job.told_lr = lr
 
-    def _push_gradients(self, job, rank, step, items):
+    def _push_gradients(self, job, rank, step, items, ready=None):
         """Pushes a bucket (on the push thread). With staleness 1 a rank may push step s before
         another rank committed step s-1 (its forward waited for step s-2 only); the daemon refuses
         such a push (FAILED_PRECONDITION: ahead of the step it collects). The push then waits
         until the job's status says it collects step s (the daemon at `address`: the owners of a
         job over several open a step together, give or take a commit in flight) and goes again,
-        four tries in all; a refusal that waiting does not cure is raised."""
+        four tries in all; a refusal that waiting does not cure is raised. `ready`: the bucket's
+        torch.cuda.Event (GPU gradients), which their copies wait for."""
+        ready_event = 0 if ready is None else ready.cuda_event
         if not self.staleness:
-            job.client.push_gradients(job.name, rank, step, items)
+            job.client.push_gradients(job.name, rank, step, items, ready_event)
             return
         deadline = time.monotonic() + self._timeout_s
         for attempt in range(4):
             try:
-                job.client.push_gradients(job.name, rank, step, items)
+                job.client.push_gradients(job.name, rank, step, items, ready_event)
                 return
             except paramd.StatusError as error:
                 if error.code != "FAILED_PRECONDITION" or attempt == 3:

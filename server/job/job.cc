@@ -335,9 +335,9 @@ void Job::NoteLandedLocked(size_t index, const v1::PushChunk& chunk, ChunkBuffer
     after->push_back([check = std::move(check)] { check(/*cancelled=*/false); });
     return;
   }
-  // A job that steps early checks on its early-step thread too, each tensor's check before its
-  // early step, in landing order: the thread that delivered the chunk only queues them.
-  early_queue_.push_back(EarlyWork{index, std::move(check)});
+  // A job that steps early checks on its early-step thread too, the checks ahead of the early
+  // steps: the thread that delivered the chunk only queues them.
+  early_checks_.push_back(std::move(check));
   QueueEarlyLocked(index, std::move(slots), slot_type);
 }
 
@@ -375,10 +375,52 @@ bool Job::QueueRecordLocked(size_t index) {
   // the gradients landed.
   early.scalars = PredictedScalarsLocked();
   early.state = EarlyStep::State::kQueued;
+  if (!early_times_.first_queued) early_times_.first_queued = std::chrono::steady_clock::now();
   // The set's slots stay (neither cleared nor dropped) until it ran: a step waits for it.
   ++slots_.collecting().landed_running;
-  early_queue_.push_back(EarlyWork{index, nullptr});
+  early_queue_.push_back(index);
   return true;
+}
+
+void Job::WithdrawEarlyLocked(int64_t step) {
+  SlotSet& set = slots_.Taken(step);
+  int late = 0;
+  for (size_t index : early_queue_) {
+    EarlyStep& early = early_[index];
+    if (early.step != step || early.state != EarlyStep::State::kQueued) continue;
+    // Its served buffers stay with the record: the step writes this tensor's version into them.
+    early.state = EarlyStep::State::kLate;
+    --set.landed_running;
+    ++late;
+  }
+  if (early_times_.first_queued) {
+    const EarlyTimes& t = early_times_;
+    const double window =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - *t.first_queued).count();
+    PARAMD_LOG(DEBUG) << "job " << name_ << " step " << step << " taken "
+                      << window * 1e3 << " ms after its first early step was queued: "
+                      << t.stepped << " early steps ran (" << t.elements << " elements, "
+                      << t.step_seconds * 1e3 << " ms, "
+                      << (t.step_seconds > 0 ? t.elements / t.step_seconds * 1e-9 : 0)
+                      << " G elements/s), checks " << t.check_seconds * 1e3 << " ms, " << late
+                      << " late";
+  }
+  early_times_ = EarlyTimes{};
+  std::erase_if(early_queue_, [this](size_t index) ABSL_NO_THREAD_SAFETY_ANALYSIS {  // mu_ held
+    return early_[index].state == EarlyStep::State::kLate;
+  });
+}
+
+void Job::AwaitEarlyIdle() {
+  absl::MutexLock lock(&mu_);
+  const auto idle = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // mu_ held
+    if (!early_checks_.empty() || !early_queue_.empty()) return false;
+    for (const EarlyStep& early : early_) {
+      if (early.state == EarlyStep::State::kRunning) return false;
+    }
+    return true;
+  };
+  mu_.Await(absl::Condition(&idle));
 }
 
 void Job::QueueDeferredEarlyLocked() {
@@ -412,21 +454,25 @@ void Job::RunEarlySteps() {
   mu_.Lock();
   for (;;) {
     const auto ready = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // mu_ held
-      return early_stop_ || !early_queue_.empty();
+      return early_stop_ || !early_checks_.empty() || !early_queue_.empty();
     };
     mu_.Await(absl::Condition(&ready));
-    if (early_queue_.empty()) break;  // the job goes
-    EarlyWork work = std::move(early_queue_.front());
-    early_queue_.pop_front();
-    if (work.check) {
+    if (!early_checks_.empty()) {
       // A landed check (EndLandedCheck records it, under the lock).
+      std::function<void(bool)> check = std::move(early_checks_.front());
+      early_checks_.pop_front();
       const bool cancelled = early_stop_;
       mu_.Unlock();
-      work.check(cancelled);
+      const auto started = std::chrono::steady_clock::now();
+      check(cancelled);
+      const auto ended = std::chrono::steady_clock::now();
       mu_.Lock();
+      early_times_.check_seconds += std::chrono::duration<double>(ended - started).count();
       continue;
     }
-    const size_t index = work.index;
+    if (early_queue_.empty()) break;  // the job goes
+    const size_t index = early_queue_.front();
+    early_queue_.pop_front();
     EarlyStep& early = early_[index];
     absl::Status status = failed_;
     if (status.ok() && early_stop_) status = absl::CancelledError("the job goes");
@@ -443,8 +489,13 @@ void Job::RunEarlySteps() {
       const TensorState& from = *t.state;
       std::unique_ptr<TensorState>* into = &t.shadow;
       mu_.Unlock();
+      const auto started = std::chrono::steady_clock::now();
       status = ability->StepEarly(from, into, step, scalars);
+      const auto ended = std::chrono::steady_clock::now();
       mu_.Lock();
+      early_times_.step_seconds += std::chrono::duration<double>(ended - started).count();
+      ++early_times_.stepped;
+      early_times_.elements += t.elements;
       if (!status.ok()) {
         PARAMD_LOG(WARNING) << "job " << name_ << ": the early step of tensor "
                             << Quoted(t.spec.name()) << " failed (the step steps it): " << status;
@@ -753,6 +804,7 @@ absl::StatusOr<CommitOutcome> Job::Commit(const v1::CommitRequest& request) {
   if (!outcome.work.has_value()) return outcome;
   // The last rank: the step's slots are handed over with it, and the hyperparameters it runs with.
   slots_.Take(outcome.work->step);
+  if (!early_.empty()) WithdrawEarlyLocked(outcome.work->step);
   last_grad_scale_ = outcome.work->grad_scale;
   last_commit_lr_ = outcome.work->lr;
   if (!outcome.work->lr.has_value()) outcome.work->lr = hyper_.lr();

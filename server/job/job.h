@@ -55,10 +55,12 @@ struct StepReport {
   bool skipped = false;  // a gradient was not finite: the state stayed, the version advanced
   float clip = 1.0f;     // the global-norm clip factor applied
   absl::Status failed;   // the backend failed the step: the job failed with this status
-  // Tensors whose early step (RegisterRequest.early_step) this step adopted, and whose early
-  // result it discarded.
+  // Tensors whose early step (RegisterRequest.early_step) this step adopted, whose early result
+  // it discarded, and whose early step had not begun when the step was taken (the step stepped
+  // them itself, in forward order).
   int64_t early_adopted = 0;
   int64_t early_discarded = 0;
+  int64_t early_late = 0;
 };
 
 class Job {
@@ -162,6 +164,11 @@ class Job {
   // version published or ends), and AddWaiter keeps no new one.
   void StopWaiting();
 
+  // Waits until the job's early-step thread has run everything queued (early_step): a step
+  // committed after it adopts every early step whose scalars it matches, none late. For tests and
+  // benchmarks that want that regardless of the threads' timing; training never waits here.
+  void AwaitEarlyIdle();
+
   // A tensor's registered description (immutable), by index.
   const v1::TensorSpec& Spec(int tensor) const { return spec_.tensors(tensor); }
   // Index of a tensor by name, or NOT_FOUND.
@@ -200,6 +207,7 @@ class Job {
       kRunning,  // being computed into the tensor's shadow and `served`
       kDone,     // the shadow and `served` hold the step with `scalars`
       kFailed,   // the job failed meanwhile, or the backend failed it: the step steps the tensor
+      kLate,     // the step was taken before it began: the step steps the tensor (WithdrawLocked)
     };
     State state = State::kNone;
     int64_t step = -1;
@@ -246,9 +254,13 @@ class Job {
   // A step ran: the early steps deferred meanwhile are queued, in landing order, where no step is
   // taken now (else the step collected runs next, and steps its tensors itself).
   void QueueDeferredEarlyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // early_thread_'s loop: runs the queued landed checks and early steps in landing order until
-  // the job goes.
+  // early_thread_'s loop until the job goes: the queued landed checks first (a step needs every
+  // tensor's, and each is a read of the gradients alone), then the early steps, in landing order.
   void RunEarlySteps();
+  // Step `step` was taken: its early steps not begun are withdrawn (kLate). They are the tensors
+  // whose gradients landed last, the ones the next forward reads first; the step steps them in
+  // that order and publishes each, rather than wait for early steps in landing order.
+  void WithdrawEarlyLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The scalars a step of the step collected is expected to run with (EarlyStep::scalars).
   StepScalars PredictedScalarsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A landed check of step `step`'s tensor `index` ended: kept where nothing made it stale.
@@ -374,13 +386,10 @@ class Job {
   // queued in landing order, the lr of the last step taken's commits (none: the job's), the
   // tensor-steps adopted and discarded, and the thread that runs them (until early_stop_).
   std::vector<EarlyStep> early_ ABSL_GUARDED_BY(mu_);
-  // What early_thread_ runs, in order: a tensor's landed check (`check`, which EndLandedCheck
-  // ends; cancelled once the job goes), or its early step (no `check`).
-  struct EarlyWork {
-    size_t index = 0;
-    std::function<void(bool cancelled)> check;
-  };
-  std::deque<EarlyWork> early_queue_ ABSL_GUARDED_BY(mu_);
+  // What early_thread_ runs: the tensors' landed checks (each ended by EndLandedCheck; cancelled
+  // once the job goes), before the tensors' early steps (their indices), each in landing order.
+  std::deque<std::function<void(bool cancelled)>> early_checks_ ABSL_GUARDED_BY(mu_);
+  std::deque<size_t> early_queue_ ABSL_GUARDED_BY(mu_);
   // Tensors of the step collected that landed while a step was taken or running, in landing
   // order, with the step's slots: queued once no step is (QueueDeferredEarlyLocked).
   struct DeferredEarly {
@@ -393,6 +402,18 @@ class Job {
   std::optional<double> last_commit_lr_ ABSL_GUARDED_BY(mu_);
   int64_t early_adopted_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t early_discarded_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t early_late_ ABSL_GUARDED_BY(mu_) = 0;
+  // Where the early thread's time went for the step collected, logged when it is taken
+  // (--log_level=debug): from the first early step queued, the early steps' and checks' seconds
+  // and the elements stepped early.
+  struct EarlyTimes {
+    std::optional<std::chrono::steady_clock::time_point> first_queued;
+    double step_seconds = 0;
+    double check_seconds = 0;
+    int64_t stepped = 0;
+    int64_t elements = 0;
+  };
+  EarlyTimes early_times_ ABSL_GUARDED_BY(mu_);
   bool early_stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread early_thread_;
 };

@@ -56,6 +56,7 @@ v1::JobStatus Job::Status() const {
   }
   s.set_early_steps_adopted(early_adopted_);
   s.set_early_steps_discarded(early_discarded_);
+  s.set_early_steps_late(early_late_);
   s.set_reserved_host_bytes(reservation_.bytes().host);
   s.set_reserved_device_bytes(reservation_.bytes().device);
   return s;

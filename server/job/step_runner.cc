@@ -94,8 +94,6 @@ StepReport StepRunner::Run() {
   job_.last_step_seconds_ = report_.seconds;
   report_.skipped = outcome->skipped;
   report_.clip = outcome->clip;
-  report_.early_adopted = outcome->skipped ? 0 : adopting_;
-  report_.early_discarded = early_mismatched_ + (outcome->skipped ? adopting_ : 0);
   for (const Job::Tensor& t : job_.tensors_) report_.elements += t.elements;
   job_.slots_.Return(work_.step);
   job_.QueueDeferredEarlyLocked();
@@ -104,7 +102,8 @@ StepReport StepRunner::Run() {
 
 void StepRunner::PrepareLocked() {
   // A landed check still reading the step's slots ends first (it is the same pass the step's
-  // check would make), so its result is used and the slots stay until the step returns them.
+  // check would make), so its result is used and the slots stay until the step returns them; so
+  // does the early step running (those not begun were withdrawn when the step was taken).
   job_.AwaitLandedChecksLocked(work_.step);
   SlotSet& slots = job_.slots_.Taken(work_.step);
   scalars_ = StepScalarsOf(job_.hyper_, work_.lr.value_or(job_.hyper_.lr()),
@@ -149,8 +148,9 @@ void StepRunner::PrepareLocked() {
         step.adopt = t.shadow.get();
         ++adopting_;
       } else if (early.state == Job::EarlyStep::State::kDone) {
-        ++job_.early_discarded_;
         ++early_mismatched_;
+      } else if (early.state == Job::EarlyStep::State::kLate) {
+        ++early_late_;
       }
       early = Job::EarlyStep{};
     }
@@ -209,11 +209,16 @@ void StepRunner::CountLocked(const StepOutcome& outcome) {
   counted_ = true;
   if (outcome.skipped) {
     ++job_.skipped_steps_;
-    job_.early_discarded_ += adopting_;  // the state stays: no early result is taken
   } else {
     ++job_.applied_steps_;
-    job_.early_adopted_ += adopting_;
   }
+  // A skipped step leaves the state as it was: no early result is taken.
+  report_.early_adopted = outcome.skipped ? 0 : adopting_;
+  report_.early_discarded = early_mismatched_ + (outcome.skipped ? adopting_ : 0);
+  report_.early_late = early_late_;
+  job_.early_adopted_ += report_.early_adopted;
+  job_.early_discarded_ += report_.early_discarded;
+  job_.early_late_ += report_.early_late;
   job_.sequence_.StepRan(work_.step);
   job_.last_step_seconds_ = Seconds(start_, std::chrono::steady_clock::now());
   job_.last_clip_ = outcome.clip;

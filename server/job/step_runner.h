@@ -51,6 +51,7 @@ class StepRunner {
   bool counted_ = false;                // CountLocked ran
   int64_t adopting_ = 0;                // tensors handed an early step's state (TensorStep::adopt)
   int64_t early_mismatched_ = 0;        // early results that did not answer the step
+  int64_t early_late_ = 0;              // early steps withdrawn when the step was taken
   std::vector<ServedTensor*> pending_;  // published before the outcome was known
   StepReport report_;
 };

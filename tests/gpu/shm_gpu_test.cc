@@ -1,16 +1,22 @@
 // shm with the trainer's GPU (ClientOptions::cuda_device, the host tier): gradients in GPU memory
-// go by DMA straight into the daemon's slots and train bit-identically to host gradients; the
+// go by DMA straight into the daemon's slots and train bit-identically to host gradients; given
+// their ready event, their copies go while later work on the trainer's stream is still held; the
 // daemon's segments are page-locked once, let go of when the daemon restarts (renewed for the new
 // one) and when the client goes; without cuda_device nothing is page-locked. A cpu daemon in this
 // process, on cuda:0's host.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <memory>
 #include <span>
+#include <thread>
 #include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 
 #include "client/client.h"
 #include "server/rpc/server.h"
@@ -111,6 +117,13 @@ class ShmGpuTest : public kernels::testing::CudaTest {
                               {"b", {static_cast<const std::byte*>(b), bytes}}};
     const absl::Status pushed = client.PushGradients(job, 0, step, items);
     EXPECT_TRUE(pushed.ok()) << pushed;
+    return CommitAndPull(client, job, step);
+  }
+
+  // Commits step `step` of job `job` and returns the served fp32 bytes of version step + 1 of both
+  // tensors.
+  static std::vector<std::byte> CommitAndPull(Client& client, const std::string& job,
+                                              int64_t step) {
     const absl::StatusOr<v1::CommitResponse> committed = client.Commit(job, 0, step);
     EXPECT_TRUE(committed.ok()) << committed.status();
     std::vector<std::byte> out;
@@ -172,6 +185,56 @@ TEST_F(ShmGpuTest, GpuGradientsGoByDmaAndTrainBitIdenticallyToHostOnes) {
   const std::vector<std::byte> mixed = Step(*gpu, "dma", 3, a.get(), host_b_.data());
   const std::vector<std::byte> by_host = Step(*host, "host", 3, host_a_.data(), host_b_.data());
   EXPECT_TRUE(mixed == by_host);
+}
+
+TEST_F(ShmGpuTest, GivenTheGradientsReadyEventTheCopiesDoNotWaitForLaterWorkOnTheStream) {
+  // Backward goes on after a gradient was written: here a host function holds the trainer's stream
+  // until released. A push given the event recorded right after the gradients copies and marks
+  // them meanwhile (paramd.torch records one per bucket in backward), and trains as host
+  // gradients do. Waiting for the stream instead, the push would return only at the release.
+  Client* gpu = Connect(true);
+  Client* host = Connect(false);
+  ASSERT_NE(gpu, nullptr);
+  ASSERT_NE(host, nullptr);
+  ASSERT_NO_FATAL_FAILURE(StartJob(*gpu, "dma"));
+  ASSERT_NO_FATAL_FAILURE(StartJob(*host, "host"));
+  const size_t bytes = kRows * kCols * sizeof(float);
+  kernels::testing::DeviceBuffer a(bytes), b(bytes), scratch(1 << 20);
+  ASSERT_NO_FATAL_FAILURE(GpuGradients(0, a, b, scratch));
+  cudaEvent_t ready = nullptr;
+  PARAMD_CUDA_OK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+  PARAMD_CUDA_OK(cudaEventRecord(ready, stream_));
+  std::atomic<bool> released{false};
+  PARAMD_CUDA_OK(cudaLaunchHostFunc(
+      stream_,
+      [](void* flag) {
+        while (!static_cast<std::atomic<bool>*>(flag)->load()) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+      },
+      &released));
+  // Released after the push returned, or after 20 s if it waits for the stream (so the test
+  // fails rather than hangs).
+  absl::Notification pushed_note;
+  std::thread valve([&] {
+    pushed_note.WaitForNotificationWithTimeout(absl::Seconds(20));
+    released = true;
+  });
+  const PushItem items[] = {{"a", {static_cast<const std::byte*>(a.get()), bytes}},
+                            {"b", {static_cast<const std::byte*>(b.get()), bytes}}};
+  const absl::Status pushed =
+      gpu->PushGradients("dma", 0, 0, items, reinterpret_cast<uintptr_t>(ready));
+  const bool while_held = !released.load();
+  pushed_note.Notify();
+  valve.join();
+  PARAMD_CUDA_OK(cudaStreamSynchronize(stream_));
+  PARAMD_CUDA_OK(cudaEventDestroy(ready));
+  ASSERT_TRUE(pushed.ok()) << pushed;
+  EXPECT_TRUE(while_held) << "the push waited for the work queued after the ready event";
+  const std::vector<std::byte> by_dma = CommitAndPull(*gpu, "dma", 0);
+  const std::vector<std::byte> by_host = Step(*host, "host", 0, host_a_.data(), host_b_.data());
+  ASSERT_EQ(by_dma.size(), 2 * bytes);
+  EXPECT_TRUE(by_dma == by_host);
 }
 
 TEST_F(ShmGpuTest, SegmentsArePageLockedOnceRenewedAfterARestartAndLetGoWithTheClient) {

@@ -191,8 +191,9 @@ class CudaIpcTransport final : public PlacedTransport {
   }
 
   // The gradients may still be being written on the trainer's stream (backward): everything this
-  // push reads from them (copies, a retried push's comparison) waits for that work.
-  absl::Status BeforePush() override {
+  // push reads from them (copies, a retried push's comparison) waits for that work. The daemon
+  // reads them after the commit, when backward is over: a ready event would gain nothing.
+  absl::Status BeforePush(uintptr_t) override {
     const DeviceScope scope(device_);
     if (!scope.status().ok()) return scope.status();
     PARAMD_CUDA_RETURN_IF_ERROR(
@@ -298,7 +299,7 @@ class CudaIpcTransport final : public PlacedTransport {
     const DeviceScope scope(device_);
     if (!scope.status().ok()) return scope.status();
     return GpuItemsToHost(
-        items, stream_, [this] { return BeforePush(); }, host, storage);
+        items, stream_, [this] { return BeforePush(0); }, host, storage);
   }
 
   absl::Status FinishMovesFromPlaces() override {

@@ -136,11 +136,16 @@ class NcclTransport final : public PlacedTransport {
   }
 
   // The gradients may still be being written on the trainer's stream (backward): the sends wait
-  // for that work.
-  absl::Status BeforePush() override {
+  // for that work, or for the gradients' ready event alone.
+  absl::Status BeforePush(uintptr_t ready_event) override {
     PARAMD_RETURN_IF_ERROR(Ready());
     const DeviceScope scope(device_);
     if (!scope.status().ok()) return scope.status();
+    if (ready_event != 0) {
+      PARAMD_CUDA_RETURN_IF_ERROR(
+          cudaStreamWaitEvent(stream_, reinterpret_cast<cudaEvent_t>(ready_event), 0));
+      return absl::OkStatus();
+    }
     PARAMD_CUDA_RETURN_IF_ERROR(
         cudaEventRecord(callers_work_, reinterpret_cast<cudaStream_t>(context().cuda_stream)));
     PARAMD_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, callers_work_, 0));
@@ -255,7 +260,7 @@ class NcclTransport final : public PlacedTransport {
     const DeviceScope scope(device_);
     if (!scope.status().ok()) return scope.status();
     return GpuItemsToHost(
-        items, stream_, [this] { return BeforePush(); }, host, storage);
+        items, stream_, [this] { return BeforePush(0); }, host, storage);
   }
 
   // The stream and event, made once on the trainer's device (CheckProbe chose it).

@@ -44,8 +44,10 @@ class GpuCopies {
   // Whether `p` is the trainer's GPU's memory (else host memory, copied by the caller).
   virtual bool IsGpuMemory(const void* p) const = 0;
   // Orders the copies queued from now on after the work queued on the trainer's stream so far
-  // (backward writing the gradients). Nothing here waits for the device.
-  virtual absl::Status AfterCallersWork() = 0;
+  // (backward writing the gradients), or where `ready_event` (a cudaEvent_t) is not 0 after the
+  // work it was recorded after alone: a gradient's copy need not wait for the rest of backward.
+  // Nothing here waits for the device.
+  virtual absl::Status AfterCallersWork(uintptr_t ready_event) = 0;
   // Queues a copy of `bytes` bytes from GPU memory at `from` into page-locked host memory at `to`.
   virtual absl::Status QueueToHost(void* to, const void* from, size_t bytes) = 0;
   // Waits for every copy queued (whatever happened, so the caller may reuse its buffers).

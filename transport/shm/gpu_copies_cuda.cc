@@ -53,9 +53,14 @@ class CudaGpuCopies final : public GpuCopies {
 
   bool IsGpuMemory(const void* p) const override { return paramd::IsGpuMemory(p); }
 
-  absl::Status AfterCallersWork() override {
+  absl::Status AfterCallersWork(uintptr_t ready_event) override {
     const DeviceScope scope(device_);
     if (!scope.status().ok()) return scope.status();
+    if (ready_event != 0) {
+      return CudaStatus(
+          cudaStreamWaitEvent(stream_, reinterpret_cast<cudaEvent_t>(ready_event), 0),
+          "cudaStreamWaitEvent(the gradients' ready event)");
+    }
     std::lock_guard<std::mutex> lock(mu_);
     PARAMD_CUDA_RETURN_IF_ERROR(cudaEventRecord(callers_work_, callers_));
     return CudaStatus(cudaStreamWaitEvent(stream_, callers_work_, 0),
@@ -86,7 +91,7 @@ class CudaGpuCopies final : public GpuCopies {
     const DeviceScope scope(device_);
     if (!scope.status().ok()) return scope.status();
     return GpuItemsToHost(
-        items, stream_, [this] { return AfterCallersWork(); }, host, storage);
+        items, stream_, [this] { return AfterCallersWork(0); }, host, storage);
   }
 
  private:

@@ -93,8 +93,8 @@ class ShmTransport final : public PlacedTransport {
   }
 
   // The gradients in GPU memory may still be being written on the trainer's stream.
-  absl::Status BeforePush() override {
-    return gpu_ == nullptr ? absl::OkStatus() : gpu_->AfterCallersWork();
+  absl::Status BeforePush(uintptr_t ready_event) override {
+    return gpu_ == nullptr ? absl::OkStatus() : gpu_->AfterCallersWork(ready_event);
   }
 
   bool OnGpu(std::span<const std::byte> data) const {

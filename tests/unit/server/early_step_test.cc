@@ -4,10 +4,12 @@
 // job without it, bit for bit, over several steps, state policies and serve formats, and through
 // the cases that discard an early result: a non-finite gradient (the step skipped), a commit
 // whose lr differs from the predicted one, and an in-place range marked again after it landed;
-// gradients that land while a step is taken are stepped early once it ran.
+// gradients that land while a step is taken are stepped early once it ran; early steps not begun
+// when the step is taken are withdrawn, and the step steps those tensors itself.
 // Every case also checks that early results were adopted, so it cannot pass without any. Register
 // refuses early_step with clipping, and a budget without room for the second state. The outcomes
-// do not depend on timing: a step waits for the early steps of its tensors.
+// do not depend on timing: the driver lets the early steps run before it commits
+// (Job::AwaitEarlyIdle), and the case of late ones holds the early thread at a gate.
 #include <google/protobuf/util/message_differencer.h>
 #include <gtest/gtest.h>
 
@@ -22,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "common/host_buffer.h"
 #include "server/backend/cpu_backend.h"
 #include "server/job/job.h"
@@ -30,6 +33,7 @@
 #include "server/registration.h"
 #include "server/registry.h"
 #include "server/state/state_transfer.h"
+#include "tests/unit/server/push_chunks.h"
 #include "tests/unit/server/reference_job.h"
 #include "tests/unit/server/run_taken_step.h"
 
@@ -62,12 +66,53 @@ class PlacedHeap : public BufferAllocator {
   void Free(uint8_t* data, int64_t, Place) override { delete[] data; }
 };
 
+// A cpu backend whose next early step, once armed, waits at a gate until it is opened: the step
+// can be taken while the early thread is held inside one early step.
+class GatedBackend : public CpuBackend {
+ public:
+  GatedBackend() : CpuBackend(2) {}
+
+  void Arm() {
+    absl::MutexLock lock(&mu_);
+    armed_ = true;
+    entered_ = false;
+    open_ = false;
+  }
+  void AwaitEntered() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&entered_));
+  }
+  void Open() {
+    absl::MutexLock lock(&mu_);
+    open_ = true;
+  }
+  absl::Status StepEarly(const TensorState& from, std::unique_ptr<TensorState>* into,
+                         const TensorStep& step, const StepScalars& scalars) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (armed_) {
+        armed_ = false;
+        entered_ = true;
+        mu_.Await(absl::Condition(&open_));
+      }
+    }
+    return CpuBackend::StepEarly(from, into, step, scalars);
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool armed_ ABSL_GUARDED_BY(mu_) = false;
+  bool entered_ ABSL_GUARDED_BY(mu_) = false;
+  bool open_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 class Driver {
  public:
-  Driver(v1::RegisterRequest spec, bool early, bool placed)
+  Driver(v1::RegisterRequest spec, bool early, bool placed,
+         std::unique_ptr<CpuBackend> backend = nullptr)
       : spec_(WithEarly(std::move(spec), early)),
-        backend_(2),
-        job_(std::make_shared<Job>(spec_, &backend_,
+        backend_(backend != nullptr ? std::move(backend) : std::make_unique<CpuBackend>(2)),
+        job_(std::make_shared<Job>(spec_, backend_.get(),
                                    placed ? std::make_shared<PlacedHeap>() : nullptr)) {
     for (int r = 0; r < spec_.world_size(); ++r) {
       EXPECT_TRUE(job_->Register(ForRank(spec_, r), 4096).ok());
@@ -81,24 +126,11 @@ class Driver {
   }
 
   Job& job() { return *job_; }
-  CpuBackend& backend() { return backend_; }
+  CpuBackend& backend() { return *backend_; }
 
   absl::Status PushTensor(int rank, int64_t step, int tensor, std::string_view bytes,
                           int64_t chunk_bytes, v1::PushKind kind = v1::PUSH_KIND_GRADIENT) {
-    for (int64_t offset = 0; offset < static_cast<int64_t>(bytes.size()); offset += chunk_bytes) {
-      v1::PushChunk chunk;
-      chunk.set_job(spec_.job());
-      chunk.set_rank(rank);
-      chunk.set_step(step);
-      chunk.set_tensor(spec_.tensors(tensor).name());
-      chunk.set_kind(kind);
-      chunk.set_offset(offset);
-      chunk.set_data(
-          std::string(bytes.substr(static_cast<size_t>(offset), static_cast<size_t>(chunk_bytes))));
-      absl::StatusOr<ChunkBuffer::Stored> stored = job_->Push(chunk);
-      if (!stored.ok()) return stored.status();
-    }
-    return absl::OkStatus();
+    return testing::PushInChunks(*job_, spec_, rank, step, tensor, bytes, chunk_bytes, kind);
   }
   // Writes `bytes` into rank `rank`'s slot place of `tensor` for `step` and marks them.
   absl::StatusOr<ChunkBuffer::Stored> WriteInPlace(int rank, int64_t step, int tensor,
@@ -118,8 +150,10 @@ class Driver {
     chunk.mutable_in_place()->set_memory(v1::PLACE_MEMORY_HOST);
     return job_->Push(chunk);
   }
-  // Commits; runs the step the last commit hands over.
+  // Commits; runs the step the last commit hands over. The early steps queued run first, so that
+  // none is late whatever the threads' timing.
   absl::Status Commit(int rank, int64_t step, std::optional<double> lr = std::nullopt) {
+    job_->AwaitEarlyIdle();
     v1::CommitRequest request;
     request.set_job(spec_.job());
     request.set_rank(rank);
@@ -130,8 +164,10 @@ class Driver {
     if (outcome->work) return RunTakenStep(*job_, *outcome->work).failed;
     return absl::OkStatus();
   }
-  // Commits without running the step: the last commit's work, which Run runs later.
-  std::optional<StepWork> CommitHeld(int rank, int64_t step) {
+  // Commits without running the step: the last commit's work, which Run runs later. Where
+  // `await_early`, after the early steps queued ran (as Commit).
+  std::optional<StepWork> CommitHeld(int rank, int64_t step, bool await_early = true) {
+    if (await_early) job_->AwaitEarlyIdle();
     v1::CommitRequest request;
     request.set_job(spec_.job());
     request.set_rank(rank);
@@ -165,7 +201,7 @@ class Driver {
   }
 
   const v1::RegisterRequest spec_;
-  CpuBackend backend_;
+  std::unique_ptr<CpuBackend> backend_;
   std::shared_ptr<Job> job_;
 };
 
@@ -192,15 +228,17 @@ StepScript PushAllThenCommit(const v1::RegisterRequest& spec, uint64_t seed,
 struct Counters {
   int64_t adopted = 0;
   int64_t discarded = 0;
+  int64_t late = 0;
 };
 
 // Runs `steps` steps of `spec` with and without early_step and expects the same served bytes,
 // versions and outcomes of every tensor, the same Status (but for the early counters and the
 // reservation) after each step, and the same exported state at the end. Returns the early job's
-// counters, which its backend's count of adoptions matches.
+// counters, which its backend's count of adoptions matches. `early_backend`: the early job's
+// (default: a CpuBackend).
 Counters ExpectSameSteps(const v1::RegisterRequest& spec, int steps, const StepScript& script,
-                         bool placed = false) {
-  Driver early(spec, /*early=*/true, placed);
+                         bool placed = false, std::unique_ptr<CpuBackend> early_backend = nullptr) {
+  Driver early(spec, /*early=*/true, placed, std::move(early_backend));
   Driver plain(spec, /*early=*/false, placed);
   for (int64_t step = 0; step < steps; ++step) {
     SCOPED_TRACE(::testing::Message() << "step " << step);
@@ -230,10 +268,12 @@ Counters ExpectSameSteps(const v1::RegisterRequest& spec, int steps, const StepS
     v1::JobStatus sb = plain.job().Status();
     EXPECT_EQ(sb.early_steps_adopted(), 0);
     EXPECT_EQ(sb.early_steps_discarded(), 0);
+    EXPECT_EQ(sb.early_steps_late(), 0);
     for (v1::JobStatus* s : {&sa, &sb}) {
       s->clear_last_step_seconds();
       s->clear_early_steps_adopted();
       s->clear_early_steps_discarded();
+      s->clear_early_steps_late();
       s->clear_reserved_host_bytes();
     }
     EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(sa, sb))
@@ -250,7 +290,7 @@ Counters ExpectSameSteps(const v1::RegisterRequest& spec, int steps, const StepS
   }
   const v1::JobStatus status = early.job().Status();
   EXPECT_EQ(status.early_steps_adopted(), early.backend().early_steps_adopted());
-  return {status.early_steps_adopted(), status.early_steps_discarded()};
+  return {status.early_steps_adopted(), status.early_steps_discarded(), status.early_steps_late()};
 }
 
 v1::RegisterRequest JobSpec(const v1::StatePolicy& policy) {
@@ -324,6 +364,42 @@ TEST(EarlyStepTest, EveryPolicyAndFormatStepsExactlyAsWithoutIt) {
     const Counters counters = ExpectSameSteps(spec, kSteps, PushAllThenCommit(spec, 11));
     // Every tensor of every step landed before its commit, with the scalars predicted.
     EXPECT_EQ(counters.adopted, kSteps * spec.tensors_size());
+    EXPECT_EQ(counters.discarded, 0);
+    EXPECT_EQ(counters.late, 0);
+  }
+}
+
+TEST(EarlyStepTest, EarlyStepsNotBegunWhenTheStepIsTakenAreSteppedByTheStep) {
+  // The early thread is held inside the first tensor's early step while the others land and the
+  // step is taken: their early steps are withdrawn (late), the step steps them itself and adopts
+  // the first one's, bit for bit as the job without early steps.
+  for (const Case& c : Cases()) {
+    SCOPED_TRACE(c.name);
+    const v1::RegisterRequest spec = CaseSpec(c);
+    const auto script = [&spec](Driver& d, int64_t step) {
+      auto* gate = dynamic_cast<GatedBackend*>(&d.backend());
+      if (gate != nullptr) gate->Arm();
+      const StepGradients grads = RandomGradients(spec, 61 + static_cast<uint64_t>(step));
+      for (int r = 0; r < spec.world_size(); ++r) {
+        for (int i = 0; i < spec.tensors_size(); ++i) {
+          ASSERT_TRUE(d.PushTensor(r, step, i, grads[static_cast<size_t>(i)][r], 1000).ok());
+        }
+      }
+      if (gate != nullptr) gate->AwaitEntered();  // the first tensor to land: "scalar"
+      std::optional<StepWork> work;
+      for (int r = 0; r < spec.world_size(); ++r) {
+        std::optional<StepWork> w = d.CommitHeld(r, step, /*await_early=*/false);
+        if (w) work = w;
+      }
+      ASSERT_TRUE(work.has_value());
+      if (gate != nullptr) gate->Open();
+      ASSERT_TRUE(d.Run(*work).ok());
+    };
+    constexpr int kSteps = 3;
+    const Counters counters =
+        ExpectSameSteps(spec, kSteps, script, /*placed=*/false, std::make_unique<GatedBackend>());
+    EXPECT_EQ(counters.adopted, kSteps);
+    EXPECT_EQ(counters.late, kSteps * (spec.tensors_size() - 1));
     EXPECT_EQ(counters.discarded, 0);
   }
 }

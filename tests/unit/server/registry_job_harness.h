@@ -13,6 +13,7 @@
 #include "server/backend/cpu_backend.h"
 #include "server/job/job.h"
 #include "server/registry.h"
+#include "tests/unit/server/push_chunks.h"
 #include "tests/unit/server/reference_job.h"
 #include "tests/unit/server/run_taken_step.h"
 
@@ -59,22 +60,7 @@ class RegistryJobHarness {
 
   absl::Status PushTensor(int rank, int64_t step, int tensor, std::string_view bytes,
                           v1::PushKind kind = v1::PUSH_KIND_GRADIENT) {
-    constexpr int64_t kChunkBytes = 8192;
-    const int64_t size = static_cast<int64_t>(bytes.size());
-    for (int64_t offset = 0; offset < size; offset += kChunkBytes) {
-      v1::PushChunk chunk;
-      chunk.set_job(spec_.job());
-      chunk.set_rank(rank);
-      chunk.set_step(step);
-      chunk.set_tensor(spec_.tensors(tensor).name());
-      chunk.set_kind(kind);
-      chunk.set_offset(offset);
-      chunk.set_data(std::string(bytes.substr(
-          static_cast<size_t>(offset), static_cast<size_t>(std::min(kChunkBytes, size - offset)))));
-      absl::StatusOr<ChunkBuffer::Stored> stored = job_->Push(chunk);
-      if (!stored.ok()) return stored.status();
-    }
-    return absl::OkStatus();
+    return PushInChunks(*job_, spec_, rank, step, tensor, bytes, 8192, kind);
   }
 
   // Every rank pushes and commits `step`; the step the last commit hands over runs.

@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "server/backend/cpu_backend.h"
 #include "server/job/job.h"
+#include "tests/unit/server/push_chunks.h"
 #include "tests/unit/server/reference_job.h"
 #include "tests/unit/server/run_taken_step.h"
 
@@ -113,21 +114,7 @@ class Driver {
 
   absl::Status Push(int rank, int64_t step, int tensor, const std::string& bytes,
                     v1::PushKind kind = v1::PUSH_KIND_GRADIENT) {
-    const int64_t size = static_cast<int64_t>(bytes.size());
-    for (int64_t offset = 0; offset < size; offset += kPushChunkBytes) {
-      v1::PushChunk chunk;
-      chunk.set_job(spec_.job());
-      chunk.set_rank(rank);
-      chunk.set_step(step);
-      chunk.set_tensor(spec_.tensors(tensor).name());
-      chunk.set_kind(kind);
-      chunk.set_offset(offset);
-      chunk.set_data(bytes.substr(static_cast<size_t>(offset),
-                                  static_cast<size_t>(std::min(kPushChunkBytes, size - offset))));
-      absl::StatusOr<ChunkBuffer::Stored> stored = job_->Push(chunk);
-      if (!stored.ok()) return stored.status();
-    }
-    return absl::OkStatus();
+    return testing::PushInChunks(*job_, spec_, rank, step, tensor, bytes, kPushChunkBytes, kind);
   }
 
   absl::Status Upload(const std::vector<std::vector<float>>& initial) {
