@@ -344,7 +344,7 @@ void Daemon::StartStep(std::shared_ptr<Job> job, StepWork work) {
       }
       metrics_->StepDone(job->name(), report.seconds, report.elements, report.skipped);
       metrics_->EarlySteps(job->name(), report.early_adopted, report.early_discarded,
-                          report.early_late);
+                           report.early_late);
       if (report.skipped) {
         PARAMD_LOG(WARNING) << "job " << job->name() << ": step " << report.step
                             << " skipped: a gradient is not finite (weights re-served unchanged)";

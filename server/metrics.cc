@@ -149,12 +149,13 @@ Metrics::Metrics()
                        .Name("paramd_peer_rounds_total")
                        .Help("Rounds of sharded jobs' agreement, by job and outcome (ok, failed)")
                        .Register(*registry_)),
-      early_steps_(prometheus::BuildCounter()
-                       .Name("paramd_early_steps_total")
-                       .Help("Tensor-steps stepped as their gradients landed (early_step), by job "
-                             "and outcome (adopted by the step, discarded, or late: not begun when the step "
-                             "was taken)")
-                       .Register(*registry_)) {}
+      early_steps_(
+          prometheus::BuildCounter()
+              .Name("paramd_early_steps_total")
+              .Help("Tensor-steps stepped as their gradients landed (early_step), by job "
+                    "and outcome (adopted by the step, discarded, or late: not begun when the step "
+                    "was taken)")
+              .Register(*registry_)) {}
 
 Metrics::~Metrics() = default;
 
@@ -240,8 +241,7 @@ void Metrics::StepDone(const std::string& job, double seconds, int64_t elements,
   }
 }
 
-void Metrics::EarlySteps(const std::string& job, int64_t adopted, int64_t discarded,
-                         int64_t late) {
+void Metrics::EarlySteps(const std::string& job, int64_t adopted, int64_t discarded, int64_t late) {
   const std::pair<const char*, int64_t> outcomes[] = {
       {"adopted", adopted}, {"discarded", discarded}, {"late", late}};
   for (const auto& [outcome, count] : outcomes) {

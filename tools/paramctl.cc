@@ -273,8 +273,7 @@ int Status(Client& client, const std::string& job) {
         "  skipped steps %d, clipping %s (last clip %g)\n", j.skipped_steps(),
         j.max_grad_norm() > 0 ? absl::StrCat("at ", j.max_grad_norm()) : std::string("off"),
         j.last_clip());
-    if (j.early_steps_adopted() > 0 || j.early_steps_discarded() > 0 ||
-        j.early_steps_late() > 0) {
+    if (j.early_steps_adopted() > 0 || j.early_steps_discarded() > 0 || j.early_steps_late() > 0) {
       std::cout << absl::StrFormat(
           "  early steps: %d tensor-steps adopted, %d discarded, %d late\n",
           j.early_steps_adopted(), j.early_steps_discarded(), j.early_steps_late());

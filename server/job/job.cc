@@ -397,11 +397,10 @@ void Job::WithdrawEarlyLocked(int64_t step) {
     const EarlyTimes& t = early_times_;
     const double window =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - *t.first_queued).count();
-    PARAMD_LOG(DEBUG) << "job " << name_ << " step " << step << " taken "
-                      << window * 1e3 << " ms after its first early step was queued: "
-                      << t.stepped << " early steps ran (" << t.elements << " elements, "
-                      << t.step_seconds * 1e3 << " ms, "
-                      << (t.step_seconds > 0 ? t.elements / t.step_seconds * 1e-9 : 0)
+    PARAMD_LOG(DEBUG) << "job " << name_ << " step " << step << " taken " << window * 1e3
+                      << " ms after its first early step was queued: " << t.stepped
+                      << " early steps ran (" << t.elements << " elements, " << t.step_seconds * 1e3
+                      << " ms, " << (t.step_seconds > 0 ? t.elements / t.step_seconds * 1e-9 : 0)
                       << " G elements/s), checks " << t.check_seconds * 1e3 << " ms, " << late
                       << " late";
   }

@@ -17,7 +17,6 @@
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
-
 #include "client/client.h"
 #include "server/rpc/server.h"
 #include "tests/gpu/gpu_test_util.h"

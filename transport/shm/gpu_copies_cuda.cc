@@ -57,9 +57,8 @@ class CudaGpuCopies final : public GpuCopies {
     const DeviceScope scope(device_);
     if (!scope.status().ok()) return scope.status();
     if (ready_event != 0) {
-      return CudaStatus(
-          cudaStreamWaitEvent(stream_, reinterpret_cast<cudaEvent_t>(ready_event), 0),
-          "cudaStreamWaitEvent(the gradients' ready event)");
+      return CudaStatus(cudaStreamWaitEvent(stream_, reinterpret_cast<cudaEvent_t>(ready_event), 0),
+                        "cudaStreamWaitEvent(the gradients' ready event)");
     }
     std::lock_guard<std::mutex> lock(mu_);
     PARAMD_CUDA_RETURN_IF_ERROR(cudaEventRecord(callers_work_, callers_));
