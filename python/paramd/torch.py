@@ -637,14 +637,14 @@ class AdamW(torch.optim.Optimizer):
         job over several open a step together, give or take a commit in flight) and goes again,
         four tries in all; a refusal that waiting does not cure is raised. `ready`: the bucket's
         torch.cuda.Event (GPU gradients), which their copies wait for."""
-        ready_event = 0 if ready is None else ready.cuda_event
+        ready = {} if ready is None else {"ready_event": ready.cuda_event}
         if not self.staleness:
-            job.client.push_gradients(job.name, rank, step, items, ready_event)
+            job.client.push_gradients(job.name, rank, step, items, **ready)
             return
         deadline = time.monotonic() + self._timeout_s
         for attempt in range(4):
             try:
-                job.client.push_gradients(job.name, rank, step, items, ready_event)
+                job.client.push_gradients(job.name, rank, step, items, **ready)
                 return
             except paramd.StatusError as error:
                 if error.code != "FAILED_PRECONDITION" or attempt == 3:

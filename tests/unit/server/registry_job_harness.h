@@ -74,6 +74,9 @@ class RegistryJobHarness {
         }
       }
     }
+    // A job with early_step: its early steps run before the commits, none late whatever the
+    // threads' timing (a test may count them).
+    job_->AwaitEarlyIdle();
     std::optional<StepReport> report;
     for (int r = 0; r < spec_.world_size(); ++r) {
       v1::CommitRequest request;
