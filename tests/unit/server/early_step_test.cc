@@ -36,6 +36,7 @@
 #include "tests/unit/server/push_chunks.h"
 #include "tests/unit/server/reference_job.h"
 #include "tests/unit/server/run_taken_step.h"
+#include "tests/unit/server/same_served.h"
 
 namespace paramd {
 namespace {
@@ -244,26 +245,7 @@ Counters ExpectSameSteps(const v1::RegisterRequest& spec, int steps, const StepS
     SCOPED_TRACE(::testing::Message() << "step " << step);
     script(early, step);
     script(plain, step);
-    for (int i = 0; i < spec.tensors_size(); ++i) {
-      SCOPED_TRACE(spec.tensors(i).name());
-      std::shared_ptr<const ServedTensor> a = early.job().Served(i, step + 1);
-      std::shared_ptr<const ServedTensor> b = plain.job().Served(i, step + 1);
-      if (a == nullptr || b == nullptr) {
-        ADD_FAILURE() << "version " << step + 1 << " not published";
-        continue;
-      }
-      EXPECT_EQ(a->version, b->version);
-      EXPECT_EQ(a->skipped.load(), b->skipped.load());
-      EXPECT_EQ(a->formats.size(), b->formats.size());
-      for (size_t f = 0; f < a->formats.size() && f < b->formats.size(); ++f) {
-        EXPECT_EQ(a->formats[f].bytes.size(), b->formats[f].bytes.size());
-        if (a->formats[f].bytes.size() != b->formats[f].bytes.size()) continue;
-        EXPECT_EQ(std::memcmp(a->formats[f].bytes.data(), b->formats[f].bytes.data(),
-                              static_cast<size_t>(a->formats[f].bytes.size())),
-                  0)
-            << FormatName(a->formats[f].key);
-      }
-    }
+    testing::ExpectSameServed(early.job(), plain.job(), spec.tensors_size(), step + 1);
     v1::JobStatus sa = early.job().Status();
     v1::JobStatus sb = plain.job().Status();
     EXPECT_EQ(sb.early_steps_adopted(), 0);

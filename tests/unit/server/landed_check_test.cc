@@ -26,6 +26,7 @@
 #include "server/job/job.h"
 #include "tests/unit/server/reference_job.h"
 #include "tests/unit/server/run_taken_step.h"
+#include "tests/unit/server/same_served.h"
 
 namespace paramd {
 namespace {
@@ -387,26 +388,7 @@ std::pair<int64_t, int64_t> ExpectSameSteps(const v1::RegisterRequest& spec, int
     SCOPED_TRACE(::testing::Message() << "step " << step);
     script(landed, step);
     script(at_step, step);
-    for (int i = 0; i < spec.tensors_size(); ++i) {
-      SCOPED_TRACE(spec.tensors(i).name());
-      std::shared_ptr<const ServedTensor> a = landed.job().Served(i, step + 1);
-      std::shared_ptr<const ServedTensor> b = at_step.job().Served(i, step + 1);
-      if (a == nullptr || b == nullptr) {
-        ADD_FAILURE() << "version " << step + 1 << " not published";
-        continue;
-      }
-      EXPECT_EQ(a->version, b->version);
-      EXPECT_EQ(a->skipped.load(), b->skipped.load());
-      EXPECT_EQ(a->formats.size(), b->formats.size());
-      for (size_t f = 0; f < a->formats.size() && f < b->formats.size(); ++f) {
-        EXPECT_EQ(a->formats[f].bytes.size(), b->formats[f].bytes.size());
-        if (a->formats[f].bytes.size() != b->formats[f].bytes.size()) continue;
-        EXPECT_EQ(std::memcmp(a->formats[f].bytes.data(), b->formats[f].bytes.data(),
-                              static_cast<size_t>(a->formats[f].bytes.size())),
-                  0)
-            << FormatName(a->formats[f].key);
-      }
-    }
+    testing::ExpectSameServed(landed.job(), at_step.job(), spec.tensors_size(), step + 1);
     v1::JobStatus sa = landed.job().Status();
     v1::JobStatus sb = at_step.job().Status();
     sa.clear_last_step_seconds();
