@@ -10,6 +10,7 @@
 
 #include "server/backend/cpu_backend.h"
 #include "server/job/job.h"
+#include "tests/unit/server/push_chunks.h"
 #include "tests/unit/server/reference_job.h"
 #include "tests/unit/server/run_taken_step.h"
 
@@ -34,15 +35,7 @@ class JobHarness {
   absl::StatusOr<ChunkBuffer::Stored> Push(int rank, int64_t step, const std::string& tensor,
                                            int64_t offset, std::string_view data,
                                            v1::PushKind kind = v1::PUSH_KIND_GRADIENT) {
-    v1::PushChunk chunk;
-    chunk.set_job(spec_.job());
-    chunk.set_rank(rank);
-    chunk.set_step(step);
-    chunk.set_tensor(tensor);
-    chunk.set_kind(kind);
-    chunk.set_offset(offset);
-    chunk.set_data(std::string(data));
-    return job_.Push(chunk);
+    return job_.Push(ChunkOf(spec_.job(), rank, step, tensor, offset, data, kind));
   }
 
   // Pushes `bytes` of one tensor in chunks of at most `chunk_bytes`, in order.

@@ -24,6 +24,7 @@
 #include "common/host_buffer.h"
 #include "server/backend/cpu_backend.h"
 #include "server/job/job.h"
+#include "tests/unit/server/push_chunks.h"
 #include "tests/unit/server/reference_job.h"
 #include "tests/unit/server/run_taken_step.h"
 #include "tests/unit/server/same_served.h"
@@ -302,15 +303,8 @@ class Driver {
   absl::StatusOr<ChunkBuffer::Stored> Push(int rank, int64_t step, int tensor, int64_t offset,
                                            std::string_view data,
                                            v1::PushKind kind = v1::PUSH_KIND_GRADIENT) {
-    v1::PushChunk chunk;
-    chunk.set_job(spec_.job());
-    chunk.set_rank(rank);
-    chunk.set_step(step);
-    chunk.set_tensor(spec_.tensors(tensor).name());
-    chunk.set_kind(kind);
-    chunk.set_offset(offset);
-    chunk.set_data(std::string(data));
-    return job_.Push(chunk);
+    return job_.Push(testing::ChunkOf(spec_.job(), rank, step, spec_.tensors(tensor).name(), offset,
+                                      data, kind));
   }
   absl::Status PushTensor(int rank, int64_t step, int tensor, std::string_view bytes,
                           int64_t chunk_bytes, v1::PushKind kind = v1::PUSH_KIND_GRADIENT) {
