@@ -34,10 +34,16 @@ class CudaRegistration final : public GpuCopies::Registration {
 
 class CudaGpuCopies final : public GpuCopies {
  public:
-  CudaGpuCopies(int device, cudaStream_t callers, cudaStream_t stream, cudaEvent_t callers_work)
-      : device_(device), callers_(callers), stream_(stream), callers_work_(callers_work) {}
+  CudaGpuCopies(int device, cudaStream_t callers, cudaStream_t stream, cudaEvent_t callers_work,
+                cudaEvent_t copied)
+      : device_(device),
+        callers_(callers),
+        stream_(stream),
+        callers_work_(callers_work),
+        copied_(copied) {}
   ~CudaGpuCopies() override {
     const DeviceScope scope(device_);
+    cudaEventDestroy(copied_);
     cudaEventDestroy(callers_work_);
     cudaStreamDestroy(stream_);
   }
@@ -73,10 +79,14 @@ class CudaGpuCopies final : public GpuCopies {
                       "cudaMemcpyAsync(slot)");
   }
 
+  // Sleeps until the copies are done rather than spin (a blocking-sync event): the push thread
+  // waits through most of backward, on the cores the daemon's step threads share with it.
   absl::Status Wait() override {
     const DeviceScope scope(device_);
     if (!scope.status().ok()) return scope.status();
-    return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    std::lock_guard<std::mutex> lock(copied_mu_);
+    PARAMD_CUDA_RETURN_IF_ERROR(cudaEventRecord(copied_, stream_));
+    return CudaStatus(cudaEventSynchronize(copied_), "cudaEventSynchronize(the copies)");
   }
 
   absl::StatusOr<bool> Holds(const void* host, const void* gpu, size_t bytes) override {
@@ -98,7 +108,9 @@ class CudaGpuCopies final : public GpuCopies {
   const cudaStream_t callers_;  // the trainer's stream (not ours)
   const cudaStream_t stream_;
   const cudaEvent_t callers_work_;
-  std::mutex mu_;  // the event, recorded and waited for by one push at a time
+  const cudaEvent_t copied_;  // blocking-sync: Wait sleeps on it
+  std::mutex mu_;             // the event, recorded and waited for by one push at a time
+  std::mutex copied_mu_;      // copied_, recorded and waited for by one Wait at a time
 };
 
 }  // namespace
@@ -120,8 +132,16 @@ absl::StatusOr<std::unique_ptr<GpuCopies>> GpuCopies::Make(int device, uintptr_t
     cudaStreamDestroy(copies);
     return CudaStatus(e, "cudaEventCreateWithFlags");
   }
+  cudaEvent_t copied = nullptr;
+  if (cudaError_t e =
+          cudaEventCreateWithFlags(&copied, cudaEventDisableTiming | cudaEventBlockingSync);
+      e != cudaSuccess) {
+    cudaEventDestroy(event);
+    cudaStreamDestroy(copies);
+    return CudaStatus(e, "cudaEventCreateWithFlags(blocking)");
+  }
   return std::make_unique<CudaGpuCopies>(device, reinterpret_cast<cudaStream_t>(stream), copies,
-                                         event);
+                                         event, copied);
 }
 
 int64_t GpuCopies::PageLockedBytes() { return page_locked_bytes.load(); }
