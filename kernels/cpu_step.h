@@ -25,7 +25,10 @@
 namespace paramd::kernels {
 
 struct CpuTensorStepArgs {
-  FusedStepArgs step;  // step.numel == rows * cols; its out_* are the in-pass outputs
+  // step.numel == rows * cols; its out_* are the in-pass outputs. Its stream_master is set here:
+  // on where neither `cut` nor `per_tensor` has a format (nothing reads the new master after the
+  // pass).
+  FusedStepArgs step;
   int64_t rows = 0;
   int64_t cols = 0;
   // Formats cut from the FP32 values after each panel (their `master`: the served FP32 bytes, an

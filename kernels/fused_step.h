@@ -138,6 +138,12 @@ struct FusedStepArgs {
   float* out_fp32 = nullptr;
   uint16_t* out_bf16 = nullptr;
   uint16_t* out_fp16 = nullptr;
+
+  // Out of place only: the caller reads the new stored master from nowhere after this call (no
+  // format is cut from it), so the vector paths may write it with non-temporal stores where
+  // aligned, as they do FP32 moments, rather than read its lines for ownership first. Ignored in
+  // place (the master's lines are in cache: the pass read them).
+  bool stream_master = false;
 };
 
 // Which code path a CPU kernel takes. kAuto picks the widest the CPU supports.
@@ -155,8 +161,8 @@ enum class CpuPath { kAuto, kScalar, kAvx2, kAvx512 };
 // tensor may run concurrently on several threads (ThreadPool::ParallelFor in
 // kernels/cpu/thread_pool.h with a grain that is a multiple of 128). No alignment is required;
 // outputs must not overlap inputs. On ranges of 4096 elements or more the vector paths write the
-// served outputs (and, out of place, FP32 moments) with non-temporal stores where aligned, and
-// fence them before returning.
+// served outputs (and, out of place, FP32 moments and with stream_master the master) with
+// non-temporal stores where aligned, and fence them before returning.
 //
 // `master_amax` (optional) receives the amax of the new stored master over [begin, end): NaN if any
 // is NaN, else the largest magnitude (0 for an empty range); combine calls with AmaxCombine

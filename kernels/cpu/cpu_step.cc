@@ -41,6 +41,9 @@ KStatus CpuTensorStep(const CpuTensorStepArgs& args, ThreadPool& pool,
   if (rows < 0 || cols < 0 || rows * cols != args.step.numel) {
     return KStatus(Code::kInvalidArgument, "CpuTensorStep: rows * cols must be step.numel");
   }
+  // Out of place with no format cut from the new master, nothing reads it after the pass.
+  FusedStepArgs step = args.step;
+  step.stream_master = args.cut.empty() && args.per_tensor.empty();
   StepOutcome outcome;
   const int64_t panels = (rows + kServePanelRows - 1) / kServePanelRows;
   if (panels >= 2) {
@@ -48,7 +51,7 @@ KStatus CpuTensorStep(const CpuTensorStepArgs& args, ThreadPool& pool,
       for (int64_t p = p0; p < p1; ++p) {
         const int64_t r0 = p * kServePanelRows, r1 = std::min(rows, r0 + kServePanelRows);
         float panel_amax = 0.0f;
-        KStatus st = FusedStepCpu(args.step, r0 * cols, r1 * cols, args.path, &panel_amax);
+        KStatus st = FusedStepCpu(step, r0 * cols, r1 * cols, args.path, &panel_amax);
         if (st.ok()) st = CutRows(args.cut, r0, r1, args.path);
         if (!st.ok()) return outcome.Fail(std::move(st));
         outcome.AddAmax(panel_amax);
@@ -57,7 +60,7 @@ KStatus CpuTensorStep(const CpuTensorStepArgs& args, ThreadPool& pool,
   } else {
     pool.ParallelFor(args.step.numel, kDefaultGrain, [&](int64_t begin, int64_t end) {
       float block_amax = 0.0f;
-      KStatus st = FusedStepCpu(args.step, begin, end, args.path, &block_amax);
+      KStatus st = FusedStepCpu(step, begin, end, args.path, &block_amax);
       if (!st.ok()) return outcome.Fail(std::move(st));
       outcome.AddAmax(block_amax);
     });

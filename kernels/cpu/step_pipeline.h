@@ -44,6 +44,8 @@ struct StepContext {
   // FP32 moments written with non-temporal stores: out of place only (a destination read from
   // nowhere in the pass, whose lines would otherwise be read for ownership first).
   bool stream_m = false, stream_v = false;
+  // The stored master likewise (FusedStepArgs::stream_master): out of place only.
+  bool stream_master = false;
   // The end of the range a vector path prefetches up to (0: no prefetching).
   int64_t prefetch_end = 0;
   // Where the state is read from (fused_step.h): the *_in sources, or the destinations when in
@@ -298,6 +300,7 @@ template <class V, MasterType kMaster, bool kSeparate>
   const bool clip_active = x.clip_active;
   const bool stream_fp32 = x.stream_fp32, stream_bf16 = x.stream_bf16, stream_fp16 = x.stream_fp16;
   const bool stream_m = x.stream_m, stream_v = x.stream_v;
+  const bool stream_master = kSeparate && x.stream_master;
   I amax_lanes = *amax;
   for (int j = 0; j < count; j += L) {
     const int64_t i = c + j;
@@ -329,7 +332,7 @@ template <class V, MasterType kMaster, bool kSeparate>
     // The stored master, and every served copy from it.
     F served = p;
     if constexpr (kMaster == MasterType::kFp32) {
-      V::StoreF(static_cast<float*>(master) + i, p);
+      StoreOutF<V>(static_cast<float*>(master) + i, p, stream_master);
       if (out_bf16 != nullptr) StoreOutU16<V>(out_bf16 + i, EncodeBf16Nearest<V>(p), stream_bf16);
       if (out_fp16 != nullptr) {
         StoreOutU16<V>(out_fp16 + i, EncodeFp16Nearest<V>(p), stream_fp16);
@@ -337,15 +340,15 @@ template <class V, MasterType kMaster, bool kSeparate>
     } else if constexpr (kMaster == MasterType::kBf16Remainder) {
       I hi, remainder;
       SplitBf16RemainderLanes<V>(p, &hi, &remainder);
-      V::StoreU16(static_cast<uint16_t*>(master) + i, hi);
-      V::StoreU16(reinterpret_cast<uint16_t*>(master_remainder) + i, remainder);
+      StoreOutU16<V>(static_cast<uint16_t*>(master) + i, hi, stream_master);
+      StoreOutU16<V>(reinterpret_cast<uint16_t*>(master_remainder) + i, remainder, stream_master);
       if (out_bf16 != nullptr) StoreOutU16<V>(out_bf16 + i, hi, stream_bf16);
       if (out_fp16 != nullptr) {
         StoreOutU16<V>(out_fp16 + i, EncodeFp16Nearest<V>(p), stream_fp16);
       }
     } else {
       const I code = EncodeFp16Nearest<V>(p);
-      V::StoreU16(static_cast<uint16_t*>(master) + i, code);
+      StoreOutU16<V>(static_cast<uint16_t*>(master) + i, code, stream_master);
       served = DecodeFp16Codes<V>(code);
       if (out_bf16 != nullptr) {
         StoreOutU16<V>(out_bf16 + i, EncodeBf16Nearest<V>(served), stream_bf16);
@@ -444,6 +447,18 @@ inline void StepChunk(const StepContext<V>& x, int64_t c, int count, typename V:
   }
 }
 
+// Whether every stored-master store of a vector path from element `begin` on is a whole aligned
+// vector (a bf16+remainder master: its remainder too).
+template <class V>
+bool MasterAligned(const FusedStepArgs& a, int64_t begin) {
+  if (a.policy.master == MasterType::kFp32) {
+    return IsAligned(static_cast<float*>(a.master) + begin, V::kLanes * 4);
+  }
+  const bool halves = IsAligned(static_cast<uint16_t*>(a.master) + begin, V::kLanes * 2);
+  if (a.policy.master == MasterType::kFp16) return halves;
+  return halves && IsAligned(a.master_remainder + begin, V::kLanes * 2);
+}
+
 // The whole range [begin, end): spans of 512 elements from `begin`, each chunk prefetched
 // kPrefetchAhead elements before it runs (in StepChunk). Returns the amax bits of the new stored
 // master (see FusedStepScalar).
@@ -459,6 +474,7 @@ uint32_t RunRange(const FusedStepArgs& a, int64_t begin, int64_t end) {
                    IsAligned(static_cast<float*>(a.exp_avg) + begin, V::kLanes * 4);
       x.stream_v = a.policy.exp_avg_sq == MomentType::kFp32 && x.exp_avg_sq_in != a.exp_avg_sq &&
                    IsAligned(static_cast<float*>(a.exp_avg_sq) + begin, V::kLanes * 4);
+      x.stream_master = a.stream_master && x.separate && MasterAligned<V>(a, begin);
     }
   }
   if constexpr (V::kLanes > 1) x.prefetch_end = end;
@@ -479,7 +495,10 @@ uint32_t RunRange(const FusedStepArgs& a, int64_t begin, int64_t end) {
     StepChunk<V>(x, c, count, &amax);
   }
   // Streaming stores are weakly ordered: fence them before the caller publishes the outputs.
-  if (x.stream_fp32 || x.stream_bf16 || x.stream_fp16 || x.stream_m || x.stream_v) V::Fence();
+  if (x.stream_fp32 || x.stream_bf16 || x.stream_fp16 || x.stream_m || x.stream_v ||
+      x.stream_master) {
+    V::Fence();
+  }
   return std::max(amax_bits, V::ReduceMaxU(amax));
 }
 

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <new>
 #include <random>
 #include <vector>
 
@@ -210,6 +211,90 @@ TEST(CpuTensorStepTest, OutOfPlaceWritesTheInPlaceBytesAndLeavesTheSource) {
       EXPECT_EQ(got.amax, want.amax);
       EXPECT_EQ(got.tensor_scale, want.tensor_scale);
     }
+  }
+}
+
+// A buffer of n T on a 64-byte boundary: the vector paths' non-temporal stores need whole aligned
+// vectors, which std::vector's 16-byte alignment does not promise.
+template <class T>
+struct Aligned64 {
+  explicit Aligned64(int64_t n)
+      : n(n), p(static_cast<T*>(::operator new[](n * sizeof(T), std::align_val_t(64)))) {}
+  ~Aligned64() { ::operator delete[](p, std::align_val_t(64)); }
+  Aligned64(const Aligned64&) = delete;
+  Aligned64& operator=(const Aligned64&) = delete;
+  std::vector<uint8_t> Bytes() const {
+    const auto* b = reinterpret_cast<const uint8_t*>(p);
+    return std::vector<uint8_t>(b, b + n * sizeof(T));
+  }
+  int64_t n;
+  T* p;
+};
+
+// The host tier's policy out of place, with nothing cut from the new master (only the in-pass
+// bf16 copy served): CpuTensorStep streams the master (FusedStepArgs::stream_master) over aligned
+// panels, and the destination still gets the in-place step's bytes on every path, the source
+// untouched.
+TEST(CpuTensorStepTest, OutOfPlaceWithNothingCutFromTheMasterWritesTheInPlaceBytes) {
+  const int64_t rows = 384, cols = 256, n = rows * cols;  // three panels of 32 Ki elements
+  for (const CpuPath path : {CpuPath::kScalar, CpuPath::kAvx2, CpuPath::kAvx512}) {
+    if (!CpuPathSupported(path)) continue;
+    SCOPED_TRACE(CpuPathName(path));
+    std::mt19937_64 rng(21);
+    const std::vector<float> grad = testing::NormalFloats(rng, n, 0.01);
+    const std::vector<float> master = testing::NormalFloats(rng, n, 0.02);
+    const std::vector<float> m = testing::NormalFloats(rng, n, 0.001);
+    std::vector<float> v = testing::NormalFloats(rng, n, 1e-6);
+    for (float& x : v) x = std::fabs(x);
+    struct Set {
+      explicit Set(int64_t n) : master(n), m(n), v(n), bf16(n) {}
+      Aligned64<float> master, m, v;
+      Aligned64<uint16_t> bf16;
+    };
+    Set in_place(n), source(n), dest(n);
+    for (Set* s : {&in_place, &source}) {
+      std::memcpy(s->master.p, master.data(), n * sizeof(float));
+      std::memcpy(s->m.p, m.data(), n * sizeof(float));
+      std::memcpy(s->v.p, v.data(), n * sizeof(float));
+    }
+    std::memset(dest.master.p, 0x5A, n * sizeof(float));  // stale, unlike the source
+    std::memset(dest.m.p, 0x5A, n * sizeof(float));
+    std::memset(dest.v.p, 0x5A, n * sizeof(float));
+    const auto source_master = source.master.Bytes(), source_m = source.m.Bytes(),
+               source_v = source.v.Bytes();
+    const void* slot = grad.data();
+    ThreadPool pool(3);
+    auto run = [&](Set& into, const Set* from) {
+      CpuTensorStepArgs args;
+      args.step.slots = &slot;
+      args.step.num_slots = 1;
+      args.step.scalars = MakeAdamwScalars(testing::AccuracySetupHyper(), 3);
+      args.step.numel = n;
+      args.step.master = into.master.p;
+      args.step.exp_avg = into.m.p;
+      args.step.exp_avg_sq = into.v.p;
+      args.step.out_bf16 = into.bf16.p;
+      if (from != nullptr) {
+        args.step.master_in = from->master.p;
+        args.step.exp_avg_in = from->m.p;
+        args.step.exp_avg_sq_in = from->v.p;
+      }
+      args.rows = rows;
+      args.cols = cols;
+      args.path = path;
+      CpuTensorStepResult result;
+      EXPECT_TRUE(CpuTensorStep(args, pool, &result).ok());
+      return result.amax;
+    };
+    const float want_amax = run(in_place, nullptr);
+    EXPECT_EQ(run(dest, &source), want_amax);
+    EXPECT_EQ(dest.master.Bytes(), in_place.master.Bytes());
+    EXPECT_EQ(dest.m.Bytes(), in_place.m.Bytes());
+    EXPECT_EQ(dest.v.Bytes(), in_place.v.Bytes());
+    EXPECT_EQ(dest.bf16.Bytes(), in_place.bf16.Bytes());
+    EXPECT_EQ(source.master.Bytes(), source_master) << "the source's master was written";
+    EXPECT_EQ(source.m.Bytes(), source_m);
+    EXPECT_EQ(source.v.Bytes(), source_v);
   }
 }
 
