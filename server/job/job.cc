@@ -382,17 +382,22 @@ bool Job::QueueRecordLocked(size_t index) {
   return true;
 }
 
-void Job::WithdrawEarlyLocked(int64_t step) {
+int Job::WithdrawEarlyLocked(int64_t step) {
   SlotSet& set = slots_.Taken(step);
-  int late = 0;
-  for (size_t index : early_queue_) {
+  const size_t queued = early_queue_.size();
+  std::erase_if(early_queue_, [this, step, &set](size_t index) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    // mu_ held
     EarlyStep& early = early_[index];
-    if (early.step != step || early.state != EarlyStep::State::kQueued) continue;
+    if (early.step != step || early.state != EarlyStep::State::kQueued) return false;
     // Its served buffers stay with the record: the step writes this tensor's version into them.
     early.state = EarlyStep::State::kLate;
     --set.landed_running;
-    ++late;
-  }
+    return true;
+  });
+  return static_cast<int>(queued - early_queue_.size());
+}
+
+void Job::LogEarlyTimesLocked(int64_t step, int late) {
   if (early_times_.first_queued) {
     const EarlyTimes& t = early_times_;
     const double window =
@@ -405,19 +410,12 @@ void Job::WithdrawEarlyLocked(int64_t step) {
                       << " late";
   }
   early_times_ = EarlyTimes{};
-  std::erase_if(early_queue_, [this](size_t index) ABSL_NO_THREAD_SAFETY_ANALYSIS {  // mu_ held
-    return early_[index].state == EarlyStep::State::kLate;
-  });
 }
 
 void Job::AwaitEarlyIdle() {
   absl::MutexLock lock(&mu_);
   const auto idle = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // mu_ held
-    if (!early_checks_.empty() || !early_queue_.empty()) return false;
-    for (const EarlyStep& early : early_) {
-      if (early.state == EarlyStep::State::kRunning) return false;
-    }
-    return true;
+    return early_checks_.empty() && early_queue_.empty() && !early_busy_;
   };
   mu_.Await(absl::Condition(&idle));
 }
@@ -461,11 +459,13 @@ void Job::RunEarlySteps() {
       std::function<void(bool)> check = std::move(early_checks_.front());
       early_checks_.pop_front();
       const bool cancelled = early_stop_;
+      early_busy_ = true;
       mu_.Unlock();
       const auto started = std::chrono::steady_clock::now();
       check(cancelled);
       const auto ended = std::chrono::steady_clock::now();
       mu_.Lock();
+      early_busy_ = false;
       early_times_.check_seconds += std::chrono::duration<double>(ended - started).count();
       continue;
     }
@@ -487,11 +487,13 @@ void Job::RunEarlySteps() {
       // of the job was taken when it was queued, and the step of `early.step` waits for it.
       const TensorState& from = *t.state;
       std::unique_ptr<TensorState>* into = &t.shadow;
+      early_busy_ = true;
       mu_.Unlock();
       const auto started = std::chrono::steady_clock::now();
       status = ability->StepEarly(from, into, step, scalars);
       const auto ended = std::chrono::steady_clock::now();
       mu_.Lock();
+      early_busy_ = false;
       early_times_.step_seconds += std::chrono::duration<double>(ended - started).count();
       ++early_times_.stepped;
       early_times_.elements += t.elements;
@@ -803,7 +805,9 @@ absl::StatusOr<CommitOutcome> Job::Commit(const v1::CommitRequest& request) {
   if (!outcome.work.has_value()) return outcome;
   // The last rank: the step's slots are handed over with it, and the hyperparameters it runs with.
   slots_.Take(outcome.work->step);
-  if (!early_.empty()) WithdrawEarlyLocked(outcome.work->step);
+  if (!early_.empty()) {
+    LogEarlyTimesLocked(outcome.work->step, WithdrawEarlyLocked(outcome.work->step));
+  }
   last_grad_scale_ = outcome.work->grad_scale;
   last_commit_lr_ = outcome.work->lr;
   if (!outcome.work->lr.has_value()) outcome.work->lr = hyper_.lr();

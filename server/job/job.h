@@ -260,7 +260,11 @@ class Job {
   // Step `step` was taken: its early steps not begun are withdrawn (kLate). They are the tensors
   // whose gradients landed last, the ones the next forward reads first; the step steps them in
   // that order and publishes each, rather than wait for early steps in landing order.
-  void WithdrawEarlyLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns how many were withdrawn.
+  int WithdrawEarlyLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Logs where the early thread's time went for step `step` (--log_level=debug), `late` of its
+  // early steps withdrawn, and starts the next step's account.
+  void LogEarlyTimesLocked(int64_t step, int late) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The scalars a step of the step collected is expected to run with (EarlyStep::scalars).
   StepScalars PredictedScalarsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A landed check of step `step`'s tensor `index` ended: kept where nothing made it stale.
@@ -415,6 +419,7 @@ class Job {
   };
   EarlyTimes early_times_ ABSL_GUARDED_BY(mu_);
   bool early_stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool early_busy_ ABSL_GUARDED_BY(mu_) = false;  // the early thread runs a check or a step
   std::thread early_thread_;
 };
 

@@ -27,6 +27,7 @@
 #include "paramd/v1/control.grpc.pb.h"
 #include "paramd/v1/data.grpc.pb.h"
 #include "server/rpc/server.h"
+#include "tests/unit/server/push_chunks.h"
 #include "tests/unit/server/reference_job.h"
 #include "tests/unit/server/status_assertions.h"
 
@@ -85,20 +86,6 @@ template <typename T>
 ::testing::AssertionResult HasStatus(const absl::Status& status, grpc::StatusCode code,
                                      absl::string_view text = "") {
   return testing::HasStatus(status, static_cast<absl::StatusCode>(code), text);
-}
-
-v1::PushChunk Chunk(const std::string& job, int rank, int64_t step, const std::string& tensor,
-                    int64_t offset, const std::string& data,
-                    v1::PushKind kind = v1::PUSH_KIND_GRADIENT) {
-  v1::PushChunk chunk;
-  chunk.set_job(job);
-  chunk.set_rank(rank);
-  chunk.set_step(step);
-  chunk.set_tensor(tensor);
-  chunk.set_kind(kind);
-  chunk.set_offset(offset);
-  chunk.set_data(data);
-  return chunk;
 }
 
 std::span<const std::byte> AsBytes(const std::string& s) {
@@ -301,8 +288,8 @@ constexpr auto kUnavailable = grpc::StatusCode::UNAVAILABLE;
 
 TEST_F(BadInputTest, UnknownJobIsNotFoundOnEveryRpc) {
   constexpr char kMessage[] = "no job \"nope\" on this daemon";
-  EXPECT_TRUE(
-      HasStatus(RawPush({Chunk("nope", 0, 0, "w", 0, std::string(4, 'x'))}), kNotFound, kMessage));
+  EXPECT_TRUE(HasStatus(RawPush({testing::ChunkOf("nope", 0, 0, "w", 0, std::string(4, 'x'))}),
+                        kNotFound, kMessage));
   EXPECT_TRUE(HasStatus(RawCommit("nope", 0, 0), kNotFound, kMessage));
   EXPECT_TRUE(
       HasStatus(RawPull("nope", "w", Format(v1::RECIPE_FP32), 0, In(20s)), kNotFound, kMessage));
@@ -327,8 +314,8 @@ TEST_F(BadInputTest, StatusOfAnUnknownJobIsNotFound) {
 }
 
 TEST_F(BadInputTest, UnknownTensorIsNotFound) {
-  EXPECT_TRUE(HasStatus(RawPush({Chunk(kJob, 0, 0, "nope", 0, std::string(4, 'x'))}), kNotFound,
-                        "job \"rpc\" has no tensor \"nope\""));
+  EXPECT_TRUE(HasStatus(RawPush({testing::ChunkOf(kJob, 0, 0, "nope", 0, std::string(4, 'x'))}),
+                        kNotFound, "job \"rpc\" has no tensor \"nope\""));
   EXPECT_TRUE(HasStatus(RawPull(kJob, "nope", Format(v1::RECIPE_FP32), 0, In(20s)), kNotFound,
                         "has no tensor \"nope\""));
   Pulled pulled;
@@ -373,16 +360,17 @@ TEST_F(BadInputTest, InvalidRegistrationIsRefusedAndCreatesNoJob) {
 }
 
 TEST_F(BadInputTest, WrongByteCountOrDtypeIsInvalidArgument) {
-  EXPECT_TRUE(HasStatus(RawPush({Chunk(kJob, 0, 0, "w", 0, std::string(6, 'x'))}), kInvalid,
+  EXPECT_TRUE(HasStatus(RawPush({testing::ChunkOf(kJob, 0, 0, "w", 0, std::string(6, 'x'))}),
+                        kInvalid,
                         "multiples of 4 bytes inside the tensor (tensor \"w\", rank 0, step 0)"));
   // A bf16 tensor's gradient sent as fp32: twice its bytes.
   const std::string fp32_grad = ToBytes(std::vector<float>(100, 1.0f));
-  EXPECT_TRUE(HasStatus(RawPush({Chunk(kJob, 1, 0, "b", 0, fp32_grad)}), kInvalid,
+  EXPECT_TRUE(HasStatus(RawPush({testing::ChunkOf(kJob, 1, 0, "b", 0, fp32_grad)}), kInvalid,
                         "chunk [0, 400) does not fit tensor \"b\" of 200 bytes"));
-  EXPECT_TRUE(HasStatus(RawPush({Chunk(kJob, 0, 0, "w", 2, std::string(4, 'x'))}), kInvalid,
-                        "chunk [2, 6) does not fit"));
-  EXPECT_TRUE(HasStatus(RawPush({Chunk(kJob, 0, 0, "w", 4796, std::string(8, 'x'))}), kInvalid,
-                        "chunk [4796, 4804) does not fit tensor \"w\" of 4800 bytes"));
+  EXPECT_TRUE(HasStatus(RawPush({testing::ChunkOf(kJob, 0, 0, "w", 2, std::string(4, 'x'))}),
+                        kInvalid, "chunk [2, 6) does not fit"));
+  EXPECT_TRUE(HasStatus(RawPush({testing::ChunkOf(kJob, 0, 0, "w", 4796, std::string(8, 'x'))}),
+                        kInvalid, "chunk [4796, 4804) does not fit tensor \"w\" of 4800 bytes"));
   const PushItem item{"b", AsBytes(fp32_grad)};
   EXPECT_TRUE(HasStatus(client_->PushGradients(kJob, 1, 0, std::span(&item, 1)), kInvalid,
                         "does not fit tensor \"b\""));
@@ -392,13 +380,13 @@ TEST_F(BadInputTest, WrongByteCountOrDtypeIsInvalidArgument) {
 TEST_F(BadInputTest, ChunksBeforeTheFirstBadOneStayStored) {
   const StepGradients grads = Grads(0);
   const std::string& w = grads[0][0];
-  EXPECT_TRUE(HasStatus(RawPush({Chunk(kJob, 0, 0, "w", 0, w.substr(0, 4096)),
-                                 Chunk(kJob, 0, 0, "nope", 0, std::string(4, 'x')),
-                                 Chunk(kJob, 0, 0, "w", 4096, w.substr(4096))}),
+  EXPECT_TRUE(HasStatus(RawPush({testing::ChunkOf(kJob, 0, 0, "w", 0, w.substr(0, 4096)),
+                                 testing::ChunkOf(kJob, 0, 0, "nope", 0, std::string(4, 'x')),
+                                 testing::ChunkOf(kJob, 0, 0, "w", 4096, w.substr(4096))}),
                         kNotFound, "\"nope\""));
   v1::PushResponse response;
-  ASSERT_TRUE(RawPush({Chunk(kJob, 0, 0, "w", 0, w.substr(0, 4096)),
-                       Chunk(kJob, 0, 0, "w", 4096, w.substr(4096))},
+  ASSERT_TRUE(RawPush({testing::ChunkOf(kJob, 0, 0, "w", 0, w.substr(0, 4096)),
+                       testing::ChunkOf(kJob, 0, 0, "w", 4096, w.substr(4096))},
                       &response)
                   .ok());
   EXPECT_EQ(response.chunks_duplicate(), 1);  // stored by the failed stream
@@ -411,17 +399,18 @@ TEST_F(BadInputTest, ConflictingDuplicatePushIsFailedPrecondition) {
   // The first chunk the client sends for rank 0's "w" at step 0, sent twice, then changed.
   const std::string right = Grads(0)[0][0].substr(0, kMaxChunkBytes);
   v1::PushResponse response;
-  ASSERT_TRUE(
-      RawPush({Chunk(kJob, 0, 0, "w", 0, right), Chunk(kJob, 0, 0, "w", 0, right)}, &response)
-          .ok());
+  ASSERT_TRUE(RawPush({testing::ChunkOf(kJob, 0, 0, "w", 0, right),
+                       testing::ChunkOf(kJob, 0, 0, "w", 0, right)},
+                      &response)
+                  .ok());
   EXPECT_EQ(response.chunks_stored(), 1);
   EXPECT_EQ(response.chunks_duplicate(), 1);
   before_ = JobStatus();
   std::string wrong = right;
   wrong[7] ^= 0x40;
-  EXPECT_TRUE(HasStatus(RawPush({Chunk(kJob, 0, 0, "w", 0, wrong)}), kFailedPrecondition,
+  EXPECT_TRUE(HasStatus(RawPush({testing::ChunkOf(kJob, 0, 0, "w", 0, wrong)}), kFailedPrecondition,
                         "a different chunk of 4096 bytes at offset 0 was already pushed"));
-  EXPECT_TRUE(HasStatus(RawPush({Chunk(kJob, 0, 0, "w", 2048, right.substr(0, 2048))}),
+  EXPECT_TRUE(HasStatus(RawPush({testing::ChunkOf(kJob, 0, 0, "w", 2048, right.substr(0, 2048))}),
                         kFailedPrecondition, "overlaps the stored chunk [0, 4096)"));
   ExpectUnchangedAndStepsStillWork();
 }
@@ -430,9 +419,9 @@ TEST_F(BadInputTest, StaleAndFutureStepsAreFailedPrecondition) {
   RunValidStep();
   RunValidStep();  // the job collects step 2
   const std::string grad(8, 'x');
-  EXPECT_TRUE(HasStatus(RawPush({Chunk(kJob, 0, 1, "w", 0, grad)}), kFailedPrecondition,
+  EXPECT_TRUE(HasStatus(RawPush({testing::ChunkOf(kJob, 0, 1, "w", 0, grad)}), kFailedPrecondition,
                         "step 1 of job \"rpc\" is stale: the job collects step 2"));
-  EXPECT_TRUE(HasStatus(RawPush({Chunk(kJob, 1, 3, "w", 0, grad)}), kFailedPrecondition,
+  EXPECT_TRUE(HasStatus(RawPush({testing::ChunkOf(kJob, 1, 3, "w", 0, grad)}), kFailedPrecondition,
                         "step 3 of job \"rpc\" is ahead of the step it collects (2)"));
   EXPECT_TRUE(HasStatus(RawCommit(kJob, 0, 3), kFailedPrecondition,
                         "step 3 of job \"rpc\" is ahead of the step it collects (2)"));
@@ -497,9 +486,9 @@ TEST_F(BadInputTest, NonFiniteInitialWeightsAreInvalidArgument) {
   ASSERT_TRUE(RawRegister(fresh).ok());
   std::vector<float> w(8, 0.5f);
   w[3] = std::numeric_limits<float>::quiet_NaN();
-  EXPECT_TRUE(
-      HasStatus(RawPush({Chunk("fresh", 0, 0, "w", 0, ToBytes(w), v1::PUSH_KIND_INITIAL_WEIGHTS)}),
-                kInvalid, "initial weight 3 of tensor \"w\" is nan"));
+  EXPECT_TRUE(HasStatus(
+      RawPush({testing::ChunkOf("fresh", 0, 0, "w", 0, ToBytes(w), v1::PUSH_KIND_INITIAL_WEIGHTS)}),
+      kInvalid, "initial weight 3 of tensor \"w\" is nan"));
   v1::StatusResponse response;
   ASSERT_TRUE(RawStatus("fresh", &response).ok());
   EXPECT_EQ(response.jobs(0).tensors(0).version(), -1);
@@ -507,16 +496,17 @@ TEST_F(BadInputTest, NonFiniteInitialWeightsAreInvalidArgument) {
 }
 
 TEST_F(BadInputTest, OversizedChunkIsResourceExhausted) {
-  EXPECT_TRUE(HasStatus(RawPush({Chunk(kJob, 0, 0, "w", 0, std::string(2 * kMaxChunkBytes, 'x'))}),
-                        kResourceExhausted,
-                        "chunk of 8192 bytes exceeds this daemon's max_chunk_bytes (4096)"));
+  EXPECT_TRUE(HasStatus(
+      RawPush({testing::ChunkOf(kJob, 0, 0, "w", 0, std::string(2 * kMaxChunkBytes, 'x'))}),
+      kResourceExhausted, "chunk of 8192 bytes exceeds this daemon's max_chunk_bytes (4096)"));
   ExpectUnchangedAndStepsStillWork();
 }
 
 TEST_F(BadInputTest, OversizedMessageIsResourceExhaustedByGrpc) {
   // Beyond max_message_bytes (4096 + 64 KiB): gRPC refuses the message before the service sees it.
-  EXPECT_TRUE(HasStatus(RawPush({Chunk(kJob, 0, 0, "w", 0, std::string(128 << 10, 'x'))}),
-                        kResourceExhausted, "larger than max"));
+  EXPECT_TRUE(
+      HasStatus(RawPush({testing::ChunkOf(kJob, 0, 0, "w", 0, std::string(128 << 10, 'x'))}),
+                kResourceExhausted, "larger than max"));
   ExpectUnchangedAndStepsStillWork();
 }
 
@@ -554,8 +544,9 @@ TEST_F(BadInputTest, DrainMakesEveryNewWorkCallUnavailable) {
   constexpr char kDraining[] = "the daemon is draining";
   EXPECT_TRUE(HasStatus(RawRegister(ForRank(spec_, 0)), kUnavailable, kDraining));
   EXPECT_TRUE(HasStatus(client_->Register(ForRank(spec_, 1)), kUnavailable, kDraining));
-  EXPECT_TRUE(HasStatus(RawPush({Chunk(kJob, 0, 0, "w", 0, Grads(0)[0][0].substr(0, 64))}),
-                        kUnavailable, kDraining));
+  EXPECT_TRUE(
+      HasStatus(RawPush({testing::ChunkOf(kJob, 0, 0, "w", 0, Grads(0)[0][0].substr(0, 64))}),
+                kUnavailable, kDraining));
   const StepGradients grads = Grads(0);
   EXPECT_TRUE(
       HasStatus(client_->PushGradients(kJob, 1, 0, Items(grads, 1)), kUnavailable, kDraining));
