@@ -397,6 +397,23 @@ int Job::WithdrawEarlyLocked(int64_t step) {
   return static_cast<int>(queued - early_queue_.size());
 }
 
+void Job::EarlyTimes::Add(const std::string& tensor, int64_t tensor_elements,
+                          double tensor_seconds) {
+  step_seconds += tensor_seconds;
+  ++stepped;
+  elements += tensor_elements;
+  if (tensor_elements < kRatedElements) return;
+  const Rated rated{tensor, tensor_elements, tensor_seconds};
+  if (!slowest || rated.rate() < slowest->rate()) slowest = rated;
+  if (!fastest || rated.rate() > fastest->rate()) fastest = rated;
+}
+
+std::string Job::EarlyTimes::Text(const char* what, const std::optional<Rated>& r) {
+  if (!r) return "";
+  return absl::StrCat(", ", what, " ", Quoted(r->tensor), " (", r->elements, " elements, ",
+                      r->seconds * 1e3, " ms, ", r->rate() * 1e-9, " G elements/s)");
+}
+
 void Job::LogEarlyTimesLocked(int64_t step, int late) {
   if (early_times_.first_queued) {
     const EarlyTimes& t = early_times_;
@@ -407,7 +424,8 @@ void Job::LogEarlyTimesLocked(int64_t step, int late) {
                       << " early steps ran (" << t.elements << " elements, " << t.step_seconds * 1e3
                       << " ms, " << (t.step_seconds > 0 ? t.elements / t.step_seconds * 1e-9 : 0)
                       << " G elements/s), checks " << t.check_seconds * 1e3 << " ms, " << late
-                      << " late";
+                      << " late" << EarlyTimes::Text("slowest", t.slowest)
+                      << EarlyTimes::Text("fastest", t.fastest);
   }
   early_times_ = EarlyTimes{};
 }
@@ -494,9 +512,8 @@ void Job::RunEarlySteps() {
       const auto ended = std::chrono::steady_clock::now();
       mu_.Lock();
       early_busy_ = false;
-      early_times_.step_seconds += std::chrono::duration<double>(ended - started).count();
-      ++early_times_.stepped;
-      early_times_.elements += t.elements;
+      early_times_.Add(t.spec.name(), t.elements,
+                       std::chrono::duration<double>(ended - started).count());
       if (!status.ok()) {
         PARAMD_LOG(WARNING) << "job " << name_ << ": the early step of tensor "
                             << Quoted(t.spec.name()) << " failed (the step steps it): " << status;

@@ -409,13 +409,26 @@ class Job {
   int64_t early_late_ ABSL_GUARDED_BY(mu_) = 0;
   // Where the early thread's time went for the step collected, logged when it is taken
   // (--log_level=debug): from the first early step queued, the early steps' and checks' seconds
-  // and the elements stepped early.
+  // and the elements stepped early, and the slowest and fastest early step of a tensor of at least
+  // kRatedElements (so the log tells whether every tensor ran slowly or a few held the rest).
   struct EarlyTimes {
+    static constexpr int64_t kRatedElements = int64_t{1} << 20;
+    struct Rated {
+      std::string tensor;
+      int64_t elements = 0;
+      double seconds = 0;
+      double rate() const { return seconds > 0 ? elements / seconds : 0; }
+    };
+    void Add(const std::string& tensor, int64_t tensor_elements, double tensor_seconds);
+    // ", <what> <tensor> (<elements> elements, <ms> ms, <rate> G elements/s)", or "" without one.
+    static std::string Text(const char* what, const std::optional<Rated>& r);
+
     std::optional<std::chrono::steady_clock::time_point> first_queued;
     double step_seconds = 0;
     double check_seconds = 0;
     int64_t stepped = 0;
     int64_t elements = 0;
+    std::optional<Rated> slowest, fastest;
   };
   EarlyTimes early_times_ ABSL_GUARDED_BY(mu_);
   bool early_stop_ ABSL_GUARDED_BY(mu_) = false;
