@@ -1,7 +1,14 @@
 // A std::vector whose storage starts on a 64-byte boundary: the state arrays the CPU step streams
 // past the cache (non-temporal stores want aligned destinations, kernels/cpu/step_pipeline.h).
 // glibc places a large allocation 16 bytes into its pages, so a plain vector never qualifies.
+// Arrays of 2 MiB or more start on a 2 MiB boundary and their whole 2 MiB pages are marked for
+// transparent huge pages (MADV_HUGEPAGE; on a kernel whose THP setting is "madvise" they are
+// otherwise 4 KiB pages): the step streams several such arrays at once, and with 4 KiB pages each
+// stream takes a TLB miss every 1024 floats. The mark is advice: where the kernel refuses it, the
+// array is as before.
 #pragma once
+
+#include <sys/mman.h>
 
 #include <cstddef>
 #include <new>
@@ -13,13 +20,26 @@ template <typename T>
 struct CacheLineAllocator {
   using value_type = T;
   static constexpr std::align_val_t kAlignment{64};
+  static constexpr size_t kHugePage = size_t{2} << 20;
 
   CacheLineAllocator() = default;
   template <typename U>
   CacheLineAllocator(const CacheLineAllocator<U>&) {}  // NOLINT: rebinding, as allocators do
 
-  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), kAlignment)); }
-  void deallocate(T* p, size_t) { ::operator delete(p, kAlignment); }
+  T* allocate(size_t n) {
+    const size_t bytes = n * sizeof(T);
+    if (bytes < kHugePage) return static_cast<T*>(::operator new(bytes, kAlignment));
+    void* p = ::operator new (bytes, std::align_val_t{kHugePage});
+    madvise(p, bytes / kHugePage * kHugePage, MADV_HUGEPAGE);  // the pages inside the array
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t n) {
+    if (n * sizeof(T) < kHugePage) {
+      ::operator delete(p, kAlignment);
+    } else {
+      ::operator delete (p, std::align_val_t{kHugePage});
+    }
+  }
 
   template <typename U>
   friend bool operator==(const CacheLineAllocator&, const CacheLineAllocator<U>&) {
