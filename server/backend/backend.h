@@ -365,13 +365,17 @@ class LandedCheckAbility {
 // (TensorStep::adopt) where the step turns out to be the one predicted. The cpu backend has it.
 class EarlyStepAbility {
  public:
-  // Steps `from` with `step`'s slots and `scalars` (clip 1) into `*into` (made now where null, a
-  // state of `from`'s tensor), and writes every format of `step.out`: the state and bytes a step
-  // of `from` with these inputs gives, bit for bit; `from` is only read. step.state is ignored.
-  // Runs on the caller's thread with the backend's step threads; the job runs no step of the
-  // tensor meanwhile.
-  virtual absl::Status StepEarly(const TensorState& from, std::unique_ptr<TensorState>* into,
-                                 const TensorStep& step, const StepScalars& scalars) = 0;
+  // A second state of `of`'s tensor for its early steps, every array sized and written now: the job
+  // makes it with the tensor's state, where the budget reserved it, so no early step faults its
+  // memory in (made at the first early step instead, that first touch held the GPU machine's host
+  // to 0.1 G elements/s on those tensors, against 2-3 for the rest).
+  virtual absl::StatusOr<std::unique_ptr<TensorState>> MakeShadow(const TensorState& of) = 0;
+  // Steps `from` with `step`'s slots and `scalars` (clip 1) into `into` (MakeShadow's, of `from`'s
+  // tensor), and writes every format of `step.out`: the state and bytes a step of `from` with these
+  // inputs gives, bit for bit; `from` is only read. step.state is ignored. Runs on the caller's
+  // thread with the backend's step threads; the job runs no step of the tensor meanwhile.
+  virtual absl::Status StepEarly(const TensorState& from, TensorState& into, const TensorStep& step,
+                                 const StepScalars& scalars) = 0;
   // Tensors whose early state a step adopted (a test counts them).
   virtual int64_t early_steps_adopted() const = 0;
 

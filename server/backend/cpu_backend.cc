@@ -231,13 +231,21 @@ absl::Status CpuBackend::ApplyStep(std::span<TensorStep> tensors, const StepScal
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::unique_ptr<TensorState>> CpuBackend::MakeShadow(const TensorState& of) try {
+  const auto& source = static_cast<const CpuTensorState&>(of);
+  auto shadow = std::make_unique<CpuTensorState>(source.info);
+  shadow->ShapedAs(source);  // sized and zeroed: every page touched here
+  return shadow;
+} catch (const std::bad_alloc&) {
+  return OutOfHostMemory(static_cast<const CpuTensorState&>(of).info);
+}
+
 // One pass: the kernel reads `from`'s arrays and writes the shadow's (FusedStepArgs' sources).
-absl::Status CpuBackend::StepEarly(const TensorState& from, std::unique_ptr<TensorState>* into,
+absl::Status CpuBackend::StepEarly(const TensorState& from, TensorState& into,
                                    const TensorStep& step, const StepScalars& scalars) try {
   const auto& source = static_cast<const CpuTensorState&>(from);
-  if (*into == nullptr) *into = std::make_unique<CpuTensorState>(source.info);
-  auto& target = static_cast<CpuTensorState&>(**into);
-  target.ShapedAs(source);
+  auto& target = static_cast<CpuTensorState&>(into);
+  target.ShapedAs(source);  // MakeShadow's sizes: the scalars are what it takes
   TensorStep t = step;
   t.state = &target;
   t.adopt = nullptr;

@@ -39,8 +39,9 @@ class CpuBackend : public Backend, public LandedCheckAbility, public EarlyStepAb
   int64_t checked_at_step() const override { return checked_at_step_.load(); }
   int64_t landed_checks_used() const override { return landed_checks_used_.load(); }
   LandedCheckAbility* landed_check() override { return this; }
-  absl::Status StepEarly(const TensorState& from, std::unique_ptr<TensorState>* into,
-                         const TensorStep& step, const StepScalars& scalars) override;
+  absl::StatusOr<std::unique_ptr<TensorState>> MakeShadow(const TensorState& of) override;
+  absl::Status StepEarly(const TensorState& from, TensorState& into, const TensorStep& step,
+                         const StepScalars& scalars) override;
   int64_t early_steps_adopted() const override { return early_steps_adopted_.load(); }
   EarlyStepAbility* early_step() override { return this; }
   absl::Status ApplyStep(std::span<TensorStep> tensors, const StepScalars& scalars,

@@ -504,7 +504,9 @@ void Job::RunEarlySteps() {
       // The tensor's state, shadow and buffers are this early step's alone while it runs: no step
       // of the job was taken when it was queued, and the step of `early.step` waits for it.
       const TensorState& from = *t.state;
-      std::unique_ptr<TensorState>* into = &t.shadow;
+      PARAMD_CHECK(t.shadow != nullptr) << "job " << name_ << ": tensor " << Quoted(t.spec.name())
+                                        << " has a state but no shadow";
+      TensorState& into = *t.shadow;
       early_busy_ = true;
       mu_.Unlock();
       const auto started = std::chrono::steady_clock::now();
@@ -624,6 +626,10 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushWeights(Tensor& t, const v1::PushCh
                                                    static_cast<size_t>(t.elements)),
                             served.get(), /*whole_amax=*/nullptr);
   if (!state.ok()) return state.status();
+  if (!early_.empty()) {
+    // The early steps' second state, made with the tensor's (EarlyStepAbility::MakeShadow).
+    PARAMD_ASSIGN_OR_RETURN(t.shadow, backend_->early_step()->MakeShadow(**state));
+  }
   t.state = std::move(*state);  // the upload stays until the first step, for retries
   ++initialized_tensors_;
   served_.Publish(index, std::move(served), wake);

@@ -193,8 +193,8 @@ class Job {
     // A split tensor's version 0, made on a thread of its own (its amax round waits for the other
     // owners, which no RPC thread may do) once its upload is complete.
     bool creating = false;
-    // early_step: the second state an early step writes (EarlyStepAbility::StepEarly), made at
-    // the tensor's first early step; the step adopts it by trading buffers with `state`.
+    // early_step: the second state an early step writes (EarlyStepAbility::StepEarly), made with
+    // `state` (MakeShadow); the step adopts it by trading buffers with `state`.
     std::unique_ptr<TensorState> shadow;
   };
   // A tensor's early step of the step collected (RegisterRequest.early_step): queued when its

@@ -153,6 +153,10 @@ absl::StatusOr<v1::ImportStateResponse> Job::Import(StagedState staged) {
         return Reworded(state.status(), absl::StrCat(refused, "tensor \"", t.spec.name(),
                                                      "\": ", state.status().message()));
       }
+      if (!early_.empty() && t.shadow == nullptr) {
+        // A tensor never uploaded: its early steps' second state (EarlyStepAbility::MakeShadow).
+        PARAMD_ASSIGN_OR_RETURN(t.shadow, backend_->early_step()->MakeShadow(**state));
+      }
       states.push_back(*std::move(state));
     }
     // The swap.

@@ -191,6 +191,17 @@ TEST_F(CheckpointTest, AnEarlyStepJobKeepsTheOptionAndContinuesBitForBitAfterARe
   // Step 0 before the restore and steps 2 and 3 after it, every tensor adopted.
   EXPECT_EQ(b.job().Status().early_steps_adopted(), 3 * spec.tensors_size());
   EXPECT_EQ(b.job().Status().early_steps_discarded(), 0);
+
+  // A restarted daemon's job: registered, never given initial weights, its state the restore's
+  // (the early steps' second states are made with the imported ones).
+  RegistryJobHarness c(manifest->registration());
+  ASSERT_TRUE(c.Register().ok());
+  ASSERT_TRUE(Restore(*dir, c).ok());
+  for (int64_t step = 2; step < 4; ++step) {
+    ASSERT_TRUE(c.RunStep(step, RandomGradients(spec, 60 + static_cast<uint64_t>(step))).ok());
+  }
+  ExpectSameServed(plain, c, spec);
+  EXPECT_EQ(c.job().Status().early_steps_adopted(), 2 * spec.tensors_size());
 }
 
 // Holds a writer thread before each chunk it writes until Release (or a deadline, so a test whose

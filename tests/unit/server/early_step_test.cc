@@ -13,6 +13,7 @@
 #include <google/protobuf/util/message_differencer.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -87,8 +88,8 @@ class GatedBackend : public CpuBackend {
     absl::MutexLock lock(&mu_);
     open_ = true;
   }
-  absl::Status StepEarly(const TensorState& from, std::unique_ptr<TensorState>* into,
-                         const TensorStep& step, const StepScalars& scalars) override {
+  absl::Status StepEarly(const TensorState& from, TensorState& into, const TensorStep& step,
+                         const StepScalars& scalars) override {
     {
       absl::MutexLock lock(&mu_);
       if (armed_) {
@@ -105,6 +106,41 @@ class GatedBackend : public CpuBackend {
   bool armed_ ABSL_GUARDED_BY(mu_) = false;
   bool entered_ ABSL_GUARDED_BY(mu_) = false;
   bool open_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// A cpu backend that keeps the second states it made (MakeShadow) and the ones its early steps
+// wrote into.
+class ShadowCountingBackend : public CpuBackend {
+ public:
+  ShadowCountingBackend() : CpuBackend(2) {}
+
+  absl::StatusOr<std::unique_ptr<TensorState>> MakeShadow(const TensorState& of) override {
+    absl::StatusOr<std::unique_ptr<TensorState>> shadow = CpuBackend::MakeShadow(of);
+    absl::MutexLock lock(&mu_);
+    if (shadow.ok()) made_.push_back(shadow->get());
+    return shadow;
+  }
+  absl::Status StepEarly(const TensorState& from, TensorState& into, const TensorStep& step,
+                         const StepScalars& scalars) override {
+    {
+      absl::MutexLock lock(&mu_);
+      written_.push_back(&into);
+    }
+    return CpuBackend::StepEarly(from, into, step, scalars);
+  }
+  std::vector<const TensorState*> made() {
+    absl::MutexLock lock(&mu_);
+    return made_;
+  }
+  std::vector<const TensorState*> written() {
+    absl::MutexLock lock(&mu_);
+    return written_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<const TensorState*> made_ ABSL_GUARDED_BY(mu_);
+  std::vector<const TensorState*> written_ ABSL_GUARDED_BY(mu_);
 };
 
 class Driver {
@@ -384,6 +420,25 @@ TEST(EarlyStepTest, EarlyStepsNotBegunWhenTheStepIsTakenAreSteppedByTheStep) {
     EXPECT_EQ(counters.late, kSteps * (spec.tensors_size() - 1));
     EXPECT_EQ(counters.discarded, 0);
   }
+}
+
+TEST(EarlyStepTest, EachTensorsSecondStateIsMadeWithItsStateAndNoEarlyStepMakesOne) {
+  // The second state's memory is taken when the initial weights arrive (where the budget reserved
+  // it), not by the early steps, which run while backward does.
+  const v1::RegisterRequest spec = JobSpec(v1::StatePolicy());
+  Driver d(spec, /*early=*/true, /*placed=*/false, std::make_unique<ShadowCountingBackend>());
+  auto& backend = dynamic_cast<ShadowCountingBackend&>(d.backend());
+  const std::vector<const TensorState*> made = backend.made();
+  ASSERT_EQ(made.size(), static_cast<size_t>(spec.tensors_size()));
+  const StepScript script = PushAllThenCommit(spec, 40);
+  for (int64_t step = 0; step < 3; ++step) script(d, step);
+  EXPECT_EQ(backend.made(), made);
+  const std::vector<const TensorState*> written = backend.written();
+  EXPECT_EQ(written.size(), 3 * made.size());
+  for (const TensorState* into : written) {
+    EXPECT_NE(std::find(made.begin(), made.end(), into), made.end());
+  }
+  EXPECT_EQ(d.job().Status().early_steps_adopted(), 3 * spec.tensors_size());
 }
 
 TEST(EarlyStepTest, ANonFiniteGradientInTheLastTensorToLandDiscardsEveryEarlyResult) {

@@ -34,8 +34,8 @@ class RegistryJobHarness {
                     return staging != nullptr ? Borrowed(staging->HostAllocator()) : nullptr;
                   }) {}
 
-  // Registers every rank through the registry and uploads the initial weights.
-  absl::Status Start(const std::vector<std::vector<float>>& initial) {
+  // Registers every rank through the registry (a job that a restore gives its state).
+  absl::Status Register() {
     for (int r = 0; r < spec_.world_size(); ++r) {
       absl::StatusOr<v1::RegisterResponse> registered = registry_.Register(ForRank(spec_, r));
       if (!registered.ok()) return registered.status();
@@ -43,6 +43,11 @@ class RegistryJobHarness {
     absl::StatusOr<std::shared_ptr<Job>> job = registry_.Find(spec_.job());
     if (!job.ok()) return job.status();
     job_ = *std::move(job);
+    return absl::OkStatus();
+  }
+  // Registers every rank and uploads the initial weights.
+  absl::Status Start(const std::vector<std::vector<float>>& initial) {
+    if (absl::Status s = Register(); !s.ok()) return s;
     for (int i = 0; i < spec_.tensors_size(); ++i) {
       const std::vector<float>& w = initial[static_cast<size_t>(i)];
       if (absl::Status s = PushTensor(0, 0, i, ToBytes(w), v1::PUSH_KIND_INITIAL_WEIGHTS);
