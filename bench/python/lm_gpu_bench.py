@@ -37,6 +37,10 @@ of its own), --warmup steps then --steps timed steps, with the device synchroniz
   torchao_offload   torchao's CPUOffloadOptimizer (torch's fused AdamW on the CPU over pinned
                     copies of the bf16 parameters; its wheel on PYTHONPATH) (not in the default
                     rows): the host tier's peer among the alternatives
+  deepspeed_offload DeepSpeed ZeRO-Offload (ZeRO stage 2, the optimizer offloaded to the CPU: its
+                    FP32 master and moments in pinned host memory, stepped by DeepSpeedCPUAdam, JIT-built
+                    at the row's start; its wheels on PYTHONPATH) with bf16 parameters, one process
+                    of world size 1 (not in the default rows): the host tier's other peer
   paramd_sharded2   paramd's job sharded over two cuda:0 daemons on the same GPU (not in the
                     default rows): the GPU path of a sharded job (sharded_device_path) (each owner's gradient rows
                     pushed from GPU memory, each owner's pieces viewed in place and a split
@@ -62,7 +66,8 @@ import time
 ROWS = ["none", "none_bf16", "torch_fused", "torch_bf16_master", "paramd", "paramd_fp32",
         "paramd_bf16", "paramd_fp8_gemm"]
 BF16_ROWS = ("none_bf16", "torch_bf16_master", "paramd_bf16", "paramd_fp8_gemm", "paramd_host",
-             "paramd_host_stale", "paramd_host_copies", "paramd_host_early", "torchao_offload")
+             "paramd_host_stale", "paramd_host_copies", "paramd_host_early", "torchao_offload",
+             "deepspeed_offload")
 HOST_ROWS = ("paramd_host", "paramd_host_stale", "paramd_host_copies", "paramd_host_early")
 
 
@@ -92,6 +97,33 @@ class Bf16MasterAdamW:
             self.opt.step()
             torch._foreach_copy_(self.params, self.master)
 BATCH, SEQ = 4, 1024
+
+
+def deepspeed_offload(model):
+    """DeepSpeed's ZeRO-Offload over `model` (bf16 parameters) in a world of one: the engine,
+    whose backward() and step() the row calls (step() zeroes the gradients)."""
+    import socket
+    import deepspeed
+    with socket.socket() as s:  # a free port for the one-process group
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    config = {
+        "train_micro_batch_size_per_gpu": BATCH,
+        "gradient_accumulation_steps": 1,
+        "bf16": {"enabled": True},
+        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu",
+                                                                "pin_memory": True},
+                              "overlap_comm": True, "contiguous_gradients": True},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.1,
+                                                  "betas": [0.9, 0.999], "eps": 1e-8}},
+        "gradient_clipping": 0.0,
+        "steps_per_print": 1 << 30,
+    }
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                           config=config)
+    return engine
 
 
 def build_model(dtype):
@@ -168,6 +200,8 @@ def one_row(row, address, steps, warmup, profile=False, trace=None, sync_debug=F
         from torchao.optim import CPUOffloadOptimizer
         opt = CPUOffloadOptimizer(model.parameters(), torch.optim.AdamW, fused=True, lr=1e-4,
                                   weight_decay=0.1)
+    elif row == "deepspeed_offload":
+        opt = deepspeed_offload(model)
     elif row.startswith("paramd"):
         import paramd.torch
         serve = {"paramd_fp8_gemm": ["bf16", "fp8_tensor"], "paramd_fp32": ["fp32"]}.get(
@@ -198,17 +232,24 @@ def one_row(row, address, steps, warmup, profile=False, trace=None, sync_debug=F
     for module in list(model.model.layers) + [model.lm_head]:
         module.register_forward_pre_hook(lambda *_: marks.append(time.perf_counter()))
 
+    engine = opt if row == "deepspeed_offload" else None
+    forward = engine if engine is not None else model
+
     def step(i):
         t0 = time.perf_counter()
         marks.clear()
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=tokens[i % 4], labels=tokens[i % 4]).loss
+            loss = forward(input_ids=tokens[i % 4], labels=tokens[i % 4]).loss
         t1 = time.perf_counter()
-        loss.backward()
+        if engine is not None:
+            engine.backward(loss)  # its gradients go to the host as backward makes them
+        else:
+            loss.backward()
         t2 = time.perf_counter()
         if opt is not None:
             opt.step()
-        model.zero_grad(set_to_none=True)
+        if engine is None:
+            model.zero_grad(set_to_none=True)
         t3 = time.perf_counter()
         if len(marks) == len(points) - 1:
             clock = [t0] + marks + [t1]
