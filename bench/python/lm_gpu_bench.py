@@ -6,9 +6,9 @@ and against no optimizer step at all (the ceiling), in one run.
         --daemon .bundle/bin/paramd-daemon
 
 The model is transformers' LlamaForCausalLM (hidden 2048, 22 layers, 32 heads with 4 key-value
-heads, MLP 5632, vocabulary 32000; random initial weights) on batches of 4 x 1024 random tokens,
-the same forward (bf16 autocast) in every row. Rows, each in a process of its own (and a daemon
-of its own), --warmup steps then --steps timed steps, with the device synchronized at both ends:
+heads, MLP 5632, vocabulary 32000; random initial weights; --shape for another size) on batches
+of 4 x 1024 random tokens, the same forward (bf16 autocast) in every row. Rows, each in a process
+of its own (and a daemon of its own), --warmup steps then --steps timed steps, with the device synchronized at both ends:
   none              forward + backward only: the ceiling
   none_bf16         the same with the parameters in bf16 (the ceiling of the paramd_bf16 rows)
   torch_fused       torch.optim.AdamW(fused=True) over the fp32 parameters
@@ -97,6 +97,7 @@ class Bf16MasterAdamW:
             self.opt.step()
             torch._foreach_copy_(self.params, self.master)
 BATCH, SEQ = 4, 1024
+SHAPE = (2048, 22, 5632)  # hidden size, layers, MLP size (--shape): 1.1e9 parameters
 
 
 def deepspeed_offload(model):
@@ -129,8 +130,10 @@ def deepspeed_offload(model):
 def build_model(dtype):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
-    config = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
-                         num_attention_heads=32, num_key_value_heads=4, vocab_size=32000,
+    hidden, layers, ffn = SHAPE
+    config = LlamaConfig(hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
+                         num_attention_heads=hidden // 64, num_key_value_heads=hidden // 512,
+                         vocab_size=32000,
                          max_position_embeddings=2048, tie_word_embeddings=False)
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
@@ -372,6 +375,9 @@ def main():
                         "debugging on and print where each host wait on the device came from")
     parser.add_argument("--batch", type=int, default=BATCH, help="sequences per step")
     parser.add_argument("--seq", type=int, default=SEQ, help="tokens per sequence")
+    parser.add_argument("--shape", default=",".join(str(x) for x in SHAPE),
+                        help="the Llama's hidden size, layers and MLP size (64-wide heads, one "
+                        "key-value head per 8): 3072,36,8192 is about 3.7e9 parameters")
     parser.add_argument("--host_threads", type=int, default=0,
                         help="the host tier's daemon's step threads (0: the host's cores)")
     parser.add_argument("--host_policy", default="fp8", help="the host tier's state policy")
@@ -383,7 +389,9 @@ def main():
     parser.add_argument("--switch_interval_ms", type=float,
                         help="the interpreter's thread switch interval (sys.setswitchinterval)")
     args = parser.parse_args()
-    globals().update(BATCH=args.batch, SEQ=args.seq)  # one_row and the table read them
+    # one_row and the table read them
+    globals().update(BATCH=args.batch, SEQ=args.seq,
+                     SHAPE=tuple(int(x) for x in args.shape.split(",")))
     if args.switch_interval_ms:
         sys.setswitchinterval(args.switch_interval_ms / 1e3)
     if args.one:
@@ -417,7 +425,7 @@ def main():
             row == "paramd_sharded2") else None
         command = [sys.executable, os.path.abspath(__file__), "--one", row,
                    "--steps", str(args.steps), "--warmup", str(args.warmup),
-                   "--batch", str(args.batch), "--seq", str(args.seq),
+                   "--batch", str(args.batch), "--seq", str(args.seq), "--shape", args.shape,
                    "--host_policy", args.host_policy]
         if daemon is not None:
             command += ["--address", daemon.address]
