@@ -7,7 +7,10 @@
 //   - exposed step (--exposed_tensors N > 0, shm): --elements FP32 parameters in N tensors pushed
 //     one by one in backward's order, --backward_ms apart, then the time from the last tensor's
 //     mark to every tensor's new version leased in place (commit + step + publish), the job
-//     registered with early_step as --early_step says (docs/host_tier.md)
+//     registered with early_step as --early_step says (docs/host_tier.md); with --forward_ms, the
+//     next forward instead: each tensor leased in order, first to last, then --forward_ms / N of
+//     its layer's work, and the figure is the time from the mark to that forward's end less
+//     --forward_ms: what the forward waited for weights
 // Prints one line per figure and a last `RESULT key=value ...` line for bench/run_shm_bench.sh.
 #include <algorithm>
 #include <chrono>
@@ -52,6 +55,9 @@ ABSL_FLAG(bool, backward_spin, false,
           "Exposed step: the pushing thread spins through each backward gap instead of sleeping "
           "(a trainer whose thread keeps a core busy while backward runs, as a spinning CUDA wait "
           "does)");
+ABSL_FLAG(int, forward_ms, 0,
+          "Exposed-step figure: the simulated next forward, ms, spread over the tensors in order "
+          "(each leased before its share; 0: every tensor leased at once, no forward)");
 ABSL_FLAG(bool, early_step, false,
           "Exposed-step figure: register the job with early_step (RegisterRequest.early_step)");
 
@@ -201,6 +207,21 @@ StepTimes ExposedSeconds(int64_t elements, int tensors) {
     const auto start = Clock::now();
     Check(client->Commit(job, 0, i).status(), "exposed commit");
     target.min_version = i + 1;
+    const int forward_ms = absl::GetFlag(FLAGS_forward_ms);
+    if (forward_ms > 0) {
+      const auto layer = std::chrono::microseconds(int64_t{forward_ms} * 1000 / tensors);
+      for (const std::string& name : target.tensors) {
+        PullTarget one{job, name, {}, i + 1};
+        one.format.set_recipe(v1::RECIPE_FP32);
+        absl::StatusOr<PulledView> view =
+            client->PullInPlace(one, std::chrono::seconds(600), std::chrono::seconds(60));
+        Check(view.status(), "exposed forward pull");
+        std::this_thread::sleep_for(layer);  // the layer's forward, on the GPU
+        Check(client->Release(*view), "exposed forward release");
+      }
+      if (i > 0) seconds.push_back(Seconds(start) - forward_ms * 1e-3);
+      continue;
+    }
     absl::StatusOr<std::vector<PulledView>> views =
         client->PullInPlaceMany(target, std::chrono::seconds(600), std::chrono::seconds(60));
     Check(views.status(), "exposed pull");
@@ -377,10 +398,11 @@ int Main() {
     const int64_t elements = absl::GetFlag(FLAGS_elements);
     const StepTimes t = ExposedSeconds(elements, tensors);
     std::printf(
-        "exposed step of %lld parameters in %d tensors over shm, backward %d ms, early_step %d: "
-        "%.1f ms (median), %.1f ms (best)\n",
+        "exposed step of %lld parameters in %d tensors over shm, backward %d ms, forward %d ms, "
+        "early_step %d: %.1f ms (median), %.1f ms (best)\n",
         static_cast<long long>(elements), tensors, absl::GetFlag(FLAGS_backward_ms),
-        absl::GetFlag(FLAGS_early_step) ? 1 : 0, t.median * 1e3, t.best * 1e3);
+        absl::GetFlag(FLAGS_forward_ms), absl::GetFlag(FLAGS_early_step) ? 1 : 0, t.median * 1e3,
+        t.best * 1e3);
     std::printf("RESULT exposed_ms=%.2f exposed_best_ms=%.2f early_step=%d\n", t.median * 1e3,
                 t.best * 1e3, absl::GetFlag(FLAGS_early_step) ? 1 : 0);
     return 0;

@@ -378,7 +378,7 @@ bool Job::QueueRecordLocked(size_t index) {
   if (!early_times_.first_queued) early_times_.first_queued = std::chrono::steady_clock::now();
   // The set's slots stay (neither cleared nor dropped) until it ran: a step waits for it.
   ++slots_.collecting().landed_running;
-  early_queue_.push_back(index);
+  early_queue_.insert(index);
   return true;
 }
 
@@ -488,8 +488,8 @@ void Job::RunEarlySteps() {
       continue;
     }
     if (early_queue_.empty()) break;  // the job goes
-    const size_t index = early_queue_.front();
-    early_queue_.pop_front();
+    const size_t index = *early_queue_.begin();  // the first the next forward reads
+    early_queue_.erase(early_queue_.begin());
     EarlyStep& early = early_[index];
     absl::Status status = failed_;
     if (status.ok() && early_stop_) status = absl::CancelledError("the job goes");

@@ -255,11 +255,12 @@ class Job {
   // taken now (else the step collected runs next, and steps its tensors itself).
   void QueueDeferredEarlyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // early_thread_'s loop until the job goes: the queued landed checks first (a step needs every
-  // tensor's, and each is a read of the gradients alone), then the early steps, in landing order.
+  // tensor's, and each is a read of the gradients alone), then the early steps, the queued tensor
+  // the next forward reads first first (early_queue_).
   void RunEarlySteps();
-  // Step `step` was taken: its early steps not begun are withdrawn (kLate). They are the tensors
-  // whose gradients landed last, the ones the next forward reads first; the step steps them in
-  // that order and publishes each, rather than wait for early steps in landing order.
+  // Step `step` was taken: its early steps not begun are withdrawn (kLate). They are the layers the
+  // next forward reads last (early_queue_'s order); the step steps them in forward order and
+  // publishes each, after the early results before them.
   // Returns how many were withdrawn.
   int WithdrawEarlyLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Logs where the early thread's time went for step `step` (--log_level=debug), `late` of its
@@ -387,13 +388,16 @@ class Job {
   std::vector<std::thread> initial_threads_ ABSL_GUARDED_BY(mu_);  // CreateSplitState's
   bool reshapable_ ABSL_GUARDED_BY(mu_) = false;  // MarkRestored, until a rank registers
   // early_step: each tensor's early step (empty where the job does not step early), the tensors
-  // queued in landing order, the lr of the last step taken's commits (none: the job's), the
-  // tensor-steps adopted and discarded, and the thread that runs them (until early_stop_).
+  // queued, the lr of the last step taken's commits (none: the job's), the tensor-steps adopted
+  // and discarded, and the thread that runs them (until early_stop_).
   std::vector<EarlyStep> early_ ABSL_GUARDED_BY(mu_);
-  // What early_thread_ runs: the tensors' landed checks (each ended by EndLandedCheck; cancelled
-  // once the job goes), before the tensors' early steps (their indices), each in landing order.
+  // What early_thread_ runs: the tensors' landed checks in landing order (each ended by
+  // EndLandedCheck; cancelled once the job goes), before the tensors' early steps, the queued
+  // tensor the next forward reads first (the lowest index) first: backward lands the last layers
+  // first, so what is still queued at the commit (late) is what the forward reads last, and the
+  // forward runs the early layers while the step steps those.
   std::deque<std::function<void(bool cancelled)>> early_checks_ ABSL_GUARDED_BY(mu_);
-  std::deque<size_t> early_queue_ ABSL_GUARDED_BY(mu_);
+  std::set<size_t> early_queue_ ABSL_GUARDED_BY(mu_);
   // Tensors of the step collected that landed while a step was taken or running, in landing
   // order, with the step's slots: queued once no step is (QueueDeferredEarlyLocked).
   struct DeferredEarly {

@@ -108,12 +108,11 @@ class GatedBackend : public CpuBackend {
   bool open_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-// A cpu backend that keeps the second states it made (MakeShadow) and the ones its early steps
-// wrote into.
-class ShadowCountingBackend : public CpuBackend {
+// A gated cpu backend that keeps the second states it made (MakeShadow, in tensor order where
+// the initial weights are uploaded so) and the ones its early steps wrote into, in the order they
+// began.
+class ShadowCountingBackend : public GatedBackend {
  public:
-  ShadowCountingBackend() : CpuBackend(2) {}
-
   absl::StatusOr<std::unique_ptr<TensorState>> MakeShadow(const TensorState& of) override {
     absl::StatusOr<std::unique_ptr<TensorState>> shadow = CpuBackend::MakeShadow(of);
     absl::MutexLock lock(&mu_);
@@ -126,7 +125,16 @@ class ShadowCountingBackend : public CpuBackend {
       absl::MutexLock lock(&mu_);
       written_.push_back(&into);
     }
-    return CpuBackend::StepEarly(from, into, step, scalars);
+    return GatedBackend::StepEarly(from, into, step, scalars);
+  }
+  // The tensors whose early steps began, in that order (indices into made()).
+  std::vector<int> EarlyOrder() {
+    absl::MutexLock lock(&mu_);
+    std::vector<int> order;
+    for (const TensorState* into : written_) {
+      order.push_back(static_cast<int>(std::find(made_.begin(), made_.end(), into) - made_.begin()));
+    }
+    return order;
   }
   std::vector<const TensorState*> made() {
     absl::MutexLock lock(&mu_);
@@ -439,6 +447,30 @@ TEST(EarlyStepTest, EachTensorsSecondStateIsMadeWithItsStateAndNoEarlyStepMakesO
     EXPECT_NE(std::find(made.begin(), made.end(), into), made.end());
   }
   EXPECT_EQ(d.job().Status().early_steps_adopted(), 3 * spec.tensors_size());
+}
+
+TEST(EarlyStepTest, QueuedTensorsAreSteppedInTheOrderTheNextForwardReadsThem) {
+  // The last tensor lands first (backward's order) and its early step is held at the gate while
+  // the others land: they then run first-tensor first, so those still queued at a commit are the
+  // ones the forward reads last.
+  const v1::RegisterRequest spec = JobSpec(v1::StatePolicy());
+  const int n = spec.tensors_size();
+  Driver d(spec, /*early=*/true, /*placed=*/false, std::make_unique<ShadowCountingBackend>());
+  auto& backend = dynamic_cast<ShadowCountingBackend&>(d.backend());
+  const StepGradients grads = RandomGradients(spec, 70);
+  backend.Arm();
+  for (int i = n - 1; i >= 0; --i) {
+    for (int r = 0; r < spec.world_size(); ++r) {
+      ASSERT_TRUE(d.PushTensor(r, 0, i, grads[static_cast<size_t>(i)][r], 1000).ok());
+    }
+    if (i == n - 1) backend.AwaitEntered();
+  }
+  backend.Open();
+  for (int r = 0; r < spec.world_size(); ++r) ASSERT_TRUE(d.Commit(r, 0).ok());
+  std::vector<int> expected = {n - 1};
+  for (int i = 0; i < n - 1; ++i) expected.push_back(i);
+  EXPECT_EQ(backend.EarlyOrder(), expected);
+  EXPECT_EQ(d.job().Status().early_steps_adopted(), n);
 }
 
 TEST(EarlyStepTest, ANonFiniteGradientInTheLastTensorToLandDiscardsEveryEarlyResult) {
