@@ -132,7 +132,8 @@ class ShadowCountingBackend : public GatedBackend {
     absl::MutexLock lock(&mu_);
     std::vector<int> order;
     for (const TensorState* into : written_) {
-      order.push_back(static_cast<int>(std::find(made_.begin(), made_.end(), into) - made_.begin()));
+      order.push_back(
+          static_cast<int>(std::find(made_.begin(), made_.end(), into) - made_.begin()));
     }
     return order;
   }
