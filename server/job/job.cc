@@ -487,7 +487,7 @@ void Job::RunEarlySteps() {
       early_times_.check_seconds += std::chrono::duration<double>(ended - started).count();
       continue;
     }
-    if (early_queue_.empty()) break;  // the job goes
+    if (early_queue_.empty()) break;             // the job goes
     const size_t index = *early_queue_.begin();  // the first the next forward reads
     early_queue_.erase(early_queue_.begin());
     EarlyStep& early = early_[index];
