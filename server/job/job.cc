@@ -487,8 +487,9 @@ void Job::RunEarlySteps() {
       early_times_.check_seconds += std::chrono::duration<double>(ended - started).count();
       continue;
     }
-    if (early_queue_.empty()) break;             // the job goes
-    const size_t index = *early_queue_.begin();  // the first the next forward reads
+    if (early_queue_.empty()) break;  // the job goes
+    // Of the tensors queued, the first the next forward reads.
+    const size_t index = *early_queue_.begin();
     early_queue_.erase(early_queue_.begin());
     EarlyStep& early = early_[index];
     absl::Status status = failed_;
