@@ -17,24 +17,26 @@
 namespace paramd {
 
 template <typename T>
-struct CacheLineAllocator {
+struct StateArrayAllocator {
   using value_type = T;
   static constexpr std::align_val_t kAlignment{64};
   static constexpr size_t kHugePage = size_t{2} << 20;
 
-  CacheLineAllocator() = default;
+  StateArrayAllocator() = default;
   template <typename U>
-  CacheLineAllocator(const CacheLineAllocator<U>&) {}  // NOLINT: rebinding, as allocators do
+  StateArrayAllocator(const StateArrayAllocator<U>&) {}  // NOLINT: rebinding, as allocators do
+
+  static bool OnHugePages(size_t n) { return n * sizeof(T) >= kHugePage; }
 
   T* allocate(size_t n) {
     const size_t bytes = n * sizeof(T);
-    if (bytes < kHugePage) return static_cast<T*>(::operator new(bytes, kAlignment));
+    if (!OnHugePages(n)) return static_cast<T*>(::operator new(bytes, kAlignment));
     void* p = ::operator new (bytes, std::align_val_t{kHugePage});
     madvise(p, bytes / kHugePage * kHugePage, MADV_HUGEPAGE);  // the pages inside the array
     return static_cast<T*>(p);
   }
   void deallocate(T* p, size_t n) {
-    if (n * sizeof(T) < kHugePage) {
+    if (!OnHugePages(n)) {
       ::operator delete(p, kAlignment);
     } else {
       ::operator delete (p, std::align_val_t{kHugePage});
@@ -42,12 +44,12 @@ struct CacheLineAllocator {
   }
 
   template <typename U>
-  friend bool operator==(const CacheLineAllocator&, const CacheLineAllocator<U>&) {
+  friend bool operator==(const StateArrayAllocator&, const StateArrayAllocator<U>&) {
     return true;
   }
 };
 
 template <typename T>
-using AlignedVector = std::vector<T, CacheLineAllocator<T>>;
+using AlignedVector = std::vector<T, StateArrayAllocator<T>>;
 
 }  // namespace paramd

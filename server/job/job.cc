@@ -422,7 +422,7 @@ void Job::LogEarlyTimesLocked(int64_t step, int late) {
     PARAMD_LOG(DEBUG) << "job " << name_ << " step " << step << " taken " << window * 1e3
                       << " ms after its first early step was queued: " << t.stepped
                       << " early steps ran (" << t.elements << " elements, " << t.step_seconds * 1e3
-                      << " ms, " << (t.step_seconds > 0 ? t.elements / t.step_seconds * 1e-9 : 0)
+                      << " ms, " << EarlyTimes::Rated{{}, t.elements, t.step_seconds}.rate() * 1e-9
                       << " G elements/s), checks " << t.check_seconds * 1e3 << " ms, " << late
                       << " late" << EarlyTimes::Text("slowest", t.slowest)
                       << EarlyTimes::Text("fastest", t.fastest);
