@@ -155,7 +155,14 @@ absl::StatusOr<v1::ImportStateResponse> Job::Import(StagedState staged) {
       }
       if (!early_.empty() && t.shadow == nullptr) {
         // A tensor never uploaded: its early steps' second state (EarlyStepAbility::MakeShadow).
-        PARAMD_ASSIGN_OR_RETURN(t.shadow, backend_->early_step()->MakeShadow(**state));
+        absl::StatusOr<std::unique_ptr<TensorState>> shadow =
+            backend_->early_step()->MakeShadow(**state);
+        if (!shadow.ok()) {
+          return Reworded(shadow.status(),
+                          absl::StrCat(refused, "tensor \"", t.spec.name(),
+                                       "\": its early_step state: ", shadow.status().message()));
+        }
+        t.shadow = *std::move(shadow);
       }
       states.push_back(*std::move(state));
     }
