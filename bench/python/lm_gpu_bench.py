@@ -8,7 +8,8 @@ and against no optimizer step at all (the ceiling), in one run.
 The model is transformers' LlamaForCausalLM (hidden 2048, 22 layers, 32 heads with 4 key-value
 heads, MLP 5632, vocabulary 32000; random initial weights; --shape for another size) on batches
 of 4 x 1024 random tokens, the same forward (bf16 autocast) in every row. Rows, each in a process
-of its own (and a daemon of its own), --warmup steps then --steps timed steps, with the device synchronized at both ends:
+of its own (and a daemon of its own), --warmup steps then --steps timed steps, with the device
+synchronized at both ends:
   none              forward + backward only: the ceiling
   none_bf16         the same with the parameters in bf16 (the ceiling of the paramd_bf16 rows)
   torch_fused       torch.optim.AdamW(fused=True) over the fp32 parameters
@@ -38,9 +39,10 @@ of its own (and a daemon of its own), --warmup steps then --steps timed steps, w
                     copies of the bf16 parameters; its wheel on PYTHONPATH) (not in the default
                     rows): the host tier's peer among the alternatives
   deepspeed_offload DeepSpeed ZeRO-Offload (ZeRO stage 2, the optimizer offloaded to the CPU: its
-                    FP32 master and moments in pinned host memory, stepped by DeepSpeedCPUAdam, JIT-built
-                    at the row's start; its wheels on PYTHONPATH) with bf16 parameters, one process
-                    of world size 1 (not in the default rows): the host tier's other peer
+                    FP32 master and moments in pinned host memory, stepped by DeepSpeedCPUAdam,
+                    JIT-built at the row's start; its wheels on PYTHONPATH) with bf16 parameters,
+                    one process of world size 1 (not in the default rows): the host tier's other
+                    peer
   paramd_sharded2   paramd's job sharded over two cuda:0 daemons on the same GPU (not in the
                     default rows): the GPU path of a sharded job (sharded_device_path) (each owner's gradient rows
                     pushed from GPU memory, each owner's pieces viewed in place and a split

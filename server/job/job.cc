@@ -343,8 +343,7 @@ void Job::NoteLandedLocked(size_t index, const v1::PushChunk& chunk, ChunkBuffer
 
 void Job::QueueEarlyLocked(size_t index, std::vector<const void*> slots,
                            kernels::SlotType slot_type) {
-  // A tensor split over daemons needs its owners' amax.
-  if (tensors_[index].spec.whole_rows() != 0) return;
+  if (!StepsEarly(tensors_[index])) return;
   const int64_t step = sequence_.next_step();
   if (slots_.any_taken()) {
     // A step taken or running reads and writes the state (in staleness mode trainers push the
@@ -627,7 +626,7 @@ absl::StatusOr<ChunkBuffer::Stored> Job::PushWeights(Tensor& t, const v1::PushCh
                                                    static_cast<size_t>(t.elements)),
                             served.get(), /*whole_amax=*/nullptr);
   if (!state.ok()) return state.status();
-  if (!early_.empty()) {
+  if (StepsEarly(t)) {
     // The early steps' second state, made with the tensor's (EarlyStepAbility::MakeShadow).
     PARAMD_ASSIGN_OR_RETURN(t.shadow, backend_->early_step()->MakeShadow(**state));
   }

@@ -241,6 +241,12 @@ class Job {
   void NoteLandedLocked(size_t index, const v1::PushChunk& chunk, ChunkBuffer::Stored stored,
                         std::vector<std::function<void()>>* after)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `t` is stepped early: the job steps early (and the backend can) and `t` is whole here
+  // (a tensor split over daemons needs its owners' amax). Such a tensor has a shadow with its
+  // state.
+  bool StepsEarly(const Tensor& t) const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return !early_.empty() && t.spec.whole_rows() == 0;
+  }
   // Queues tensor `index`'s early step of the step collected where the job steps early, the
   // backend can, no step of the job is taken or running (its state is then free) and a served
   // buffer of the next version is free now; `slots` are the step's, complete, in host memory.

@@ -153,7 +153,7 @@ absl::StatusOr<v1::ImportStateResponse> Job::Import(StagedState staged) {
         return Reworded(state.status(), absl::StrCat(refused, "tensor \"", t.spec.name(),
                                                      "\": ", state.status().message()));
       }
-      if (!early_.empty() && t.shadow == nullptr) {
+      if (StepsEarly(t) && t.shadow == nullptr) {
         // A tensor never uploaded: its early steps' second state (EarlyStepAbility::MakeShadow).
         absl::StatusOr<std::unique_ptr<TensorState>> shadow =
             backend_->early_step()->MakeShadow(**state);
