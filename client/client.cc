@@ -116,6 +116,21 @@ Deadline Client::NextDeadline() const {
   return std::chrono::system_clock::now() + options_.rpc_timeout;
 }
 
+namespace {
+
+int64_t PushBytes(std::span<const PushItem> items) {
+  int64_t bytes = 0;
+  for (const PushItem& item : items) bytes += static_cast<int64_t>(item.data.size());
+  return bytes;
+}
+
+}  // namespace
+
+Deadline Client::PushDeadline(std::span<const PushItem> items) const {
+  return NextDeadline() +
+         std::chrono::milliseconds(PushBytes(items) / (kPushBytesPerSecondAllowed / 1000));
+}
+
 absl::Status Client::Retry(const std::function<absl::Status()>& attempt) const {
   std::chrono::milliseconds backoff{50};
   absl::Status status;
@@ -391,7 +406,15 @@ absl::Status Client::UploadInitialWeights(const std::string& job, std::span<cons
   }
   if (absl::Status s = NeedTransport(); !s.ok()) return s;
   PushTarget target{job, 0, 0, v1::PUSH_KIND_INITIAL_WEIGHTS};
-  return Retry([&] { return transport_->Push(target, items, NextDeadline()); });
+  absl::Status status = Retry([&] { return transport_->Push(target, items, PushDeadline(items)); });
+  if (status.code() != absl::StatusCode::kDeadlineExceeded) return status;
+  return absl::DeadlineExceededError(absl::StrCat(
+      "the initial weights of job ", Quoted(job), " (", items.size(), " tensors, ",
+      PushBytes(items), " bytes) were not taken within the push's deadline (rpc_timeout ",
+      options_.rpc_timeout.count() / 1000.0, " s plus 1 s per ", kPushBytesPerSecondAllowed >> 20,
+      " MiB): ", status.message(),
+      "; a daemon on a slow or busy host needs a longer rpc_timeout, or upload in smaller "
+      "groups"));
 }
 
 absl::Status Client::PushGradients(const std::string& job, int32_t rank, int64_t step,
@@ -401,7 +424,7 @@ absl::Status Client::PushGradients(const std::string& job, int32_t rank, int64_t
   }
   if (absl::Status s = NeedTransport(); !s.ok()) return s;
   PushTarget target{job, rank, step, v1::PUSH_KIND_GRADIENT, ready_event};
-  return RetryData([&] { return transport_->Push(target, items, NextDeadline()); });
+  return RetryData([&] { return transport_->Push(target, items, PushDeadline(items)); });
 }
 
 absl::StatusOr<v1::CommitResponse> Client::Commit(const std::string& job, int32_t rank,

@@ -121,6 +121,10 @@ import torch.distributed as dist
 import paramd
 from paramd import _formats
 
+# Rank 0 uploads version 0 in groups of about this many bytes of FP32 (a whole tensor at least):
+# the trainer holds one group's host copy at a time, not the model's, and each push is bounded.
+_UPLOAD_GROUP_BYTES = 1 << 30
+
 
 class _Tensor:
     """One registered parameter."""
@@ -477,6 +481,19 @@ class AdamW(torch.optim.Optimizer):
                             "daemon's tensor names), or param groups of (name, parameter) pairs")
         return [{"params": params}]
 
+    def _upload_initial_weights(self, j):
+        """Version 0 of job `j` from the parameters, from host memory in FP32, in groups of
+        about _UPLOAD_GROUP_BYTES."""
+        group, size = {}, 0
+        for t in j.tensors:
+            group[t.name] = t.param.detach().to("cpu", torch.float32)
+            size += 4 * t.param.numel()
+            if size >= _UPLOAD_GROUP_BYTES:
+                paramd.upload_initial_weights(j.client, j.name, group)
+                group, size = {}, 0
+        if group:
+            paramd.upload_initial_weights(j.client, j.name, group)
+
     def _register_and_load(self):
         """Registers every job; rank 0 uploads version 0 of a new job; loads the served
         version. Returns the step the job collects next."""
@@ -498,9 +515,7 @@ class AdamW(torch.optim.Optimizer):
                     f"the daemon restarted without a checkpoint of job {j.name!r}: its state is "
                     "lost (give the daemon a checkpoint_dir and checkpoint_every_steps)")
             if self.rank == 0 and reply["version"] < 0:
-                # Initial weights travel inline, from host memory.
-                paramd.upload_initial_weights(
-                    j.client, j.name, {t.name: t.param.detach().cpu() for t in j.tensors})
+                self._upload_initial_weights(j)
             next_steps.add(reply["next_step"])
             if self.push_mode == "pre_reduced":
                 self._place_owners(j)

@@ -1,12 +1,14 @@
 // The client library's deadlines and retries against a real daemon: a daemon that is not there
 // is a clear UNAVAILABLE within the connect deadline; a daemon that restarts on the same port is
 // reached again by retried idempotent calls; a draining daemon is not retried; a daemon cannot
-// start on a port another one serves.
+// start on a port another one serves; a push has time for its bytes beyond the RPC deadline.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <future>
+#include <span>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -25,6 +27,45 @@ v1::DaemonConfig Config(const std::string& listen) {
   config.set_step_threads(1);
   config.set_log_level("warning");
   return config;
+}
+
+TEST(ClientRetryTest, APushHasTimeForItsBytesBeyondTheRpcTimeout) {
+  // 256 MiB of initial weights take the daemon well over the 300 ms that Register takes here (it
+  // writes them, the state and the served version into fresh memory); the push gets 8 s more.
+  auto server = Server::Start(Config("127.0.0.1:0"));
+  ASSERT_TRUE(server.ok()) << server.status();
+  ClientOptions options;
+  options.address = (*server)->address();
+  options.rpc_timeout = milliseconds(300);
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  constexpr int64_t kRows = 8192, kCols = 8192;
+  v1::RegisterRequest spec;
+  spec.set_job("large");
+  spec.set_world_size(1);
+  v1::TensorSpec* tensor = spec.add_tensors();
+  tensor->set_name("w");
+  tensor->set_rows(kRows);
+  tensor->set_cols(kCols);
+  tensor->set_grad_type(v1::ELEMENT_TYPE_BF16);
+  spec.mutable_hyperparams()->set_lr(1e-3);
+  spec.mutable_hyperparams()->set_beta1(0.9);
+  spec.mutable_hyperparams()->set_beta2(0.999);
+  spec.mutable_hyperparams()->set_eps(1e-8);
+  spec.add_serve()->set_recipe(v1::RECIPE_BF16);
+  const absl::StatusOr<v1::RegisterResponse> registered = (*client)->Register(spec);
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  const std::vector<float> weights(static_cast<size_t>(kRows * kCols), 0.25f);
+  const PushItem item{"w", std::as_bytes(std::span<const float>(weights))};
+  const auto start = std::chrono::steady_clock::now();
+  const absl::Status uploaded =
+      (*client)->UploadInitialWeights("large", std::span<const PushItem>(&item, 1));
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_TRUE(uploaded.ok()) << uploaded;
+  // The case this test is for: the push ran past rpc_timeout (else the daemon was too quick to
+  // tell, and the test says so).
+  EXPECT_GT(took, options.rpc_timeout) << "the upload was quicker than rpc_timeout";
+  (*server)->Shutdown();
 }
 
 TEST(ClientRetryTest, ConnectingWhereNoDaemonListensIsUnavailableNamingTheAddress) {

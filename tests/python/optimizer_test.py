@@ -7,6 +7,7 @@ import os
 import socket
 import tempfile
 import unittest
+from unittest import mock
 
 import support
 
@@ -187,6 +188,27 @@ class OptimizerTest(unittest.TestCase):
         train(theirs, torch.optim.AdamW(groups(theirs, named=False), lr=1e-2), 8,
               micro_batches=2)
         self.assert_same_weights(ours, theirs, rtol=1e-5)
+
+    def test_initial_weights_in_groups_train_as_in_one_push(self):
+        """Rank 0 uploads version 0 in groups of about _UPLOAD_GROUP_BYTES (a large model's host
+        copy one group at a time): with a group per tensor the model trains bit for bit as with
+        the whole model in one push."""
+        trained = []
+        # Two jobs (paramd_adamw: one per param group) of three tensors each.
+        for group_bytes, pushes in ((paramd.torch._UPLOAD_GROUP_BYTES, 2), (1, 6)):
+            model = make_model()
+            with mock.patch.object(paramd.torch, "_UPLOAD_GROUP_BYTES", group_bytes), \
+                    mock.patch.object(paramd, "upload_initial_weights",
+                                      wraps=paramd.upload_initial_weights) as upload:
+                opt = self.paramd_adamw(model, state_policy="fp8")
+            self.assertEqual(upload.call_count, pushes)
+            train(model, opt, 3)
+            opt.sync_weights()
+            opt.close()
+            trained.append(model)
+        for (name, p), q in zip(trained[0].named_parameters(), trained[1].parameters()):
+            self.assertTrue(torch.equal(p, q), name)
+        self.assertFalse(torch.equal(make_model_weight(trained[0]), make_model_weight(make_model())))
 
     def train_sharded_and_one(self, **sharded):
         """Six steps of a model whose Linear(12, 600) weight, 600 rows and most of the job's bytes,
