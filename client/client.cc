@@ -127,8 +127,8 @@ int64_t PushBytes(std::span<const PushItem> items) {
 }  // namespace
 
 Deadline Client::PushDeadline(std::span<const PushItem> items) const {
-  return NextDeadline() +
-         std::chrono::milliseconds(PushBytes(items) / (kPushBytesPerSecondAllowed / 1000));
+  const int64_t pace = std::max<int64_t>(options_.push_bytes_per_second, 1000);  // bytes/s
+  return NextDeadline() + std::chrono::milliseconds(PushBytes(items) / (pace / 1000));
 }
 
 absl::Status Client::Retry(const std::function<absl::Status()>& attempt) const {
@@ -411,10 +411,10 @@ absl::Status Client::UploadInitialWeights(const std::string& job, std::span<cons
   return absl::DeadlineExceededError(absl::StrCat(
       "the initial weights of job ", Quoted(job), " (", items.size(), " tensors, ",
       PushBytes(items), " bytes) were not taken within the push's deadline (rpc_timeout ",
-      options_.rpc_timeout.count() / 1000.0, " s plus 1 s per ", kPushBytesPerSecondAllowed >> 20,
-      " MiB): ", status.message(),
-      "; a daemon on a slow or busy host needs a longer rpc_timeout, or upload in smaller "
-      "groups"));
+      options_.rpc_timeout.count() / 1000.0, " s plus 1 s per ", options_.push_bytes_per_second,
+      " bytes): ", status.message(),
+      "; a daemon on a slow or busy host needs a longer rpc_timeout or a lower "
+      "push_bytes_per_second"));
 }
 
 absl::Status Client::PushGradients(const std::string& job, int32_t rank, int64_t step,

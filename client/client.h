@@ -34,11 +34,6 @@ using NameResolver = std::function<absl::StatusOr<std::vector<std::string>>(cons
 absl::StatusOr<std::vector<std::string>> ResolveDaemonList(const std::vector<std::string>& entries,
                                                            const NameResolver& resolve = nullptr);
 
-// The pace a push is allowed beyond rpc_timeout: one second per 32 MiB, below what a slow host
-// takes (a daemon writing several bytes of fresh memory per byte uploaded), so that a daemon
-// that stopped taking the bytes misses it, not a slow one.
-inline constexpr int64_t kPushBytesPerSecondAllowed = int64_t{32} << 20;
-
 struct ClientOptions {
   // Daemon address, "host:port".
   std::string address = "127.0.0.1:50051";
@@ -67,10 +62,14 @@ struct ClientOptions {
   NameResolver resolver;
   // Transport name, or "auto" for the first viable one (DESIGN.md §6).
   std::string transport = "auto";
-  // Deadline of each unary call and each push; a push has one more second per 32 MiB of its
-  // bytes (kPushBytesPerSecondAllowed): the daemon writes them into memory it may touch for the
-  // first time, and a large model's initial weights are tens of GB.
+  // Deadline of each unary call and each push; a push has one more second per
+  // push_bytes_per_second of its bytes.
   std::chrono::milliseconds rpc_timeout{30000};
+  // The pace a push is allowed beyond rpc_timeout: 32 MiB a second, below what a slow host takes
+  // (the daemon writes several bytes of memory it may touch for the first time per byte of
+  // initial weights, and a large model's are tens of GB), so that a daemon that stopped taking
+  // the bytes misses its deadline, not a slow one.
+  int64_t push_bytes_per_second = int64_t{32} << 20;
   // How long Connect waits for the daemon to answer.
   std::chrono::milliseconds connect_timeout{10000};
   // Attempts of a call while the daemon answers UNAVAILABLE (1 = no retry).
@@ -220,7 +219,7 @@ class Client {
   friend class ShardedJob;
   explicit Client(const ClientOptions& options, std::shared_ptr<grpc::Channel> channel);
   Deadline NextDeadline() const;
-  // NextDeadline plus the time `items`' bytes take at kPushBytesPerSecondAllowed.
+  // NextDeadline plus the time `items`' bytes take at push_bytes_per_second.
   Deadline PushDeadline(std::span<const PushItem> items) const;
   // `entries` with their "dns:" names resolved (ResolveDaemonList), again until the list has
   // daemons_count addresses, up to daemons_wait.

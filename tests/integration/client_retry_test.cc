@@ -31,12 +31,14 @@ v1::DaemonConfig Config(const std::string& listen) {
 
 TEST(ClientRetryTest, APushHasTimeForItsBytesBeyondTheRpcTimeout) {
   // 256 MiB of initial weights take the daemon well over the 300 ms that Register takes here (it
-  // writes them, the state and the served version into fresh memory); the push gets 8 s more.
+  // writes them, the state and the served version into fresh memory); at 1 MiB a second the push
+  // gets 256 s more, far more than any build of the daemon takes.
   auto server = Server::Start(Config("127.0.0.1:0"));
   ASSERT_TRUE(server.ok()) << server.status();
   ClientOptions options;
   options.address = (*server)->address();
   options.rpc_timeout = milliseconds(300);
+  options.push_bytes_per_second = int64_t{1} << 20;
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
   ASSERT_TRUE(client.ok()) << client.status();
   constexpr int64_t kRows = 8192, kCols = 8192;
