@@ -394,6 +394,10 @@ void MeasureTransfers(std::string* result) {
 }
 
 int Main() {
+  if (absl::GetFlag(FLAGS_step_iters) < 1) {
+    std::fprintf(stderr, "shm_bench: --step_iters must be at least 1 (the steps timed)\n");
+    return 2;
+  }
   if (const int tensors = absl::GetFlag(FLAGS_exposed_tensors); tensors > 0) {
     const int64_t elements = absl::GetFlag(FLAGS_elements);
     const StepTimes t = ExposedSeconds(elements, tensors);
