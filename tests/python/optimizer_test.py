@@ -208,7 +208,8 @@ class OptimizerTest(unittest.TestCase):
             trained.append(model)
         for (name, p), q in zip(trained[0].named_parameters(), trained[1].parameters()):
             self.assertTrue(torch.equal(p, q), name)
-        self.assertFalse(torch.equal(make_model_weight(trained[0]), make_model_weight(make_model())))
+        self.assertFalse(torch.equal(make_model_weight(trained[0]),
+                                     make_model_weight(make_model())))
 
     def train_sharded_and_one(self, **sharded):
         """Six steps of a model whose Linear(12, 600) weight, 600 rows and most of the job's bytes,
