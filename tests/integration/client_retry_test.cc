@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "server/rpc/server.h"
+#include "tests/unit/server/reference_job.h"
 
 namespace paramd {
 namespace {
@@ -31,7 +32,7 @@ v1::DaemonConfig Config(const std::string& listen) {
 
 TEST(ClientRetryTest, APushHasTimeForItsBytesBeyondTheRpcTimeout) {
   // 256 MiB of initial weights take the daemon well over the 300 ms that Register takes here (it
-  // writes them, the state and the served version into fresh memory); at 1 MiB a second the push
+  // writes them, the state and the served versions into fresh memory); at 1 MiB a second the push
   // gets 256 s more, far more than any build of the daemon takes.
   auto server = Server::Start(Config("127.0.0.1:0"));
   ASSERT_TRUE(server.ok()) << server.status();
@@ -42,19 +43,8 @@ TEST(ClientRetryTest, APushHasTimeForItsBytesBeyondTheRpcTimeout) {
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
   ASSERT_TRUE(client.ok()) << client.status();
   constexpr int64_t kRows = 8192, kCols = 8192;
-  v1::RegisterRequest spec;
-  spec.set_job("large");
-  spec.set_world_size(1);
-  v1::TensorSpec* tensor = spec.add_tensors();
-  tensor->set_name("w");
-  tensor->set_rows(kRows);
-  tensor->set_cols(kCols);
-  tensor->set_grad_type(v1::ELEMENT_TYPE_BF16);
-  spec.mutable_hyperparams()->set_lr(1e-3);
-  spec.mutable_hyperparams()->set_beta1(0.9);
-  spec.mutable_hyperparams()->set_beta2(0.999);
-  spec.mutable_hyperparams()->set_eps(1e-8);
-  spec.add_serve()->set_recipe(v1::RECIPE_BF16);
+  const v1::RegisterRequest spec =
+      testing::MakeSpec("large", 1, {{"w", kRows, kCols, v1::ELEMENT_TYPE_BF16}});
   const absl::StatusOr<v1::RegisterResponse> registered = (*client)->Register(spec);
   ASSERT_TRUE(registered.ok()) << registered.status();
   const std::vector<float> weights(static_cast<size_t>(kRows * kCols), 0.25f);
