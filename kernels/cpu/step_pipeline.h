@@ -5,7 +5,8 @@
 // The step runs a span of up to four chunks at a time (a chunk: 128 elements, the unit of the
 // moments' scales; a span of four amortizes the per-call work: prefetches, Philox's key schedule,
 // loop set-up), each span in stages over small buffers that stay in L1:
-//   1. dequantize each quantized moment into an FP32 buffer (FP32 moments are used where they lie);
+//   1. dequantize each quantized moment into an FP32 buffer (FP32 moments are used where they lie;
+//      FP8 moments beside an FP32 master are decoded in stage 3 instead, see CodedMoment);
 //   2. for each moment that rounds stochastically, draw its stream's Philox blocks for the chunk's
 //      elements (kernels/philox.h: 4 elements per block, every word used);
 //   3. per vector of elements: the gradient from the slots, the AdamW update, the master stored in
@@ -216,16 +217,23 @@ void CastMoment(MomentType type, const float* in, const uint32_t* r, void* codes
 }
 
 // Stage 4: FP32 values of elements [c, c + count) -> codes, with the chunk's new scale for the
-// scaled types. r: the chunk's random words, or nullptr for nearest rounding.
+// scaled types. r: the chunk's random words, or nullptr for nearest rounding. known_amax: the
+// amax bits of `in` where stage 3 found them (CodedMoment), else nullptr.
 template <class V>
 void QuantizeChunk(MomentType type, const float* in, const uint32_t* r, void* codes,
-                   float* scale_inv, int64_t c, int count) {
+                   float* scale_inv, int64_t c, int count, const uint32_t* known_amax) {
   constexpr int L = V::kLanes;
   typename V::F scale = V::SetF(1.0f);
   if (type != MomentType::kBf16) {
-    typename V::I amax = V::SetI(0);
-    for (int j = 0; j < count; j += L) amax = V::MaxU(amax, MagnitudeBits<V>(V::LoadF(in + j)));
-    const float amax_value = std::bit_cast<float>(V::ReduceMaxU(amax));
+    uint32_t amax_bits;
+    if (known_amax != nullptr) {
+      amax_bits = *known_amax;
+    } else {
+      typename V::I amax = V::SetI(0);
+      for (int j = 0; j < count; j += L) amax = V::MaxU(amax, MagnitudeBits<V>(V::LoadF(in + j)));
+      amax_bits = V::ReduceMaxU(amax);
+    }
+    const float amax_value = std::bit_cast<float>(amax_bits);
     const float top = type == MomentType::kFp16 ? 32768.0f : kE4m3Max;
     const float s = Pow2Scale(amax_value, top);
     scale_inv[c / kChunkElements] = 1.0f / s;  // exact: s is a power of two in [2^-126, 2^126]
@@ -238,15 +246,27 @@ void QuantizeChunk(MomentType type, const float* in, const uint32_t* r, void* co
   }
 }
 
-// The same for a span [c, c + count): chunk by chunk, each with its own scale.
+// The same for a span [c, c + count): chunk by chunk, each with its own scale (known_amax: one
+// per chunk, or nullptr).
 template <class V>
 void QuantizeMoment(MomentType type, const float* in, const uint32_t* r, void* codes,
-                    float* scale_inv, int64_t c, int count) {
+                    float* scale_inv, int64_t c, int count, const uint32_t* known_amax) {
   for (int k = 0; k < count; k += kChunkElements) {
     QuantizeChunk<V>(type, in + k, r != nullptr ? r + k : nullptr, codes, scale_inv, c + k,
-                     std::min<int>(kChunkElements, count - k));
+                     std::min<int>(kChunkElements, count - k),
+                     known_amax != nullptr ? known_amax + k / kChunkElements : nullptr);
   }
 }
+
+// An FP8 moment that stage 3 reads from its codes (UpdateLanes' kCodedM, kCodedV): decoded there
+// as stage 1 would have decoded it, its new values stored in the stage's buffer as before, and the
+// amax of those values found on the way, so that neither a decoded copy nor an amax pass of its
+// own goes through memory. One chunk: `codes` points at element c's code.
+struct CodedMoment {
+  const uint8_t* codes = nullptr;
+  float scale_inv = 1.0f;
+  uint32_t amax = 0;  // out: the magnitude bits' max of the chunk's new values
+};
 
 template <class V>
 PARAMD_LANES_INLINE void StoreOutF(float* p, typename V::F x, bool stream) {
@@ -271,9 +291,10 @@ PARAMD_LANES_INLINE void StoreOutU16(uint16_t* p, typename V::I x, bool stream) 
 // state is read from its sources (x.master_in, ...; FP32 moments from x.exp_avg_in, ...) and
 // written here; without, it is updated in place by the very code the step had before there were
 // sources (same arguments, kept out of line as the compiler kept it).
-template <class V, MasterType kMaster, bool kSeparate>
+template <class V, MasterType kMaster, bool kSeparate, bool kCodedM = false, bool kCodedV = false>
 [[gnu::noinline]] void UpdateLanes(const StepContext<V>& x, int64_t c, int count, float* m,
-                                   float* v, typename V::I* amax) {
+                                   float* v, typename V::I* amax, CodedMoment* coded_m = nullptr,
+                                   CodedMoment* coded_v = nullptr) {
   using F = typename V::F;
   using I = typename V::I;
   constexpr int L = V::kLanes;
@@ -301,13 +322,38 @@ template <class V, MasterType kMaster, bool kSeparate>
   const bool stream_fp32 = x.stream_fp32, stream_bf16 = x.stream_bf16, stream_fp16 = x.stream_fp16;
   const bool stream_m = x.stream_m, stream_v = x.stream_v;
   const bool stream_master = kSeparate && x.stream_master;
+  const uint8_t* m_codes = nullptr;
+  const uint8_t* v_codes = nullptr;
+  F m_scale_inv = V::SetF(1.0f), v_scale_inv = V::SetF(1.0f);
+  I m_amax = V::SetI(0), v_amax = V::SetI(0);
+  if constexpr (kCodedM) {
+    m_codes = coded_m->codes;
+    m_scale_inv = V::SetF(coded_m->scale_inv);
+  }
+  if constexpr (kCodedV) {
+    v_codes = coded_v->codes;
+    v_scale_inv = V::SetF(coded_v->scale_inv);
+  }
   I amax_lanes = *amax;
   for (int j = 0; j < count; j += L) {
     const int64_t i = c + j;
     F g = V::Mul(SlotSum<V>(slot_type, slot0, slots, num_slots, i), x.grad_scale);
     if (clip_active) g = V::Mul(g, x.clip);
-    const F m_new = V::Fma(x.beta1, V::LoadF(m_src + j), V::Mul(x.c1, g));
-    const F v_new = V::Fma(x.beta2, V::LoadF(v_src + j), V::Mul(x.c2, V::Mul(g, g)));
+    F m_old, v_old;
+    if constexpr (kCodedM) {
+      m_old = V::Mul(DecodeE4m3<V>(V::LoadU8(m_codes + j)), m_scale_inv);
+    } else {
+      m_old = V::LoadF(m_src + j);
+    }
+    if constexpr (kCodedV) {
+      v_old = V::Mul(DecodeE4m3<V>(V::LoadU8(v_codes + j)), v_scale_inv);
+    } else {
+      v_old = V::LoadF(v_src + j);
+    }
+    const F m_new = V::Fma(x.beta1, m_old, V::Mul(x.c1, g));
+    const F v_new = V::Fma(x.beta2, v_old, V::Mul(x.c2, V::Mul(g, g)));
+    if constexpr (kCodedM) m_amax = V::MaxU(m_amax, MagnitudeBits<V>(m_new));
+    if constexpr (kCodedV) v_amax = V::MaxU(v_amax, MagnitudeBits<V>(v_new));
     const F d = V::Fma(V::Sqrt(v_new), x.bc2, x.eps);
     F p_old;
     if constexpr (kMaster == MasterType::kFp32) {
@@ -359,6 +405,22 @@ template <class V, MasterType kMaster, bool kSeparate>
     amax_lanes = V::MaxU(amax_lanes, MagnitudeBits<V>(served));
   }
   *amax = amax_lanes;
+  if constexpr (kCodedM) coded_m->amax = V::ReduceMaxU(m_amax);
+  if constexpr (kCodedV) coded_v->amax = V::ReduceMaxU(v_amax);
+}
+
+// Stage 3 of one chunk with an FP32 master, its FP8 moments decoded in the loop (CodedMoment).
+template <class V, bool kSeparate>
+void UpdateCodedLanes(const StepContext<V>& x, int64_t c, int count, float* m, float* v,
+                      typename V::I* amax, CodedMoment* coded_m, CodedMoment* coded_v) {
+  constexpr MasterType kFp32 = MasterType::kFp32;
+  if (coded_m != nullptr && coded_v != nullptr) {
+    UpdateLanes<V, kFp32, kSeparate, true, true>(x, c, count, m, v, amax, coded_m, coded_v);
+  } else if (coded_m != nullptr) {
+    UpdateLanes<V, kFp32, kSeparate, true, false>(x, c, count, m, v, amax, coded_m, nullptr);
+  } else {
+    UpdateLanes<V, kFp32, kSeparate, false, true>(x, c, count, m, v, amax, nullptr, coded_v);
+  }
 }
 
 // One span [c, c + count): c a chunk's first element, count <= 512 and a multiple of V::kLanes.
@@ -375,22 +437,29 @@ template <class V, bool kSeparate>
   alignas(64) uint32_t v_words[kDrawWords];
 
   // The FP32 moments: the state itself for FP32 moments (read from its sources by UpdateLanes),
-  // else the stage-1 buffers, dequantized from the sources.
+  // else the stage-1 buffers, dequantized from the sources; FP8 moments beside an FP32 master are
+  // decoded by stage 3 as it reads them (CodedMoment), which writes the buffers.
+  const void* m_in = kSeparate ? a.exp_avg_in : a.exp_avg;
+  const float* m_scale_inv = kSeparate ? a.exp_avg_scale_inv_in : a.exp_avg_scale_inv;
+  const void* v_in = kSeparate ? a.exp_avg_sq_in : a.exp_avg_sq;
+  const float* v_scale_inv = kSeparate ? a.exp_avg_sq_scale_inv_in : a.exp_avg_sq_scale_inv;
+  const bool coded_m = policy.master == MasterType::kFp32 && policy.exp_avg == MomentType::kFp8;
+  const bool coded_v = policy.master == MasterType::kFp32 && policy.exp_avg_sq == MomentType::kFp8;
   float* m = m_buf;
   if (policy.exp_avg == MomentType::kFp32) {
     m = static_cast<float*>(a.exp_avg) + c;
-  } else {
-    DequantizeMoment<V>(policy.exp_avg, kSeparate ? a.exp_avg_in : a.exp_avg,
-                        kSeparate ? a.exp_avg_scale_inv_in : a.exp_avg_scale_inv, c, count, m_buf);
+  } else if (!coded_m) {
+    DequantizeMoment<V>(policy.exp_avg, m_in, m_scale_inv, c, count, m_buf);
   }
   float* v = v_buf;
   if (policy.exp_avg_sq == MomentType::kFp32) {
     v = static_cast<float*>(a.exp_avg_sq) + c;
-  } else {
-    DequantizeMoment<V>(policy.exp_avg_sq, kSeparate ? a.exp_avg_sq_in : a.exp_avg_sq,
-                        kSeparate ? a.exp_avg_sq_scale_inv_in : a.exp_avg_sq_scale_inv, c, count,
-                        v_buf);
+  } else if (!coded_v) {
+    DequantizeMoment<V>(policy.exp_avg_sq, v_in, v_scale_inv, c, count, v_buf);
   }
+  // The amax of each coded moment's new values, chunk by chunk (stage 3 finds them).
+  uint32_t m_amax[kSpanElements / kChunkElements];
+  uint32_t v_amax[kSpanElements / kChunkElements];
   // Each stochastically rounded moment's words, from its own stream (nullptr: nearest).
   const uint64_t index = a.rng.index_offset + static_cast<uint64_t>(c);
   const uint32_t* m_random = nullptr;
@@ -417,7 +486,18 @@ template <class V, bool kSeparate>
     }
     switch (policy.master) {
       case MasterType::kFp32:
-        UpdateLanes<V, MasterType::kFp32, kSeparate>(x, c + k, n, m + k, v + k, amax);
+        if (coded_m || coded_v) {
+          const int64_t chunk = (c + k) / kChunkElements;
+          CodedMoment cm, cv;
+          if (coded_m) cm = {static_cast<const uint8_t*>(m_in) + c + k, m_scale_inv[chunk]};
+          if (coded_v) cv = {static_cast<const uint8_t*>(v_in) + c + k, v_scale_inv[chunk]};
+          UpdateCodedLanes<V, kSeparate>(x, c + k, n, m + k, v + k, amax, coded_m ? &cm : nullptr,
+                                         coded_v ? &cv : nullptr);
+          m_amax[k / kChunkElements] = cm.amax;
+          v_amax[k / kChunkElements] = cv.amax;
+        } else {
+          UpdateLanes<V, MasterType::kFp32, kSeparate>(x, c + k, n, m + k, v + k, amax);
+        }
         break;
       case MasterType::kBf16Remainder:
         UpdateLanes<V, MasterType::kBf16Remainder, kSeparate>(x, c + k, n, m + k, v + k, amax);
@@ -429,11 +509,12 @@ template <class V, bool kSeparate>
   }
 
   if (policy.exp_avg != MomentType::kFp32) {
-    QuantizeMoment<V>(policy.exp_avg, m_buf, m_random, a.exp_avg, a.exp_avg_scale_inv, c, count);
+    QuantizeMoment<V>(policy.exp_avg, m_buf, m_random, a.exp_avg, a.exp_avg_scale_inv, c, count,
+                      coded_m ? m_amax : nullptr);
   }
   if (policy.exp_avg_sq != MomentType::kFp32) {
     QuantizeMoment<V>(policy.exp_avg_sq, v_buf, v_random, a.exp_avg_sq, a.exp_avg_sq_scale_inv, c,
-                      count);
+                      count, coded_v ? v_amax : nullptr);
   }
 }
 
