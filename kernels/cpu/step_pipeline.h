@@ -6,7 +6,7 @@
 // moments' scales; a span of four amortizes the per-call work: prefetches, Philox's key schedule,
 // loop set-up), each span in stages over small buffers that stay in L1:
 //   1. dequantize each quantized moment into an FP32 buffer (FP32 moments are used where they lie;
-//      FP8 moments beside an FP32 master are decoded in stage 3 instead, see CodedMoment);
+//      FP8 and FP16 moments beside an FP32 master are decoded in stage 3 instead, see CodedMoment);
 //   2. for each moment that rounds stochastically, draw its stream's Philox blocks for the chunk's
 //      elements (kernels/philox.h: 4 elements per block, every word used);
 //   3. per vector of elements: the gradient from the slots, the AdamW update, the master stored in
@@ -258,15 +258,35 @@ void QuantizeMoment(MomentType type, const float* in, const uint32_t* r, void* c
   }
 }
 
-// An FP8 moment that stage 3 reads from its codes (UpdateLanes' kCodedM, kCodedV): decoded there
-// as stage 1 would have decoded it, its new values stored in the stage's buffer as before, and the
-// amax of those values found on the way, so that neither a decoded copy nor an amax pass of its
-// own goes through memory. One chunk: `codes` points at element c's code.
+// A scaled moment (FP8 or FP16) that stage 3 reads from its codes (UpdateLanes' kM, kV): decoded
+// there as stage 1 would have decoded it, its new values stored in the stage's buffer as before,
+// and the amax of those values found on the way, so that neither a decoded copy nor an amax pass
+// of its own goes through memory. One chunk: `codes` points at element c's code.
 struct CodedMoment {
-  const uint8_t* codes = nullptr;
+  const void* codes = nullptr;
   float scale_inv = 1.0f;
   uint32_t amax = 0;  // out: the magnitude bits' max of the chunk's new values
 };
+
+// Whether a moment of type `t` beside a master of type `master` is a CodedMoment: the scaled types
+// beside an FP32 master (the policies whose step is compute-bound; other masters keep stage 1).
+inline bool IsCoded(MasterType master, MomentType t) {
+  return master == MasterType::kFp32 && (t == MomentType::kFp8 || t == MomentType::kFp16);
+}
+
+// The old values of a moment at vector j of a chunk: kT kFp32 reads FP32 values at `values` (the
+// state, or stage 1's buffer), the scaled types decode `codes` as DequantizeChunk does.
+template <class V, MomentType kT>
+PARAMD_LANES_INLINE typename V::F OldMoment(const float* values, const void* codes,
+                                            typename V::F scale_inv, int j) {
+  if constexpr (kT == MomentType::kFp8) {
+    return V::Mul(DecodeE4m3<V>(V::LoadU8(static_cast<const uint8_t*>(codes) + j)), scale_inv);
+  } else if constexpr (kT == MomentType::kFp16) {
+    return V::Mul(LoadFp16<V>(static_cast<const uint16_t*>(codes) + j), scale_inv);
+  } else {
+    return V::LoadF(values + j);
+  }
+}
 
 template <class V>
 PARAMD_LANES_INLINE void StoreOutF(float* p, typename V::F x, bool stream) {
@@ -291,7 +311,8 @@ PARAMD_LANES_INLINE void StoreOutU16(uint16_t* p, typename V::I x, bool stream) 
 // state is read from its sources (x.master_in, ...; FP32 moments from x.exp_avg_in, ...) and
 // written here; without, it is updated in place by the very code the step had before there were
 // sources (same arguments, kept out of line as the compiler kept it).
-template <class V, MasterType kMaster, bool kSeparate, bool kCodedM = false, bool kCodedV = false>
+template <class V, MasterType kMaster, bool kSeparate, MomentType kM = MomentType::kFp32,
+          MomentType kV = MomentType::kFp32>
 [[gnu::noinline]] void UpdateLanes(const StepContext<V>& x, int64_t c, int count, float* m,
                                    float* v, typename V::I* amax, CodedMoment* coded_m = nullptr,
                                    CodedMoment* coded_v = nullptr) {
@@ -322,8 +343,11 @@ template <class V, MasterType kMaster, bool kSeparate, bool kCodedM = false, boo
   const bool stream_fp32 = x.stream_fp32, stream_bf16 = x.stream_bf16, stream_fp16 = x.stream_fp16;
   const bool stream_m = x.stream_m, stream_v = x.stream_v;
   const bool stream_master = kSeparate && x.stream_master;
-  const uint8_t* m_codes = nullptr;
-  const uint8_t* v_codes = nullptr;
+  // The coded moments (kM, kV other than kFp32): their codes, scales and new amax.
+  constexpr bool kCodedM = kM != MomentType::kFp32;
+  constexpr bool kCodedV = kV != MomentType::kFp32;
+  const void* m_codes = nullptr;
+  const void* v_codes = nullptr;
   F m_scale_inv = V::SetF(1.0f), v_scale_inv = V::SetF(1.0f);
   I m_amax = V::SetI(0), v_amax = V::SetI(0);
   if constexpr (kCodedM) {
@@ -339,17 +363,8 @@ template <class V, MasterType kMaster, bool kSeparate, bool kCodedM = false, boo
     const int64_t i = c + j;
     F g = V::Mul(SlotSum<V>(slot_type, slot0, slots, num_slots, i), x.grad_scale);
     if (clip_active) g = V::Mul(g, x.clip);
-    F m_old, v_old;
-    if constexpr (kCodedM) {
-      m_old = V::Mul(DecodeE4m3<V>(V::LoadU8(m_codes + j)), m_scale_inv);
-    } else {
-      m_old = V::LoadF(m_src + j);
-    }
-    if constexpr (kCodedV) {
-      v_old = V::Mul(DecodeE4m3<V>(V::LoadU8(v_codes + j)), v_scale_inv);
-    } else {
-      v_old = V::LoadF(v_src + j);
-    }
+    const F m_old = OldMoment<V, kM>(m_src, m_codes, m_scale_inv, j);
+    const F v_old = OldMoment<V, kV>(v_src, v_codes, v_scale_inv, j);
     const F m_new = V::Fma(x.beta1, m_old, V::Mul(x.c1, g));
     const F v_new = V::Fma(x.beta2, v_old, V::Mul(x.c2, V::Mul(g, g)));
     if constexpr (kCodedM) m_amax = V::MaxU(m_amax, MagnitudeBits<V>(m_new));
@@ -409,17 +424,38 @@ template <class V, MasterType kMaster, bool kSeparate, bool kCodedM = false, boo
   if constexpr (kCodedV) coded_v->amax = V::ReduceMaxU(v_amax);
 }
 
-// Stage 3 of one chunk with an FP32 master, its FP8 moments decoded in the loop (CodedMoment).
+// Stage 3 of one chunk with an FP32 master, its scaled moments decoded in the loop (CodedMoment):
+// the instantiation for the moments' types (kFp32 for a moment read as FP32 values), kM first.
+template <class V, bool kSeparate, MomentType kM>
+void UpdateCodedV(const StepContext<V>& x, int64_t c, int count, float* m, float* v,
+                  typename V::I* amax, MomentType v_type, CodedMoment* coded_m,
+                  CodedMoment* coded_v) {
+  constexpr MasterType kFp32 = MasterType::kFp32;
+  if (coded_v != nullptr && v_type == MomentType::kFp8) {
+    UpdateLanes<V, kFp32, kSeparate, kM, MomentType::kFp8>(x, c, count, m, v, amax, coded_m,
+                                                           coded_v);
+  } else if (coded_v != nullptr) {
+    UpdateLanes<V, kFp32, kSeparate, kM, MomentType::kFp16>(x, c, count, m, v, amax, coded_m,
+                                                            coded_v);
+  } else {
+    UpdateLanes<V, kFp32, kSeparate, kM, MomentType::kFp32>(x, c, count, m, v, amax, coded_m,
+                                                            nullptr);
+  }
+}
+
 template <class V, bool kSeparate>
 void UpdateCodedLanes(const StepContext<V>& x, int64_t c, int count, float* m, float* v,
-                      typename V::I* amax, CodedMoment* coded_m, CodedMoment* coded_v) {
-  constexpr MasterType kFp32 = MasterType::kFp32;
-  if (coded_m != nullptr && coded_v != nullptr) {
-    UpdateLanes<V, kFp32, kSeparate, true, true>(x, c, count, m, v, amax, coded_m, coded_v);
+                      typename V::I* amax, const StatePolicy& policy, CodedMoment* coded_m,
+                      CodedMoment* coded_v) {
+  if (coded_m != nullptr && policy.exp_avg == MomentType::kFp8) {
+    UpdateCodedV<V, kSeparate, MomentType::kFp8>(x, c, count, m, v, amax, policy.exp_avg_sq,
+                                                 coded_m, coded_v);
   } else if (coded_m != nullptr) {
-    UpdateLanes<V, kFp32, kSeparate, true, false>(x, c, count, m, v, amax, coded_m, nullptr);
+    UpdateCodedV<V, kSeparate, MomentType::kFp16>(x, c, count, m, v, amax, policy.exp_avg_sq,
+                                                  coded_m, coded_v);
   } else {
-    UpdateLanes<V, kFp32, kSeparate, false, true>(x, c, count, m, v, amax, nullptr, coded_v);
+    UpdateCodedV<V, kSeparate, MomentType::kFp32>(x, c, count, m, v, amax, policy.exp_avg_sq,
+                                                  nullptr, coded_v);
   }
 }
 
@@ -438,13 +474,14 @@ template <class V, bool kSeparate>
 
   // The FP32 moments: the state itself for FP32 moments (read from its sources by UpdateLanes),
   // else the stage-1 buffers, dequantized from the sources; FP8 moments beside an FP32 master are
-  // decoded by stage 3 as it reads them (CodedMoment), which writes the buffers.
+  // scaled moments beside an FP32 master are decoded by stage 3 as it reads them (CodedMoment),
+  // which writes the buffers.
   const void* m_in = kSeparate ? a.exp_avg_in : a.exp_avg;
   const float* m_scale_inv = kSeparate ? a.exp_avg_scale_inv_in : a.exp_avg_scale_inv;
   const void* v_in = kSeparate ? a.exp_avg_sq_in : a.exp_avg_sq;
   const float* v_scale_inv = kSeparate ? a.exp_avg_sq_scale_inv_in : a.exp_avg_sq_scale_inv;
-  const bool coded_m = policy.master == MasterType::kFp32 && policy.exp_avg == MomentType::kFp8;
-  const bool coded_v = policy.master == MasterType::kFp32 && policy.exp_avg_sq == MomentType::kFp8;
+  const bool coded_m = IsCoded(policy.master, policy.exp_avg);
+  const bool coded_v = IsCoded(policy.master, policy.exp_avg_sq);
   float* m = m_buf;
   if (policy.exp_avg == MomentType::kFp32) {
     m = static_cast<float*>(a.exp_avg) + c;
@@ -489,10 +526,16 @@ template <class V, bool kSeparate>
         if (coded_m || coded_v) {
           const int64_t chunk = (c + k) / kChunkElements;
           CodedMoment cm, cv;
-          if (coded_m) cm = {static_cast<const uint8_t*>(m_in) + c + k, m_scale_inv[chunk]};
-          if (coded_v) cv = {static_cast<const uint8_t*>(v_in) + c + k, v_scale_inv[chunk]};
-          UpdateCodedLanes<V, kSeparate>(x, c + k, n, m + k, v + k, amax, coded_m ? &cm : nullptr,
-                                         coded_v ? &cv : nullptr);
+          const int64_t m_bytes = MomentBytes(policy.exp_avg);
+          const int64_t v_bytes = MomentBytes(policy.exp_avg_sq);
+          if (coded_m) {
+            cm = {static_cast<const uint8_t*>(m_in) + (c + k) * m_bytes, m_scale_inv[chunk]};
+          }
+          if (coded_v) {
+            cv = {static_cast<const uint8_t*>(v_in) + (c + k) * v_bytes, v_scale_inv[chunk]};
+          }
+          UpdateCodedLanes<V, kSeparate>(x, c + k, n, m + k, v + k, amax, policy,
+                                         coded_m ? &cm : nullptr, coded_v ? &cv : nullptr);
           m_amax[k / kChunkElements] = cm.amax;
           v_amax[k / kChunkElements] = cv.amax;
         } else {
