@@ -3,10 +3,12 @@
 // the benchmark measures what the daemon runs.
 //
 // The composition (DESIGN.md §10):
-//   1. the fused step (FusedStepCpu) over 128-row panels, spread over the pool's threads; each
-//      panel's cut formats (block, mxfp8, columnwise: ServeQuantizeCpu) are written right after
-//      the panel is stepped, while its new master is in cache. A tensor of fewer than two panels
-//      steps in element blocks instead and cuts its formats after;
+//   1. the fused step (FusedStepCpu) spread over the pool's threads: with cut formats (block,
+//      mxfp8, columnwise: ServeQuantizeCpu) over 128-row panels, each panel's formats written
+//      right after the panel is stepped, while its new master is in cache; without (every format
+//      in the pass, or none), and for a tensor of fewer than two panels, in element blocks small
+//      enough to give every thread several (a panel per block left threads idle: a 2048 x 2048
+//      tensor is 16 panels for 14 threads, a 256 x 2048 one 2), the formats cut after;
 //   2. the amax of the new stored master, combined over the panels (AmaxCombine: any order, same
 //      bits);
 //   3. the per-tensor formats in a second, lighter pass: fp8_tensor with the scale of this step's

@@ -26,6 +26,19 @@ class StepOutcome {
   float amax_ = 0.0f;
 };
 
+// Elements per block of a tensor stepped in element blocks: kDefaultGrain, or fewer where that
+// would leave the pool's threads fewer than four blocks each, so a small tensor (a 2048 x 256
+// projection: 8 blocks of the default for 14 threads) still spreads over every thread. Whole
+// spans of 512 elements: blocks start on the moments' 128-element chunks and on 64-byte
+// boundaries for the streamed outputs.
+int64_t StepGrain(int64_t n, int threads) {
+  constexpr int64_t kSpan = 512;
+  constexpr int64_t kMinGrain = 16 * kSpan;
+  const int64_t blocks = 4 * int64_t{std::max(threads, 1)};
+  const int64_t per_block = (n + blocks - 1) / blocks;
+  return std::clamp((per_block + kSpan - 1) / kSpan * kSpan, kMinGrain, kDefaultGrain);
+}
+
 KStatus CutRows(std::span<const ServeArgs> cut, int64_t row_begin, int64_t row_end, CpuPath path) {
   for (const ServeArgs& f : cut) {
     if (KStatus st = ServeQuantizeCpu(f, row_begin, row_end, path); !st.ok()) return st;
@@ -46,7 +59,7 @@ KStatus CpuTensorStep(const CpuTensorStepArgs& args, ThreadPool& pool,
   step.stream_master = args.cut.empty() && args.per_tensor.empty();
   StepOutcome outcome;
   const int64_t panels = (rows + kServePanelRows - 1) / kServePanelRows;
-  if (panels >= 2) {
+  if (panels >= 2 && !args.cut.empty()) {
     pool.ParallelFor(panels, 1, [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p) {
         const int64_t r0 = p * kServePanelRows, r1 = std::min(rows, r0 + kServePanelRows);
@@ -58,7 +71,8 @@ KStatus CpuTensorStep(const CpuTensorStepArgs& args, ThreadPool& pool,
       }
     });
   } else {
-    pool.ParallelFor(args.step.numel, kDefaultGrain, [&](int64_t begin, int64_t end) {
+    const int64_t grain = StepGrain(args.step.numel, pool.num_threads());
+    pool.ParallelFor(args.step.numel, grain, [&](int64_t begin, int64_t end) {
       float block_amax = 0.0f;
       KStatus st = FusedStepCpu(step, begin, end, args.path, &block_amax);
       if (!st.ok()) return outcome.Fail(std::move(st));

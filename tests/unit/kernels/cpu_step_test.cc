@@ -140,6 +140,36 @@ TEST(CpuTensorStepTest, EqualsItsKernelsInSequenceAtEveryThreadCountAndShape) {
   }
 }
 
+TEST(CpuTensorStepTest, WithNothingCutStepsEveryShapeAsOneThreadDoes) {
+  // Nothing cut from the master (every format in the pass, as the host tier serves bf16): element
+  // blocks, however many panels the tensor has; small tensors in blocks under the default grain.
+  const int64_t shapes[][2] = {{256, 2048}, {2048, 384}, {300, 200}, {1, 5000}};
+  for (const auto& shape : shapes) {
+    Tensor want(shape[0], shape[1], 5);
+    float want_amax = 0.0f;
+    ASSERT_TRUE(FusedStepCpu(want.Step(), 0, want.n, CpuPath::kAuto, &want_amax).ok());
+    for (int threads : {1, 3, 14}) {
+      SCOPED_TRACE(::testing::Message()
+                   << shape[0] << "x" << shape[1] << ", " << threads << " threads");
+      Tensor got(shape[0], shape[1], 5);
+      ThreadPool pool(threads);
+      CpuTensorStepArgs args;
+      args.step = got.Step();
+      args.rows = got.rows;
+      args.cols = got.cols;
+      CpuTensorStepResult result;
+      ASSERT_TRUE(CpuTensorStep(args, pool, &result).ok());
+      EXPECT_EQ(result.amax, want_amax);
+      EXPECT_EQ(got.master, want.master);
+      EXPECT_EQ(got.fp32, want.fp32);
+      EXPECT_EQ(got.m, want.m);
+      EXPECT_EQ(got.v, want.v);
+      EXPECT_EQ(got.m_scale, want.m_scale);
+      EXPECT_EQ(got.v_scale, want.v_scale);
+    }
+  }
+}
+
 // A state mid-training: finite E4M3 codes (v's non-negative) and power-of-two scales, from `seed`.
 void FillMoments(Tensor* t, uint32_t seed) {
   std::mt19937 gen(seed);
