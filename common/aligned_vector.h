@@ -6,12 +6,20 @@
 // otherwise 4 KiB pages): the step streams several such arrays at once, and with 4 KiB pages each
 // stream takes a TLB miss every 1024 floats. The mark is advice: where the kernel refuses it, the
 // array is as before.
+//
+// Sizing does not initialize: `resize(n)` and `AlignedVector<T>(n)` leave the new elements of a
+// trivial T as the fresh memory holds them, its pages untouched, so that the pass that writes every
+// element (on the threads of a pool) is what faults them in; `assign(n, value)` and
+// `resize(n, value)` fill, and ResizeZeroed sizes with zeros on the calling thread.
 #pragma once
 
 #include <sys/mman.h>
 
 #include <cstddef>
+#include <cstring>
 #include <new>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace paramd {
@@ -43,6 +51,17 @@ struct StateArrayAllocator {
     }
   }
 
+  // Default-initialization where std::vector would value-initialize (see above); any other
+  // construction as the standard allocator does it.
+  template <typename U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+
   template <typename U>
   friend bool operator==(const StateArrayAllocator&, const StateArrayAllocator<U>&) {
     return true;
@@ -51,5 +70,14 @@ struct StateArrayAllocator {
 
 template <typename T>
 using AlignedVector = std::vector<T, StateArrayAllocator<T>>;
+
+// Sizes `v` to n elements, the new ones zero: every new page touched by the calling thread.
+template <typename T>
+void ResizeZeroed(AlignedVector<T>& v, size_t n) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  const size_t old = v.size();
+  v.resize(n);
+  if (n > old) std::memset(static_cast<void*>(v.data() + old), 0, (n - old) * sizeof(T));
+}
 
 }  // namespace paramd

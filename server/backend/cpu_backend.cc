@@ -27,13 +27,30 @@ size_t ChunkScales(kernels::MomentType t, int64_t n) {
   return kernels::HasChunkScales(t) ? static_cast<size_t>(kernels::NumChunks(n)) : 0;
 }
 
+// Zeroes `v` (sized, not yet written) over the pool's threads, 2 MiB (a huge page) a block, so its
+// first touch is spread over them rather than made by one request thread: a large model's state
+// is tens of GB, and faulting it in on one thread was most of its upload.
+template <typename T>
+void ZeroOverPool(kernels::ThreadPool& pool, AlignedVector<T>& v) {
+  constexpr int64_t kBlock = int64_t{2} << 20;
+  auto* bytes = reinterpret_cast<uint8_t*>(v.data());
+  const int64_t n = static_cast<int64_t>(v.size() * sizeof(T));
+  pool.ParallelFor(n, kBlock, [bytes](int64_t begin, int64_t end) {
+    std::memset(bytes + begin, 0, static_cast<size_t>(end - begin));
+  });
+}
+
 class CpuTensorState : public TensorState {
  public:
-  // A new tensor's state: moments zero, their scales one (the master is the caller's).
-  explicit CpuTensorState(const TensorInfo& info) : info(info), n(info.rows * info.cols) {
+  // A new tensor's state: moments zero (written over `pool`), their scales one (the master is the
+  // caller's).
+  CpuTensorState(const TensorInfo& info, kernels::ThreadPool& pool)
+      : info(info), n(info.rows * info.cols) {
     const StateBytes bytes = PolicyStateBytes(info);
-    exp_avg.assign(static_cast<size_t>(bytes.exp_avg), 0);
-    exp_avg_sq.assign(static_cast<size_t>(bytes.exp_avg_sq), 0);
+    exp_avg.resize(static_cast<size_t>(bytes.exp_avg));
+    exp_avg_sq.resize(static_cast<size_t>(bytes.exp_avg_sq));
+    ZeroOverPool(pool, exp_avg);
+    ZeroOverPool(pool, exp_avg_sq);
     exp_avg_scale_inv.assign(ChunkScales(info.policy.exp_avg, n), 1.0f);
     exp_avg_sq_scale_inv.assign(ChunkScales(info.policy.exp_avg_sq, n), 1.0f);
   }
@@ -61,8 +78,9 @@ class CpuTensorState : public TensorState {
 
   StateBytes state_bytes() const override { return PolicyStateBytes(info); }
 
-  // Takes `from`'s sizes and scalars (the same tensor's), reusing its own buffers (sized once):
-  // a step from `from` into this state (StepArgs' sources) writes every array before it is read.
+  // Takes `from`'s sizes and scalars (the same tensor's), reusing its own buffers (sized once, not
+  // written: common/aligned_vector.h): a step from `from` into this state (StepArgs' sources)
+  // writes every array before it is read.
   void ShapedAs(const CpuTensorState& from) {
     master.resize(from.master.size());
     remainder.resize(from.remainder.size());
@@ -130,11 +148,13 @@ const float* Fp32Source(const CpuTensorState& s, ServedTensor* out) {
   return s.working.data();
 }
 
-// Sizes the working copy where the tensor needs one (see CpuTensorState::working).
-void SizeWorking(CpuTensorState& s, const ServedTensor& out) {
+// Sizes the working copy where the tensor needs one (see CpuTensorState::working), its pages
+// touched over the pool.
+void SizeWorking(CpuTensorState& s, const ServedTensor& out, kernels::ThreadPool& pool) {
   std::vector<FormatKey> keys;
   for (const ServedFormat& f : out.formats) keys.push_back(f.key);
   s.working.resize(static_cast<size_t>(CpuWorkingBytes(s.info, keys) / 4));
+  ZeroOverPool(pool, s.working);
 }
 
 // The kernel's arguments for format `f` of this step, cut from the step's FP32 values.
@@ -198,13 +218,13 @@ absl::StatusOr<std::unique_ptr<TensorState>> CpuBackend::CreateState(
   InitialState initial_state;
   absl::Status status = MakeInitialState(info, initial, pool_, &initial_state, out, whole_amax);
   if (!status.ok()) return status;
-  auto state = std::make_unique<CpuTensorState>(info);
+  auto state = std::make_unique<CpuTensorState>(info, pool_);
   state->master = std::move(initial_state.master);
   state->remainder = std::move(initial_state.remainder);
   state->tensor_scale = initial_state.fp8_tensor_scale;
   state->delayed_scale = initial_state.delayed_scale;
   state->history = kernels::AmaxHistory(info.delayed_history);
-  SizeWorking(*state, *out);
+  SizeWorking(*state, *out, pool_);
   return state;
 } catch (const std::bad_alloc&) {
   return OutOfHostMemory(info);
@@ -233,8 +253,12 @@ absl::Status CpuBackend::ApplyStep(std::span<TensorStep> tensors, const StepScal
 
 absl::StatusOr<std::unique_ptr<TensorState>> CpuBackend::MakeShadow(const TensorState& of) try {
   const auto& source = static_cast<const CpuTensorState&>(of);
-  auto shadow = std::make_unique<CpuTensorState>(source.info);
-  shadow->ShapedAs(source);  // sized and zeroed: every page touched here
+  auto shadow = std::make_unique<CpuTensorState>(source.info, pool_);
+  shadow->ShapedAs(source);
+  // Every page touched here, over the pool, not by the early step that first writes them.
+  ZeroOverPool(pool_, shadow->master);
+  ZeroOverPool(pool_, shadow->remainder);
+  ZeroOverPool(pool_, shadow->working);
   return shadow;
 } catch (const std::bad_alloc&) {
   return OutOfHostMemory(static_cast<const CpuTensorState&>(of).info);
@@ -346,7 +370,7 @@ absl::StatusOr<std::unique_ptr<TensorState>> CpuBackend::ImportState(const Tenso
                                                                      ServedTensor* out) try {
   PARAMD_RETURN_IF_ERROR(ServeImportedMaster(info, state, pool_, out));
   auto imported = std::make_unique<CpuTensorState>(info, std::move(state));
-  SizeWorking(*imported, *out);
+  SizeWorking(*imported, *out, pool_);
   return imported;
 } catch (const std::bad_alloc&) {
   return OutOfHostMemory(info);

@@ -1,6 +1,8 @@
 #include "server/backend/initial_state.h"
 
+#include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <vector>
 
@@ -54,7 +56,7 @@ absl::Status MakeInitialState(const TensorInfo& info, std::span<const float> ini
   }
   return ServeFromFp32(info, fp32,
                        split ? reinterpret_cast<const uint16_t*>(state->master.data()) : nullptr,
-                       state->fp8_tensor_scale, state->delayed_scale, out);
+                       state->fp8_tensor_scale, state->delayed_scale, pool, out);
 }
 
 absl::StatusOr<float*> Fp32Values(const TensorInfo& info, ServedTensor* out, float* fp32_master,
@@ -69,15 +71,25 @@ absl::StatusOr<float*> Fp32Values(const TensorInfo& info, ServedTensor* out, flo
 }
 
 absl::Status ServeFromFp32(const TensorInfo& info, const float* fp32, const uint16_t* bf16_halves,
-                           float fp8_tensor_scale, float fp8_delayed_scale, ServedTensor* out) {
+                           float fp8_tensor_scale, float fp8_delayed_scale,
+                           kernels::ThreadPool& pool, ServedTensor* out) {
+  const int64_t panels = (info.rows + kernels::kServePanelRows - 1) / kernels::kServePanelRows;
   for (ServedFormat& f : out->formats) {
     if (f.key.recipe == v1::RECIPE_FP32 && f.key.direction == v1::DIRECTION_ROWWISE) continue;
     const float scale = f.key.recipe == v1::RECIPE_FP8_TENSOR    ? fp8_tensor_scale
                         : f.key.recipe == v1::RECIPE_FP8_DELAYED ? fp8_delayed_scale
                                                                  : 1.0f;
     const kernels::ServeArgs args = ServeArgsOf(info, fp32, bf16_halves, scale, f);
-    absl::Status st = FromKernel(kernels::ServeQuantizeCpu(args, 0, info.rows));
-    if (!st.ok()) return st;
+    std::mutex mu;
+    kernels::KStatus first = kernels::KStatus::Ok();
+    pool.ParallelFor(panels, 1, [&](int64_t p0, int64_t p1) {
+      kernels::KStatus st = kernels::ServeQuantizeCpu(
+          args, p0 * kernels::kServePanelRows, std::min(info.rows, p1 * kernels::kServePanelRows));
+      if (st.ok()) return;
+      std::lock_guard<std::mutex> lock(mu);
+      if (first.ok()) first = std::move(st);
+    });
+    if (absl::Status st = FromKernel(first); !st.ok()) return st;
   }
   return absl::OkStatus();
 }
@@ -117,7 +129,8 @@ absl::Status ServeImportedMaster(const TensorInfo& info, const HostTensorState& 
   if (!split && !half && out->Fp32() == nullptr) {
     // An FP32 master is the values every format is cut from.
     return ServeFromFp32(info, reinterpret_cast<const float*>(state.master.data()), nullptr,
-                         state.scalars.fp8_tensor_scale, state.scalars.fp8_delayed_scale, out);
+                         state.scalars.fp8_tensor_scale, state.scalars.fp8_delayed_scale, pool,
+                         out);
   }
   std::vector<float> working;
   absl::StatusOr<float*> fp32_values = Fp32Values(info, out, nullptr, &working);
@@ -132,7 +145,7 @@ absl::Status ServeImportedMaster(const TensorInfo& info, const HostTensorState& 
     for (int64_t i = begin; i < end; ++i) fp32[i] = HalfMasterValue(info, state, i);
   });
   return ServeFromFp32(info, fp32, split ? halves : nullptr, state.scalars.fp8_tensor_scale,
-                       state.scalars.fp8_delayed_scale, out);
+                       state.scalars.fp8_delayed_scale, pool, out);
 }
 
 }  // namespace paramd

@@ -28,9 +28,11 @@ absl::Status MakeInitialState(const TensorInfo& info, std::span<const float> ini
 
 // Fills every format of `out` but FP32 rowwise from `fp32` (the stored master's values; `out`'s
 // own FP32 bytes where it serves FP32), casting fp8_tensor and fp8_delayed with the given scales;
-// a bf16+remainder master passes its BF16 halves, which it serves as they are.
+// a bf16+remainder master passes its BF16 halves, which it serves as they are. 128-row panels
+// spread over `pool`.
 absl::Status ServeFromFp32(const TensorInfo& info, const float* fp32, const uint16_t* bf16_halves,
-                           float fp8_tensor_scale, float fp8_delayed_scale, ServedTensor* out);
+                           float fp8_tensor_scale, float fp8_delayed_scale,
+                           kernels::ThreadPool& pool, ServedTensor* out);
 
 // Where a tensor's FP32 values are written for its other formats: `out`'s FP32 bytes where it
 // serves FP32, else an FP32 master (`fp32_master`, null for a 16-bit one), else `working`, sized

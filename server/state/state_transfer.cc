@@ -250,23 +250,24 @@ uint8_t* StateImport::Stage(HostTensorState& state, const StateFieldSpec& spec, 
   const size_t n = static_cast<size_t>(elements);
   const size_t bytes = static_cast<size_t>(elements * ElementTypeBytes(spec.type));
   switch (spec.kind) {
+    // Zeroed here: staged ahead, this faults the field's pages in before its bytes arrive.
     case StateFieldKind::kMaster:
-      state.master.resize(bytes);
+      ResizeZeroed(state.master, bytes);
       return state.master.data();
     case StateFieldKind::kMasterRemainder:
-      state.remainder.resize(n);
+      ResizeZeroed(state.remainder, n);
       return reinterpret_cast<uint8_t*>(state.remainder.data());
     case StateFieldKind::kExpAvg:
-      state.exp_avg.resize(bytes);
+      ResizeZeroed(state.exp_avg, bytes);
       return state.exp_avg.data();
     case StateFieldKind::kExpAvgScales:
-      state.exp_avg_scale_inv.resize(n);
+      ResizeZeroed(state.exp_avg_scale_inv, n);
       return reinterpret_cast<uint8_t*>(state.exp_avg_scale_inv.data());
     case StateFieldKind::kExpAvgSq:
-      state.exp_avg_sq.resize(bytes);
+      ResizeZeroed(state.exp_avg_sq, bytes);
       return state.exp_avg_sq.data();
     case StateFieldKind::kExpAvgSqScales:
-      state.exp_avg_sq_scale_inv.resize(n);
+      ResizeZeroed(state.exp_avg_sq_scale_inv, n);
       return reinterpret_cast<uint8_t*>(state.exp_avg_sq_scale_inv.data());
     case StateFieldKind::kFp8TensorScale:
       return reinterpret_cast<uint8_t*>(&state.scalars.fp8_tensor_scale);
