@@ -29,13 +29,14 @@ size_t ChunkScales(kernels::MomentType t, int64_t n) {
 
 // Zeroes `v` (sized, not yet written) over the pool's threads, 2 MiB (a huge page) a block, so its
 // first touch is spread over them rather than made by one request thread: a large model's state
-// is tens of GB, and faulting it in on one thread was most of its upload.
+// is tens of GB, and faulting it in on one thread was most of its upload. The calling thread (a
+// request's) joins as a guest, not placed on the step CPUs.
 template <typename T>
 void ZeroOverPool(kernels::ThreadPool& pool, AlignedVector<T>& v) {
   constexpr int64_t kBlock = int64_t{2} << 20;
   auto* bytes = reinterpret_cast<uint8_t*>(v.data());
   const int64_t n = static_cast<int64_t>(v.size() * sizeof(T));
-  pool.ParallelFor(n, kBlock, [bytes](int64_t begin, int64_t end) {
+  pool.ParallelForAsGuest(n, kBlock, [bytes](int64_t begin, int64_t end) {
     std::memset(bytes + begin, 0, static_cast<size_t>(end - begin));
   });
 }

@@ -26,7 +26,7 @@ absl::Status MakeInitialState(const TensorInfo& info, std::span<const float> ini
   absl::StatusOr<float*> fp32_values = Fp32Values(info, out, fp32_master, &working);
   if (!fp32_values.ok()) return fp32_values.status();
   float* fp32 = *fp32_values;
-  pool.ParallelFor(n, kernels::kDefaultGrain, [&](int64_t begin, int64_t end) {
+  pool.ParallelForAsGuest(n, kernels::kDefaultGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const float x = initial[static_cast<size_t>(i)];
       if (split) {
@@ -82,7 +82,7 @@ absl::Status ServeFromFp32(const TensorInfo& info, const float* fp32, const uint
     const kernels::ServeArgs args = ServeArgsOf(info, fp32, bf16_halves, scale, f);
     std::mutex mu;
     kernels::KStatus first = kernels::KStatus::Ok();
-    pool.ParallelFor(panels, 1, [&](int64_t p0, int64_t p1) {
+    pool.ParallelForAsGuest(panels, 1, [&](int64_t p0, int64_t p1) {
       kernels::KStatus st = kernels::ServeQuantizeCpu(
           args, p0 * kernels::kServePanelRows, std::min(info.rows, p1 * kernels::kServePanelRows));
       if (st.ok()) return;
@@ -136,7 +136,7 @@ absl::Status ServeImportedMaster(const TensorInfo& info, const HostTensorState& 
   absl::StatusOr<float*> fp32_values = Fp32Values(info, out, nullptr, &working);
   if (!fp32_values.ok()) return fp32_values.status();
   float* fp32 = *fp32_values;
-  pool.ParallelFor(n, kernels::kDefaultGrain, [&](int64_t begin, int64_t end) {
+  pool.ParallelForAsGuest(n, kernels::kDefaultGrain, [&](int64_t begin, int64_t end) {
     if (!split && !half) {
       std::memcpy(fp32 + begin, state.master.data() + begin * 4,
                   static_cast<size_t>(end - begin) * sizeof(float));
