@@ -473,9 +473,8 @@ template <class V, bool kSeparate>
   alignas(64) uint32_t v_words[kDrawWords];
 
   // The FP32 moments: the state itself for FP32 moments (read from its sources by UpdateLanes),
-  // else the stage-1 buffers, dequantized from the sources; FP8 moments beside an FP32 master are
-  // scaled moments beside an FP32 master are decoded by stage 3 as it reads them (CodedMoment),
-  // which writes the buffers.
+  // else the stage-1 buffers, dequantized from the sources; scaled moments beside an FP32 master
+  // are decoded by stage 3 as it reads them (CodedMoment), which writes the buffers.
   const void* m_in = kSeparate ? a.exp_avg_in : a.exp_avg;
   const float* m_scale_inv = kSeparate ? a.exp_avg_scale_inv_in : a.exp_avg_scale_inv;
   const void* v_in = kSeparate ? a.exp_avg_sq_in : a.exp_avg_sq;
