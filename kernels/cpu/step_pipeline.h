@@ -107,6 +107,21 @@ PARAMD_LANES_INLINE typename V::F SlotSum(SlotType type, const void* first,
 // The elements a StepChunk call takes at most: four chunks.
 inline constexpr int kSpanElements = 4 * kChunkElements;
 
+// The old values of a moment at vector j of a chunk: kT kFp32 reads FP32 values at `values` (the
+// state, or stage 1's buffer), the scaled types decode their codes (stage 1's DequantizeChunk and
+// stage 3's CodedMoment).
+template <class V, MomentType kT>
+PARAMD_LANES_INLINE typename V::F OldMoment(const float* values, const void* codes,
+                                            typename V::F scale_inv, int j) {
+  if constexpr (kT == MomentType::kFp8) {
+    return V::Mul(DecodeE4m3<V>(V::LoadU8(static_cast<const uint8_t*>(codes) + j)), scale_inv);
+  } else if constexpr (kT == MomentType::kFp16) {
+    return V::Mul(LoadFp16<V>(static_cast<const uint16_t*>(codes) + j), scale_inv);
+  } else {
+    return V::LoadF(values + j);
+  }
+}
+
 // Stage 1: moment codes of elements [c, c + count) -> FP32 values q * (1 / s), c a chunk's first
 // element, count <= 128.
 template <class V>
@@ -122,13 +137,13 @@ void DequantizeChunk(MomentType type, const void* codes, const float* scale_inv,
   if (type == MomentType::kFp16) {
     const uint16_t* src = static_cast<const uint16_t*>(codes) + c;
     for (int j = 0; j < count; j += L) {
-      V::StoreF(out + j, V::Mul(LoadFp16<V>(src + j), s_inv));
+      V::StoreF(out + j, OldMoment<V, MomentType::kFp16>(nullptr, src, s_inv, j));
     }
     return;
   }
   const uint8_t* src = static_cast<const uint8_t*>(codes) + c;
   for (int j = 0; j < count; j += L) {
-    V::StoreF(out + j, V::Mul(DecodeE4m3<V>(V::LoadU8(src + j)), s_inv));
+    V::StoreF(out + j, OldMoment<V, MomentType::kFp8>(nullptr, src, s_inv, j));
   }
 }
 
@@ -272,20 +287,6 @@ struct CodedMoment {
 // beside an FP32 master (the policies whose step is compute-bound; other masters keep stage 1).
 inline bool IsCoded(MasterType master, MomentType t) {
   return master == MasterType::kFp32 && (t == MomentType::kFp8 || t == MomentType::kFp16);
-}
-
-// The old values of a moment at vector j of a chunk: kT kFp32 reads FP32 values at `values` (the
-// state, or stage 1's buffer), the scaled types decode `codes` as DequantizeChunk does.
-template <class V, MomentType kT>
-PARAMD_LANES_INLINE typename V::F OldMoment(const float* values, const void* codes,
-                                            typename V::F scale_inv, int j) {
-  if constexpr (kT == MomentType::kFp8) {
-    return V::Mul(DecodeE4m3<V>(V::LoadU8(static_cast<const uint8_t*>(codes) + j)), scale_inv);
-  } else if constexpr (kT == MomentType::kFp16) {
-    return V::Mul(LoadFp16<V>(static_cast<const uint16_t*>(codes) + j), scale_inv);
-  } else {
-    return V::LoadF(values + j);
-  }
 }
 
 template <class V>
