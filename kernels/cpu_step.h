@@ -53,6 +53,13 @@ struct CpuTensorStepResult {
   float tensor_scale = 1.0f;  // fp8_tensor: the scale this step served with
 };
 
+// Cuts every format of `formats` from rows [0, rows) of their FP32 values on `pool`'s threads,
+// 128-row panel by panel, a panel's formats one after another while its values are in cache.
+// `as_guest`: the caller is a thread that only borrows the pool (ThreadPool::ParallelForAsGuest).
+// Returns the first error of a format.
+KStatus CpuCutPanels(std::span<const ServeArgs> formats, int64_t rows, ThreadPool& pool,
+                     bool as_guest = false, CpuPath path = CpuPath::kAuto);
+
 // Runs the whole step of one tensor on `pool`'s threads. Returns the first error of a kernel
 // (nothing is published on error: the caller fails the step).
 KStatus CpuTensorStep(const CpuTensorStepArgs& args, ThreadPool& pool, CpuTensorStepResult* result);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <vector>
 
 namespace paramd::kernels {
 namespace {
@@ -48,6 +49,23 @@ KStatus CutRows(std::span<const ServeArgs> cut, int64_t row_begin, int64_t row_e
 
 }  // namespace
 
+KStatus CpuCutPanels(std::span<const ServeArgs> formats, int64_t rows, ThreadPool& pool,
+                     bool as_guest, CpuPath path) {
+  if (formats.empty()) return KStatus::Ok();
+  StepOutcome outcome;
+  const auto cut = [&](int64_t p0, int64_t p1) {
+    KStatus st = CutRows(formats, p0 * kServePanelRows, std::min(rows, p1 * kServePanelRows), path);
+    if (!st.ok()) outcome.Fail(std::move(st));
+  };
+  const int64_t panels = (rows + kServePanelRows - 1) / kServePanelRows;
+  if (as_guest) {
+    pool.ParallelForAsGuest(panels, 1, cut);
+  } else {
+    pool.ParallelFor(panels, 1, cut);
+  }
+  return outcome.status();
+}
+
 KStatus CpuTensorStep(const CpuTensorStepArgs& args, ThreadPool& pool,
                       CpuTensorStepResult* result) {
   const int64_t rows = args.rows, cols = args.cols;
@@ -89,15 +107,11 @@ KStatus CpuTensorStep(const CpuTensorStepArgs& args, ThreadPool& pool,
     if (KStatus st = args.whole_amax(amax, &amax); !st.ok()) return st;
   }
   const float current = NextFp8TensorScale(amax, args.previous_tensor_scale).scale;
-  for (ServeArgs serve : args.per_tensor) {
+  std::vector<ServeArgs> per_tensor(args.per_tensor.begin(), args.per_tensor.end());
+  for (ServeArgs& serve : per_tensor) {
     if (serve.recipe == Recipe::kFp8Tensor) serve.tensor_scale = current;
-    pool.ParallelFor(panels, 1, [&](int64_t p0, int64_t p1) {
-      KStatus st = ServeQuantizeCpu(serve, p0 * kServePanelRows,
-                                    std::min(rows, p1 * kServePanelRows), args.path);
-      if (!st.ok()) outcome.Fail(std::move(st));
-    });
-    if (KStatus st = outcome.status(); !st.ok()) return st;
   }
+  if (KStatus st = CpuCutPanels(per_tensor, rows, pool, false, args.path); !st.ok()) return st;
   result->amax = amax;
   result->tensor_scale = current;
   return KStatus::Ok();

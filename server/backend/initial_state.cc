@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <cstring>
-#include <mutex>
 #include <new>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu_step.h"
 #include "kernels/formats.h"
 #include "server/backend/kernel_status.h"
 
@@ -73,25 +73,15 @@ absl::StatusOr<float*> Fp32Values(const TensorInfo& info, ServedTensor* out, flo
 absl::Status ServeFromFp32(const TensorInfo& info, const float* fp32, const uint16_t* bf16_halves,
                            float fp8_tensor_scale, float fp8_delayed_scale,
                            kernels::ThreadPool& pool, ServedTensor* out) {
-  const int64_t panels = (info.rows + kernels::kServePanelRows - 1) / kernels::kServePanelRows;
+  std::vector<kernels::ServeArgs> formats;
   for (ServedFormat& f : out->formats) {
     if (f.key.recipe == v1::RECIPE_FP32 && f.key.direction == v1::DIRECTION_ROWWISE) continue;
     const float scale = f.key.recipe == v1::RECIPE_FP8_TENSOR    ? fp8_tensor_scale
                         : f.key.recipe == v1::RECIPE_FP8_DELAYED ? fp8_delayed_scale
                                                                  : 1.0f;
-    const kernels::ServeArgs args = ServeArgsOf(info, fp32, bf16_halves, scale, f);
-    std::mutex mu;
-    kernels::KStatus first = kernels::KStatus::Ok();
-    pool.ParallelForAsGuest(panels, 1, [&](int64_t p0, int64_t p1) {
-      kernels::KStatus st = kernels::ServeQuantizeCpu(
-          args, p0 * kernels::kServePanelRows, std::min(info.rows, p1 * kernels::kServePanelRows));
-      if (st.ok()) return;
-      std::lock_guard<std::mutex> lock(mu);
-      if (first.ok()) first = std::move(st);
-    });
-    if (absl::Status st = FromKernel(first); !st.ok()) return st;
+    formats.push_back(ServeArgsOf(info, fp32, bf16_halves, scale, f));
   }
-  return absl::OkStatus();
+  return FromKernel(kernels::CpuCutPanels(formats, info.rows, pool, /*as_guest=*/true));
 }
 
 namespace {
