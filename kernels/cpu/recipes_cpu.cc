@@ -190,12 +190,48 @@ void Bf16Halves(const ServeArgs& a, int64_t rb, int64_t re) {
   }
 }
 
+// Rowwise fp8_block over one 128-row block row [r0, r1): the column blocks in bands of
+// kBandBlocks, each band's rows read twice (the amaxes, then the casts) while the band is in L2.
+// A band's row is 4 KiB of FP32 values, a whole page: a block at a time would read 128 rows of
+// 512 bytes, each on a page of its own, which a core's prefetchers do not follow across pages.
+void BlockRowRowwise(const ServeKernels& k, const ServeArgs& a, int64_t r0, int64_t r1) {
+  constexpr int64_t kBandBlocks = 8;
+  const int64_t bcols = CeilDiv(a.cols, kFp8BlockSize), br = r0 / kFp8BlockSize;
+  uint8_t* data = static_cast<uint8_t*>(a.data);
+  for (int64_t b0 = 0; b0 < bcols; b0 += kBandBlocks) {
+    const int64_t b1 = std::min(b0 + kBandBlocks, bcols);
+    uint32_t bits[kBandBlocks] = {};
+    float scale[kBandBlocks];
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t bc = b0; bc < b1; ++bc) {
+        const int64_t c0 = bc * kFp8BlockSize, c1 = std::min(c0 + kFp8BlockSize, a.cols);
+        bits[bc - b0] =
+            std::max(bits[bc - b0], k.max_abs_bits(a.master + r * a.cols + c0, c1 - c0));
+      }
+    }
+    for (int64_t bc = b0; bc < b1; ++bc) {
+      scale[bc - b0] = Pow2Scale(AmaxFromBits(bits[bc - b0]), kE4m3Max);
+      StoreScale(a.scales, br * bcols + bc, ScaleInv(scale[bc - b0]));
+    }
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t bc = b0; bc < b1; ++bc) {
+        const int64_t c0 = bc * kFp8BlockSize, c1 = std::min(c0 + kFp8BlockSize, a.cols);
+        k.e4m3_scaled(a.master + r * a.cols + c0, c1 - c0, scale[bc - b0], data + r * a.cols + c0);
+      }
+    }
+  }
+}
+
 // fp8_block: rows [rb, re) hold whole 128-row blocks (the last one possibly partial).
 void Block(const ServeKernels& k, const ServeArgs& a, int64_t rb, int64_t re) {
   const int64_t brows = CeilDiv(a.rows, kFp8BlockSize), bcols = CeilDiv(a.cols, kFp8BlockSize);
   uint8_t* data = static_cast<uint8_t*>(a.data);
   for (int64_t r0 = rb; r0 < re; r0 += kFp8BlockSize) {
     const int64_t r1 = std::min(r0 + kFp8BlockSize, re), br = r0 / kFp8BlockSize;
+    if (a.direction == Direction::kRowwise) {
+      BlockRowRowwise(k, a, r0, r1);
+      continue;
+    }
     for (int64_t bc = 0; bc < bcols; ++bc) {
       const int64_t c0 = bc * kFp8BlockSize, c1 = std::min(c0 + kFp8BlockSize, a.cols);
       uint32_t bits = 0;
@@ -206,15 +242,8 @@ void Block(const ServeKernels& k, const ServeArgs& a, int64_t rb, int64_t re) {
       const auto cast = [&k, scale](const float* x, int64_t n, uint8_t* out) {
         k.e4m3_scaled(x, n, scale, out);
       };
-      if (a.direction == Direction::kRowwise) {
-        for (int64_t r = r0; r < r1; ++r) {
-          cast(a.master + r * a.cols + c0, c1 - c0, data + r * a.cols + c0);
-        }
-        StoreScale(a.scales, br * bcols + bc, ScaleInv(scale));
-      } else {
-        CastTransposed<uint8_t>(a, r0, r1, c0, c1, cast, data);
-        StoreScale(a.scales, bc * brows + br, ScaleInv(scale));
-      }
+      CastTransposed<uint8_t>(a, r0, r1, c0, c1, cast, data);
+      StoreScale(a.scales, bc * brows + br, ScaleInv(scale));
     }
   }
 }

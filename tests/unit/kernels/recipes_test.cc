@@ -125,8 +125,10 @@ struct Shape {
   int64_t rows;
   int64_t cols;
 };
-constexpr Shape kShapes[] = {{1, 1},     {1, 33},    {7, 13},   {31, 129},
-                             {128, 128}, {131, 257}, {256, 96}, {300, 200}};
+// {130, 1100}: fp8_block's rowwise bands of 8 column blocks, the second one partial, its last
+// block 76 columns wide.
+constexpr Shape kShapes[] = {{1, 1},     {1, 33},   {7, 13},    {31, 129},  {128, 128},
+                             {131, 257}, {256, 96}, {300, 200}, {130, 1100}};
 constexpr Shape kLargeShape = {1024, 4096};
 
 // The bytes one call (or several) of ServeQuantizeCpu produced.
