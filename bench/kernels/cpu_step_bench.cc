@@ -85,6 +85,9 @@ const std::vector<BenchPolicy>& Policies() {
        Serve::kFp8Block, "as fp8, all nearest (no Philox)"},
       {"fp8_servebf16", MakeStatePolicy(MasterType::kFp32, MomentType::kFp8, MomentType::kFp8),
        Serve::kBf16, "as fp8, serve bf16 in the pass (no recipe)"},
+      {"fp8n_servebf16",
+       AllNearest(MakeStatePolicy(MasterType::kFp32, MomentType::kFp8, MomentType::kFp8)),
+       Serve::kBf16, "as fp8_servebf16, all nearest (no Philox)"},
   };
   return policies;
 }
