@@ -203,6 +203,26 @@ PARAMD_LANES_INLINE typename V::F LoadFp16(const uint16_t* p) {
   }
 }
 
+// kLanes E4M3 codes at p -> their values times scale_inv, the same bits as DecodeE4m3 then the
+// multiply. Where the path converts FP16 in hardware, the codes' fields are moved into FP16's
+// (V::LoadE4m3AsF16): with E4M3's bias 7 under FP16's 15 every code, subnormals included, reads
+// as its value times 2^-8 exactly, and 0x7F (NaN in E4M3, 1.875 read so) is the one magnitude
+// above 448 * 2^-8. Times 256 is exact, times scale_inv rounds as the decoded value would.
+template <class V>
+PARAMD_LANES_INLINE typename V::F LoadE4m3(const uint8_t* p, typename V::F scale_inv) {
+  if constexpr (V::kHasF16c) {
+    using I = typename V::I;
+    const typename V::F h = V::LoadE4m3AsF16(p);
+    const I bits = V::AsI(h);
+    const I mag = V::And(bits, V::SetI(0x7FFFFFFFu));
+    const I value = V::AsI(V::Mul(V::Mul(h, V::SetF(256.0f)), scale_inv));
+    const I nan = V::Or(V::Xor(bits, mag), V::SetI(0x7FC00000u));
+    return V::AsF(V::Select(V::GtS(mag, V::SetI(0x3FE00000u)), nan, value));  // above 1.75
+  } else {
+    return V::Mul(DecodeE4m3<V>(V::LoadU8(p)), scale_inv);
+  }
+}
+
 template <class V>
 PARAMD_LANES_INLINE typename V::F DecodeBf16(typename V::I code) {
   return V::AsF(V::template Shl<16>(code));

@@ -9,8 +9,9 @@
 //      FP8 and FP16 moments beside an FP32 master are decoded in stage 3 instead, see CodedMoment);
 //   2. for each moment that rounds stochastically, draw its stream's Philox blocks for the chunk's
 //      elements (kernels/philox.h: 4 elements per block, every word used);
-//   3. per vector of elements: the gradient from the slots, the AdamW update, the master stored in
-//      its type, the served copies and the running amax of the stored master;
+//   3. per chunk, in two passes over its vectors: the gradient from the slots, the new moments and
+//      AdamW's denominators (kept in L1); then the master stored in its type, the served copies and
+//      the running amax of the stored master;
 //   4. re-quantize each quantized moment chunk by chunk: its amax, power-of-two scale, the cast.
 // Every operation is per element and the same in every instantiation, so every path gives the
 // same bits. A vector path hands chunks that are not whole vectors to the scalar instantiation.
@@ -114,7 +115,7 @@ template <class V, MomentType kT>
 PARAMD_LANES_INLINE typename V::F OldMoment(const float* values, const void* codes,
                                             typename V::F scale_inv, int j) {
   if constexpr (kT == MomentType::kFp8) {
-    return V::Mul(DecodeE4m3<V>(V::LoadU8(static_cast<const uint8_t*>(codes) + j)), scale_inv);
+    return LoadE4m3<V>(static_cast<const uint8_t*>(codes) + j, scale_inv);
   } else if constexpr (kT == MomentType::kFp16) {
     return V::Mul(LoadFp16<V>(static_cast<const uint16_t*>(codes) + j), scale_inv);
   } else {
@@ -307,8 +308,9 @@ PARAMD_LANES_INLINE void StoreOutU16(uint16_t* p, typename V::I x, bool stream) 
   }
 }
 
-// Stage 3 for elements [c, c + count): m and v are the FP32 moments of the chunk (the state for
-// FP32 moments, else the stage-1 buffers), overwritten with the new moments. With kSeparate the
+// Stage 3 for elements [c, c + count) of one chunk (count <= kChunkElements): m and v are the FP32
+// moments of the chunk (the state for FP32 moments, else the stage-1 buffers), overwritten with the
+// new moments. With kSeparate the
 // state is read from its sources (x.master_in, ...; FP32 moments from x.exp_avg_in, ...) and
 // written here; without, it is updated in place by the very code the step had before there were
 // sources (same arguments, kept out of line as the compiler kept it).
@@ -359,7 +361,11 @@ template <class V, MasterType kMaster, bool kSeparate, MomentType kM = MomentTyp
     v_codes = coded_v->codes;
     v_scale_inv = V::SetF(coded_v->scale_inv);
   }
-  I amax_lanes = *amax;
+  // Two passes over the chunk, each vector's chain (decode, square root; then divide, encode) too
+  // long for the out-of-order window to overlap two vectors when run as one: the first pass the
+  // moments and the denominators, kept in L1, the second the master and what is served.
+  alignas(64) float m_keep[kChunkElements];
+  alignas(64) float d_keep[kChunkElements];
   for (int j = 0; j < count; j += L) {
     const int64_t i = c + j;
     F g = V::Mul(SlotSum<V>(slot_type, slot0, slots, num_slots, i), x.grad_scale);
@@ -370,7 +376,21 @@ template <class V, MasterType kMaster, bool kSeparate, MomentType kM = MomentTyp
     const F v_new = V::Fma(x.beta2, v_old, V::Mul(x.c2, V::Mul(g, g)));
     if constexpr (kCodedM) m_amax = V::MaxU(m_amax, MagnitudeBits<V>(m_new));
     if constexpr (kCodedV) v_amax = V::MaxU(v_amax, MagnitudeBits<V>(v_new));
-    const F d = V::Fma(V::Sqrt(v_new), x.bc2, x.eps);
+    V::StoreF(m_keep + j, m_new);
+    V::StoreF(d_keep + j, V::Fma(V::Sqrt(v_new), x.bc2, x.eps));
+    if constexpr (kSeparate) {
+      StoreOutF<V>(m + j, m_new, stream_m);
+      StoreOutF<V>(v + j, v_new, stream_v);
+    } else {
+      V::StoreF(m + j, m_new);
+      V::StoreF(v + j, v_new);
+    }
+  }
+  I amax_lanes = *amax;
+  for (int j = 0; j < count; j += L) {
+    const int64_t i = c + j;
+    const F m_new = V::LoadF(m_keep + j);
+    const F d = V::LoadF(d_keep + j);
     F p_old;
     if constexpr (kMaster == MasterType::kFp32) {
       p_old = V::LoadF(static_cast<const float*>(master_src) + i);
@@ -383,13 +403,6 @@ template <class V, MasterType kMaster, bool kSeparate, MomentType kM = MomentTyp
     }
     F p = V::Mul(p_old, x.decay);
     p = V::Fma(x.neg_step_size, V::Div(m_new, d), p);
-    if constexpr (kSeparate) {
-      StoreOutF<V>(m + j, m_new, stream_m);
-      StoreOutF<V>(v + j, v_new, stream_v);
-    } else {
-      V::StoreF(m + j, m_new);
-      V::StoreF(v + j, v_new);
-    }
 
     // The stored master, and every served copy from it.
     F served = p;
@@ -667,9 +680,22 @@ void DecodeArray(CodecFormat format, const uint32_t* codes, float* out, int64_t 
   for (int64_t j = 0; j < n; j += V::kLanes) {
     const typename V::I code = V::LoadU32(codes + j);
     switch (format) {
-      case CodecFormat::kE4m3:
-        V::StoreF(out + j, DecodeE4m3<V>(code));
+      case CodecFormat::kE4m3: {
+        // The step reads E4M3 codes from memory times their chunk's scale (LoadE4m3): at scales
+        // from the smallest to the largest a chunk can have, a lane where that differs from the
+        // decode times the scale shows as a value no decode gives.
+        uint8_t packed[V::kLanes];
+        for (int l = 0; l < V::kLanes; ++l) packed[l] = static_cast<uint8_t>(codes[j + l]);
+        const typename V::F decoded = DecodeE4m3<V>(code);
+        typename V::I differ = V::SetI(0);
+        for (const float s : {1.0f, 0x1p-126f, 0x1p-100f, 0x1p100f, 0x1p126f}) {
+          const typename V::I loaded = V::AsI(LoadE4m3<V>(packed, V::SetF(s)));
+          differ = V::Or(differ, V::Xor(loaded, V::AsI(V::Mul(decoded, V::SetF(s)))));
+        }
+        V::StoreF(out + j, V::AsF(V::Select(V::Eq(differ, V::SetI(0)), V::AsI(decoded),
+                                            V::SetI(0x7FBADBADu))));
         break;
+      }
       case CodecFormat::kFp16: {
         // The step decodes FP16 codes both from lanes and straight from memory: a lane where the
         // two differ shows as a value no decode gives.

@@ -40,6 +40,11 @@ struct VecAvx2 {
   static F LoadF16(const uint16_t* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
+  static F LoadE4m3AsF16(const uint8_t* p) {
+    const __m128i w = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_cvtph_ps(
+        _mm_and_si128(_mm_slli_epi16(w, 7), _mm_set1_epi16(static_cast<int16_t>(0xBFFF))));
+  }
 
   static I SetI(uint32_t x) { return _mm256_set1_epi32(static_cast<int>(x)); }
   static I LoadU32(const uint32_t* p) {

@@ -49,6 +49,13 @@ struct VecAvx512 {
   static F LoadF16(const uint16_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
+  // kLanes E4M3 codes at p as FP16 (state_codec.h's LoadE4m3): each code sign-extended to 16
+  // bits, its exponent and mantissa moved up under FP16's, the copy of the sign below it cleared.
+  static F LoadE4m3AsF16(const uint8_t* p) {
+    const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm512_cvtph_ps(
+        _mm256_and_si256(_mm256_slli_epi16(w, 7), _mm256_set1_epi16(static_cast<int16_t>(0xBFFF))));
+  }
 
   static I SetI(uint32_t x) { return _mm512_set1_epi32(static_cast<int>(x)); }
   static I LoadU32(const uint32_t* p) { return _mm512_loadu_si512(p); }
