@@ -126,6 +126,32 @@ PARAMD_LANES_INLINE typename V::I EncodeE4m3Nearest(typename V::F y) {
   return V::Select(V::GtS(mag, V::SetI(0x7F800000u)), V::SetI(E4m3Format::kNaN), V::Or(code, sign));
 }
 
+// FP32 -> E4M3, stochastic with the word r: the short form of Encode<V, E4m3Format, true> (same
+// codes; the unit tests check them against the outside reference), with no shift by a count of
+// its own per lane. At or above E4M3's smallest normal 2^-6, frac is the 20 bits below the last
+// place moved up 12, so r < frac iff (r >> 12) < those bits, iff adding 2^20 - 1 - (r >> 12) to
+// the FP32 bits carries into the kept ones (a carry past the mantissa bumps the exponent); the
+// exponent is rebiased in the same add. Below it, u = |y| / 2^-9 (the subnormal step) is exact,
+// and so are its integer part (the code truncated) and its fraction, whose 2^32 multiple truncated
+// is frac. Then saturation (infinity included), the sign, NaN -> 0x7F.
+template <class V>
+PARAMD_LANES_INLINE typename V::I EncodeE4m3Stochastic(typename V::F y, typename V::I r) {
+  using I = typename V::I;
+  const I bits = V::AsI(y);
+  const I mag = V::And(bits, V::SetI(0x7FFFFFFFu));
+  const I normal = V::template Shr<20>(V::AddI(V::AddI(mag, V::SetI(0u - (120u << 23))),
+                                               V::Xor(V::template Shr<12>(r), V::SetI(0xFFFFFu))));
+  const typename V::F u = V::Mul(V::AsF(mag), V::SetF(0x1p9f));
+  const I whole = V::TruncToI32(u);  // below 8 where it is used
+  const I frac = V::TruncToU32(V::Mul(V::Sub(u, V::CvtI32ToF(whole)), V::SetF(0x1p32f)));
+  const I subnormal = V::AddOneIf(V::GtU(frac, r), whole);
+  // Signed compares: mag is below 2^31.
+  const I code = V::MinU(V::Select(V::GtS(V::SetI(121u << 23), mag), subnormal, normal),
+                         V::SetI(E4m3Format::kMaxFinite));
+  const I sign = V::And(V::template Shr<24>(bits), V::SetI(0x80));
+  return V::Select(V::GtS(mag, V::SetI(0x7F800000u)), V::SetI(E4m3Format::kNaN), V::Or(code, sign));
+}
+
 // Code -> FP32, exactly as kernels/formats.h decodes: normals by moving the fields, subnormals as
 // an exact integer-to-float conversion times a power of two; NaN codes give the quiet NaN of the
 // code's sign, FP16's infinity codes infinity.

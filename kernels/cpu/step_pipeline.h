@@ -193,7 +193,9 @@ const uint32_t* DrawWords(const PhiloxKey& key, RoundingStream stream, uint32_t 
 // forms where there is one).
 template <class V, class Fmt, bool kStochastic>
 PARAMD_LANES_INLINE typename V::I EncodeAs(typename V::F y, const uint32_t* r, int j) {
-  if constexpr (kStochastic) {
+  if constexpr (kStochastic && std::is_same_v<Fmt, E4m3Format>) {
+    return EncodeE4m3Stochastic<V>(y, V::LoadU32(r + j));
+  } else if constexpr (kStochastic) {
     return Encode<V, Fmt, true>(y, V::LoadU32(r + j));
   } else if constexpr (std::is_same_v<Fmt, Bf16Format>) {
     return EncodeBf16Nearest<V>(y);
@@ -649,7 +651,15 @@ void EncodeArray(CodecFormat format, const float* x, const uint32_t* r, uint32_t
     typename V::I code;
     switch (format) {
       case CodecFormat::kE4m3:
-        code = r != nullptr ? Encode<V, E4m3Format, true>(y, rj) : EncodeE4m3Nearest<V>(y);
+        if (r != nullptr) {
+          // The step casts with the short form; the long one (the GPU's) must give the same code,
+          // else a code no cast gives.
+          const typename V::I short_code = EncodeE4m3Stochastic<V>(y, rj);
+          code = V::Select(V::Eq(short_code, Encode<V, E4m3Format, true>(y, rj)), short_code,
+                           V::SetI(0xBADC0DEu));
+        } else {
+          code = EncodeE4m3Nearest<V>(y);
+        }
         break;
       case CodecFormat::kFp16:
         code = r != nullptr ? Encode<V, Fp16Format, true>(y, rj) : EncodeFp16Nearest<V>(y);

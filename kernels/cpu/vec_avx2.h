@@ -30,6 +30,16 @@ struct VecAvx2 {
   static I AsI(F x) { return _mm256_castps_si256(x); }
   static F AsF(I x) { return _mm256_castsi256_ps(x); }
   static F CvtI32ToF(I x) { return _mm256_cvtepi32_ps(x); }
+  static F Sub(F a, F b) { return _mm256_sub_ps(a, b); }
+  // Truncating conversions of values that fit (see VecAvx512). AVX2 converts only to signed: values
+  // from 2^31 on are converted less 2^31, which is then added back.
+  static I TruncToI32(F x) { return _mm256_cvttps_epi32(x); }
+  static I TruncToU32(F x) {
+    const __m256 top = _mm256_set1_ps(0x1p31f);
+    const __m256 high = _mm256_cmp_ps(x, top, _CMP_GE_OQ);
+    const __m256i low = _mm256_cvttps_epi32(_mm256_sub_ps(x, _mm256_and_ps(high, top)));
+    return _mm256_add_epi32(low, _mm256_slli_epi32(_mm256_castps_si256(high), 31));
+  }
 
   // F16C's conversions (see VecAvx512).
   static constexpr bool kHasF16c = true;

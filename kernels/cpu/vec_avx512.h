@@ -37,6 +37,10 @@ struct VecAvx512 {
   static I AsI(F x) { return _mm512_castps_si512(x); }
   static F AsF(I x) { return _mm512_castsi512_ps(x); }
   static F CvtI32ToF(I x) { return _mm512_cvtepi32_ps(x); }
+  static F Sub(F a, F b) { return _mm512_sub_ps(a, b); }
+  // Truncating conversions of values that fit: [0, 2^31) and [0, 2^32).
+  static I TruncToI32(F x) { return _mm512_cvttps_epi32(x); }
+  static I TruncToU32(F x) { return _mm512_cvttps_epu32(x); }
 
   // Hardware FP16 conversions: exact, nearest even, but overflow gives infinity and NaN keeps its
   // payload (state_codec.h fixes both up). CvtToF16 gives the codes zero-extended in 32-bit

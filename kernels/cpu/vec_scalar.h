@@ -31,6 +31,9 @@ struct VecScalar {
   static I AsI(F x) { return std::bit_cast<uint32_t>(x); }
   static F AsF(I x) { return std::bit_cast<float>(x); }
   static F CvtI32ToF(I x) { return static_cast<float>(static_cast<int32_t>(x)); }
+  static F Sub(F a, F b) { return a - b; }
+  static I TruncToI32(F x) { return static_cast<uint32_t>(static_cast<int32_t>(x)); }
+  static I TruncToU32(F x) { return static_cast<uint32_t>(x); }
 
   // No hardware FP16 conversions: state_codec.h casts in integer operations.
   static constexpr bool kHasF16c = false;

@@ -135,6 +135,47 @@ TEST_P(CodecPathTest, StochasticCastsEqualTheReference) {
   }
 }
 
+// Random words decide few inputs by one unit of the word: here each input (every 8th of the cast
+// inputs) is cast with the words on either side of its own threshold, the smallest word the
+// reference rounds down with (found by bisection), so a cast whose comparison is off by one in
+// the word fails.
+TEST_P(CodecPathTest, StochasticCastsEqualTheReferenceAtTheirThresholds) {
+  for (CodecFormat f : kFormats) {
+    const std::vector<float> all = CastInputs(f);
+    std::vector<float> x;
+    std::vector<uint32_t> r;
+    for (size_t i = 0; i < all.size(); i += 8) {
+      const uint32_t max_word = 0xFFFFFFFFu;
+      const uint32_t down = reference::RoundToCodeRef(RefFormat(f), all[i], &max_word);
+      uint64_t lo = 0, hi = max_word;  // the threshold lies in [lo, hi]
+      while (lo < hi) {
+        const uint32_t mid = static_cast<uint32_t>((lo + hi) / 2);
+        if (reference::RoundToCodeRef(RefFormat(f), all[i], &mid) == down) {
+          hi = mid;
+        } else {
+          lo = uint64_t{mid} + 1;
+        }
+      }
+      for (int64_t w = static_cast<int64_t>(lo) - 1; w <= static_cast<int64_t>(lo) + 1; ++w) {
+        if (w < 0 || w > max_word) continue;
+        x.push_back(all[i]);
+        r.push_back(static_cast<uint32_t>(w));
+      }
+    }
+    while (x.size() % 16 != 0) {
+      x.push_back(0.0f);
+      r.push_back(0);
+    }
+    std::vector<uint32_t> codes(x.size());
+    cpu_internal::EncodeForTest(GetParam(), f, x.data(), r.data(), codes.data(),
+                                static_cast<int64_t>(x.size()));
+    for (size_t i = 0; i < x.size(); ++i) {
+      ASSERT_EQ(codes[i], reference::RoundToCodeRef(RefFormat(f), x[i], &r[i]))
+          << Name(f) << " of 0x" << std::hex << std::bit_cast<uint32_t>(x[i]) << " r=0x" << r[i];
+    }
+  }
+}
+
 TEST_P(CodecPathTest, NearestCastsEqualTheReference) {
   for (CodecFormat f : kFormats) {
     const std::vector<float> x = CastInputs(f);
