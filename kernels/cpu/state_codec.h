@@ -14,6 +14,8 @@
 #define PARAMD_LANES_INLINE __host__ __device__ __forceinline__
 #else
 #define PARAMD_LANES_INLINE [[gnu::always_inline]] inline
+// The same for a lambda's body (after its parameters).
+#define PARAMD_LANES_INLINE_LAMBDA __attribute__((always_inline))
 #endif
 
 namespace paramd::kernels::cpu_internal {
