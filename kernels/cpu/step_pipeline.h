@@ -312,10 +312,9 @@ PARAMD_LANES_INLINE void StoreOutU16(uint16_t* p, typename V::I x, bool stream) 
 
 // Stage 3 for elements [c, c + count) of one chunk (count <= kChunkElements): m and v are the FP32
 // moments of the chunk (the state for FP32 moments, else the stage-1 buffers), overwritten with the
-// new moments. With kSeparate the
-// state is read from its sources (x.master_in, ...; FP32 moments from x.exp_avg_in, ...) and
-// written here; without, it is updated in place by the very code the step had before there were
-// sources (same arguments, kept out of line as the compiler kept it).
+// new moments. With kSeparate the state is read from its sources (x.master_in, ...; FP32 moments
+// from x.exp_avg_in, ...) and written here; without, it is updated in place by the very code the
+// step had before there were sources (same arguments, kept out of line as the compiler kept it).
 template <class V, MasterType kMaster, bool kSeparate, MomentType kM = MomentType::kFp32,
           MomentType kV = MomentType::kFp32>
 [[gnu::noinline]] void UpdateLanes(const StepContext<V>& x, int64_t c, int count, float* m,
