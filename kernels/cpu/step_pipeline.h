@@ -446,9 +446,9 @@ template <class V, MasterType kMaster, bool kSeparate, MomentType kM = MomentTyp
     }
     for (int j = 0; j < count; j += L) update_master(j, V::LoadF(m_keep + j), V::LoadF(d_keep + j));
   } else {
-    // The master is read before the moments are stored: the state arrays lie at the same offsets
-    // within their pages, so a load after those stores waits on them (4 KiB aliasing; measured on
-    // the GPU machines' Xeon hosts: the fp32 policy at 0.62x in cache when the stores came first).
+    // The master is read before the moments are stored (with the stores first, the fp32 policy
+    // ran at 0.62x in cache on an H100 host's Xeon: most likely 4 KiB aliasing, the state arrays
+    // lying at the same offsets within their pages).
     for (int j = 0; j < count; j += L) {
       F v_new, d;
       const F m_new = moments(j, &v_new, &d);
