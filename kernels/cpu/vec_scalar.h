@@ -32,8 +32,15 @@ struct VecScalar {
   static F AsF(I x) { return std::bit_cast<float>(x); }
   static F CvtI32ToF(I x) { return static_cast<float>(static_cast<int32_t>(x)); }
   static F Sub(F a, F b) { return a - b; }
-  static I TruncToI32(F x) { return static_cast<uint32_t>(static_cast<int32_t>(x)); }
-  static I TruncToU32(F x) { return static_cast<uint32_t>(x); }
+  // Truncating conversions: values that do not fit (NaN included) give what x86's give, 2^31
+  // and 2^32 - 1, where a C++ conversion would be undefined (callers compute lanes they discard).
+  static I TruncToI32(F x) {
+    return x > -0x1p31f && x < 0x1p31f ? static_cast<uint32_t>(static_cast<int32_t>(x))
+                                       : 0x80000000u;
+  }
+  static I TruncToU32(F x) {
+    return x > -1.0f && x < 0x1p32f ? static_cast<uint32_t>(x) : 0xFFFFFFFFu;
+  }
 
   // No hardware FP16 conversions: state_codec.h casts in integer operations.
   static constexpr bool kHasF16c = false;
