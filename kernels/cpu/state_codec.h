@@ -105,6 +105,19 @@ PARAMD_LANES_INLINE typename V::I EncodeBf16Nearest(typename V::F y) {
   return V::Select(V::GtS(mag, V::SetI(0x7F800000u)), V::SetI(0x7FFF), hi);
 }
 
+// The end of E4M3's short casts: the code rounded below E4M3's smallest normal 2^-6 or at and
+// above it, picked by |y|, saturated (infinity included), signed; NaN -> 0x7F.
+template <class V>
+PARAMD_LANES_INLINE typename V::I E4m3Code(typename V::I bits, typename V::I mag,
+                                           typename V::I subnormal, typename V::I normal) {
+  using I = typename V::I;
+  // Signed compares: mag is below 2^31.
+  const I code = V::MinU(V::Select(V::GtS(V::SetI(121u << 23), mag), subnormal, normal),
+                         V::SetI(E4m3Format::kMaxFinite));
+  const I sign = V::And(V::template Shr<24>(bits), V::SetI(0x80));
+  return V::Select(V::GtS(mag, V::SetI(0x7F800000u)), V::SetI(E4m3Format::kNaN), V::Or(code, sign));
+}
+
 // FP32 -> E4M3, nearest even: the short form of Encode<V, E4m3Format, false> (same codes; the unit
 // tests check every FP32 input of the exponents where the two forms' cases meet). At or above
 // E4M3's smallest normal 2^-6, adding 2^19 - 1 plus the lowest kept bit to the FP32 bits rounds
@@ -121,11 +134,7 @@ PARAMD_LANES_INLINE typename V::I EncodeE4m3Nearest(typename V::F y) {
   const I normal =
       V::template Shr<20>(V::AddI(V::AddI(mag, V::SetI(0x7FFFFu - (120u << 23))), lsb));
   const I subnormal = V::SubI(V::AsI(V::Add(V::AsF(mag), V::SetF(0x1p14f))), V::SetI(141u << 23));
-  // Signed compares: mag is below 2^31.
-  const I code = V::MinU(V::Select(V::GtS(V::SetI(121u << 23), mag), subnormal, normal),
-                         V::SetI(E4m3Format::kMaxFinite));
-  const I sign = V::And(V::template Shr<24>(bits), V::SetI(0x80));
-  return V::Select(V::GtS(mag, V::SetI(0x7F800000u)), V::SetI(E4m3Format::kNaN), V::Or(code, sign));
+  return E4m3Code<V>(bits, mag, subnormal, normal);
 }
 
 // FP32 -> E4M3, stochastic with the word r: the short form of Encode<V, E4m3Format, true> (same
@@ -147,11 +156,7 @@ PARAMD_LANES_INLINE typename V::I EncodeE4m3Stochastic(typename V::F y, typename
   const I whole = V::TruncToI32(u);  // below 8 where it is used
   const I frac = V::TruncToU32(V::Mul(V::Sub(u, V::CvtI32ToF(whole)), V::SetF(0x1p32f)));
   const I subnormal = V::AddOneIf(V::GtU(frac, r), whole);
-  // Signed compares: mag is below 2^31.
-  const I code = V::MinU(V::Select(V::GtS(V::SetI(121u << 23), mag), subnormal, normal),
-                         V::SetI(E4m3Format::kMaxFinite));
-  const I sign = V::And(V::template Shr<24>(bits), V::SetI(0x80));
-  return V::Select(V::GtS(mag, V::SetI(0x7F800000u)), V::SetI(E4m3Format::kNaN), V::Or(code, sign));
+  return E4m3Code<V>(bits, mag, subnormal, normal);
 }
 
 // Code -> FP32, exactly as kernels/formats.h decodes: normals by moving the fields, subnormals as

@@ -330,9 +330,9 @@ template <class V, MasterType kMaster, bool kSeparate, MomentType kM = MomentTyp
   const void* const* slots = a.slots;
   const void* slot0 = slots[0];
   const int num_slots = a.num_slots;
-  void* const master_dst = a.master;
+  void* const master = a.master;
   int16_t* const master_remainder = a.master_remainder;
-  const void* const master_src = kSeparate ? x.master_in : master_dst;
+  const void* const master_src = kSeparate ? x.master_in : master;
   const int16_t* const master_remainder_src = kSeparate ? x.master_remainder_in : master_remainder;
   const float* const m_src = kSeparate && a.policy.exp_avg == MomentType::kFp32
                                  ? static_cast<const float*>(x.exp_avg_in) + c
@@ -404,7 +404,7 @@ template <class V, MasterType kMaster, bool kSeparate, MomentType kM = MomentTyp
     p = V::Fma(x.neg_step_size, V::Div(m_new, d), p);
     F served = p;
     if constexpr (kMaster == MasterType::kFp32) {
-      StoreOutF<V>(static_cast<float*>(master_dst) + i, p, stream_master);
+      StoreOutF<V>(static_cast<float*>(master) + i, p, stream_master);
       if (out_bf16 != nullptr) StoreOutU16<V>(out_bf16 + i, EncodeBf16Nearest<V>(p), stream_bf16);
       if (out_fp16 != nullptr) {
         StoreOutU16<V>(out_fp16 + i, EncodeFp16Nearest<V>(p), stream_fp16);
@@ -412,7 +412,7 @@ template <class V, MasterType kMaster, bool kSeparate, MomentType kM = MomentTyp
     } else if constexpr (kMaster == MasterType::kBf16Remainder) {
       I hi, remainder;
       SplitBf16RemainderLanes<V>(p, &hi, &remainder);
-      StoreOutU16<V>(static_cast<uint16_t*>(master_dst) + i, hi, stream_master);
+      StoreOutU16<V>(static_cast<uint16_t*>(master) + i, hi, stream_master);
       StoreOutU16<V>(reinterpret_cast<uint16_t*>(master_remainder) + i, remainder, stream_master);
       if (out_bf16 != nullptr) StoreOutU16<V>(out_bf16 + i, hi, stream_bf16);
       if (out_fp16 != nullptr) {
@@ -420,7 +420,7 @@ template <class V, MasterType kMaster, bool kSeparate, MomentType kM = MomentTyp
       }
     } else {
       const I code = EncodeFp16Nearest<V>(p);
-      StoreOutU16<V>(static_cast<uint16_t*>(master_dst) + i, code, stream_master);
+      StoreOutU16<V>(static_cast<uint16_t*>(master) + i, code, stream_master);
       served = DecodeFp16Codes<V>(code);
       if (out_bf16 != nullptr) {
         StoreOutU16<V>(out_bf16 + i, EncodeBf16Nearest<V>(served), stream_bf16);

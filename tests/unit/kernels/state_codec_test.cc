@@ -116,6 +116,19 @@ TEST_P(CodecPathTest, DecodingEqualsTheFormatsHeaderForEveryCode) {
   }
 }
 
+// Casts x[i] with the word r[i] on `path` and compares each code with the reference's.
+void ExpectStochasticCastsEqualTheReference(CpuPath path, CodecFormat f,
+                                            const std::vector<float>& x,
+                                            const std::vector<uint32_t>& r) {
+  std::vector<uint32_t> codes(x.size());
+  cpu_internal::EncodeForTest(path, f, x.data(), r.data(), codes.data(),
+                              static_cast<int64_t>(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_EQ(codes[i], reference::RoundToCodeRef(RefFormat(f), x[i], &r[i]))
+        << Name(f) << " of 0x" << std::hex << std::bit_cast<uint32_t>(x[i]) << " r=0x" << r[i];
+  }
+}
+
 TEST_P(CodecPathTest, StochasticCastsEqualTheReference) {
   std::mt19937_64 rng(4);
   for (CodecFormat f : kFormats) {
@@ -125,13 +138,7 @@ TEST_P(CodecPathTest, StochasticCastsEqualTheReference) {
       // Random words, and the extremes 0 and 2^32 - 1.
       r[i] = i % 7 == 0 ? 0u : i % 7 == 1 ? 0xFFFFFFFFu : static_cast<uint32_t>(rng());
     }
-    std::vector<uint32_t> codes(x.size());
-    cpu_internal::EncodeForTest(GetParam(), f, x.data(), r.data(), codes.data(),
-                                static_cast<int64_t>(x.size()));
-    for (size_t i = 0; i < x.size(); ++i) {
-      ASSERT_EQ(codes[i], reference::RoundToCodeRef(RefFormat(f), x[i], &r[i]))
-          << Name(f) << " of 0x" << std::hex << std::bit_cast<uint32_t>(x[i]) << " r=0x" << r[i];
-    }
+    ExpectStochasticCastsEqualTheReference(GetParam(), f, x, r);
   }
 }
 
@@ -166,13 +173,7 @@ TEST_P(CodecPathTest, StochasticCastsEqualTheReferenceAtTheirThresholds) {
       x.push_back(0.0f);
       r.push_back(0);
     }
-    std::vector<uint32_t> codes(x.size());
-    cpu_internal::EncodeForTest(GetParam(), f, x.data(), r.data(), codes.data(),
-                                static_cast<int64_t>(x.size()));
-    for (size_t i = 0; i < x.size(); ++i) {
-      ASSERT_EQ(codes[i], reference::RoundToCodeRef(RefFormat(f), x[i], &r[i]))
-          << Name(f) << " of 0x" << std::hex << std::bit_cast<uint32_t>(x[i]) << " r=0x" << r[i];
-    }
+    ExpectStochasticCastsEqualTheReference(GetParam(), f, x, r);
   }
 }
 
