@@ -166,13 +166,18 @@ enum class CpuPath { kAuto, kScalar, kAvx2, kAvx512 };
 //
 // `master_amax` (optional) receives the amax of the new stored master over [begin, end): NaN if any
 // is NaN, else the largest magnitude (0 for an empty range); combine calls with AmaxCombine
-// (kernels/formats.h), e.g. for the fp8_tensor scale of the second pass.
+// (kernels/formats.h), e.g. for the fp8_tensor scale of the second pass. `chunk_amax_bits`
+// (optional; `begin` a multiple of 128) receives the same per 128-element chunk of the range, in
+// order, as magnitude bits (the value's bits without the sign: a NaN's exceed 0x7F800000), so a
+// block format cut from the new master needs no pass of its own for its amaxes
+// (ServeArgs::chunk_amax_bits).
 //
 // Returns kInvalidArgument for a bad range, missing buffers, a mixed set of sources or a source
 // that partly overlaps its destination (nothing is written), kUnimplemented for a path this CPU
 // cannot run.
 KStatus FusedStepCpu(const FusedStepArgs& args, int64_t begin, int64_t end,
-                     CpuPath path = CpuPath::kAuto, float* master_amax = nullptr);
+                     CpuPath path = CpuPath::kAuto, float* master_amax = nullptr,
+                     uint32_t* chunk_amax_bits = nullptr);
 
 // A whole tensor's step, panel by panel with its served formats, is kernels/cpu_step.h.
 

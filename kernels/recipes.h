@@ -161,6 +161,10 @@ struct ServeArgs {
   // bf16 of a bf16+remainder master: its stored high halves ([rows, cols]), served as they are
   // (rowwise or transposed) instead of a cast of `master`, which may then be null.
   const uint16_t* bf16_halves = nullptr;
+  // fp8_block with cols a multiple of 128: the amax of each 128-element chunk of `master` over the
+  // rows being quantized, as FusedStepCpu's chunk_amax_bits gives them (row_begin's first chunk
+  // first), so the blocks' amaxes are not read again from the master. Null: they are.
+  const uint32_t* chunk_amax_bits = nullptr;
 };
 
 // Quantizes rows [row_begin, row_end) of the master into args.data and args.scales, writing only

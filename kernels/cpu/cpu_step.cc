@@ -40,6 +40,15 @@ int64_t StepGrain(int64_t n, int threads) {
   return std::clamp((per_block + kSpan - 1) / kSpan * kSpan, kMinGrain, kDefaultGrain);
 }
 
+// Whether fp8_block `f` can take its blocks' amaxes from the step's chunk amaxes: it is cut from
+// what the step stores as its new FP32 values (the FP32 master or out_fp32), in whole blocks.
+bool TakesChunkAmaxes(const ServeArgs& f, const FusedStepArgs& step) {
+  const bool from_step = (step.policy.master == MasterType::kFp32 &&
+                          f.master == static_cast<const float*>(step.master)) ||
+                         (step.out_fp32 != nullptr && f.master == step.out_fp32);
+  return f.recipe == Recipe::kFp8Block && from_step && f.cols % kFp8BlockSize == 0;
+}
+
 KStatus CutRows(std::span<const ServeArgs> cut, int64_t row_begin, int64_t row_end, CpuPath path) {
   for (const ServeArgs& f : cut) {
     if (KStatus st = ServeQuantizeCpu(f, row_begin, row_end, path); !st.ok()) return st;
@@ -78,12 +87,22 @@ KStatus CpuTensorStep(const CpuTensorStepArgs& args, ThreadPool& pool,
   StepOutcome outcome;
   const int64_t panels = (rows + kServePanelRows - 1) / kServePanelRows;
   if (panels >= 2 && !args.cut.empty()) {
+    // fp8_block cut from the step's values takes its amaxes from the step's chunk amaxes (one
+    // read of the panel's new master, for the casts, where there were two).
+    const bool chunked = std::any_of(args.cut.begin(), args.cut.end(),
+                                     [&](const ServeArgs& f) { return TakesChunkAmaxes(f, step); });
     pool.ParallelFor(panels, 1, [&](int64_t p0, int64_t p1) {
+      std::vector<uint32_t> chunk_amax(chunked ? kServePanelRows * cols / kChunkElements : 0);
+      std::vector<ServeArgs> cut(args.cut.begin(), args.cut.end());
+      for (ServeArgs& f : cut) {
+        if (TakesChunkAmaxes(f, step)) f.chunk_amax_bits = chunk_amax.data();
+      }
       for (int64_t p = p0; p < p1; ++p) {
         const int64_t r0 = p * kServePanelRows, r1 = std::min(rows, r0 + kServePanelRows);
         float panel_amax = 0.0f;
-        KStatus st = FusedStepCpu(step, r0 * cols, r1 * cols, args.path, &panel_amax);
-        if (st.ok()) st = CutRows(args.cut, r0, r1, args.path);
+        KStatus st = FusedStepCpu(step, r0 * cols, r1 * cols, args.path, &panel_amax,
+                                  chunked ? chunk_amax.data() : nullptr);
+        if (st.ok()) st = CutRows(cut, r0, r1, args.path);
         if (!st.ok()) return outcome.Fail(std::move(st));
         outcome.AddAmax(panel_amax);
       }

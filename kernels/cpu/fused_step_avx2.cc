@@ -23,8 +23,9 @@
 
 namespace paramd::kernels::cpu_internal {
 
-uint32_t FusedStepAvx2(const FusedStepArgs& args, int64_t begin, int64_t end) {
-  return RunRange<VecAvx2>(args, begin, end);
+uint32_t FusedStepAvx2(const FusedStepArgs& args, int64_t begin, int64_t end,
+                       uint32_t* chunk_amax_bits) {
+  return RunRange<VecAvx2>(args, begin, end, chunk_amax_bits);
 }
 
 void EncodeForTestAvx2(CodecFormat format, const float* x, const uint32_t* r, uint32_t* codes,

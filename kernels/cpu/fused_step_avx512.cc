@@ -33,8 +33,9 @@
 
 namespace paramd::kernels::cpu_internal {
 
-uint32_t FusedStepAvx512(const FusedStepArgs& args, int64_t begin, int64_t end) {
-  return RunRange<VecAvx512>(args, begin, end);
+uint32_t FusedStepAvx512(const FusedStepArgs& args, int64_t begin, int64_t end,
+                         uint32_t* chunk_amax_bits) {
+  return RunRange<VecAvx512>(args, begin, end, chunk_amax_bits);
 }
 
 void EncodeForTestAvx512(CodecFormat format, const float* x, const uint32_t* r, uint32_t* codes,

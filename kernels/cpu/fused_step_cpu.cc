@@ -204,8 +204,13 @@ const char* CpuPathName(CpuPath path) {
 }
 
 KStatus FusedStepCpu(const FusedStepArgs& args, int64_t begin, int64_t end, CpuPath path,
-                     float* master_amax) {
+                     float* master_amax, uint32_t* chunk_amax_bits) {
   if (KStatus st = Validate(args, begin, end); !st.ok()) return st;
+  if (chunk_amax_bits != nullptr && begin % kChunkElements != 0) {
+    const std::string what =
+        "a range that starts at a multiple of 128, not " + std::to_string(begin);
+    return KStatus(Code::kInvalidArgument, "FusedStepCpu: chunk amaxes need " + what);
+  }
   if (path == CpuPath::kAuto) path = BestCpuPath();
   if (!CpuPathSupported(path)) {
     return KStatus(Code::kUnimplemented, std::string("FusedStepCpu: this CPU cannot run the ") +
@@ -215,13 +220,13 @@ KStatus FusedStepCpu(const FusedStepArgs& args, int64_t begin, int64_t end, CpuP
   if (begin < end) {
     switch (path) {
       case CpuPath::kAvx512:
-        amax_bits = cpu_internal::FusedStepAvx512(args, begin, end);
+        amax_bits = cpu_internal::FusedStepAvx512(args, begin, end, chunk_amax_bits);
         break;
       case CpuPath::kAvx2:
-        amax_bits = cpu_internal::FusedStepAvx2(args, begin, end);
+        amax_bits = cpu_internal::FusedStepAvx2(args, begin, end, chunk_amax_bits);
         break;
       default:
-        amax_bits = cpu_internal::FusedStepScalar(args, begin, end);
+        amax_bits = cpu_internal::FusedStepScalar(args, begin, end, chunk_amax_bits);
         break;
     }
   }

@@ -12,10 +12,14 @@
 namespace paramd::kernels::cpu_internal {
 
 // Each path runs [begin, end) of an already validated FusedStepArgs and returns the largest
-// magnitude bits of the new stored master (above 0x7F800000 when a NaN was among them).
-uint32_t FusedStepScalar(const FusedStepArgs& args, int64_t begin, int64_t end);
-uint32_t FusedStepAvx2(const FusedStepArgs& args, int64_t begin, int64_t end);
-uint32_t FusedStepAvx512(const FusedStepArgs& args, int64_t begin, int64_t end);
+// magnitude bits of the new stored master (above 0x7F800000 when a NaN was among them); with
+// chunk_amax_bits (begin a multiple of 128), those of each 128-element chunk too.
+uint32_t FusedStepScalar(const FusedStepArgs& args, int64_t begin, int64_t end,
+                         uint32_t* chunk_amax_bits);
+uint32_t FusedStepAvx2(const FusedStepArgs& args, int64_t begin, int64_t end,
+                       uint32_t* chunk_amax_bits);
+uint32_t FusedStepAvx512(const FusedStepArgs& args, int64_t begin, int64_t end,
+                         uint32_t* chunk_amax_bits);
 
 // One chunk [c, c + count) through the scalar instantiation: the vector paths' partial chunks.
 uint32_t StepChunkScalar(const FusedStepArgs& args, int64_t c, int count);

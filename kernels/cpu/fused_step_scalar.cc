@@ -6,8 +6,9 @@
 
 namespace paramd::kernels::cpu_internal {
 
-uint32_t FusedStepScalar(const FusedStepArgs& args, int64_t begin, int64_t end) {
-  return RunRange<VecScalar>(args, begin, end);
+uint32_t FusedStepScalar(const FusedStepArgs& args, int64_t begin, int64_t end,
+                         uint32_t* chunk_amax_bits) {
+  return RunRange<VecScalar>(args, begin, end, chunk_amax_bits);
 }
 
 uint32_t StepChunkScalar(const FusedStepArgs& args, int64_t c, int count) {

@@ -69,6 +69,11 @@ KStatus Validate(const ServeArgs& a, int64_t row_begin, int64_t row_end) {
   if (a.master == nullptr && !from_halves && a.rows * a.cols > 0) return Invalid("master is null");
   if (a.data == nullptr && layout.data_bytes > 0) return Invalid("data is null");
   if (a.scales == nullptr && layout.scale_count > 0) return Invalid("scales is null");
+  if (a.chunk_amax_bits != nullptr &&
+      (a.recipe != Recipe::kFp8Block || a.cols % kFp8BlockSize != 0)) {
+    return Invalid("chunk amaxes serve fp8_block with a multiple of 128 columns only, not " +
+                   std::string(RecipeName(a.recipe)) + " with " + std::to_string(a.cols));
+  }
   if (RecipeInfoOf(a.recipe).scale_kind == ScaleKind::kTensor) {
     const uint32_t bits = std::bit_cast<uint32_t>(a.tensor_scale);
     if (bits == 0 || bits >= 0x7F800000u) {
@@ -190,25 +195,39 @@ void Bf16Halves(const ServeArgs& a, int64_t rb, int64_t re) {
   }
 }
 
+// The amax bits of fp8_block's column blocks [b0, b1) over rows [r0, r1) into bits[bc - b0]
+// (zeroed first): from the step's chunk amaxes where the caller has them (`chunks`: row r0's
+// first), else read from the master a row at a time.
+void BlockAmaxBits(const ServeKernels& k, const ServeArgs& a, const uint32_t* chunks, int64_t r0,
+                   int64_t r1, int64_t b0, int64_t b1, uint32_t* bits) {
+  const int64_t bcols = CeilDiv(a.cols, kFp8BlockSize);
+  std::fill(bits, bits + (b1 - b0), 0u);
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t bc = b0; bc < b1; ++bc) {
+      const int64_t c0 = bc * kFp8BlockSize, c1 = std::min(c0 + kFp8BlockSize, a.cols);
+      const uint32_t row_bits = chunks != nullptr
+                                    ? chunks[(r - r0) * bcols + bc]
+                                    : k.max_abs_bits(a.master + r * a.cols + c0, c1 - c0);
+      bits[bc - b0] = std::max(bits[bc - b0], row_bits);
+    }
+  }
+}
+
 // Rowwise fp8_block over one 128-row block row [r0, r1): the column blocks in bands of
-// kBandBlocks, each band's rows read twice (the amaxes, then the casts) while the band is in L2.
-// A band's row is 4 KiB of FP32 values, a whole page, where a block at a time read 128 rows of
-// 512 bytes, each on a page of its own (on a 16-core Xeon host a few percent of the fp8 step).
-void BlockRowRowwise(const ServeKernels& k, const ServeArgs& a, int64_t r0, int64_t r1) {
+// kBandBlocks, each band's rows read twice (the amaxes, then the casts) while the band is in L2,
+// or once where the step left the amaxes (`chunks`, BlockAmaxBits). A band's row is 4 KiB of FP32
+// values, a whole page, where a block at a time read 128 rows of 512 bytes, each on a page of its
+// own (on a 16-core Xeon host a few percent of the fp8 step).
+void BlockRowRowwise(const ServeKernels& k, const ServeArgs& a, const uint32_t* chunks, int64_t r0,
+                     int64_t r1) {
   constexpr int64_t kBandBlocks = 8;
   const int64_t bcols = CeilDiv(a.cols, kFp8BlockSize), br = r0 / kFp8BlockSize;
   uint8_t* data = static_cast<uint8_t*>(a.data);
   for (int64_t b0 = 0; b0 < bcols; b0 += kBandBlocks) {
     const int64_t b1 = std::min(b0 + kBandBlocks, bcols);
-    uint32_t bits[kBandBlocks] = {};
+    uint32_t bits[kBandBlocks];
     float scale[kBandBlocks];
-    for (int64_t r = r0; r < r1; ++r) {
-      for (int64_t bc = b0; bc < b1; ++bc) {
-        const int64_t c0 = bc * kFp8BlockSize, c1 = std::min(c0 + kFp8BlockSize, a.cols);
-        bits[bc - b0] =
-            std::max(bits[bc - b0], k.max_abs_bits(a.master + r * a.cols + c0, c1 - c0));
-      }
-    }
+    BlockAmaxBits(k, a, chunks, r0, r1, b0, b1, bits);
     for (int64_t bc = b0; bc < b1; ++bc) {
       scale[bc - b0] = Pow2Scale(AmaxFromBits(bits[bc - b0]), kE4m3Max);
       StoreScale(a.scales, br * bcols + bc, ScaleInv(scale[bc - b0]));
@@ -224,22 +243,24 @@ void BlockRowRowwise(const ServeKernels& k, const ServeArgs& a, int64_t r0, int6
 
 // fp8_block: rows [rb, re) hold whole 128-row blocks (the last one possibly partial).
 void Block(const ServeKernels& k, const ServeArgs& a, int64_t rb, int64_t re) {
+  const int64_t brows = CeilDiv(a.rows, kFp8BlockSize), bcols = CeilDiv(a.cols, kFp8BlockSize);
+  // The step's chunk amaxes of block row r0's first row, where it left them.
+  const auto chunks = [&](int64_t r0) {
+    return a.chunk_amax_bits != nullptr ? a.chunk_amax_bits + (r0 - rb) * bcols : nullptr;
+  };
   if (a.direction == Direction::kRowwise) {
     for (int64_t r0 = rb; r0 < re; r0 += kFp8BlockSize) {
-      BlockRowRowwise(k, a, r0, std::min(r0 + kFp8BlockSize, re));
+      BlockRowRowwise(k, a, chunks(r0), r0, std::min(r0 + kFp8BlockSize, re));
     }
     return;
   }
-  const int64_t brows = CeilDiv(a.rows, kFp8BlockSize), bcols = CeilDiv(a.cols, kFp8BlockSize);
   uint8_t* data = static_cast<uint8_t*>(a.data);
   for (int64_t r0 = rb; r0 < re; r0 += kFp8BlockSize) {
     const int64_t r1 = std::min(r0 + kFp8BlockSize, re), br = r0 / kFp8BlockSize;
     for (int64_t bc = 0; bc < bcols; ++bc) {
       const int64_t c0 = bc * kFp8BlockSize, c1 = std::min(c0 + kFp8BlockSize, a.cols);
-      uint32_t bits = 0;
-      for (int64_t r = r0; r < r1; ++r) {
-        bits = std::max(bits, k.max_abs_bits(a.master + r * a.cols + c0, c1 - c0));
-      }
+      uint32_t bits;
+      BlockAmaxBits(k, a, chunks(r0), r0, r1, bc, bc + 1, &bits);
       const float scale = Pow2Scale(AmaxFromBits(bits), kE4m3Max);
       const auto cast = [&k, scale](const float* x, int64_t n, uint8_t* out) {
         k.e4m3_scaled(x, n, scale, out);

@@ -50,6 +50,10 @@ struct StepContext {
   bool stream_master = false;
   // The end of the range a vector path prefetches up to (0: no prefetching).
   int64_t prefetch_end = 0;
+  // Where each chunk's amax of the new stored master goes (FusedStepCpu's chunk_amax_bits): the
+  // chunk at element i to chunk_amax[(i - chunk_amax_begin) / 128]; null: nowhere.
+  uint32_t* chunk_amax = nullptr;
+  int64_t chunk_amax_begin = 0;
   // Where the state is read from (fused_step.h): the *_in sources, or the destinations when in
   // place; `separate` when any differs from its destination (the kSeparate code).
   const void* master_in;
@@ -557,6 +561,9 @@ template <class V, bool kSeparate>
       PrefetchElements<kSeparate>(a, ahead,
                                   std::min<int64_t>(kChunkElements, x.prefetch_end - ahead));
     }
+    // With chunk amaxes wanted, the chunk's own: its bits stored, then folded into the range's.
+    typename V::I chunk_lanes = V::SetI(0);
+    typename V::I* acc = x.chunk_amax != nullptr ? &chunk_lanes : amax;
     switch (policy.master) {
       case MasterType::kFp32:
         if (coded_m || coded_v) {
@@ -570,20 +577,24 @@ template <class V, bool kSeparate>
           if (coded_v) {
             cv = {static_cast<const uint8_t*>(v_in) + (c + k) * v_bytes, v_scale_inv[chunk]};
           }
-          UpdateCodedLanes<V, kSeparate>(x, c + k, n, m + k, v + k, amax, policy,
+          UpdateCodedLanes<V, kSeparate>(x, c + k, n, m + k, v + k, acc, policy,
                                          coded_m ? &cm : nullptr, coded_v ? &cv : nullptr);
           m_amax[k / kChunkElements] = cm.amax;
           v_amax[k / kChunkElements] = cv.amax;
         } else {
-          UpdateLanes<V, MasterType::kFp32, kSeparate>(x, c + k, n, m + k, v + k, amax);
+          UpdateLanes<V, MasterType::kFp32, kSeparate>(x, c + k, n, m + k, v + k, acc);
         }
         break;
       case MasterType::kBf16Remainder:
-        UpdateLanes<V, MasterType::kBf16Remainder, kSeparate>(x, c + k, n, m + k, v + k, amax);
+        UpdateLanes<V, MasterType::kBf16Remainder, kSeparate>(x, c + k, n, m + k, v + k, acc);
         break;
       case MasterType::kFp16:
-        UpdateLanes<V, MasterType::kFp16, kSeparate>(x, c + k, n, m + k, v + k, amax);
+        UpdateLanes<V, MasterType::kFp16, kSeparate>(x, c + k, n, m + k, v + k, acc);
         break;
+    }
+    if (x.chunk_amax != nullptr) {
+      x.chunk_amax[(c + k - x.chunk_amax_begin) / kChunkElements] = V::ReduceMaxU(chunk_lanes);
+      *amax = V::MaxU(*amax, chunk_lanes);
     }
   }
 
@@ -621,10 +632,12 @@ bool MasterAligned(const FusedStepArgs& a, int64_t begin) {
 
 // The whole range [begin, end): spans of 512 elements from `begin`, each chunk prefetched
 // kPrefetchAhead elements before it runs (in StepChunk). Returns the amax bits of the new stored
-// master (see FusedStepScalar).
+// master, and with chunk_amax those of each chunk (see FusedStepScalar).
 template <class V>
-uint32_t RunRange(const FusedStepArgs& a, int64_t begin, int64_t end) {
+uint32_t RunRange(const FusedStepArgs& a, int64_t begin, int64_t end, uint32_t* chunk_amax) {
   StepContext<V> x(a);
+  x.chunk_amax = chunk_amax;
+  x.chunk_amax_begin = begin;
   if constexpr (V::kCanStream) {
     if (end - begin >= kMinStreamElements) {
       x.stream_fp32 = a.out_fp32 != nullptr && IsAligned(a.out_fp32 + begin, V::kLanes * 4);
@@ -648,7 +661,9 @@ uint32_t RunRange(const FusedStepArgs& a, int64_t begin, int64_t end) {
         // that chunk by the scalar instantiation.
         const int whole = count / kChunkElements * kChunkElements;
         if (whole > 0) StepChunk<V>(x, c, whole, &amax);
-        amax_bits = std::max(amax_bits, StepChunkScalar(a, c + whole, count - whole));
+        const uint32_t tail = StepChunkScalar(a, c + whole, count - whole);
+        if (chunk_amax != nullptr) chunk_amax[(c + whole - begin) / kChunkElements] = tail;
+        amax_bits = std::max(amax_bits, tail);
         continue;
       }
     }

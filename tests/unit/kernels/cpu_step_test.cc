@@ -36,7 +36,10 @@ struct Tensor {
     std::mt19937 gen(seed);
     std::normal_distribution<float> normal(0.0f, 0.02f);
     for (int64_t i = 0; i < n; ++i) {
-      master[i] = normal(gen);
+      // Each 128 x 128 block at its own power of two, so that a block amax taken from the wrong
+      // rows or columns gives another fp8_block scale.
+      const int64_t block = i / cols / 128 * 3 + i % cols / 128;
+      master[i] = std::ldexp(normal(gen), static_cast<int>(block % 7) - 3);
       grad[i] = 0.1f * normal(gen);
     }
     AddOutput(Recipe::kFp8Block, Direction::kRowwise, &cut);
@@ -123,8 +126,9 @@ std::vector<std::vector<uint8_t>> StepOnce(int64_t rows, int64_t cols, int threa
 }
 
 TEST(CpuTensorStepTest, EqualsItsKernelsInSequenceAtEveryThreadCountAndShape) {
-  // Many panels with a partial last one; exactly two; one (element blocks); a 1-D tensor.
-  const int64_t shapes[][2] = {{300, 200}, {256, 64}, {100, 96}, {1, 5000}};
+  // Many panels with a partial last one; exactly two; one (element blocks); a 1-D tensor; and
+  // whole 128-column blocks, where fp8_block takes its amaxes from the step's chunk amaxes.
+  const int64_t shapes[][2] = {{300, 200}, {256, 64}, {100, 96}, {1, 5000}, {300, 256}, {384, 384}};
   for (const auto& shape : shapes) {
     CpuTensorStepResult plain;
     const auto want = StepOnce(shape[0], shape[1], 1, false, &plain);

@@ -7,6 +7,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <ostream>
 #include <random>
 #include <string>
@@ -276,6 +277,49 @@ TEST(FusedStepCpuTest, AutoPicksTheWidestSupportedPath) {
     EXPECT_EQ(best, CpuPath::kAvx2);
   } else {
     EXPECT_EQ(best, CpuPath::kScalar);
+  }
+}
+
+TEST(FusedStepCpuTest, GivesEachChunksAmaxOfTheNewMaster) {
+  // Five whole chunks and a partial one (the vector paths' scalar tail), stepped from chunk 1 on;
+  // chunk 2 holds a NaN and chunk 3 an infinity, whose bits must win as the range amax's do.
+  const int64_t n = 5 * kChunkElements + 37, begin = kChunkElements;
+  const int64_t chunks = NumChunks(n) - 1;
+  std::mt19937_64 rng(7);
+  for (CpuPath path : {CpuPath::kScalar, CpuPath::kAvx2, CpuPath::kAvx512}) {
+    if (!CpuPathSupported(path)) continue;
+    SCOPED_TRACE(CpuPathName(path));
+    State s(static_cast<size_t>(n), 3, 5);
+    for (int64_t i = 0; i < n; ++i) {
+      s.p[i] = EdgeMaster(rng);
+      s.m[i] = testing::WideRangeValue(rng);
+      s.v[i] = std::abs(testing::WideRangeValue(rng));
+    }
+    s.p[2 * kChunkElements + 17] = NAN;
+    s.p[3 * kChunkElements + 100] = -INFINITY;
+    const Slots slots = RandomSlots(rng, SlotType::kFp32, 1, static_cast<size_t>(n));
+    const FusedStepArgs args =
+        s.Args(slots, 1.0f, MakeAdamwScalars(testing::AccuracySetupHyper(), 2));
+    std::vector<uint32_t> got(chunks + 1, 0xDEADBEEFu);
+    float range_amax = 0.0f;
+    ASSERT_TRUE(FusedStepCpu(args, begin, n, path, &range_amax, got.data()).ok());
+    EXPECT_EQ(got[chunks], 0xDEADBEEFu) << "written past the range's chunks";
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t lo = begin + c * kChunkElements, hi = std::min(n, lo + kChunkElements);
+      uint32_t want = 0;
+      for (int64_t i = lo; i < hi; ++i) {
+        want = std::max(want, std::bit_cast<uint32_t>(s.p[i]) & 0x7FFFFFFFu);
+      }
+      EXPECT_EQ(got[c], want) << "chunk " << c;
+    }
+    EXPECT_GT(got[1], 0x7F800000u) << "the NaN's chunk";
+    EXPECT_EQ(got[2], 0x7F800000u) << "the infinity's chunk";
+    EXPECT_TRUE(std::isnan(range_amax));
+    // A range that does not start on a chunk cannot give chunk amaxes, and writes nothing.
+    const std::vector<float> before = s.p;
+    EXPECT_EQ(FusedStepCpu(args, begin + 1, n, path, nullptr, got.data()).code(),
+              Code::kInvalidArgument);
+    EXPECT_EQ(std::memcmp(before.data(), s.p.data(), n * sizeof(float)), 0);
   }
 }
 

@@ -21,6 +21,7 @@
 
 #include "kernels/cpu/recipes_paths.h"
 #include "kernels/formats.h"
+#include "kernels/fused_step.h"
 #include "reference/quantize_reference.h"
 #include "tests/unit/kernels/kernels_test_util.h"
 
@@ -440,6 +441,68 @@ TEST(ServeQuantizeTest, RejectsBadRangesBuffersAndScales) {
   bad.recipe = Recipe::kBf16;
   bad.scales = nullptr;
   EXPECT_TRUE(ServeQuantizeCpu(bad, 0, 128).ok()) << "plain casts need no scale buffer";
+}
+
+TEST(ServeQuantizeTest, Fp8BlockFromTheStepsChunkAmaxesEqualsFromTheMaster) {
+  // 300 x 256: two whole 128-row panels and a partial one, each 128 x 128 block at its own power
+  // of two, a NaN in one block and an infinity in another.
+  const int64_t rows = 300, cols = 256;
+  std::vector<float> x(rows * cols);
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    x[i] = std::ldexp(normal(rng), static_cast<int>((i / cols / 128 * 2 + i % cols / 128) % 5) - 2);
+  }
+  x[5 * cols + 200] = std::numeric_limits<float>::quiet_NaN();
+  x[140 * cols + 3] = -std::numeric_limits<float>::infinity();
+  // The chunk amaxes as FusedStepCpu gives them: magnitude bits per 128 elements.
+  std::vector<uint32_t> chunks(rows * cols / kChunkElements, 0);
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    uint32_t& c = chunks[i / kChunkElements];
+    c = std::max(c, std::bit_cast<uint32_t>(x[i]) & 0x7FFFFFFFu);
+  }
+  for (const Direction direction : {Direction::kRowwise, Direction::kColumnwise}) {
+    const ServeBufferLayout layout = ServeLayout(Recipe::kFp8Block, direction, rows, cols);
+    for (const CpuPath path : kAllPaths) {
+      if (!CpuPathSupported(path)) continue;
+      std::vector<uint8_t> want(layout.data_bytes + layout.scale_bytes, 0xA5), got = want;
+      for (int64_t r = 0; r < rows; r += kServePanelRows) {
+        const int64_t r1 = std::min(rows, r + kServePanelRows);
+        ServeArgs a;
+        a.master = x.data();
+        a.rows = rows;
+        a.cols = cols;
+        a.recipe = Recipe::kFp8Block;
+        a.direction = direction;
+        a.data = want.data();
+        a.scales = want.data() + layout.data_bytes;
+        ASSERT_TRUE(ServeQuantizeCpu(a, r, r1, path).ok());
+        a.data = got.data();
+        a.scales = got.data() + layout.data_bytes;
+        a.chunk_amax_bits = chunks.data() + r * cols / kChunkElements;
+        ASSERT_TRUE(ServeQuantizeCpu(a, r, r1, path).ok());
+      }
+      EXPECT_EQ(FirstDifference(got, want), "")
+          << DirectionName(direction) << " " << CpuPathName(path);
+    }
+  }
+  // Chunk amaxes serve whole 128-column blocks of fp8_block only.
+  ServeArgs a;
+  a.master = x.data();
+  a.rows = rows;
+  a.cols = cols;
+  std::vector<uint8_t> out(
+      ServeLayout(Recipe::kMxfp8, Direction::kRowwise, rows, cols).data_bytes +
+      ServeLayout(Recipe::kMxfp8, Direction::kRowwise, rows, cols).scale_bytes);
+  a.data = out.data();
+  a.scales = out.data();
+  a.recipe = Recipe::kMxfp8;
+  a.chunk_amax_bits = chunks.data();
+  EXPECT_EQ(ServeQuantizeCpu(a, 0, 128).code(), Code::kInvalidArgument);
+  a.recipe = Recipe::kFp8Block;
+  a.cols = 200;
+  a.rows = rows * cols / 200;
+  EXPECT_EQ(ServeQuantizeCpu(a, 0, 128).code(), Code::kInvalidArgument);
 }
 
 class AmaxPathTest : public ::testing::TestWithParam<CpuPath> {
