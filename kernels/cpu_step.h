@@ -5,7 +5,9 @@
 // The composition (DESIGN.md §10):
 //   1. the fused step (FusedStepCpu) spread over the pool's threads: with cut formats (block,
 //      mxfp8, columnwise: ServeQuantizeCpu) over 128-row panels, each panel's formats written
-//      right after the panel is stepped, while its new master is in cache; without (every format
+//      right after the panel is stepped, while its new master is in cache (fp8_block cut from the
+//      step's FP32 values takes its blocks' amaxes from the step's chunk amaxes,
+//      FusedStepCpu's chunk_amax_bits, so it reads the panel once); without (every format
 //      in the pass, or none), and for a tensor of fewer than two panels, in element blocks small
 //      enough to give every thread several (a panel per block left threads idle: a 2048 x 2048
 //      tensor is 16 panels for 14 threads, a 256 x 2048 one 2), the formats cut after;
