@@ -92,10 +92,17 @@ KStatus CpuTensorStep(const CpuTensorStepArgs& args, ThreadPool& pool,
     const bool chunked = std::any_of(args.cut.begin(), args.cut.end(),
                                      [&](const ServeArgs& f) { return TakesChunkAmaxes(f, step); });
     pool.ParallelFor(panels, 1, [&](int64_t p0, int64_t p1) {
-      std::vector<uint32_t> chunk_amax(chunked ? kServePanelRows * cols / kChunkElements : 0);
-      std::vector<ServeArgs> cut(args.cut.begin(), args.cut.end());
-      for (ServeArgs& f : cut) {
-        if (TakesChunkAmaxes(f, step)) f.chunk_amax_bits = chunk_amax.data();
+      // Where chunked, this call's buffer for them and the formats pointing into it.
+      std::vector<uint32_t> chunk_amax;
+      std::vector<ServeArgs> chunked_cut;
+      std::span<const ServeArgs> cut = args.cut;
+      if (chunked) {
+        chunk_amax.resize(kServePanelRows * cols / kChunkElements);
+        chunked_cut.assign(args.cut.begin(), args.cut.end());
+        for (ServeArgs& f : chunked_cut) {
+          if (TakesChunkAmaxes(f, step)) f.chunk_amax_bits = chunk_amax.data();
+        }
+        cut = chunked_cut;
       }
       for (int64_t p = p0; p < p1; ++p) {
         const int64_t r0 = p * kServePanelRows, r1 = std::min(rows, r0 + kServePanelRows);

@@ -561,7 +561,8 @@ template <class V, bool kSeparate>
       PrefetchElements<kSeparate>(a, ahead,
                                   std::min<int64_t>(kChunkElements, x.prefetch_end - ahead));
     }
-    // With chunk amaxes wanted, the chunk's own: its bits stored, then folded into the range's.
+    // With chunk amaxes wanted, the chunk's own: its bits stored, then folded into the range's
+    // (only then: a chunk accumulator on every call made the step about 5 % slower in cache).
     typename V::I chunk_lanes = V::SetI(0);
     typename V::I* acc = x.chunk_amax != nullptr ? &chunk_lanes : amax;
     switch (policy.master) {
