@@ -1,13 +1,21 @@
-"""The wheel as a user gets it: a fresh venv, torch from the CPU wheel index, `pip install ./python`
-(which builds the client and the daemon), then from the venv alone: `paramd --version` and
+"""The wheel as a user gets it: a fresh venv with torch, `pip install ./python` (which builds the
+client and the daemon), then from the venv alone: `paramd --version` and
 paramd.__version__ say CMake's version, the `paramd` command starts the daemon the wheel carries,
 and paramd.torch.AdamW trains two steps through it as torch.optim.AdamW does.
 
-Run by ctest with the build's interpreter (no torch needed there); the training half runs inside
-the venv (this file with --train). The venv stays for the README quickstart test (a ctest fixture).
-Without torch (neither index reachable) it exits 77, skipped, saying why. Prints each phase's time.
+torch: where the interpreter running this file has one (scripts/setup.sh installs it for the
+Python tests), the venv sees that installation through a .pth file instead of installing a second
+copy (torch with its CUDA libraries is 4-5 GB on disk and about 80 s to fetch); otherwise it is
+installed into the venv from the CPU wheel index, else PyPI. Either way the venv's own
+site-packages holds only what `pip install ./python` put there.
+
+Run by ctest with the build's interpreter; the training half runs inside the venv (this file with
+--train). The venv stays for the README quickstart test (a ctest fixture). Without torch (neither
+index reachable) it exits 77, skipped, saying why. Prints each phase's time.
 """
 
+import importlib.metadata
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -49,6 +57,26 @@ def install_torch(python):
     return False
 
 
+def shared_torch():
+    """The folder this interpreter's torch is installed in, where the venv may see it: None without
+    torch, or where that folder also holds a paramd (pip installing the wheel would replace it)."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.origin:
+        return None
+    folder = os.path.dirname(os.path.dirname(spec.origin))
+    if any(d.metadata["Name"] == "paramd" for d in importlib.metadata.distributions(path=[folder])):
+        return None
+    return folder
+
+
+def share_torch(python, folder):
+    """Makes the venv's interpreter see `folder` (after its own site-packages) through a .pth."""
+    site = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).strip()
+    with open(os.path.join(site, "paramd-test-torch.pth"), "w") as f:
+        f.write(folder + "\n")
+    print(f"torch from {folder} (this interpreter's, through {site}/paramd-test-torch.pth)")
+
+
 def main():
     if os.environ.get("PARAMD_TORCH_TESTS", "ON").upper() in ("OFF", "0", "NO", "FALSE"):
         print("SKIPPED: PARAMD_TORCH_TESTS is OFF")
@@ -65,7 +93,10 @@ def main():
     run([sys.executable, "-m", "venv", venv])
     python = os.path.join(venv, "bin", "python")
     env = venv_env(venv)
-    if not install_torch(python):
+    folder = shared_torch()
+    if folder:
+        share_torch(python, folder)
+    elif not install_torch(python):
         print(f"SKIPPED: torch cannot be installed into {venv} from {CPU_INDEX} or PyPI "
               "(see pip's errors above); the wheel was not tested")
         return SKIP
