@@ -10,9 +10,11 @@ start=$(date +%s)
 
 # Room for the build trees (and torch, where setup.sh has it to install), checked before anything
 # is installed or built: a full disk would stop the build at some link, minutes in.
-venv=
-[ "${PARAMD_SETUP_PYTHON:-1}" != 0 ] && venv=${PARAMD_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/paramd/venv}
-"$root/scripts/check_disk.sh" "$build" $venv
+venv=()
+if [ "${PARAMD_SETUP_PYTHON:-1}" != 0 ]; then
+  venv=("${PARAMD_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/paramd/venv}")
+fi
+"$root/scripts/check_disk.sh" "$build" "${venv[@]}"
 "$root/scripts/setup.sh"
 "$root/scripts/check_format.sh"
 "$root/scripts/check_rooms.sh"
