@@ -35,6 +35,13 @@ synchronized at both ends:
   paramd_host_copies the same through host copies (host_dma=False): the path before the host tier
   paramd_host_early paramd_host with early_step=True: the daemon steps each tensor as its
                     gradients land, the step after backward adopts those results
+  paramd_host_early_gpuembed paramd_host_early with the token embedding's optimizer on the GPU
+                    (Bf16MasterAdamW): the tensor backward writes last and the forward reads
+                    first is stepped where it lies, off the host round trip
+  paramd_host_early_cudaembed the same split with paramd on both sides: the token embedding a
+                    job of its own on a second daemon on this GPU (--backend=cuda:0, cuda_ipc,
+                    the same fp8 policy, its bf16 weights viewed in place), the rest on the host
+                    tier; both *embed rows keep the first --gpu_layers decoder layers with it
   torchao_offload   torchao's CPUOffloadOptimizer (torch's fused AdamW on the CPU over pinned
                     copies of the bf16 parameters; its wheel on PYTHONPATH) (not in the default
                     rows): the host tier's peer among the alternatives
@@ -68,9 +75,11 @@ import time
 ROWS = ["none", "none_bf16", "torch_fused", "torch_bf16_master", "paramd", "paramd_fp32",
         "paramd_bf16", "paramd_fp8_gemm"]
 BF16_ROWS = ("none_bf16", "torch_bf16_master", "paramd_bf16", "paramd_fp8_gemm", "paramd_host",
-             "paramd_host_stale", "paramd_host_copies", "paramd_host_early", "torchao_offload",
+             "paramd_host_stale", "paramd_host_copies", "paramd_host_early",
+             "paramd_host_early_gpuembed", "paramd_host_early_cudaembed", "torchao_offload",
              "deepspeed_offload")
-HOST_ROWS = ("paramd_host", "paramd_host_stale", "paramd_host_copies", "paramd_host_early")
+HOST_ROWS = ("paramd_host", "paramd_host_stale", "paramd_host_copies", "paramd_host_early",
+             "paramd_host_early_gpuembed", "paramd_host_early_cudaembed")
 
 
 def peer_of(row):
@@ -98,7 +107,43 @@ class Bf16MasterAdamW:
             torch._foreach_copy_([m.grad for m in self.master], [p.grad for p in self.params])
             self.opt.step()
             torch._foreach_copy_(self.params, self.master)
+
+
+class WithGpuParams:
+    """paramd's optimizer for most parameters and another one for a few on the GPU (in-process, or
+    paramd's over a daemon on the GPU): the GPU's step queued first, then the host tier's."""
+
+    def __init__(self, paramd_opt, gpu_opt):
+        self.paramd_opt, self.gpu_opt = paramd_opt, gpu_opt
+
+    def step(self):
+        self.gpu_opt.step()
+        self.paramd_opt.step()
+
+    @property
+    def timings(self):
+        return self.paramd_opt.timings
+
+    @timings.setter
+    def timings(self, value):
+        self.paramd_opt.timings = value
+
+    def sync_weights(self):
+        for opt in (self.gpu_opt, self.paramd_opt):
+            if hasattr(opt, "sync_weights"):
+                opt.sync_weights()
+
+    def close(self):
+        for opt in (self.gpu_opt, self.paramd_opt):
+            if hasattr(opt, "close"):
+                opt.close()
+
+    def __getattr__(self, name):
+        return getattr(self.paramd_opt, name)
+
+
 BATCH, SEQ = 4, 1024
+GPU_LAYERS = 0  # --gpu_layers
 SHAPE = (2048, 22, 5632)  # hidden size, layers, MLP size (--shape): 1.1e9 parameters
 
 
@@ -212,15 +257,30 @@ def one_row(row, address, steps, warmup, profile=False, trace=None, sync_debug=F
         serve = {"paramd_fp8_gemm": ["bf16", "fp8_tensor"], "paramd_fp32": ["fp32"]}.get(
             row, ["bf16"])
         host = row in HOST_ROWS
-        opt = paramd.torch.AdamW(model.named_parameters(), lr=1e-4, weight_decay=0.1,
+        # The token embedding and the first --gpu_layers decoder layers: what backward writes last
+        # and the next forward reads first.
+        on_gpu = [model.model.embed_tokens.weight] + [
+            p for layer in model.model.layers[:GPU_LAYERS] for p in layer.parameters()
+        ] if row.endswith("embed") else []
+        named = [(n, p) for n, p in model.named_parameters() if all(p is not q for q in on_gpu)]
+        opt = paramd.torch.AdamW(named, lr=1e-4, weight_decay=0.1,
                                  address=address, job="llm",
                                  state_policy=policy if host else "fp8", serve=serve,
-                                 module=model, daemons=daemons,
-                                 sharded_device_path=daemons is not None,
+                                 module=model, daemons=None if host else daemons,
+                                 sharded_device_path=daemons is not None and not host,
                                  weights_in_place=row not in ("paramd", "paramd_sharded2") + HOST_ROWS,
                                  host_dma=row != "paramd_host_copies",
                                  staleness=1 if row == "paramd_host_stale" else 0,
-                                 early_step=row == "paramd_host_early")
+                                 early_step=row.startswith("paramd_host_early"))
+        if row.endswith("_gpuembed"):
+            opt = WithGpuParams(opt, Bf16MasterAdamW(on_gpu, lr=1e-4, weight_decay=0.1))
+        elif row.endswith("_cudaembed"):
+            ids = {id(p) for p in on_gpu}
+            embed = paramd.torch.AdamW([(n, p) for n, p in model.named_parameters() if id(p) in ids],
+                                       lr=1e-4, weight_decay=0.1, address=daemons[1],
+                                       job="llm-embed", state_policy="fp8", serve=["bf16"],
+                                       module=model, weights_in_place=True)
+            opt = WithGpuParams(opt, embed)
         if row == "paramd_fp8_gemm":
             use_fp8_gemms(model, opt)
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -385,6 +445,8 @@ def main():
     parser.add_argument("--host_policy", default="fp8", help="the host tier's state policy")
     parser.add_argument("--host_budget_gib", type=float, default=0,
                         help="the host tier's daemon's memory_budget_bytes, GiB (0: its default)")
+    parser.add_argument("--gpu_layers", type=int, default=GPU_LAYERS,
+                        help="the *embed rows: decoder layers kept on the GPU with the embedding")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--address", help=argparse.SUPPRESS)
     parser.add_argument("--daemons", help=argparse.SUPPRESS)
@@ -392,7 +454,7 @@ def main():
                         help="the interpreter's thread switch interval (sys.setswitchinterval)")
     args = parser.parse_args()
     # one_row and the table read them
-    globals().update(BATCH=args.batch, SEQ=args.seq,
+    globals().update(BATCH=args.batch, SEQ=args.seq, GPU_LAYERS=args.gpu_layers,
                      SHAPE=tuple(int(x) for x in args.shape.split(",")))
     if args.switch_interval_ms:
         sys.setswitchinterval(args.switch_interval_ms / 1e3)
@@ -422,13 +484,14 @@ def main():
             daemon = Daemon(args.daemon, backend="cuda:0", extra_args=args.daemon_args.split())
         else:
             daemon = None
-        # The sharded row's second owner: another daemon on the same GPU.
+        # The sharded row's second owner, or the cudaembed row's embedding daemon: another
+        # daemon on the same GPU.
         other = Daemon(args.daemon, backend="cuda:0", extra_args=args.daemon_args.split()) if (
-            row == "paramd_sharded2") else None
+            row in ("paramd_sharded2", "paramd_host_early_cudaembed")) else None
         command = [sys.executable, os.path.abspath(__file__), "--one", row,
                    "--steps", str(args.steps), "--warmup", str(args.warmup),
                    "--batch", str(args.batch), "--seq", str(args.seq), "--shape", args.shape,
-                   "--host_policy", args.host_policy]
+                   "--host_policy", args.host_policy, "--gpu_layers", str(args.gpu_layers)]
         if daemon is not None:
             command += ["--address", daemon.address]
         if other is not None:
