@@ -276,8 +276,8 @@ def one_row(row, address, steps, warmup, profile=False, trace=None, sync_debug=F
             opt = WithGpuParams(opt, Bf16MasterAdamW(on_gpu, lr=1e-4, weight_decay=0.1))
         elif row.endswith("_cudaembed"):
             ids = {id(p) for p in on_gpu}
-            embed = paramd.torch.AdamW([(n, p) for n, p in model.named_parameters() if id(p) in ids],
-                                       lr=1e-4, weight_decay=0.1, address=daemons[1],
+            first = [(n, p) for n, p in model.named_parameters() if id(p) in ids]
+            embed = paramd.torch.AdamW(first, lr=1e-4, weight_decay=0.1, address=daemons[1],
                                        job="llm-embed", state_policy="fp8", serve=["bf16"],
                                        module=model, weights_in_place=True)
             opt = WithGpuParams(opt, embed)

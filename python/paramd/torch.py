@@ -835,8 +835,8 @@ class AdamW(torch.optim.Optimizer):
     def _copy_to_gpu(self, t, fmt, view, write, pending):
         """One leased view copied to the GPU on the current (copy) stream: into `t`'s parameter
         where `write` and its dtype is the format's, else into a buffer of its own (with `write`,
-        dequantized into pending.weight; with staleness 1, always a buffer). The ServedWeight of
-        the copy."""
+        that buffer is pending.weight where it holds the parameter's dtype, as with staleness 1,
+        else it is dequantized into pending.weight). The ServedWeight of the copy."""
         raw = _formats.host_bytes(view)
         fields = view.fields
         param = t.param.data
@@ -851,7 +851,12 @@ class AdamW(torch.optim.Optimizer):
         into = torch.empty(len(raw), dtype=torch.uint8, device=self.device)
         into.copy_(raw, non_blocking=True)
         served = _formats.served_view(into, fields)
-        if write:
+        if write and _formats.is_plain(fmt) and param.dtype == _formats.data_dtype(fmt):
+            # The buffer is the weight (staleness 1): no dequantized copy beside it, whose FP32
+            # transient and second copy held the GPU 4 bytes per parameter over the floor. It
+            # stays held (pending.served, then served()) until the next version is loaded.
+            pending.weight = served.data.reshape(t.shape)
+        elif write:
             pending.weight = _formats.dequantize(served).reshape(t.shape).to(t.param.dtype)
         return served
 

@@ -297,6 +297,43 @@ class OptimizerTest(unittest.TestCase):
         finally:
             several.stop()
 
+    def test_a_model_split_over_two_optimizers_trains_as_one(self):
+        """docs/host_tier.md's split: the first layer on a daemon of its own, the rest stepping
+        early on another, both optimizers' pre-hooks on one module, the same weights as one
+        optimizer over the whole model (no clipping: it is per job)."""
+        other = support.daemon(step_threads=1)
+        try:
+            trained = []
+            for split in (False, True):
+                model = make_model()
+                named = list(model.named_parameters())
+                first = [(n, p) for n, p in named if n.startswith("0.")]
+                rest = [(n, p) for n, p in named if not n.startswith("0.")]
+                OptimizerTest.jobs += 1
+                options = dict(lr=1e-2, state_policy="fp8", module=model)
+                opts = [paramd.torch.AdamW(first, address=other.address, job=f"first{self.jobs}",
+                                           **options),
+                        paramd.torch.AdamW(rest, address=self.daemon.address, early_step=True,
+                                           job=f"rest{self.jobs}", **options)] if split else [
+                    paramd.torch.AdamW(named, address=self.daemon.address,
+                                       job=f"whole{self.jobs}", **options)]
+                for step in range(5):
+                    x, y = batch(step)
+                    F.cross_entropy(model(x), y).backward()
+                    for opt in opts:
+                        opt.step()
+                        opt.zero_grad()
+                for opt in opts:
+                    opt.sync_weights()
+                    opt.close()
+                trained.append(model)
+            for (name, p), q in zip(trained[0].named_parameters(), trained[1].parameters()):
+                self.assertTrue(torch.equal(p, q), name)
+            self.assertFalse(torch.equal(make_model_weight(trained[0]),
+                                         make_model_weight(make_model())))
+        finally:
+            other.stop()
+
     def test_weights_are_written_just_before_their_module_runs(self):
         model = make_model()
         opt = self.paramd_adamw(model)
