@@ -179,6 +179,12 @@ class OptimizerTest(unittest.TestCase):
             scale = float(q.detach().abs().max())
             self.assertLessEqual(float((p - q).detach().abs().max()), rtol * scale, name)
 
+    def assert_same_trained_model(self, a, b):
+        """make_model()s trained two ways: the same weights bit for bit, moved from the start."""
+        for (name, p), q in zip(a.named_parameters(), b.parameters()):
+            self.assertTrue(torch.equal(p, q), name)
+        self.assertFalse(torch.equal(make_model_weight(a), make_model_weight(make_model())))
+
     def test_fp32_policy_follows_torch_adamw(self):
         ours, theirs = make_model(), make_model()
         opt = self.paramd_adamw(ours)
@@ -206,10 +212,7 @@ class OptimizerTest(unittest.TestCase):
             opt.sync_weights()
             opt.close()
             trained.append(model)
-        for (name, p), q in zip(trained[0].named_parameters(), trained[1].parameters()):
-            self.assertTrue(torch.equal(p, q), name)
-        self.assertFalse(torch.equal(make_model_weight(trained[0]),
-                                     make_model_weight(make_model())))
+        self.assert_same_trained_model(*trained)
 
     def train_sharded_and_one(self, **sharded):
         """Six steps of a model whose Linear(12, 600) weight, 600 rows and most of the job's bytes,
@@ -327,10 +330,7 @@ class OptimizerTest(unittest.TestCase):
                     opt.sync_weights()
                     opt.close()
                 trained.append(model)
-            for (name, p), q in zip(trained[0].named_parameters(), trained[1].parameters()):
-                self.assertTrue(torch.equal(p, q), name)
-            self.assertFalse(torch.equal(make_model_weight(trained[0]),
-                                         make_model_weight(make_model())))
+            self.assert_same_trained_model(*trained)
         finally:
             other.stop()
 
