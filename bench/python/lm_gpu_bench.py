@@ -262,7 +262,8 @@ def one_row(row, address, steps, warmup, profile=False, trace=None, sync_debug=F
         on_gpu = [model.model.embed_tokens.weight] + [
             p for layer in model.model.layers[:GPU_LAYERS] for p in layer.parameters()
         ] if row.endswith("embed") else []
-        named = [(n, p) for n, p in model.named_parameters() if all(p is not q for q in on_gpu)]
+        gpu_ids = {id(p) for p in on_gpu}
+        named = [(n, p) for n, p in model.named_parameters() if id(p) not in gpu_ids]
         opt = paramd.torch.AdamW(named, lr=1e-4, weight_decay=0.1,
                                  address=address, job="llm",
                                  state_policy=policy if host else "fp8", serve=serve,
@@ -275,8 +276,7 @@ def one_row(row, address, steps, warmup, profile=False, trace=None, sync_debug=F
         if row.endswith("_gpuembed"):
             opt = WithGpuParams(opt, Bf16MasterAdamW(on_gpu, lr=1e-4, weight_decay=0.1))
         elif row.endswith("_cudaembed"):
-            ids = {id(p) for p in on_gpu}
-            first = [(n, p) for n, p in model.named_parameters() if id(p) in ids]
+            first = [(n, p) for n, p in model.named_parameters() if id(p) in gpu_ids]
             embed = paramd.torch.AdamW(first, lr=1e-4, weight_decay=0.1, address=daemons[1],
                                        job="llm-embed", state_policy="fp8", serve=["bf16"],
                                        module=model, weights_in_place=True)
